@@ -1,0 +1,384 @@
+"""``DataCollectorBase``: iteration, lifecycle and the sync face, shared by every collector.
+
+A variant implements one coroutine, ``_collect() -> (batch, frames)``, that collects the
+next raw batch. Everything around it lives here:
+
+* **the async face**: ``async for batch in collector`` awaits ``_collect`` on the caller's
+  loop; ``async with collector:`` shuts it down on exit;
+* **the sync face**: ``for batch in collector`` (and ``rollout()``, ``start()``...) runs
+  the same coroutines on a private loop thread (:mod:`.loop_thread`). The thread exists
+  while a sync iteration or background collection needs it and is stopped afterwards;
+* **frame accounting**: ``total_frames``, ``__len__``, ``statistics()``;
+* **batch post-processing**: ``split_trajs``, then ``postproc``, then ``replay_buffer``;
+* **background collection** into the replay buffer: ``start()``, ``pause()``,
+  ``is_running()``, ``async_shutdown()``;
+* **cleanup**: ``shutdown()`` is idempotent and also runs when the collector is garbage
+  collected or the interpreter exits.
+
+A collector yields one batch at a time: iterating it from two places at once raises.
+After an env or the policy raised, the collector is *failed*: the original exception
+surfaced from the iterator, and later calls say so instead of collecting from envs in an
+unknown state.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import contextlib
+import logging
+import threading
+import time
+import weakref
+from collections.abc import AsyncIterator, Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import anyio
+from tensordict import TensorDictBase
+
+from .._engine.trajectories import split_trajectories
+from .loop_thread import LoopThread
+from .options import CollectorOptions
+
+logger = logging.getLogger("aiocollect")
+
+_DONE = object()
+
+
+@dataclass(frozen=True)
+class CollectorStatistics:
+    """A snapshot of a collector's counters (``collector.statistics()``)."""
+
+    frames: int
+    """Frames delivered so far (masked-out frames not counted)."""
+    batches: int
+    """Batches delivered so far."""
+    env_steps: int
+    """Env steps taken, including those of batches cut short or cancelled."""
+    completed_trajectories: int
+    """Trajectories that ended (terminated, truncated or ``max_frames_per_traj``)."""
+    collect_seconds: float
+    """Time spent collecting (not waiting for the consumer)."""
+    frames_per_second: float
+    """``frames / collect_seconds``."""
+    running_in_background: bool
+    """Whether ``start()`` collection is going on."""
+
+
+class _Resources:
+    """What a collector must release, reachable without the collector itself.
+
+    The garbage-collection finalizer holds this object, not the collector, so an
+    abandoned collector can be collected and still cleaned up.
+    """
+
+    def __init__(self) -> None:
+        self.loop: LoopThread | None = None
+        self.closers: list[Callable[[], None]] = []
+
+    def stop_loop(self) -> None:
+        loop, self.loop = self.loop, None
+        if loop is not None:
+            loop.stop()
+
+    def close(self) -> None:
+        self.stop_loop()
+        closers, self.closers = self.closers, []
+        for close in reversed(closers):
+            try:
+                close()
+            except Exception:  # cleanup goes on; the first failure is logged
+                logger.exception("aiocollect: error while closing %r", close)
+
+
+class DataCollectorBase:
+    """Base class of every collector; see the module docstring."""
+
+    def __init__(self, options: CollectorOptions):
+        self.options = options
+        self._frames = 0
+        self._batches = 0
+        self._collect_seconds = 0.0
+        self._closed = False
+        self._failed: BaseException | None = None
+        self._busy = False
+        self._resources = _Resources()
+        self._finalizer = weakref.finalize(self, self._resources.close)
+        self._background: concurrent.futures.Future | None = None
+        self._pause_requested = threading.Event()
+        self._parked = threading.Event()
+
+    # ------------------------------------------------------------------ to implement
+
+    async def _collect(self) -> tuple[TensorDictBase, int]:
+        """Collect the next raw batch; returns it and the number of valid frames in it."""
+        raise NotImplementedError
+
+    def _counters(self) -> tuple[int, int]:
+        """``(env_steps, completed_trajectories)`` for ``statistics()``."""
+        return 0, 0
+
+    # ------------------------------------------------------------------ core
+
+    @property
+    def frames_per_batch(self) -> int:
+        return self.options.frames_per_batch
+
+    @property
+    def total_frames(self) -> int:
+        return self.options.total_frames
+
+    @property
+    def replay_buffer(self) -> Any:
+        return self.options.replay_buffer
+
+    def _check_usable(self) -> None:
+        if self._closed:
+            raise RuntimeError(f"{type(self).__name__} is shut down; create a new collector.")
+        if self._failed is not None:
+            raise RuntimeError(
+                f"{type(self).__name__} failed earlier ({type(self._failed).__name__}: {self._failed}); "
+                "its envs are in an unknown state: shut it down and create a new collector."
+            ) from self._failed
+
+    async def _guarded_collect(self) -> tuple[TensorDictBase, int]:
+        """``_collect()``, one at a time, marking the collector failed if it raises."""
+        self._check_usable()
+        if self._busy:
+            raise RuntimeError(
+                f"{type(self).__name__} is already collecting a batch: a collector yields one batch "
+                "at a time; don't iterate it from two places (or while start() runs) at once."
+            )
+        self._busy = True
+        started = time.perf_counter()
+        try:
+            return await self._collect()
+        except anyio.get_cancelled_exc_class():
+            raise
+        except Exception as exc:
+            self._failed = exc
+            raise
+        finally:
+            self._busy = False
+            self._collect_seconds += time.perf_counter() - started
+
+    async def _next_batch(self) -> Any:
+        """The next delivered batch (``None`` with a replay buffer), or ``_DONE``."""
+        self._check_usable()
+        total = self.options.total_frames
+        if total > 0 and self._frames >= total:
+            return _DONE
+        batch, frames = await self._guarded_collect()
+        self._frames += frames
+        self._batches += 1
+        opts = self.options
+        if opts.split_trajs:
+            batch = split_trajectories(batch)
+        if opts.postproc is not None:
+            batch = opts.postproc(batch)
+        if opts.replay_buffer is not None:
+            opts.replay_buffer.extend(batch)
+            return None
+        return batch
+
+    # ------------------------------------------------------------------ async face
+
+    def __aiter__(self) -> AsyncIterator[Any]:
+        return _AsyncBatches(self)
+
+    async def __aenter__(self):
+        return self
+
+    async def __aexit__(self, *exc_info) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        """``shutdown()``, for ``async`` code."""
+        self.shutdown()
+
+    async def arollout(self) -> TensorDictBase:
+        """Collect one batch and return it as collected (no split, postproc or buffer)."""
+        batch, _ = await self._guarded_collect()
+        return batch
+
+    # ------------------------------------------------------------------ sync face
+
+    def _check_sync_allowed(self, what: str) -> None:
+        loop = self._resources.loop
+        if loop is not None and loop.in_this_thread():
+            raise RuntimeError(
+                f"{what} was called from the collector's own event loop (from a policy, postproc "
+                "or replay-buffer callback?), where blocking would deadlock; use the async face "
+                "there: `async for batch in collector` or `await collector.arollout()`."
+            )
+
+    @contextlib.contextmanager
+    def _loop_thread(self, what: str) -> Iterator[LoopThread]:
+        """The loop thread, started for the duration of the block if none runs."""
+        self._check_sync_allowed(what)
+        self._check_usable()
+        res = self._resources
+        owner = res.loop is None
+        if owner:
+            res.loop = LoopThread()
+        try:
+            yield res.loop
+        finally:
+            if owner and not self.is_running():
+                res.stop_loop()
+
+    def _run_sync(self, what: str, fn: Callable, *args: Any) -> Any:
+        with self._loop_thread(what) as loop:
+            return loop.call(fn, *args)
+
+    def __iter__(self) -> Iterator[Any]:
+        return self._sync_batches()
+
+    def iterator(self) -> Iterator[Any]:
+        """``iter(collector)``, TorchRL's spelling."""
+        return iter(self)
+
+    def _sync_batches(self) -> Iterator[Any]:
+        with self._loop_thread("for batch in collector") as loop:
+            while True:
+                batch = loop.call(self._next_batch)
+                if batch is _DONE:
+                    return
+                yield batch
+
+    def rollout(self) -> TensorDictBase:
+        """Collect one batch and return it as collected (no split, postproc or buffer)."""
+        return self._run_sync("rollout()", self.arollout)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self.shutdown()
+
+    # ------------------------------------------------------------------ background
+
+    def start(self) -> None:
+        """Collect in the background into ``replay_buffer`` until ``async_shutdown()``.
+
+        Collection runs on the collector's loop thread; the training loop samples from the
+        replay buffer meanwhile. An error in the background is logged at once and raised
+        again by ``async_shutdown()`` and ``pause()``.
+        """
+        if self.options.replay_buffer is None:
+            raise RuntimeError(
+                "start() collects into a replay buffer: pass replay_buffer=... to the collector."
+            )
+        if self.is_running():
+            raise RuntimeError(f"{type(self).__name__} is already running in the background.")
+        self._check_sync_allowed("start()")
+        self._check_usable()
+        res = self._resources
+        if res.loop is None:
+            res.loop = LoopThread()
+        self._background = res.loop.start_soon(self._run_background)
+        self._background.add_done_callback(self._background_done)
+
+    async def _run_background(self) -> None:
+        while True:
+            while self._pause_requested.is_set():
+                self._parked.set()
+                await anyio.sleep(0.002)
+            self._parked.clear()
+            if await self._next_batch() is _DONE:
+                return
+
+    def _background_done(self, future: concurrent.futures.Future) -> None:
+        if not future.cancelled() and future.exception() is not None:
+            logger.error("aiocollect: background collection failed", exc_info=future.exception())
+
+    def _raise_background_error(self) -> None:
+        bg = self._background
+        if bg is not None and bg.done() and not bg.cancelled() and bg.exception() is not None:
+            raise bg.exception()
+
+    def is_running(self) -> bool:
+        """Whether ``start()`` collection is going on."""
+        return self._background is not None and not self._background.done()
+
+    @contextlib.contextmanager
+    def pause(self) -> Iterator[None]:
+        """``with collector.pause():`` background collection stops between two batches.
+
+        The block starts once the batch in progress is stored, so the replay buffer does
+        not change while it runs; collection resumes when it ends.
+        """
+        self._pause_requested.set()
+        try:
+            while self.is_running() and not self._parked.wait(0.01):
+                pass
+            self._raise_background_error()
+            yield
+        finally:
+            self._pause_requested.clear()
+
+    def async_shutdown(self, timeout: float | None = None, close_env: bool = True) -> None:
+        """Stop background collection (waiting at most ``timeout`` s), then ``shutdown()``."""
+        bg = self._background
+        if bg is not None and not bg.done():
+            bg.cancel()
+            concurrent.futures.wait([bg], timeout=timeout)
+        self.shutdown(close_env=close_env)
+        self._raise_background_error()
+
+    # ------------------------------------------------------------------ lifecycle
+
+    def shutdown(self, timeout: float | None = None, close_env: bool = True) -> None:
+        """Stop everything and release every resource. Idempotent; safe from any thread.
+
+        ``close_env=False`` leaves the envs open (for envs passed as instances that the
+        caller goes on using).
+        """
+        if self._closed:
+            return
+        self._closed = True
+        bg = self._background
+        if bg is not None and not bg.done():
+            bg.cancel()
+        if not close_env:
+            self._resources.closers.clear()
+        self._resources.close()
+        self._finalizer.detach()
+
+    # ------------------------------------------------------------------ accounting
+
+    def __len__(self) -> int:
+        total = self.options.total_frames
+        if total < 0:
+            raise TypeError(f"{type(self).__name__} is endless (total_frames=-1) and has no length.")
+        return -(-total // self.options.frames_per_batch)
+
+    def statistics(self) -> CollectorStatistics:
+        """An immutable snapshot of the counters."""
+        env_steps, completed = self._counters()
+        secs = self._collect_seconds
+        return CollectorStatistics(
+            frames=self._frames,
+            batches=self._batches,
+            env_steps=env_steps,
+            completed_trajectories=completed,
+            collect_seconds=secs,
+            frames_per_second=self._frames / secs if secs > 0 else 0.0,
+            running_in_background=self.is_running(),
+        )
+
+
+class _AsyncBatches:
+    """The async iterator ``async for`` uses: one awaited batch per ``__anext__``."""
+
+    def __init__(self, collector: DataCollectorBase):
+        self._collector = collector
+
+    def __aiter__(self):
+        return self
+
+    async def __anext__(self) -> Any:
+        batch = await self._collector._next_batch()
+        if batch is _DONE:
+            raise StopAsyncIteration
+        return batch

@@ -1,0 +1,271 @@
+"""``Collector``: one env group in this process, batches on demand.
+
+>>> import torch.nn as nn
+>>> from tensordict.nn import TensorDictModule
+>>> from aiocollect import Collector, GymEnv
+>>> policy = TensorDictModule(nn.Linear(3, 1), in_keys=["observation"], out_keys=["action"])
+>>> collector = Collector(lambda: GymEnv("Pendulum-v1"), policy,
+...                       frames_per_batch=200, total_frames=10_000, max_frames_per_traj=50)
+>>> for data in collector:          # or: async for data in collector
+...     data.shape, data.names      # torch.Size([200]), ['time']
+...     break
+>>> collector.shutdown()            # or use it as a (async) context manager
+
+``create_env_fn`` may be a factory, an env, an env id, a gymnasium ``VectorEnv`` or a list
+of factories; the last two give batches of shape ``[num_envs, T]`` with
+``T = frames_per_batch // num_envs``. Nothing runs until the first batch is asked for:
+the envs are built (to learn their spaces) but reset lazily, so ``set_seed()`` called
+right after construction seeds the very first reset.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections import OrderedDict
+from typing import Any
+
+import torch
+from tensordict import TensorDict, TensorDictBase
+from tensordict.nn import InteractionType, TensorDictModuleBase
+
+from .._engine.buffer import RolloutBuffer
+from .._engine.engine import Engine
+from .._envs.group import check_create_env_fn, make_group
+from .._policies.random import RandomPolicy
+from .._policies.runner import PolicyRunner
+from .base import DataCollectorBase
+from .options import validate_options
+
+
+def _check_policy(policy: Any) -> None:
+    if policy is not None and not callable(policy):
+        raise TypeError(
+            f"policy must be a TensorDictModuleBase, an nn.Module, a callable taking the "
+            f"observation tensor, or None (random actions); got {type(policy).__name__}."
+        )
+
+
+def _place_policy(policy: Any, device: torch.device | None) -> Any:
+    """``policy`` on ``device``: itself if already there, else a copy moved there."""
+    if device is None or not isinstance(policy, torch.nn.Module):
+        return policy
+    tensors = list(policy.parameters()) + list(policy.buffers())
+    if all(t.device == device for t in tensors):
+        return policy
+    return copy.deepcopy(policy).to(device)
+
+
+class Collector(DataCollectorBase):
+    """Collects batches from envs stepped in this process, with batched policy calls.
+
+    The arguments and their meanings are TorchRL's ``Collector`` (formerly
+    ``SyncDataCollector``); see :class:`~aiocollect.CollectorOptions` for each option.
+
+    Args:
+        create_env_fn: a callable returning a gymnasium env (e.g. ``lambda:
+            GymEnv("Pendulum-v1")``), an env instance, an env id, a gymnasium
+            ``VectorEnv``, or a list of callables (one env each).
+        policy: a ``TensorDictModuleBase``, an ``nn.Module`` or callable taking the
+            observation tensor(s) and returning the action, or ``None`` for a
+            :class:`~aiocollect.RandomPolicy`.
+    """
+
+    def __init__(
+        self,
+        create_env_fn: Any = None,
+        policy: Any = None,
+        *,
+        frames_per_batch: int,
+        total_frames: int = -1,
+        device: Any = None,
+        storing_device: Any = None,
+        env_device: Any = None,
+        policy_device: Any = None,
+        create_env_kwargs: dict | None = None,
+        max_frames_per_traj: int | None = None,
+        init_random_frames: int | None = None,
+        reset_at_each_iter: bool = False,
+        postproc: Any = None,
+        split_trajs: bool | None = None,
+        exploration_type: InteractionType | str = InteractionType.RANDOM,
+        return_same_td: bool = False,
+        reset_when_done: bool = True,
+        interruptor: Any = None,
+        set_truncated: bool = False,
+        replay_buffer: Any = None,
+    ):
+        options = validate_options(
+            frames_per_batch=frames_per_batch, total_frames=total_frames, device=device,
+            storing_device=storing_device, env_device=env_device, policy_device=policy_device,
+            create_env_kwargs=create_env_kwargs, max_frames_per_traj=max_frames_per_traj,
+            init_random_frames=init_random_frames, reset_at_each_iter=reset_at_each_iter,
+            postproc=postproc, split_trajs=split_trajs, exploration_type=exploration_type,
+            return_same_td=return_same_td, reset_when_done=reset_when_done,
+            interruptor=interruptor, set_truncated=set_truncated, replay_buffer=replay_buffer,
+        )
+        _check_policy(policy)
+        if create_env_fn is None:
+            raise TypeError("create_env_fn is required: a callable returning a gymnasium env, or an env id.")
+        check_create_env_fn(create_env_fn, options.create_env_kwargs)
+        super().__init__(options)
+
+        group, self._batched = make_group(create_env_fn, options.create_env_kwargs)
+        self._resources.closers.append(group.close)
+        self.group = group
+        n = group.num_envs
+        if options.frames_per_batch % n:
+            self.shutdown()
+            lower = options.frames_per_batch // n * n
+            raise ValueError(
+                f"frames_per_batch={options.frames_per_batch} does not split evenly over {n} envs; "
+                f"use a multiple of {n}, such as {lower or n} or {lower + n}."
+            )
+        self.num_envs = n
+        self._steps_per_batch = options.frames_per_batch // n
+        self.env_device = options.env_device or group.device or torch.device("cpu")
+        self.storing_device = options.storing_device
+        self.policy_device = options.policy_device
+
+        self._user_policy = policy
+        if policy is None:
+            policy = RandomPolicy(group.action_space)
+        self.policy = _place_policy(policy, self.policy_device)
+        obs_keys = [leaf.key for leaf in group.obs_leaves]
+        self._runner = PolicyRunner(
+            self.policy, obs_keys, device=self.policy_device, exploration_type=options.exploration_type
+        )
+        self._random = self.policy if isinstance(self.policy, RandomPolicy) else RandomPolicy(group.action_space)
+        self._random_runner = PolicyRunner(self._random, obs_keys, device=None, exploration_type=options.exploration_type)
+        self._engine = Engine(
+            group, max_frames_per_traj=options.max_frames_per_traj, reset_when_done=options.reset_when_done
+        )
+        self._buffer: RolloutBuffer | None = None
+        self._same_td: TensorDictBase | None = None
+
+    # ------------------------------------------------------------------ collection
+
+    async def _collect(self) -> tuple[TensorDictBase, int]:
+        opts = self.options
+        runner = self._random_runner if self._frames < opts.init_random_frames else self._runner
+        if opts.reset_at_each_iter:
+            self._engine.request_reset()
+        reuse = self._buffer if opts.return_same_td else None
+        buffer, valid = await self._engine.rollout(
+            self._steps_per_batch, runner, interruptor=opts.interruptor, buffer=reuse,
+            set_truncated=opts.set_truncated,
+        )
+        if opts.return_same_td and buffer is self._buffer and self._same_td is not None:
+            td = self._same_td
+        else:
+            td = buffer.to_tensordict(self._batched, self.storing_device)
+            if opts.return_same_td:
+                self._buffer, self._same_td = buffer, td
+        return td, valid * self.num_envs
+
+    def _counters(self) -> tuple[int, int]:
+        return self._engine.env_steps, self._engine.completed_trajectories
+
+    # ------------------------------------------------------------------ control
+
+    def _on_engine(self, fn, *args):
+        """Run ``fn`` where it cannot interleave with a step: on the loop thread if one runs."""
+        loop = self._resources.loop
+        if loop is not None and not loop.in_this_thread():
+            return loop.portal.call(fn, *args)
+        return fn(*args)
+
+    def set_seed(self, seed: int, static_seed: bool = False) -> int:
+        """Seed the envs: env ``i``'s next reset uses ``seed + i`` (``seed`` if ``static_seed``).
+
+        Every env is reset with its seed before the next step (starting new trajectories),
+        and the random policy is reseeded with ``seed``. Returns the last seed used.
+        """
+        if isinstance(seed, bool) or not isinstance(seed, int):
+            raise TypeError(f"seed must be an integer, got {seed!r}")
+        seeds = [seed] * self.num_envs if static_seed else [seed + i for i in range(self.num_envs)]
+
+        def apply():
+            self._engine.request_reset(seeds)
+            self._random.seed(seed)
+
+        self._on_engine(apply)
+        return seeds[-1]
+
+    def reset(self) -> None:
+        """Reset every env before the next step; ongoing trajectories end there."""
+        self._on_engine(self._engine.request_reset)
+
+    def update_policy_weights_(self, policy_or_weights: Any = None, *, worker_ids: Any = None) -> None:
+        """Copy new weights into the collector's policy, between two policy calls.
+
+        ``policy_or_weights``: a module (its parameters are copied), a TensorDict of
+        parameters, a state dict, or ``None`` (take them from the policy given at
+        construction; a no-op when the collector runs that very object). The weights are
+        copied, so the caller may change its own parameters right after the call.
+        """
+        if worker_ids not in (None, 0, [0], (0,)):
+            raise ValueError(f"worker_ids={worker_ids!r}: a Collector has a single worker, 0.")
+        policy = self.policy
+        if not isinstance(policy, torch.nn.Module):
+            if policy_or_weights is None:
+                return
+            raise TypeError("update_policy_weights_: the collector's policy has no weights (not an nn.Module).")
+        src = self._user_policy if policy_or_weights is None else policy_or_weights
+        if src is policy or src is None:
+            return
+        if isinstance(src, torch.nn.Module):
+            weights = TensorDict.from_module(src)
+        elif isinstance(src, TensorDictBase):
+            weights = src
+        elif isinstance(src, dict):
+            weights = None
+        else:
+            raise TypeError(
+                "update_policy_weights_: expected a module, a TensorDict of parameters, a state "
+                f"dict or None; got {type(src).__name__}."
+            )
+
+        def apply():
+            with torch.no_grad():
+                if weights is None:
+                    policy.load_state_dict(src)
+                else:
+                    TensorDict.from_module(policy).update_(weights)
+
+        self._on_engine(apply)
+
+    def state_dict(self) -> OrderedDict:
+        """``policy_state_dict``, ``env_state_dict`` (gymnasium envs have none), counters."""
+        state = OrderedDict()
+        if isinstance(self.policy, torch.nn.Module) and not isinstance(self.policy, RandomPolicy):
+            state["policy_state_dict"] = self.policy.state_dict()
+        state["env_state_dict"] = OrderedDict()
+        state["frames"] = self._frames
+        state["iter"] = self._batches
+        state["traj_pool"] = self._engine.state_dict()
+        return state
+
+    def load_state_dict(self, state_dict: dict, strict: bool = True) -> None:
+        """Restore what :meth:`state_dict` saved; the envs restart from a reset."""
+        if "policy_state_dict" in state_dict:
+            self.policy.load_state_dict(state_dict["policy_state_dict"], strict=strict)
+        elif strict and isinstance(self.policy, torch.nn.Module) and not isinstance(self.policy, RandomPolicy):
+            raise KeyError("load_state_dict: 'policy_state_dict' missing (pass strict=False to skip it).")
+
+        def apply():
+            self._frames = int(state_dict.get("frames", self._frames))
+            self._batches = int(state_dict.get("iter", self._batches))
+            if "traj_pool" in state_dict:
+                self._engine.load_state_dict(state_dict["traj_pool"])
+
+        self._on_engine(apply)
+
+    def __repr__(self) -> str:
+        shape = f"[{self.num_envs}, {self._steps_per_batch}]" if self._batched else f"[{self._steps_per_batch}]"
+        return (
+            f"{type(self).__name__}(envs={self.num_envs}, batch={shape}, total_frames={self.total_frames}, "
+            f"policy={type(self.policy).__name__})"
+        )
+
+
+SyncDataCollector = Collector

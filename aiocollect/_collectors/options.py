@@ -1,0 +1,190 @@
+"""Validated collector options.
+
+Every constructor argument is checked here, up front, before an env is built or a
+process started; a bad value raises ``ValueError``/``TypeError`` naming the argument and
+saying what would be accepted. The result is a frozen :class:`CollectorOptions`.
+"""
+
+from __future__ import annotations
+
+import numbers
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from tensordict.nn import InteractionType
+
+
+@dataclass(frozen=True)
+class CollectorOptions:
+    """The options shared by every collector, with TorchRL's names and meanings."""
+
+    frames_per_batch: int
+    """Frames (env steps, summed over envs) in each batch."""
+    total_frames: int = -1
+    """Frames over the collector's life; ``-1``: endless."""
+    device: torch.device | None = None
+    """Fills any of the three devices below that is not given."""
+    storing_device: torch.device | None = None
+    """Where batches are stored."""
+    env_device: torch.device | None = None
+    """Where the env's tensors live (gymnasium envs compute on the CPU)."""
+    policy_device: torch.device | None = None
+    """Where the policy runs; observations are moved there and actions back."""
+    create_env_kwargs: dict = field(default_factory=dict)
+    """Keyword arguments for ``create_env_fn`` (factories and env ids only)."""
+    max_frames_per_traj: int | None = None
+    """Truncate (and reset) a trajectory after this many steps; ``None``/<=0: never."""
+    init_random_frames: int = 0
+    """Frames collected with a random policy first (rounded up to whole batches)."""
+    reset_at_each_iter: bool = False
+    """Reset every env at the start of each batch."""
+    postproc: Callable | None = None
+    """Applied to each batch (after ``split_trajs``)."""
+    split_trajs: bool = False
+    """Deliver batches split into zero-padded trajectories (see ``split_trajectories``)."""
+    exploration_type: InteractionType = InteractionType.RANDOM
+    """Interaction type set (tensordict's ``set_interaction_type``) around policy calls."""
+    return_same_td: bool = False
+    """Reuse one TensorDict for every batch (its values are overwritten)."""
+    reset_when_done: bool = True
+    """Reset an env as soon as it is done."""
+    interruptor: Any = None
+    """An object whose ``collection_stopped()`` cuts the current batch short."""
+    set_truncated: bool = False
+    """Mark the last step of each batch as truncated."""
+    replay_buffer: Any = None
+    """Anything with ``extend``: batches go there; iteration then yields ``None``."""
+
+
+def _int(name: str, value: Any, *, allow: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise TypeError(f"{name} must be an integer ({allow}), got {value!r}")
+    return int(value)
+
+
+def parse_device(name: str, value: Any) -> torch.device | None:
+    """``value`` as a ``torch.device`` usable here; a clear error otherwise."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (str, int, torch.device)):
+        raise TypeError(f"{name} must be a device such as 'cpu' or 'cuda:0', got {value!r}")
+    try:
+        device = torch.device(value)
+    except (RuntimeError, ValueError) as exc:
+        raise ValueError(
+            f"{name}={value!r} is not a device; use 'cpu', 'cuda', 'cuda:<index>' or a torch.device."
+        ) from exc
+    backend = getattr(torch, device.type, None) if device.type != "cpu" else None
+    if device.type == "mps":
+        available = torch.backends.mps.is_available()
+    else:
+        available = device.type == "cpu" or bool(backend and backend.is_available())
+    if not available:
+        raise ValueError(f"{name}={value!r}: no {device.type} device is available here; use 'cpu'.")
+    if device.type == "cuda" and device.index is not None and device.index >= torch.cuda.device_count():
+        raise ValueError(
+            f"{name}={value!r}: this machine has {torch.cuda.device_count()} CUDA device(s)."
+        )
+    return device
+
+
+def parse_exploration_type(value: Any) -> InteractionType:
+    if isinstance(value, InteractionType):
+        return value
+    if isinstance(value, str):
+        try:
+            return InteractionType(value.lower())
+        except ValueError:
+            pass
+    choices = ", ".join(repr(t.value) for t in InteractionType)
+    raise ValueError(f"exploration_type must be an InteractionType or one of {choices}; got {value!r}")
+
+
+def validate_options(
+    *,
+    frames_per_batch: Any,
+    total_frames: Any = -1,
+    device: Any = None,
+    storing_device: Any = None,
+    env_device: Any = None,
+    policy_device: Any = None,
+    create_env_kwargs: Any = None,
+    max_frames_per_traj: Any = None,
+    init_random_frames: Any = None,
+    reset_at_each_iter: Any = False,
+    postproc: Any = None,
+    split_trajs: Any = None,
+    exploration_type: Any = InteractionType.RANDOM,
+    return_same_td: Any = False,
+    reset_when_done: Any = True,
+    interruptor: Any = None,
+    set_truncated: Any = False,
+    replay_buffer: Any = None,
+) -> CollectorOptions:
+    """Check every option; returns them normalised."""
+    fpb = _int("frames_per_batch", frames_per_batch, allow="a positive number of frames")
+    if fpb <= 0:
+        raise ValueError(f"frames_per_batch must be positive, got {fpb}")
+    total = _int("total_frames", total_frames, allow="positive, or -1 for an endless collector")
+    if total == 0 or total < -1:
+        raise ValueError(f"total_frames must be positive, or -1 for an endless collector; got {total}")
+    if total > 0 and total % fpb:
+        lower, upper = total // fpb * fpb, -(-total // fpb) * fpb
+        raise ValueError(
+            f"total_frames={total} is not a multiple of frames_per_batch={fpb}; use "
+            f"total_frames={upper}" + (f" or {lower}" if lower else "") + "."
+        )
+    dev = parse_device("device", device)
+    devices = {
+        name: parse_device(name, value) or dev
+        for name, value in (("storing_device", storing_device), ("env_device", env_device), ("policy_device", policy_device))
+    }
+    if create_env_kwargs is not None and not isinstance(create_env_kwargs, dict):
+        raise TypeError(f"create_env_kwargs must be a dict, got {type(create_env_kwargs).__name__}")
+    mfpt = None
+    if max_frames_per_traj is not None:
+        mfpt = _int("max_frames_per_traj", max_frames_per_traj, allow="a number of steps, or None")
+        mfpt = mfpt if mfpt > 0 else None  # TorchRL: negative values are ignored
+    irf = 0
+    if init_random_frames is not None:
+        irf = max(0, _int("init_random_frames", init_random_frames, allow="a number of frames, or None"))
+        irf = -(-irf // fpb) * fpb  # whole batches
+    for name, value in (
+        ("reset_at_each_iter", reset_at_each_iter),
+        ("return_same_td", return_same_td),
+        ("reset_when_done", reset_when_done),
+        ("set_truncated", set_truncated),
+    ):
+        if not isinstance(value, bool):
+            raise TypeError(f"{name} must be True or False, got {value!r}")
+    if split_trajs is not None and not isinstance(split_trajs, bool):
+        raise TypeError(f"split_trajs must be True or False, got {split_trajs!r}")
+    if postproc is not None and not callable(postproc):
+        raise TypeError(f"postproc must be a callable taking and returning a TensorDict, got {postproc!r}")
+    if interruptor is not None and not callable(getattr(interruptor, "collection_stopped", None)):
+        raise TypeError("interruptor must have a collection_stopped() method (see aiocollect.Interruptor)")
+    if replay_buffer is not None and not callable(getattr(replay_buffer, "extend", None)):
+        raise TypeError(
+            f"replay_buffer must have an extend(batch) method (a TorchRL ReplayBuffer, say); "
+            f"got {type(replay_buffer).__name__}"
+        )
+    return CollectorOptions(
+        frames_per_batch=fpb,
+        total_frames=total,
+        device=dev,
+        create_env_kwargs=dict(create_env_kwargs or {}),
+        max_frames_per_traj=mfpt,
+        init_random_frames=irf,
+        reset_at_each_iter=reset_at_each_iter,
+        postproc=postproc,
+        split_trajs=bool(split_trajs),
+        exploration_type=parse_exploration_type(exploration_type),
+        return_same_td=return_same_td,
+        reset_when_done=reset_when_done,
+        interruptor=interruptor,
+        set_truncated=set_truncated,
+        replay_buffer=replay_buffer,
+        **devices,
+    )

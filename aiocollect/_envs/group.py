@@ -1,0 +1,254 @@
+"""Env groups: sets of envs the engine steps together.
+
+A group owns ``num_envs`` envs and a set of numpy arrays, one row per env, that always
+hold the latest results: ``obs`` (per observation key), ``reward``, ``terminated`` and
+``truncated``. ``await group.step(actions)`` steps every env and fills the arrays (for an
+env that just finished, ``obs`` holds its *final* observation); ``await group.reset(mask)``
+resets the envs selected by ``mask`` and overwrites their ``obs`` rows with the first
+observation of the new episode. Gymnasium's autoreset is never used to produce a
+transition: the engine resets finished envs explicitly, so no batch ever contains a fake
+"reset step".
+
+Two groups live in this process:
+
+* :class:`InProcessGroup`, a list of gymnasium envs stepped in a tight loop;
+* :class:`VectorEnvGroup`, a gymnasium ``VectorEnv`` in any autoreset mode.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+from gymnasium.vector import AutoresetMode, VectorEnv
+
+from .gym import GymEnv
+from .spaces import ActionCheck, Leaf, NestedKey, ObsWriter, flatten_space
+
+
+def _empty_arrays(leaves: list[Leaf], num_envs: int) -> dict[NestedKey, np.ndarray]:
+    return {leaf.key: np.zeros((num_envs, *leaf.shape), dtype=leaf.dtype) for leaf in leaves}
+
+
+class _GroupBase:
+    """What every group shares: the spaces, the result arrays and the action check."""
+
+    def __init__(self, observation_space: gym.Space, action_space: gym.Space, num_envs: int, device):
+        self.num_envs = num_envs
+        self.observation_space = observation_space
+        self.action_space = action_space
+        self.device = device
+        self.obs_leaves = flatten_space(observation_space, "observation", "observation_space")
+        self.check_action = ActionCheck.for_space(action_space)
+        self.obs = _empty_arrays(self.obs_leaves, num_envs)
+        self.reward = np.zeros(num_envs, dtype=np.float32)
+        self.terminated = np.zeros(num_envs, dtype=bool)
+        self.truncated = np.zeros(num_envs, dtype=bool)
+        self._writer = ObsWriter(self.obs_leaves, self.obs)
+
+
+class InProcessGroup(_GroupBase):
+    """Gymnasium envs in this process, stepped one after the other in a tight loop.
+
+    Stepping the envs directly (rather than through ``SyncVectorEnv``) skips the vector
+    env's batching and autoreset bookkeeping: the rows of the result arrays are written
+    straight from each env's return values.
+    """
+
+    def __init__(self, envs: Sequence[gym.Env], device=None):
+        first = envs[0]
+        super().__init__(first.observation_space, first.action_space, len(envs), device)
+        for i, env in enumerate(envs[1:], start=1):
+            if env.observation_space != first.observation_space or env.action_space != first.action_space:
+                raise ValueError(
+                    f"create_env_fn: env {i} has spaces {env.observation_space} / {env.action_space}, "
+                    f"env 0 has {first.observation_space} / {first.action_space}; all envs of a "
+                    "collector must share their observation and action spaces."
+                )
+        self.envs = list(envs)
+
+    async def step(self, action: np.ndarray) -> None:
+        reward, terminated, truncated = self.reward, self.terminated, self.truncated
+        if self._writer._flat:
+            obs = self._writer._flat_array
+            for i, env in enumerate(self.envs):
+                obs[i], reward[i], terminated[i], truncated[i], _ = env.step(action[i])
+        else:
+            write = self._writer.write_one
+            for i, env in enumerate(self.envs):
+                o, reward[i], terminated[i], truncated[i], _ = env.step(action[i])
+                write(i, o)
+
+    async def reset(self, mask: np.ndarray, seeds: Sequence[int | None] | None = None) -> None:
+        for i in np.flatnonzero(mask):
+            o, _ = self.envs[i].reset(seed=None if seeds is None else seeds[i])
+            self._writer.write_one(i, o)
+
+    def close(self) -> None:
+        for env in self.envs:
+            env.close()
+
+
+class VectorEnvGroup(_GroupBase):
+    """A gymnasium ``VectorEnv``, whatever its autoreset mode.
+
+    * ``NEXT_STEP`` and ``DISABLED``: finished envs are reset right away with
+      ``reset(options={"reset_mask": ...})``, so the vector env never performs its own
+      "reset step".
+    * ``SAME_STEP``: the vector env has already reset the finished envs; their final
+      observation comes from ``info["final_obs"]`` and the fresh one is kept aside until
+      the engine asks for the reset.
+    """
+
+    def __init__(self, venv: VectorEnv, device=None):
+        super().__init__(venv.single_observation_space, venv.single_action_space, venv.num_envs, device)
+        self.venv = venv
+        mode = venv.metadata.get("autoreset_mode", AutoresetMode.NEXT_STEP)
+        self.same_step = mode == AutoresetMode.SAME_STEP or mode == "SameStep"
+        self._pending: dict[int, Any] = {}
+
+    async def step(self, action: np.ndarray) -> None:
+        obs, reward, terminated, truncated, info = self.venv.step(action)
+        self._writer.write_all(obs)
+        self.reward[:] = reward
+        self.terminated[:] = terminated
+        self.truncated[:] = truncated
+        if self.same_step:
+            done = np.logical_or(terminated, truncated)
+            if done.any():
+                final = info["final_obs"]
+                for i in np.flatnonzero(done):
+                    self._pending[int(i)] = _row(obs, i)
+                    self._writer.write_one(i, final[i])
+
+    async def reset(self, mask: np.ndarray, seeds: Sequence[int | None] | None = None) -> None:
+        if seeds is None and self._pending and all(int(i) in self._pending for i in np.flatnonzero(mask)):
+            for i in np.flatnonzero(mask):
+                self._writer.write_one(i, self._pending.pop(int(i)))
+            return
+        for i in np.flatnonzero(mask):
+            self._pending.pop(int(i), None)
+        seed = None if seeds is None else list(seeds)
+        if mask.all():
+            obs, _ = self.venv.reset(seed=seed)
+            self._writer.write_all(obs)
+            return
+        try:
+            obs, _ = self.venv.reset(seed=seed, options={"reset_mask": mask.copy()})
+        except Exception as exc:  # a vector env without partial resets
+            raise RuntimeError(
+                f"{type(self.venv).__name__} cannot reset a subset of its envs "
+                "(reset(options={'reset_mask': ...}) failed), which aiocollect needs to avoid "
+                "fake autoreset transitions; pass a list of env factories instead, or use "
+                "gymnasium's SyncVectorEnv/AsyncVectorEnv."
+            ) from exc
+        for i in np.flatnonzero(mask):
+            self._writer.write_one(i, _row(obs, i))
+
+    def close(self) -> None:
+        self.venv.close()
+
+
+def _row(batched_obs: Any, i: int) -> Any:
+    if isinstance(batched_obs, dict):
+        return {k: _row(v, i) for k, v in batched_obs.items()}
+    return batched_obs[i]
+
+
+# --------------------------------------------------------------------------- construction
+
+
+def _describe(obj: Any) -> str:
+    return f"{type(obj).__module__}.{type(obj).__qualname__}"
+
+
+def _check_env(env: Any, where: str) -> gym.Env | VectorEnv:
+    if isinstance(env, (gym.Env, VectorEnv)):
+        return env
+    hint = ""
+    if type(env).__module__.startswith("torchrl"):
+        hint = (
+            " aiocollect steps gymnasium envs directly: pass the gymnasium env (or its id, "
+            "or aiocollect.GymEnv(id)) instead of a TorchRL env."
+        )
+    raise TypeError(f"create_env_fn: {where} gave {_describe(env)}, not a gymnasium env.{hint}")
+
+
+def _env_device(env: Any):
+    return getattr(env, "device", None) if isinstance(env, GymEnv) else None
+
+
+def _inner(env: gym.Env) -> gym.Env:
+    # GymEnv only carries a device: step the env it wraps and save a call per step.
+    return env.env if type(env) is GymEnv else env
+
+
+def check_create_env_fn(create_env_fn: Any, create_env_kwargs: dict | None) -> None:
+    """Validate ``create_env_fn`` without creating anything."""
+    if isinstance(create_env_fn, (str, gym.Env, VectorEnv)) or callable(create_env_fn):
+        if create_env_kwargs and isinstance(create_env_fn, (gym.Env, VectorEnv)):
+            raise ValueError(
+                "create_env_kwargs: given with an env instance, which is already built; pass a "
+                "factory (callable) or an env id to use create_env_kwargs."
+            )
+        return
+    if isinstance(create_env_fn, (list, tuple)):
+        if not create_env_fn:
+            raise ValueError("create_env_fn: the list of env factories is empty; give at least one.")
+        for i, item in enumerate(create_env_fn):
+            if not (callable(item) or isinstance(item, (str, gym.Env))):
+                raise TypeError(
+                    f"create_env_fn[{i}]: expected a callable returning a gymnasium env (or an "
+                    f"env id or instance), got {_describe(item)}."
+                )
+        return
+    raise TypeError(
+        "create_env_fn: expected a callable returning a gymnasium env, a gymnasium env, a "
+        f"VectorEnv, an env id string, or a list of callables; got {_describe(create_env_fn)}."
+    )
+
+
+def _build_one(item: Any, kwargs: dict, where: str) -> gym.Env | VectorEnv:
+    if isinstance(item, str):
+        return gym.make(item, **kwargs)
+    if isinstance(item, (gym.Env, VectorEnv)):
+        return item
+    return _check_env(item(**kwargs), where)
+
+
+def make_group(create_env_fn: Any, create_env_kwargs: dict | None) -> tuple[_GroupBase, bool]:
+    """Build the in-process group for ``create_env_fn``.
+
+    Returns the group and whether it is *batched* (batches get an env dimension before
+    ``time``): true for a list of factories and for a ``VectorEnv``, false for one env.
+    """
+    kwargs = dict(create_env_kwargs or {})
+    if isinstance(create_env_fn, (list, tuple)):
+        envs = []
+        try:
+            for i, item in enumerate(create_env_fn):
+                env = _build_one(item, kwargs, f"create_env_fn[{i}]")
+                if isinstance(env, VectorEnv):
+                    raise TypeError(
+                        f"create_env_fn[{i}] gave a VectorEnv; in a list, each entry makes one env "
+                        "(pass the VectorEnv, or its factory, on its own)."
+                    )
+                envs.append(env)
+        except BaseException:
+            for env in envs:
+                env.close()
+            raise
+        devices = {_env_device(e) for e in envs} - {None}
+        return InProcessGroup([_inner(e) for e in envs], next(iter(devices), None)), True
+    env = _build_one(create_env_fn, kwargs, "create_env_fn")
+    if isinstance(env, VectorEnv):
+        return VectorEnvGroup(env), True
+    return InProcessGroup([_inner(env)], _env_device(env)), False
+
+
+EnvGroup = InProcessGroup | VectorEnvGroup
+EnvFactory = Callable[..., gym.Env]
+
+__all__ = ["EnvGroup", "InProcessGroup", "VectorEnvGroup", "check_create_env_fn", "make_group"]

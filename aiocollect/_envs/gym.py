@@ -1,0 +1,45 @@
+"""``GymEnv``: the thin gymnasium adapter.
+
+``GymEnv("CartPole-v1", device="cpu", render_mode=None)`` is ``gymnasium.make`` with one
+extra piece of information, the device the env's tensors should live on. It *is* a
+gymnasium env (a ``gymnasium.Wrapper``), so it can be used, wrapped and stepped like any
+other; the collectors step the env inside it directly, so the adapter costs nothing per
+step. Any plain gymnasium env works just as well wherever a ``GymEnv`` does.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import gymnasium as gym
+import torch
+
+
+class GymEnv(gym.Wrapper):
+    """A gymnasium env made from an id (or wrapped from an instance), with a device.
+
+    Args:
+        env: a registered gymnasium env id such as ``"Pendulum-v1"``, or an env instance.
+        device: where this env's observations go once collected (``"cpu"`` by default).
+            A collector's ``env_device`` defaults to it.
+        **kwargs: passed to ``gymnasium.make`` (``render_mode``, ``max_episode_steps``,
+            env-specific options).
+    """
+
+    def __init__(self, env: str | gym.Env, device: str | torch.device | None = "cpu", **kwargs: Any):
+        if isinstance(env, str):
+            env = gym.make(env, **kwargs)
+        elif kwargs:
+            raise TypeError(
+                f"GymEnv: keyword arguments {sorted(kwargs)} only apply when the env is given "
+                "as an id string; configure the env instance yourself."
+            )
+        if not isinstance(env, gym.Env):
+            raise TypeError(
+                f"GymEnv: env must be a gymnasium env id or a gymnasium.Env, got {type(env).__name__}"
+            )
+        super().__init__(env)
+        self.device = torch.device(device) if device is not None else torch.device("cpu")
+
+    def __repr__(self) -> str:
+        return f"GymEnv({self.env}, device={self.device})"

@@ -1,0 +1,190 @@
+"""From gymnasium spaces to tensor layouts.
+
+A gymnasium observation space becomes a flat list of :class:`Leaf` entries, one per
+tensor the batch will hold. The naming follows TorchRL's ``GymEnv`` with
+``categorical_action_encoding=True``, so batches have the keys TorchRL users expect:
+
+==================  ===============================  ============================
+space               key                              per-env shape, dtype
+==================  ===============================  ============================
+``Box``             ``"observation"``                ``space.shape``, its dtype
+``Discrete``        ``"observation"``                ``()``, int64 (the index)
+``MultiDiscrete``   ``"observation"``                ``nvec.shape``, int64
+``MultiBinary``     ``"observation"``                ``(n,)``, int8
+``Dict``            the dict's keys, nested          per sub-space, as above
+==================  ===============================  ============================
+
+The same table holds for the action, always under the key ``"action"``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from gymnasium import spaces
+
+NestedKey = str | tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class Leaf:
+    """One tensor of an observation or action: where it lives and what it holds."""
+
+    path: tuple[str, ...]
+    """Where the value sits in the env's (possibly nested) dict; ``()`` for a flat space."""
+    key: NestedKey
+    """The TensorDict key (a string at top level, a tuple when nested)."""
+    shape: tuple[int, ...]
+    dtype: np.dtype
+    space: spaces.Space
+
+
+def _leaf_dtype_shape(space: spaces.Space, what: str) -> tuple[np.dtype, tuple[int, ...]]:
+    if isinstance(space, spaces.Box):
+        return np.dtype(space.dtype), tuple(space.shape)
+    if isinstance(space, spaces.Discrete):
+        return np.dtype(np.int64), ()
+    if isinstance(space, spaces.MultiDiscrete):
+        return np.dtype(np.int64), tuple(space.nvec.shape)
+    if isinstance(space, spaces.MultiBinary):
+        shape = (space.n,) if isinstance(space.n, (int, np.integer)) else tuple(space.n)
+        return np.dtype(np.int8), shape
+    raise TypeError(
+        f"{what}: gymnasium space {type(space).__name__} is not supported; use Box, Discrete, "
+        "MultiDiscrete, MultiBinary or a Dict of those (wrap the env with "
+        "gymnasium.wrappers.FlattenObservation to turn a Tuple space into a Box)."
+    )
+
+
+def flatten_space(space: spaces.Space, default_key: str, what: str) -> list[Leaf]:
+    """The leaves of ``space``, in a stable order.
+
+    ``default_key`` names the single leaf of a non-Dict space (``"observation"`` or
+    ``"action"``); ``what`` names the space in error messages.
+    """
+    if not isinstance(space, spaces.Space):
+        raise TypeError(f"{what} must be a gymnasium.spaces.Space, got {type(space).__name__}")
+    if isinstance(space, spaces.Dict):
+        leaves: list[Leaf] = []
+        for name, sub in space.spaces.items():
+            for leaf in flatten_space(sub, name, f"{what}[{name!r}]"):
+                path = (name, *leaf.path)
+                key = path[0] if len(path) == 1 else path
+                leaves.append(Leaf(path, key, leaf.shape, leaf.dtype, leaf.space))
+        if not leaves:
+            raise TypeError(f"{what} is an empty Dict space; give the env at least one entry.")
+        return leaves
+    dtype, shape = _leaf_dtype_shape(space, what)
+    return [Leaf((), default_key, shape, dtype, space)]
+
+
+def get_path(value: Any, path: tuple[str, ...]) -> Any:
+    """The entry of a nested dict at ``path`` (``value`` itself for ``()``)."""
+    for name in path:
+        value = value[name]
+    return value
+
+
+def nest(flat: dict[NestedKey, Any]) -> dict[str, Any]:
+    """``{("next", "obs"): x, "a": y}`` -> ``{"next": {"obs": x}, "a": y}``."""
+    nested: dict[str, Any] = {}
+    for key, value in flat.items():
+        path = (key,) if isinstance(key, str) else key
+        node = nested
+        for name in path[:-1]:
+            node = node.setdefault(name, {})
+        node[path[-1]] = value
+    return nested
+
+
+class ObsWriter:
+    """Writes observations, as gymnasium returns them, into per-leaf numpy arrays.
+
+    ``arrays`` maps each leaf's key to an array whose first dim is the env index. The
+    flat single-leaf case (the common one) skips the dict walk.
+    """
+
+    def __init__(self, leaves: list[Leaf], arrays: dict[NestedKey, np.ndarray]):
+        self._flat = len(leaves) == 1 and leaves[0].path == ()
+        self._targets = [(leaf.path, arrays[leaf.key]) for leaf in leaves]
+        self._flat_array = arrays[leaves[0].key]
+
+    def write_one(self, i: int | np.ndarray, obs: Any) -> None:
+        """Write the observation of env ``i`` (or of envs ``i``, when ``obs`` is batched)."""
+        if self._flat:
+            self._flat_array[i] = obs
+            return
+        for path, array in self._targets:
+            array[i] = get_path(obs, path)
+
+    def write_all(self, obs: Any) -> None:
+        """Write a batched observation (a vector env's) for every env."""
+        if self._flat:
+            self._flat_array[...] = obs
+            return
+        for path, array in self._targets:
+            array[...] = get_path(obs, path)
+
+
+@dataclass(frozen=True)
+class ActionCheck:
+    """Checks that a policy's batched action fits the env's action space.
+
+    Shape and dtype are checked on every step (cheap), the range of discrete spaces too:
+    an index out of range would otherwise crash deep inside the env, or worse, not crash.
+    """
+
+    space: spaces.Space
+    shape: tuple[int, ...]
+    dtype: np.dtype
+    low: np.ndarray | int | None
+    high: np.ndarray | int | None
+
+    @classmethod
+    def for_space(cls, space: spaces.Space) -> ActionCheck:
+        leaf = flatten_space(space, "action", "action_space")
+        if len(leaf) != 1 or leaf[0].path != ():
+            raise TypeError(
+                "action_space: Dict action spaces are not supported yet; flatten the action "
+                "space with a gymnasium wrapper."
+            )
+        dtype, shape = leaf[0].dtype, leaf[0].shape
+        low = high = None
+        if isinstance(space, spaces.Discrete):
+            low, high = int(space.start), int(space.start + space.n - 1)
+        elif isinstance(space, spaces.MultiDiscrete):
+            low, high = np.asarray(space.start), np.asarray(space.start + space.nvec - 1)
+        elif isinstance(space, spaces.MultiBinary):
+            low, high = 0, 1
+        return cls(space, shape, dtype, low, high)
+
+    def __call__(self, action: np.ndarray, num_envs: int) -> None:
+        expected = (num_envs, *self.shape)
+        if action.shape != expected:
+            hint = ""
+            if action.shape == (*expected, 1) and isinstance(self.space, spaces.Discrete):
+                hint = " Discrete actions are int64 indices of shape [num_envs]: squeeze the last dim."
+            raise ValueError(
+                f"action: the policy returned shape {list(action.shape)} for {num_envs} env(s), "
+                f"expected {list(expected)} for {self.space}.{hint}"
+            )
+        if self.low is None:
+            if action.dtype.kind != "f":
+                raise TypeError(
+                    f"action: the policy returned dtype {action.dtype} for {self.space}; "
+                    "a Box action must be a floating-point tensor."
+                )
+            return
+        if action.dtype.kind not in "iub":
+            raise TypeError(
+                f"action: the policy returned dtype {action.dtype} for {self.space}; "
+                "discrete actions must be integer tensors of indices (use argmax or sample "
+                "a Categorical, not one-hot or float values)."
+            )
+        if action.size and ((action < self.low).any() or (action > self.high).any()):
+            raise ValueError(
+                f"action: the policy returned values outside {self.space} "
+                f"(min {action.min()}, max {action.max()}; allowed {self.low}..{self.high})."
+            )

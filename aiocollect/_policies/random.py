@@ -1,0 +1,63 @@
+"""``RandomPolicy``: uniform actions from a gymnasium action space, batched.
+
+It is a ``TensorDictModuleBase`` writing ``"action"``, so it drops in wherever a policy
+does; collectors use it when ``policy=None`` and for the ``init_random_frames``. Actions
+for all envs come from one numpy call per step (not one ``space.sample()`` per env), from
+its own generator: ``RandomPolicy(space, seed=0)`` replays the same actions.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+from gymnasium import spaces
+from tensordict import TensorDictBase
+from tensordict.nn import TensorDictModuleBase
+
+from .._envs.spaces import ActionCheck
+
+
+class RandomPolicy(TensorDictModuleBase):
+    """Samples uniformly from ``action_space`` for every env of a batch.
+
+    Args:
+        action_space: the gymnasium space of *one* env's action.
+        seed: seed of the policy's own generator (``None``: fresh entropy).
+    """
+
+    def __init__(self, action_space: spaces.Space, seed: int | None = None):
+        super().__init__()
+        self.action_space = action_space
+        self.in_keys = []
+        self.out_keys = ["action"]
+        self._shape = ActionCheck.for_space(action_space).shape
+        self.seed(seed)
+
+    def seed(self, seed: int | None) -> None:
+        """Restart the generator from ``seed``."""
+        self._rng = np.random.default_rng(seed)
+        self.action_space.seed(seed)
+
+    def sample(self, num_envs: int) -> np.ndarray:
+        """A batch of ``num_envs`` actions, as a numpy array ``[num_envs, *action_shape]``."""
+        space, rng, size = self.action_space, self._rng, (num_envs, *self._shape)
+        if isinstance(space, spaces.Discrete):
+            return rng.integers(space.start, space.start + space.n, size=size, dtype=np.int64)
+        if isinstance(space, spaces.MultiDiscrete):
+            return rng.integers(space.start, space.start + space.nvec, size=size, dtype=np.int64)
+        if isinstance(space, spaces.MultiBinary):
+            return rng.integers(0, 2, size=size, dtype=np.int8)
+        if isinstance(space, spaces.Box) and space.is_bounded("both") and space.dtype.kind == "f":
+            return rng.uniform(space.low, space.high, size=size).astype(space.dtype, copy=False)
+        # unbounded or integer boxes: let gymnasium's sampler handle the distribution
+        return np.stack([space.sample() for _ in range(num_envs)])
+
+    def forward(self, tensordict: TensorDictBase) -> TensorDictBase:
+        batch = tensordict.batch_size
+        n = int(np.prod(batch)) if len(batch) else 1
+        action = torch.from_numpy(self.sample(n)).reshape(*batch, *self._shape)
+        tensordict.set("action", action.to(tensordict.device) if tensordict.device else action)
+        return tensordict
+
+    def __repr__(self) -> str:
+        return f"RandomPolicy({self.action_space})"
