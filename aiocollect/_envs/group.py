@@ -68,9 +68,14 @@ class InProcessGroup(_GroupBase):
                     "collector must share their observation and action spaces."
                 )
         self.envs = list(envs)
+        # Discrete envs get Python ints: gymnasium's Discrete.contains (which most envs
+        # assert on every step) is several times slower for numpy integers.
+        self._as_list = isinstance(self.action_space, gym.spaces.Discrete)
 
     async def step(self, action: np.ndarray) -> None:
         reward, terminated, truncated = self.reward, self.terminated, self.truncated
+        if self._as_list:
+            action = action.tolist()
         if self._writer._flat:
             obs = self._writer._flat_array
             for i, env in enumerate(self.envs):
