@@ -8,6 +8,8 @@ torchrl is only imported by the tests, never by aiocollect.
 
 from __future__ import annotations
 
+import warnings
+
 import gymnasium as gym
 import numpy as np
 import pytest
@@ -18,16 +20,18 @@ from tensordict.nn import TensorDictModule
 
 import aiocollect
 
-torchrl = pytest.importorskip("torchrl")
-
-from torchrl.collectors import Collector as TorchRLCollector  # noqa: E402
-from torchrl.collectors.utils import split_trajectories as torchrl_split_trajectories  # noqa: E402
-from torchrl.data import LazyTensorStorage, ReplayBuffer, SliceSampler  # noqa: E402
-from torchrl.envs import GymEnv as TorchRLGymEnv  # noqa: E402
-from torchrl.envs import GymWrapper, SerialEnv  # noqa: E402
-from torchrl.modules import ProbabilisticActor, ValueOperator  # noqa: E402
-from torchrl.objectives import ClipPPOLoss  # noqa: E402
-from torchrl.objectives.value import GAE  # noqa: E402
+with warnings.catch_warnings():
+    # torchrl warns about its own deprecations on import; keep that out of the report
+    warnings.simplefilter("ignore", DeprecationWarning)
+    torchrl = pytest.importorskip("torchrl")
+    from torchrl.collectors import Collector as TorchRLCollector
+    from torchrl.collectors.utils import split_trajectories as torchrl_split_trajectories
+    from torchrl.data import LazyTensorStorage, ReplayBuffer, SliceSampler
+    from torchrl.envs import GymEnv as TorchRLGymEnv
+    from torchrl.envs import GymWrapper, SerialEnv
+    from torchrl.modules import ProbabilisticActor, ValueOperator
+    from torchrl.objectives import ClipPPOLoss
+    from torchrl.objectives.value import GAE
 
 pytestmark = [
     pytest.mark.filterwarnings("ignore::DeprecationWarning"),
@@ -345,9 +349,11 @@ def test_replay_buffer_filled_by_collector():
         collector.shutdown()
     assert yielded == [None, None]
     assert len(rb) == 2 * frames
-    stored = rb[:]  # the storage, time first: [2 * T, N] -> back to [N, 2 * T]
-    assert stored.shape == (2 * frames // 3, 3)
-    stored = stored.transpose(0, 1)
+    # the storage is time-first ([2 * T, N], from the batches' "time" name); reading it
+    # back gives [N, 2 * T]: each env's frames of both batches, in time order
+    assert rb.storage[:].shape == (2 * frames // 3, 3)
+    stored = rb[:]
+    assert stored.shape == (3, 2 * frames // 3)
     ids = stored["collector", "traj_ids"]
     assert (ids >= 0).all()
     # both batches were stored, each env's frames in time order: trajectories that cross
