@@ -361,10 +361,11 @@ def run_all(benches: list[Bench], repeats: int) -> None:
     for rep in range(1, repeats + 1):
         for bench in benches:
             gc.collect()
+            started = time.perf_counter()
             fps = bench.run()
             bench.runs.append(fps)
-            print(f"  [{bench.scenario}] run {rep}/{repeats}  {bench.name:<40} {fps:>12,.0f} frames/s",
-                  file=sys.stderr, flush=True)
+            print(f"  [{bench.scenario}] run {rep}/{repeats}  {bench.name:<40} {fps:>12,.0f} frames/s"
+                  f"  ({time.perf_counter() - started:.1f} s)", file=sys.stderr, flush=True)
 
 
 # --------------------------------------------------------------------------- report

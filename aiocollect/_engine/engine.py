@@ -85,7 +85,9 @@ class Engine:
         # trajectory ids must never be reused: continue after the saved counter
         self.next_traj_id = max(self.next_traj_id, int(state["next_traj_id"]))
         self.completed_trajectories = int(state["completed_trajectories"])
-        self.request_reset()
+        self.needs_reset[:] = True
+        self._any_reset = True
+        self._new_trajectories(np.arange(self.num_envs), completed=False)
 
     # ------------------------------------------------------------------ stepping
 
