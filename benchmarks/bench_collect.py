@@ -54,6 +54,7 @@ import asyncio
 import gc
 import json
 import logging
+import multiprocessing
 import os
 import platform
 import statistics
@@ -77,6 +78,10 @@ import aiocollect  # noqa: E402
 from aiocollect import Collector  # noqa: E402
 
 ENV_ID = "CartPole-v1"
+# Importing torchrl makes "spawn" the global start method, and a spawned worker re-imports
+# this script (torch, torchrl...): seconds per AsyncVectorEnv worker on a small machine.
+# The workers only need gymnasium, so fork them where possible (start-up is not timed).
+FAST_START_METHOD = "fork" if "fork" in multiprocessing.get_all_start_methods() else None
 ENVS_A = 8
 ENVS_B = 64
 
@@ -111,11 +116,11 @@ FULL = Sizes(
 
 QUICK = Sizes(
     a_steps_per_batch=32,
-    a_frames=2_048,
-    a_async_vec_frames=1_024,
+    a_frames=8_192,
+    a_async_vec_frames=2_048,
     a_torchrl_frames=512,
     b_steps_per_batch=10,
-    b_frames=1_280,
+    b_frames=6_400,
     b_torchrl_frames=640,
     warmup_steps=10,
 )
@@ -182,9 +187,9 @@ async def arate_of_batches(batches) -> float:
 # --------------------------------------------------------------------------- gymnasium loops
 
 
-def gym_random_loop(vector_cls: type, num_envs: int, frames: int, warmup_steps: int) -> float:
+def gym_random_loop(vector_cls: type, num_envs: int, frames: int, warmup_steps: int, **kwargs) -> float:
     """A bare ``envs.step(envs.action_space.sample())`` loop over a gymnasium vector env."""
-    envs = vector_cls([make_cartpole] * num_envs)
+    envs = vector_cls([make_cartpole] * num_envs, **kwargs)
     try:
         envs.reset(seed=0)
         for _ in range(warmup_steps):
@@ -314,7 +319,8 @@ def make_benches(s: Sizes) -> list[Bench]:
         Bench("A", "plain", "plain gymnasium SyncVectorEnv loop",
               lambda: gym_random_loop(gym.vector.SyncVectorEnv, a, s.a_frames, w), s.a_frames),
         Bench("A", "gym_async", "gymnasium AsyncVectorEnv loop (ref.)",
-              lambda: gym_random_loop(gym.vector.AsyncVectorEnv, a, s.a_async_vec_frames, w),
+              lambda: gym_random_loop(gym.vector.AsyncVectorEnv, a, s.a_async_vec_frames, w,
+                                      context=FAST_START_METHOD),
               s.a_async_vec_frames),
         Bench("A", "aio", "aiocollect Collector, for",
               lambda: aiocollect_for(a, None, ta, s.a_frames), whole_batches(s.a_frames, a * ta)),
@@ -410,6 +416,7 @@ def environment() -> dict:
         "python": platform.python_version(),
         "platform": platform.platform(),
         "cpu_count": os.cpu_count(),
+        "load_average_1min": os.getloadavg()[0] if hasattr(os, "getloadavg") else None,
         "torch": torch.__version__,
         "torch_num_threads": torch.get_num_threads(),
         "tensordict": tensordict.__version__,
@@ -460,7 +467,7 @@ def main(argv: list[str] | None = None) -> int:
     print(
         f"aiocollect {env['aiocollect']} | torch {env['torch']} (threads=1) | tensordict {env['tensordict']} | "
         f"torchrl {env['torchrl']} | gymnasium {env['gymnasium']} | python {env['python']} | "
-        f"{env['cpu_count']} CPUs\nmode={'quick' if args.quick else 'full'}, {args.repeats} run(s) per "
+        f"{env['cpu_count']} CPUs (1-min load average {env['load_average_1min']})\nmode={'quick' if args.quick else 'full'}, {args.repeats} run(s) per "
         "measurement, round-robin; first batch / warm-up steps not timed",
         flush=True,
     )
@@ -471,7 +478,8 @@ def main(argv: list[str] | None = None) -> int:
     wall = time.perf_counter() - started
 
     print(format_table(benches, args.repeats))
-    print(f"\ntotal time: {wall:.1f} s")
+    load = f", 1-min load average {os.getloadavg()[0]:.2f} at the end" if hasattr(os, "getloadavg") else ""
+    print(f"\ntotal time: {wall:.1f} s{load}")
     if args.json:
         write_json(args.json, benches, sizes, args, env, wall)
         print(f"results written to {args.json}")
