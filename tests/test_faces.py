@@ -244,3 +244,17 @@ async def test_async_rollout_and_sync_rollout():
     c2 = make()
     check_batch(c2.rollout())
     c2.shutdown()
+
+
+def test_sync_face_runs_on_uvloop_where_installed():
+    uvloop = pytest.importorskip("uvloop")
+    loops = []
+
+    def policy(obs):
+        loops.append(type(asyncio.get_running_loop()))
+        return torch.zeros(obs.shape[0], dtype=torch.int64)
+
+    c = Collector(lambda: CounterEnv(), policy, frames_per_batch=5, total_frames=5)
+    list(c)
+    c.shutdown()
+    assert loops and all(issubclass(loop, uvloop.Loop) for loop in loops)
