@@ -3,8 +3,8 @@
 A group owns ``num_envs`` envs and a set of numpy arrays, one row per env, that always
 hold the latest results: ``obs`` (per observation key), ``reward``, ``terminated`` and
 ``truncated``. ``await group.step(actions)`` steps every env and fills the arrays (for an
-env that just finished, ``obs`` holds its *final* observation); ``await group.reset(mask)``
-resets the envs selected by ``mask`` and overwrites their ``obs`` rows with the first
+env that just finished, ``obs`` holds its *final* observation); ``await group.reset(idx)``
+resets the envs whose indices are in ``idx`` and overwrites their ``obs`` rows with the first
 observation of the new episode. Gymnasium's autoreset is never used to produce a
 transition: the engine resets finished envs explicitly, so no batch ever contains a fake
 "reset step".
@@ -68,14 +68,9 @@ class InProcessGroup(_GroupBase):
                     "collector must share their observation and action spaces."
                 )
         self.envs = list(envs)
-        # Discrete envs get Python ints: gymnasium's Discrete.contains (which most envs
-        # assert on every step) is several times slower for numpy integers.
-        self._as_list = isinstance(self.action_space, gym.spaces.Discrete)
 
     async def step(self, action: np.ndarray) -> None:
         reward, terminated, truncated = self.reward, self.terminated, self.truncated
-        if self._as_list:
-            action = action.tolist()
         if self._writer._flat:
             obs = self._writer._flat_array
             for i, env in enumerate(self.envs):
@@ -86,8 +81,8 @@ class InProcessGroup(_GroupBase):
                 o, reward[i], terminated[i], truncated[i], _ = env.step(action[i])
                 write(i, o)
 
-    async def reset(self, mask: np.ndarray, seeds: Sequence[int | None] | None = None) -> None:
-        for i in np.flatnonzero(mask):
+    async def reset(self, idx: np.ndarray, seeds: Sequence[int | None] | None = None) -> None:
+        for i in idx:
             o, _ = self.envs[i].reset(seed=None if seeds is None else seeds[i])
             self._writer.write_one(i, o)
 
@@ -128,20 +123,22 @@ class VectorEnvGroup(_GroupBase):
                     self._pending[int(i)] = _row(obs, i)
                     self._writer.write_one(i, final[i])
 
-    async def reset(self, mask: np.ndarray, seeds: Sequence[int | None] | None = None) -> None:
-        if seeds is None and self._pending and all(int(i) in self._pending for i in np.flatnonzero(mask)):
-            for i in np.flatnonzero(mask):
+    async def reset(self, idx: np.ndarray, seeds: Sequence[int | None] | None = None) -> None:
+        if seeds is None and self._pending and all(int(i) in self._pending for i in idx):
+            for i in idx:
                 self._writer.write_one(i, self._pending.pop(int(i)))
             return
-        for i in np.flatnonzero(mask):
+        for i in idx:
             self._pending.pop(int(i), None)
+        mask = np.zeros(self.num_envs, dtype=bool)
+        mask[idx] = True
         seed = None if seeds is None else list(seeds)
         if mask.all():
             obs, _ = self.venv.reset(seed=seed)
             self._writer.write_all(obs)
             return
         try:
-            obs, _ = self.venv.reset(seed=seed, options={"reset_mask": mask.copy()})
+            obs, _ = self.venv.reset(seed=seed, options={"reset_mask": mask})
         except Exception as exc:  # a vector env without partial resets
             raise RuntimeError(
                 f"{type(self.venv).__name__} cannot reset a subset of its envs "
@@ -149,7 +146,7 @@ class VectorEnvGroup(_GroupBase):
                 "fake autoreset transitions; pass a list of env factories instead, or use "
                 "gymnasium's SyncVectorEnv/AsyncVectorEnv."
             ) from exc
-        for i in np.flatnonzero(mask):
+        for i in idx:
             self._writer.write_one(i, _row(obs, i))
 
     def close(self) -> None:
