@@ -8,12 +8,10 @@ import signal
 import subprocess
 import sys
 import textwrap
-import threading
 import time
 import traceback
 
 import gymnasium as gym
-import numpy as np
 import pytest
 import torch
 import torch.nn as nn

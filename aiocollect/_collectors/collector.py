@@ -26,7 +26,7 @@ from typing import Any
 
 import torch
 from tensordict import TensorDict, TensorDictBase
-from tensordict.nn import InteractionType, TensorDictModuleBase
+from tensordict.nn import InteractionType
 
 from .._engine.buffer import RolloutBuffer
 from .._engine.engine import Engine

@@ -171,8 +171,7 @@ class Engine:
             if track_steps:
                 step_count += 1
                 buffer.next_step_count[:, t] = step_count
-                if max_steps > 0:
-                    trunc_t |= step_count >= max_steps
+                trunc_t |= step_count >= max_steps
             done = term_t | trunc_t
             if self.reset_when_done and done.any():
                 finished = np.flatnonzero(done)

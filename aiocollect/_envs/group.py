@@ -17,7 +17,7 @@ Two groups live in this process:
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import gymnasium as gym
@@ -251,6 +251,5 @@ def make_group(create_env_fn: Any, create_env_kwargs: dict | None) -> tuple[_Gro
 
 
 EnvGroup = InProcessGroup | VectorEnvGroup
-EnvFactory = Callable[..., gym.Env]
 
 __all__ = ["EnvGroup", "InProcessGroup", "VectorEnvGroup", "check_create_env_fn", "make_group"]

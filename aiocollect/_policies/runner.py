@@ -131,7 +131,8 @@ class PolicyRunner:
                 f"policy: the module returned {len(result)} tensor(s) for out_keys {out_keys}."
             )
         out = {k: v for k, v in zip(out_keys, result) if k != "_"}
-        self._out_keys = list(out)
+        if self._out_keys is None:
+            self._out_keys = list(out)
         return out
 
     def _call_tensordict(self, obs: dict[NestedKey, torch.Tensor], num_envs: int) -> dict[NestedKey, Any]:
