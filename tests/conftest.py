@@ -49,6 +49,18 @@ class CounterEnv(gym.Env):
         self.closed = True
 
 
+class EnvRecorder:
+    """An env factory that keeps every env it made (``recorder.envs``), to check closing."""
+
+    def __init__(self, **kwargs):
+        self.kwargs = kwargs
+        self.envs: list[CounterEnv] = []
+
+    def __call__(self) -> CounterEnv:
+        self.envs.append(CounterEnv(**self.kwargs))
+        return self.envs[-1]
+
+
 class DictEnv(gym.Env):
     """Dict observations of every supported leaf type; MultiDiscrete actions."""
 

@@ -17,7 +17,7 @@ import torch
 import torch.nn as nn
 
 from aiocollect import Collector, GymEnv
-from conftest import CounterEnv
+from conftest import CounterEnv, EnvRecorder
 
 pytestmark = pytest.mark.usefixtures("no_thread_leak")
 
@@ -88,15 +88,11 @@ def test_non_callable_policy():
 
 
 def test_frames_per_batch_not_divisible_by_envs_says_what_would():
-    envs = []
-
-    def factory():
-        envs.append(CounterEnv())
-        return envs[-1]
+    factory = EnvRecorder()
 
     with pytest.raises(ValueError, match="frames_per_batch=10 does not split evenly over 3 envs.*9 or 12"):
         Collector([factory] * 3, None, frames_per_batch=10)
-    assert all(e.closed for e in envs)
+    assert all(e.closed for e in factory.envs)
 
 
 @pytest.mark.parametrize(
@@ -147,17 +143,13 @@ async def test_policy_exception_surfaces_async():
 
 
 def test_garbage_collected_collector_closes_envs():
-    envs = []
-
-    def factory():
-        envs.append(CounterEnv())
-        return envs[-1]
+    factory = EnvRecorder()
 
     c = Collector(factory, None, frames_per_batch=10, total_frames=-1)
     next(iter(c))
     del c
     gc.collect()
-    assert envs[0].closed
+    assert factory.envs[0].closed
 
 
 def test_shutdown_while_collecting_in_background_is_bounded():

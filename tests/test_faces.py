@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from aiocollect import Collector, CollectorStatistics
-from conftest import CounterEnv, check_batch
+from conftest import CounterEnv, EnvRecorder, check_batch
 
 pytestmark = pytest.mark.usefixtures("no_thread_leak")
 
@@ -32,32 +32,24 @@ def test_sync_for_stops_at_total_frames_and_len():
 
 
 def test_sync_with_shuts_down_also_on_error():
-    envs = []
-
-    def factory():
-        envs.append(CounterEnv())
-        return envs[-1]
+    factory = EnvRecorder()
 
     with pytest.raises(ZeroDivisionError):
         with Collector(factory, None, frames_per_batch=10, total_frames=-1) as c:
             for _ in c:
                 1 / 0
-    assert envs[0].closed
+    assert factory.envs[0].closed
     with pytest.raises(RuntimeError, match="shut down"):
         next(iter(c))
 
 
 async def test_async_with_and_async_for():
-    envs = []
-
-    def factory():
-        envs.append(CounterEnv())
-        return envs[-1]
+    factory = EnvRecorder()
 
     async with Collector(factory, None, frames_per_batch=10, total_frames=50) as c:
         shapes = [b.shape async for b in c]
     assert shapes == [torch.Size([10])] * 5
-    assert envs[0].closed
+    assert factory.envs[0].closed
 
 
 def test_sync_for_inside_a_running_loop_like_jupyter():
