@@ -250,3 +250,21 @@ def test_sync_face_runs_on_uvloop_where_installed():
     list(c)
     c.shutdown()
     assert loops and all(issubclass(loop, uvloop.Loop) for loop in loops)
+
+
+async def test_async_face_applies_split_postproc_and_replay_buffer():
+    rb = ListBuffer()
+    c = make(split_trajs=True, postproc=lambda td: td.set("seen", td["collector", "mask"]), replay_buffer=rb)
+    out = [b async for b in c]
+    c.shutdown()
+    assert out == [None] * 5
+    assert sum(int(td["collector", "mask"].sum()) for td in rb.items) == 100
+    assert all(torch.equal(td["seen"], td["collector", "mask"]) for td in rb.items)
+
+
+async def test_async_face_statistics_and_len():
+    async with make(max_frames_per_traj=3) as c:
+        assert len(c) == 5
+        n = sum([b.numel() async for b in c])
+        stats = c.statistics()
+    assert n == stats.frames == 100 and stats.batches == 5
