@@ -71,8 +71,8 @@ class InProcessGroup(_GroupBase):
 
     async def step(self, action: np.ndarray) -> None:
         reward, terminated, truncated = self.reward, self.terminated, self.truncated
-        if self._writer._flat:
-            obs = self._writer._flat_array
+        if self._writer.flat:
+            obs = self._writer.flat_array
             for i, env in enumerate(self.envs):
                 obs[i], reward[i], terminated[i], truncated[i], _ = env.step(action[i])
         else:

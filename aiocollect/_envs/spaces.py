@@ -103,26 +103,28 @@ class ObsWriter:
     """Writes observations, as gymnasium returns them, into per-leaf numpy arrays.
 
     ``arrays`` maps each leaf's key to an array whose first dim is the env index. The
-    flat single-leaf case (the common one) skips the dict walk.
+    flat single-leaf case (the common one) skips the dict walk; ``flat`` says whether
+    this is that case, and ``flat_array`` is then the one array, for callers that write
+    it inline in their own hot loop.
     """
 
     def __init__(self, leaves: list[Leaf], arrays: dict[NestedKey, np.ndarray]):
-        self._flat = len(leaves) == 1 and leaves[0].path == ()
+        self.flat = len(leaves) == 1 and leaves[0].path == ()
         self._targets = [(leaf.path, arrays[leaf.key]) for leaf in leaves]
-        self._flat_array = arrays[leaves[0].key]
+        self.flat_array = arrays[leaves[0].key]
 
     def write_one(self, i: int | np.ndarray, obs: Any) -> None:
         """Write the observation of env ``i`` (or of envs ``i``, when ``obs`` is batched)."""
-        if self._flat:
-            self._flat_array[i] = obs
+        if self.flat:
+            self.flat_array[i] = obs
             return
         for path, array in self._targets:
             array[i] = get_path(obs, path)
 
     def write_all(self, obs: Any) -> None:
         """Write a batched observation (a vector env's) for every env."""
-        if self._flat:
-            self._flat_array[...] = obs
+        if self.flat:
+            self.flat_array[...] = obs
             return
         for path, array in self._targets:
             array[...] = get_path(obs, path)
