@@ -12,28 +12,69 @@ Every collector works three ways::
     collector.start()                    # in the background, into replay_buffer
 
 and is a context manager (``with`` / ``async with``) that always cleans up.
+
+The names below are imported on first use (PEP 562), so that ``import aiocollect`` stays
+light and an env worker process, which unpickles env factories that may reference
+:class:`GymEnv`, never imports torch.
 """
 
-from ._collectors.base import CollectorStatistics as CollectorStatistics
-from ._collectors.base import DataCollectorBase as DataCollectorBase
-from ._collectors.collector import Collector as Collector
-from ._collectors.collector import SyncDataCollector as SyncDataCollector
-from ._collectors.interruptor import Interruptor as Interruptor
-from ._collectors.options import CollectorOptions as CollectorOptions
-from ._engine.trajectories import split_trajectories as split_trajectories
-from ._envs.gym import GymEnv as GymEnv
-from ._policies.random import RandomPolicy as RandomPolicy
+import importlib as _importlib
+import typing as _typing
 
 __version__ = "0.1.0"
 
-__all__ = [
-    "Collector",
-    "CollectorOptions",
-    "CollectorStatistics",
-    "DataCollectorBase",
-    "GymEnv",
-    "Interruptor",
-    "RandomPolicy",
-    "SyncDataCollector",
-    "split_trajectories",
-]
+# public name -> private module that defines it
+_EXPORTS = {
+    "AsyncCollector": "._collectors.async_collector",
+    "Collector": "._collectors.collector",
+    "CollectorOptions": "._collectors.options",
+    "CollectorStatistics": "._collectors.base",
+    "DataCollectorBase": "._collectors.base",
+    "GymEnv": "._envs.gym",
+    "Interruptor": "._collectors.interruptor",
+    "MultiAsyncCollector": "._collectors.multi_async",
+    "MultiSyncCollector": "._collectors.multi_sync",
+    "MultiSyncDataCollector": "._collectors.multi_sync",
+    "MultiaSyncDataCollector": "._collectors.multi_async",
+    "RandomPolicy": "._policies.random",
+    "SyncDataCollector": "._collectors.collector",
+    "WorkerError": "._workers.errors",
+    "WorkerStatistics": "._collectors.base",
+    "aSyncDataCollector": "._collectors.async_collector",
+    "split_trajectories": "._engine.trajectories",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> _typing.Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'aiocollect' has no attribute {name!r}")
+    value = getattr(_importlib.import_module(module, __name__), name)
+    globals()[name] = value  # the next lookup is a plain attribute access
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *__all__])
+
+
+if _typing.TYPE_CHECKING:  # static tools see ordinary imports
+    from ._collectors.async_collector import AsyncCollector as AsyncCollector
+    from ._collectors.async_collector import aSyncDataCollector as aSyncDataCollector
+    from ._collectors.base import CollectorStatistics as CollectorStatistics
+    from ._collectors.base import DataCollectorBase as DataCollectorBase
+    from ._collectors.base import WorkerStatistics as WorkerStatistics
+    from ._collectors.collector import Collector as Collector
+    from ._collectors.collector import SyncDataCollector as SyncDataCollector
+    from ._collectors.interruptor import Interruptor as Interruptor
+    from ._collectors.multi_async import MultiaSyncDataCollector as MultiaSyncDataCollector
+    from ._collectors.multi_async import MultiAsyncCollector as MultiAsyncCollector
+    from ._collectors.multi_sync import MultiSyncCollector as MultiSyncCollector
+    from ._collectors.multi_sync import MultiSyncDataCollector as MultiSyncDataCollector
+    from ._collectors.options import CollectorOptions as CollectorOptions
+    from ._engine.trajectories import split_trajectories as split_trajectories
+    from ._envs.gym import GymEnv as GymEnv
+    from ._policies.random import RandomPolicy as RandomPolicy
+    from ._workers.errors import WorkerError as WorkerError

@@ -16,6 +16,13 @@ which keeps it cancellable without paying a loop round trip per step.
 
 The engine's state between batches (current trajectory ids, step counts, which envs need
 a reset, pending seeds) is what lets trajectories continue across batch boundaries.
+
+``rollout`` is the *lockstep* schedule: one group, every env stepped at every step. The
+per-step pieces it is made of (``write_before``, ``write_after``, the reset hand-off and
+``finish``) are public, so that the scheduler of the multi-worker collectors
+(:mod:`.scheduler`) runs the very same bookkeeping on one engine per worker, each worker
+at its own pace. Engines that share an :class:`IdPool` never hand out the same
+trajectory id.
 """
 
 from __future__ import annotations
@@ -27,39 +34,54 @@ import anyio
 import numpy as np
 import torch
 
-from .._envs.group import EnvGroup
 from .._policies.runner import PolicyRunner
 from .buffer import OutputSpec, RolloutBuffer
 
 _YIELD_EVERY_S = 0.001
 
 
+class IdPool:
+    """Trajectory ids, handed out in increasing order; shared by engines that must not clash."""
+
+    def __init__(self, start: int = 0):
+        self.next = start
+
+    def take(self, k: int) -> np.ndarray:
+        ids = np.arange(self.next, self.next + k, dtype=np.int64)
+        self.next += k
+        return ids
+
+
 class Engine:
     """Steps one env group with one policy; see the module docstring.
 
     Args:
-        group: the envs.
+        group: the envs (anything with the result arrays of an env group).
         max_frames_per_traj: truncate a trajectory after this many steps (``None``: never).
         reset_when_done: reset an env as soon as it is done (TorchRL's default); when
             false, finished envs keep being stepped and the root done flags carry over.
+        ids: where trajectory ids come from (a private pool by default).
     """
 
-    def __init__(self, group: EnvGroup, *, max_frames_per_traj: int | None, reset_when_done: bool):
+    def __init__(self, group: Any, *, max_frames_per_traj: int | None, reset_when_done: bool,
+                 ids: IdPool | None = None):
         self.group = group
         self.max_frames_per_traj = max_frames_per_traj
         self.reset_when_done = reset_when_done
         n = group.num_envs
         self.num_envs = n
-        self.traj_ids = np.arange(n, dtype=np.int64)
-        self.next_traj_id = n
+        self.ids = ids if ids is not None else IdPool()
+        self.traj_ids = self.ids.take(n)
         self.step_count = np.zeros(n, dtype=np.int64)
         self.needs_reset = np.ones(n, dtype=bool)
-        self._any_reset = True
+        self.any_reset = True
         self._seeds: list[int] | None = None
         # root done/terminated/truncated of the current step; only ever true when
         # reset_when_done=False (a finished env that is not reset stays done)
         self._root_flags = np.zeros((3, n), dtype=bool)
+        self._obs_arrays = list(group.obs.values())
         self.obs_tensors = {k: torch.from_numpy(v) for k, v in group.obs.items()}
+        self._track_steps = max_frames_per_traj is not None
         self.completed_trajectories = 0
         self.env_steps = 0
 
@@ -74,38 +96,121 @@ class Engine:
         if len(midway):
             self._new_trajectories(midway, completed=False)
         self.needs_reset[:] = True
-        self._any_reset = True
+        self.any_reset = True
         if seeds is not None:
             self._seeds = list(seeds)
 
     def state_dict(self) -> dict[str, Any]:
-        return {"next_traj_id": self.next_traj_id, "completed_trajectories": self.completed_trajectories}
+        return {"next_traj_id": self.ids.next, "completed_trajectories": self.completed_trajectories}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         # trajectory ids must never be reused: continue after the saved counter
-        self.next_traj_id = max(self.next_traj_id, int(state["next_traj_id"]))
+        self.ids.next = max(self.ids.next, int(state["next_traj_id"]))
         self.completed_trajectories = int(state["completed_trajectories"])
         self.needs_reset[:] = True
-        self._any_reset = True
+        self.any_reset = True
         self._new_trajectories(np.arange(self.num_envs), completed=False)
 
-    # ------------------------------------------------------------------ stepping
+    # ------------------------------------------------------------------ resets
 
     def _new_trajectories(self, idx: np.ndarray, *, completed: bool = True) -> None:
-        k = len(idx)
-        self.traj_ids[idx] = np.arange(self.next_traj_id, self.next_traj_id + k)
-        self.next_traj_id += k
+        self.traj_ids[idx] = self.ids.take(len(idx))
         self.step_count[idx] = 0
         if completed:
-            self.completed_trajectories += k
+            self.completed_trajectories += len(idx)
 
-    async def _reset(self) -> None:
-        idx = np.flatnonzero(self.needs_reset)
-        await self.group.reset(idx, self._seeds)
-        self._seeds = None
+    def take_resets(self) -> tuple[np.ndarray, list[int] | None]:
+        """The envs to reset before the next step, and their seeds (``None``: unseeded)."""
+        seeds, self._seeds = self._seeds, None
+        return np.flatnonzero(self.needs_reset), seeds
+
+    def resets_done(self, idx: np.ndarray) -> None:
+        """The group has reset envs ``idx``: their ``obs`` rows start new episodes."""
         self.needs_reset[idx] = False
         self._root_flags[:, idx] = False
-        self._any_reset = False
+        self.any_reset = bool(self.needs_reset.any())
+
+    async def _reset(self) -> None:
+        idx, seeds = self.take_resets()
+        await self.group.reset(idx, seeds)
+        self.resets_done(idx)
+
+    # ------------------------------------------------------------------ one step
+
+    def new_buffer(self, out: dict, frames: int, mask: bool) -> RolloutBuffer:
+        specs = {k: OutputSpec.of(v) for k, v in out.items()}
+        return RolloutBuffer(self.group.obs_leaves, specs, self.num_envs, frames,
+                             step_count=self._track_steps, mask=mask)
+
+    def fits(self, buffer: RolloutBuffer | None, out: dict, frames: int) -> bool:
+        return (buffer is not None and buffer.frames == frames
+                and buffer.outputs == {k: OutputSpec.of(v) for k, v in out.items()})
+
+    def write_before(self, buffer: RolloutBuffer, t: int) -> None:
+        """Column ``t`` before the step: current observations, trajectory ids, step counts."""
+        for dst, src in zip(buffer.root_obs, self._obs_arrays):
+            dst[:, t] = src
+        buffer.traj_ids[:, t] = self.traj_ids
+        if self._track_steps:
+            buffer.step_count[:, t] = self.step_count
+
+    def write_after(self, buffer: RolloutBuffer, t: int) -> None:
+        """Column ``t`` after the step: what the group returned; finished envs get new ids."""
+        group = self.group
+        self.env_steps += self.num_envs
+        for dst, src in zip(buffer.next_obs, self._obs_arrays):
+            dst[:, t] = src
+        buffer.reward[:, t] = group.reward
+        term_t = buffer.terminated[:, t]
+        trunc_t = buffer.truncated[:, t]
+        term_t[:] = group.terminated
+        trunc_t[:] = group.truncated
+        if self._track_steps:
+            step_count = self.step_count
+            step_count += 1
+            buffer.next_step_count[:, t] = step_count
+            trunc_t |= step_count >= self.max_frames_per_traj
+        done = term_t | trunc_t
+        if not self.reset_when_done:
+            self._root_flags[0] = done
+            self._root_flags[1] = term_t
+            self._root_flags[2] = trunc_t
+        elif done.any():
+            finished = np.flatnonzero(done)
+            self._new_trajectories(finished)
+            self.needs_reset[finished] = True
+            self.any_reset = True
+
+    def start_flags(self) -> np.ndarray:
+        """The root done flags the next batch starts with (see :meth:`finish`)."""
+        return self._root_flags.copy()
+
+    def finish(self, buffer: RolloutBuffer, valid: int, start_flags: np.ndarray, set_truncated: bool) -> None:
+        """Close a batch whose first ``valid`` columns were written."""
+        if set_truncated and valid:
+            self._truncate_last(buffer, valid - 1)
+        buffer.finish(valid)
+        if not self.reset_when_done and valid:
+            # root flags of step t are the "next" flags of step t-1
+            following = (buffer.next_done, buffer.terminated, buffer.truncated)
+            for root, start, nxt in zip(buffer.root_flags, start_flags, following):
+                root[:, 0] = start
+                root[:, 1:valid] = nxt[:, : valid - 1]
+
+    def _truncate_last(self, buffer: RolloutBuffer, last: int) -> None:
+        """``set_truncated``: the batch's last step ends every trajectory."""
+        ongoing = ~(buffer.terminated[:, last] | buffer.truncated[:, last])
+        buffer.truncated[:, last] = True
+        if self.reset_when_done:
+            idx = np.flatnonzero(ongoing)
+            self._new_trajectories(idx)
+            self.needs_reset[idx] = True
+            self.any_reset = True
+        else:
+            self._root_flags[0] = True
+            self._root_flags[2] = True
+
+    # ------------------------------------------------------------------ lockstep schedule
 
     async def rollout(
         self,
@@ -122,67 +227,28 @@ class Engine:
         steps is smaller than ``frames`` only when ``interruptor.collection_stopped()``.
         """
         group, n = self.group, self.num_envs
-        obs_arrays = list(group.obs.values())
         obs_tensors = self.obs_tensors
         check_action = group.check_action
         check = runner.kind != "random"  # our own random actions fit by construction
-        max_steps = self.max_frames_per_traj
-        step_count = self.step_count
-        track_steps = max_steps is not None
+        write_before, write_after = self.write_before, self.write_after
         last_yield = time.perf_counter()
         valid = frames
-        start_flags = self._root_flags.copy()
+        start_flags = self.start_flags()
         for t in range(frames):
-            if self._any_reset:
+            if self.any_reset:
                 await self._reset()
             out = runner(obs_tensors, n)
-            if t == 0:
-                specs = {k: OutputSpec.of(v) for k, v in out.items()}
-                if buffer is None or buffer.outputs != specs or buffer.frames != frames:
-                    buffer = RolloutBuffer(
-                        group.obs_leaves, specs, n, frames,
-                        step_count=track_steps, mask=interruptor is not None,
-                    )
-                root_obs, next_obs = buffer.root_obs, buffer.next_obs
-                reward, terminated, truncated = buffer.reward, buffer.terminated, buffer.truncated
-                traj_ids = buffer.traj_ids
-            for dst, src in zip(root_obs, obs_arrays):
-                dst[:, t] = src
-            traj_ids[:, t] = self.traj_ids
-            if track_steps:
-                buffer.step_count[:, t] = step_count
+            if t == 0 and not self.fits(buffer, out, frames):
+                buffer = self.new_buffer(out, frames, mask=interruptor is not None)
+            write_before(buffer, t)
             action = out["action"]
             if not isinstance(action, np.ndarray):
                 action = action.numpy(force=True)
             if check:
                 check_action(action, n)
             buffer.write_outputs(t, out)
-
             await group.step(action)
-            self.env_steps += n
-
-            for dst, src in zip(next_obs, obs_arrays):
-                dst[:, t] = src
-            reward[:, t] = group.reward
-            term_t = terminated[:, t]
-            trunc_t = truncated[:, t]
-            term_t[:] = group.terminated
-            trunc_t[:] = group.truncated
-            if track_steps:
-                step_count += 1
-                buffer.next_step_count[:, t] = step_count
-                trunc_t |= step_count >= max_steps
-            done = term_t | trunc_t
-            if self.reset_when_done and done.any():
-                finished = np.flatnonzero(done)
-                self._new_trajectories(finished)
-                self.needs_reset[finished] = True
-                self._any_reset = True
-            elif not self.reset_when_done:
-                self._root_flags[0] = done
-                self._root_flags[1] = term_t
-                self._root_flags[2] = trunc_t
-
+            write_after(buffer, t)
             if interruptor is not None and interruptor.collection_stopped():
                 valid = t + 1
                 break
@@ -190,27 +256,5 @@ class Engine:
             if now - last_yield > _YIELD_EVERY_S:
                 await anyio.lowlevel.checkpoint()
                 last_yield = time.perf_counter()
-
-        if set_truncated:
-            self._truncate_last(buffer, valid - 1)
-        buffer.finish(valid)
-        if not self.reset_when_done:
-            # root flags of step t are the "next" flags of step t-1
-            following = (buffer.next_done, buffer.terminated, buffer.truncated)
-            for root, start, nxt in zip(buffer.root_flags, start_flags, following):
-                root[:, 0] = start
-                root[:, 1:valid] = nxt[:, : valid - 1]
+        self.finish(buffer, valid, start_flags, set_truncated)
         return buffer, valid
-
-    def _truncate_last(self, buffer: RolloutBuffer, last: int) -> None:
-        """``set_truncated``: the batch's last step ends every trajectory."""
-        ongoing = ~(buffer.terminated[:, last] | buffer.truncated[:, last])
-        buffer.truncated[:, last] = True
-        if self.reset_when_done:
-            idx = np.flatnonzero(ongoing)
-            self._new_trajectories(idx)
-            self.needs_reset[idx] = True
-            self._any_reset = True
-        else:
-            self._root_flags[0] = True
-            self._root_flags[2] = True

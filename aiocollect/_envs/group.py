@@ -13,6 +13,11 @@ Two groups live in this process:
 
 * :class:`InProcessGroup`, a list of gymnasium envs stepped in a tight loop;
 * :class:`VectorEnvGroup`, a gymnasium ``VectorEnv`` in any autoreset mode.
+
+The same two classes run inside env worker processes, where their result arrays are
+views of shared memory (:meth:`_GroupBase.bind`) and they are driven synchronously
+(``step_now`` / ``reset_now``). An exception raised by env ``i`` of a list carries
+``env_index = i`` and a note saying so.
 """
 
 from __future__ import annotations
@@ -48,6 +53,28 @@ class _GroupBase:
         self.truncated = np.zeros(num_envs, dtype=bool)
         self._writer = ObsWriter(self.obs_leaves, self.obs)
 
+    def bind(self, obs: dict[NestedKey, np.ndarray], reward: np.ndarray, terminated: np.ndarray,
+             truncated: np.ndarray) -> None:
+        """Write results into these arrays (shared memory, in a worker) from now on."""
+        self.obs, self.reward, self.terminated, self.truncated = obs, reward, terminated, truncated
+        self._writer = ObsWriter(self.obs_leaves, obs)
+
+    async def step(self, action: np.ndarray) -> None:
+        self.step_now(action)
+
+    async def reset(self, idx: np.ndarray, seeds: Sequence[int | None] | None = None) -> None:
+        self.reset_now(idx, seeds)
+
+
+def _blame(exc: BaseException, i: int) -> None:
+    """Record on ``exc`` that env ``i`` raised it."""
+    if getattr(exc, "env_index", None) is None:
+        try:
+            exc.env_index = i
+        except AttributeError:  # exceptions with __slots__
+            pass
+        exc.add_note(f"(raised by env {i} of the group)")
+
 
 class InProcessGroup(_GroupBase):
     """Gymnasium envs in this process, stepped one after the other in a tight loop.
@@ -69,22 +96,32 @@ class InProcessGroup(_GroupBase):
                 )
         self.envs = list(envs)
 
-    async def step(self, action: np.ndarray) -> None:
+    def step_now(self, action: np.ndarray) -> None:
         reward, terminated, truncated = self.reward, self.terminated, self.truncated
-        if self._writer.flat:
-            obs = self._writer.flat_array
-            for i, env in enumerate(self.envs):
-                obs[i], reward[i], terminated[i], truncated[i], _ = env.step(action[i])
-        else:
-            write = self._writer.write_one
-            for i, env in enumerate(self.envs):
-                o, reward[i], terminated[i], truncated[i], _ = env.step(action[i])
-                write(i, o)
+        i = 0
+        try:
+            if self._writer.flat:
+                obs = self._writer.flat_array
+                for i, env in enumerate(self.envs):
+                    obs[i], reward[i], terminated[i], truncated[i], _ = env.step(action[i])
+            else:
+                write = self._writer.write_one
+                for i, env in enumerate(self.envs):
+                    o, reward[i], terminated[i], truncated[i], _ = env.step(action[i])
+                    write(i, o)
+        except Exception as exc:
+            _blame(exc, i)
+            raise
 
-    async def reset(self, idx: np.ndarray, seeds: Sequence[int | None] | None = None) -> None:
-        for i in idx:
-            o, _ = self.envs[i].reset(seed=None if seeds is None else seeds[i])
-            self._writer.write_one(i, o)
+    def reset_now(self, idx: np.ndarray, seeds: Sequence[int | None] | None = None) -> None:
+        i = 0
+        try:
+            for i in idx:
+                o, _ = self.envs[i].reset(seed=None if seeds is None else seeds[i])
+                self._writer.write_one(i, o)
+        except Exception as exc:
+            _blame(exc, int(i))
+            raise
 
     def close(self) -> None:
         for env in self.envs:
@@ -109,7 +146,7 @@ class VectorEnvGroup(_GroupBase):
         self.same_step = mode == AutoresetMode.SAME_STEP or mode == "SameStep"
         self._pending: dict[int, Any] = {}
 
-    async def step(self, action: np.ndarray) -> None:
+    def step_now(self, action: np.ndarray) -> None:
         obs, reward, terminated, truncated, info = self.venv.step(action)
         self._writer.write_all(obs)
         self.reward[:] = reward
@@ -123,7 +160,7 @@ class VectorEnvGroup(_GroupBase):
                     self._pending[int(i)] = _row(obs, i)
                     self._writer.write_one(i, final[i])
 
-    async def reset(self, idx: np.ndarray, seeds: Sequence[int | None] | None = None) -> None:
+    def reset_now(self, idx: np.ndarray, seeds: Sequence[int | None] | None = None) -> None:
         if seeds is None and self._pending and all(int(i) in self._pending for i in idx):
             for i in idx:
                 self._writer.write_one(i, self._pending.pop(int(i)))

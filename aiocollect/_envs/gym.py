@@ -12,7 +12,6 @@ from __future__ import annotations
 from typing import Any
 
 import gymnasium as gym
-import torch
 
 
 class GymEnv(gym.Wrapper):
@@ -26,7 +25,7 @@ class GymEnv(gym.Wrapper):
             env-specific options).
     """
 
-    def __init__(self, env: str | gym.Env, device: str | torch.device | None = "cpu", **kwargs: Any):
+    def __init__(self, env: str | gym.Env, device: Any = "cpu", **kwargs: Any):
         if isinstance(env, str):
             env = gym.make(env, **kwargs)
         elif kwargs:
@@ -39,7 +38,15 @@ class GymEnv(gym.Wrapper):
                 f"GymEnv: env must be a gymnasium env id or a gymnasium.Env, got {type(env).__name__}"
             )
         super().__init__(env)
-        self.device = torch.device(device) if device is not None else torch.device("cpu")
+        # kept as a string: a GymEnv built in an env worker must not need torch
+        self._device = "cpu" if device is None else str(device)
+
+    @property
+    def device(self):
+        """The ``torch.device`` this env's data goes to."""
+        import torch
+
+        return torch.device(self._device)
 
     def __repr__(self) -> str:
-        return f"GymEnv({self.env}, device={self.device})"
+        return f"GymEnv({self.env}, device={self._device})"
