@@ -46,6 +46,19 @@ _DONE = object()
 
 
 @dataclass(frozen=True)
+class WorkerStatistics:
+    """One env worker process, as seen by its collector."""
+
+    index: int
+    """Its position in ``create_env_fn``."""
+    pid: int | None
+    num_envs: int
+    env_steps: int
+    """Env steps it took (summed over its envs)."""
+    alive: bool
+
+
+@dataclass(frozen=True)
 class CollectorStatistics:
     """A snapshot of a collector's counters (``collector.statistics()``)."""
 
@@ -63,6 +76,8 @@ class CollectorStatistics:
     """``frames / collect_seconds``."""
     running_in_background: bool
     """Whether ``start()`` collection is going on."""
+    workers: tuple[WorkerStatistics, ...] = ()
+    """Per env worker process (multi-process collectors); empty for ``Collector``."""
 
 
 class _Resources:
@@ -94,6 +109,10 @@ class _Resources:
 class DataCollectorBase:
     """Base class of every collector; see the module docstring."""
 
+    _persistent_loop = False
+    """Keep the loop thread from the first use to ``shutdown()`` (collectors whose worker
+    processes belong to that loop), rather than only while a sync call needs it."""
+
     def __init__(self, options: CollectorOptions):
         self.options = options
         self._frames = 0
@@ -117,6 +136,9 @@ class DataCollectorBase:
     def _counters(self) -> tuple[int, int]:
         """``(env_steps, completed_trajectories)`` for ``statistics()``."""
         return 0, 0
+
+    def _worker_statistics(self) -> tuple[WorkerStatistics, ...]:
+        return ()
 
     # ------------------------------------------------------------------ core
 
@@ -224,7 +246,7 @@ class DataCollectorBase:
         try:
             yield res.loop
         finally:
-            if owner and not self.is_running():
+            if owner and not self.is_running() and not self._persistent_loop:
                 res.stop_loop()
 
     def _run_sync(self, what: str, fn: Callable, *args: Any) -> Any:
@@ -255,6 +277,13 @@ class DataCollectorBase:
 
     def __exit__(self, *exc_info) -> None:
         self.shutdown()
+
+    def _on_engine(self, fn: Callable, *args: Any) -> Any:
+        """Run ``fn`` where it cannot interleave with a step: on the loop thread if one runs."""
+        loop = self._resources.loop
+        if loop is not None and not loop.in_this_thread():
+            return loop.portal.call(fn, *args)
+        return fn(*args)
 
     # ------------------------------------------------------------------ background
 
@@ -365,6 +394,7 @@ class DataCollectorBase:
             collect_seconds=secs,
             frames_per_second=self._frames / secs if secs > 0 else 0.0,
             running_in_background=self.is_running(),
+            workers=self._worker_statistics(),
         )
 
 

@@ -20,39 +20,19 @@ right after construction seeds the very first reset.
 
 from __future__ import annotations
 
-import copy
 from collections import OrderedDict
 from typing import Any
 
 import torch
-from tensordict import TensorDict, TensorDictBase
+from tensordict import TensorDictBase
 from tensordict.nn import InteractionType
 
 from .._engine.buffer import RolloutBuffer
 from .._engine.engine import Engine
 from .._envs.group import check_create_env_fn, make_group
-from .._policies.random import RandomPolicy
-from .._policies.runner import PolicyRunner
+from .._policies.setup import PolicySetup, check_policy
 from .base import DataCollectorBase
 from .options import validate_options
-
-
-def _check_policy(policy: Any) -> None:
-    if policy is not None and not callable(policy):
-        raise TypeError(
-            f"policy must be a TensorDictModuleBase, an nn.Module, a callable taking the "
-            f"observation tensor, or None (random actions); got {type(policy).__name__}."
-        )
-
-
-def _place_policy(policy: Any, device: torch.device | None) -> Any:
-    """``policy`` on ``device``: itself if already there, else a copy moved there."""
-    if device is None or not isinstance(policy, torch.nn.Module):
-        return policy
-    tensors = list(policy.parameters()) + list(policy.buffers())
-    if all(t.device == device for t in tensors):
-        return policy
-    return copy.deepcopy(policy).to(device)
 
 
 class Collector(DataCollectorBase):
@@ -103,7 +83,7 @@ class Collector(DataCollectorBase):
             return_same_td=return_same_td, reset_when_done=reset_when_done,
             interruptor=interruptor, set_truncated=set_truncated, replay_buffer=replay_buffer,
         )
-        _check_policy(policy)
+        check_policy(policy)
         if create_env_fn is None:
             raise TypeError("create_env_fn is required: a callable returning a gymnasium env, or an env id.")
         check_create_env_fn(create_env_fn, options.create_env_kwargs)
@@ -126,16 +106,10 @@ class Collector(DataCollectorBase):
         self.storing_device = options.storing_device
         self.policy_device = options.policy_device
 
-        self._user_policy = policy
-        if policy is None:
-            policy = RandomPolicy(group.action_space)
-        self.policy = _place_policy(policy, self.policy_device)
         obs_keys = [leaf.key for leaf in group.obs_leaves]
-        self._runner = PolicyRunner(
-            self.policy, obs_keys, device=self.policy_device, exploration_type=options.exploration_type
-        )
-        self._random = self.policy if isinstance(self.policy, RandomPolicy) else RandomPolicy(group.action_space)
-        self._random_runner = PolicyRunner(self._random, obs_keys, device=None, exploration_type=options.exploration_type)
+        self._policy = PolicySetup(policy, group.action_space, obs_keys, device=self.policy_device,
+                                   exploration_type=options.exploration_type)
+        self.policy = self._policy.policy
         self._engine = Engine(
             group, max_frames_per_traj=options.max_frames_per_traj, reset_when_done=options.reset_when_done
         )
@@ -146,7 +120,7 @@ class Collector(DataCollectorBase):
 
     async def _collect(self) -> tuple[TensorDictBase, int]:
         opts = self.options
-        runner = self._random_runner if self._frames < opts.init_random_frames else self._runner
+        runner = self._policy.random_runner if self._frames < opts.init_random_frames else self._policy.runner
         if opts.reset_at_each_iter:
             self._engine.request_reset()
         reuse = self._buffer if opts.return_same_td else None
@@ -167,13 +141,6 @@ class Collector(DataCollectorBase):
 
     # ------------------------------------------------------------------ control
 
-    def _on_engine(self, fn, *args):
-        """Run ``fn`` where it cannot interleave with a step: on the loop thread if one runs."""
-        loop = self._resources.loop
-        if loop is not None and not loop.in_this_thread():
-            return loop.portal.call(fn, *args)
-        return fn(*args)
-
     def set_seed(self, seed: int, static_seed: bool = False) -> int:
         """Seed the envs: env ``i``'s next reset uses ``seed + i`` (``seed`` if ``static_seed``).
 
@@ -186,7 +153,7 @@ class Collector(DataCollectorBase):
 
         def apply():
             self._engine.request_reset(seeds)
-            self._random.seed(seed)
+            self._policy.random.seed(seed)
 
         self._on_engine(apply)
         return seeds[-1]
@@ -205,40 +172,15 @@ class Collector(DataCollectorBase):
         """
         if worker_ids not in (None, 0, [0], (0,)):
             raise ValueError(f"worker_ids={worker_ids!r}: a Collector has a single worker, 0.")
-        policy = self.policy
-        if not isinstance(policy, torch.nn.Module):
-            if policy_or_weights is None:
-                return
-            raise TypeError("update_policy_weights_: the collector's policy has no weights (not an nn.Module).")
-        src = self._user_policy if policy_or_weights is None else policy_or_weights
-        if src is policy or src is None:
-            return
-        if isinstance(src, torch.nn.Module):
-            weights = TensorDict.from_module(src)
-        elif isinstance(src, TensorDictBase):
-            weights = src
-        elif isinstance(src, dict):
-            weights = None
-        else:
-            raise TypeError(
-                "update_policy_weights_: expected a module, a TensorDict of parameters, a state "
-                f"dict or None; got {type(src).__name__}."
-            )
-
-        def apply():
-            with torch.no_grad():
-                if weights is None:
-                    policy.load_state_dict(src)
-                else:
-                    TensorDict.from_module(policy).update_(weights)
-
-        self._on_engine(apply)
+        apply = self._policy.weights_update(policy_or_weights)
+        if apply is not None:
+            self._on_engine(apply)
 
     def state_dict(self) -> OrderedDict:
         """``policy_state_dict``, ``env_state_dict`` (gymnasium envs have none), counters."""
         state = OrderedDict()
-        if isinstance(self.policy, torch.nn.Module) and not isinstance(self.policy, RandomPolicy):
-            state["policy_state_dict"] = self.policy.state_dict()
+        if self._policy.has_weights:
+            state["policy_state_dict"] = self._policy.state_dict()
         state["env_state_dict"] = OrderedDict()
         state["frames"] = self._frames
         state["iter"] = self._batches
@@ -247,10 +189,7 @@ class Collector(DataCollectorBase):
 
     def load_state_dict(self, state_dict: dict, strict: bool = True) -> None:
         """Restore what :meth:`state_dict` saved; the envs restart from a reset."""
-        if "policy_state_dict" in state_dict:
-            self.policy.load_state_dict(state_dict["policy_state_dict"], strict=strict)
-        elif strict and isinstance(self.policy, torch.nn.Module) and not isinstance(self.policy, RandomPolicy):
-            raise KeyError("load_state_dict: 'policy_state_dict' missing (pass strict=False to skip it).")
+        self._policy.load_state_dict(state_dict, strict)
 
         def apply():
             self._frames = int(state_dict.get("frames", self._frames))

@@ -188,3 +188,43 @@ def validate_options(
         replay_buffer=replay_buffer,
         **devices,
     )
+
+
+@dataclass(frozen=True)
+class WorkerOptions:
+    """The options of the multi-process collectors, on top of :class:`CollectorOptions`."""
+
+    cat_results: str | int = "stack"
+    """MultiSync: ``"stack"`` the workers' batches along a new first dim, or an int:
+    concatenate them along that dim (TorchRL's meaning)."""
+    preemptive_threshold: float | None = None
+    """MultiSync: cut the batch once this fraction of workers has its share; the frames
+    the others did not collect are masked out with ``("collector", "mask")``."""
+    update_at_each_batch: bool = False
+    """Call ``update_policy_weights_()`` before each batch."""
+
+
+def validate_worker_options(*, cat_results: Any, preemptive_threshold: Any, update_at_each_batch: Any,
+                            num_threads: Any, num_sub_threads: Any) -> WorkerOptions:
+    """Check the multi-process options; see :class:`WorkerOptions`."""
+    if cat_results is None:
+        cat_results = "stack"
+    if isinstance(cat_results, bool) or not (cat_results == "stack" or isinstance(cat_results, int)):
+        raise ValueError(
+            f"cat_results={cat_results!r}: use 'stack' (a new leading worker dim) or an integer "
+            "dim to concatenate the workers' batches along (0, or -1 for time)."
+        )
+    if preemptive_threshold is not None:
+        if isinstance(preemptive_threshold, bool) or not isinstance(preemptive_threshold, numbers.Real) \
+                or not 0.0 < float(preemptive_threshold) <= 1.0:
+            raise ValueError(
+                f"preemptive_threshold={preemptive_threshold!r}: give the fraction of workers (in "
+                "(0, 1]) that must have their share before the batch is cut, or None."
+            )
+        preemptive_threshold = float(preemptive_threshold)
+    if not isinstance(update_at_each_batch, bool):
+        raise TypeError(f"update_at_each_batch must be True or False, got {update_at_each_batch!r}")
+    for name, value in (("num_threads", num_threads), ("num_sub_threads", num_sub_threads)):
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+            raise ValueError(f"{name}={value!r}: give a positive number of threads, or None.")
+    return WorkerOptions(cat_results, preemptive_threshold, bool(update_at_each_batch))

@@ -138,7 +138,8 @@ class Engine:
     # ------------------------------------------------------------------ one step
 
     def new_buffer(self, out: dict, frames: int, mask: bool) -> RolloutBuffer:
-        specs = {k: OutputSpec.of(v) for k, v in out.items()}
+        """A buffer for ``frames`` steps of the outputs in ``out`` (a dict of specs or values)."""
+        specs = {k: v if isinstance(v, OutputSpec) else OutputSpec.of(v) for k, v in out.items()}
         return RolloutBuffer(self.group.obs_leaves, specs, self.num_envs, frames,
                              step_count=self._track_steps, mask=mask)
 

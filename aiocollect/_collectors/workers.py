@@ -1,0 +1,285 @@
+"""What the multi-process collectors share: workers, the scheduler, the engine thread.
+
+A worker collector plans its workers (validation, pickling, spaces: all before any
+process starts), lays out the shared memory, starts the workers on its **engine loop**
+(a private uvloop thread that lives from construction to ``shutdown()``, because the
+worker processes and their sockets belong to it), and keeps its policy here, in the main
+process. Every step of every worker goes through that loop, whichever face the user
+iterates with: ``for`` runs the collection on it directly, ``async for`` awaits it from the
+caller's loop (so even a Jupyter or plain-asyncio caller gets uvloop's speed).
+
+The variants only say when a batch is cut (``_collect_here``) and how many steps each env
+takes per batch (``_steps_per_env``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+from collections import OrderedDict
+from typing import Any
+
+import torch
+from tensordict import TensorDictBase
+from tensordict.nn import InteractionType
+
+from .._engine.scheduler import Scheduler, Slot
+from .._envs.spaces import ActionCheck, flatten_space
+from .._policies.setup import PolicySetup, check_policy
+from .._workers.plan import WorkerPlan, plan_workers
+from .._workers.pool import WorkerPool
+from .._workers.shm import Layout
+from .base import DataCollectorBase, WorkerStatistics
+from .loop_thread import LoopThread
+from .options import WorkerOptions, validate_options, validate_worker_options
+
+
+class WorkerCollectorBase(DataCollectorBase):
+    """Base of the collectors whose envs live in worker processes; see the module docstring.
+
+    Args:
+        create_env_fn: one entry per worker: an env factory (a callable returning a
+            gymnasium env, or a gymnasium ``VectorEnv``), an env id, or a list of those
+            (several envs stepped one after the other in that worker). Entries travel to
+            their worker with cloudpickle: lambdas and closures work, no
+            ``if __name__ == "__main__"`` guard needed.
+        policy: as for :class:`~aiocollect.Collector`; it runs here, batched over every
+            ready worker's envs.
+
+    The other arguments are TorchRL's, see :class:`~aiocollect.CollectorOptions` and
+    :class:`~aiocollect._collectors.options.WorkerOptions`. ``num_threads`` and
+    ``num_sub_threads`` are accepted for compatibility: workers do not run torch.
+    """
+
+    _persistent_loop = True
+
+    def __init__(
+        self,
+        create_env_fn: Any = None,
+        policy: Any = None,
+        *,
+        frames_per_batch: int,
+        total_frames: int = -1,
+        device: Any = None,
+        storing_device: Any = None,
+        env_device: Any = None,
+        policy_device: Any = None,
+        create_env_kwargs: dict | None = None,
+        max_frames_per_traj: int | None = None,
+        init_random_frames: int | None = None,
+        reset_at_each_iter: bool = False,
+        postproc: Any = None,
+        split_trajs: bool | None = None,
+        exploration_type: InteractionType | str = InteractionType.RANDOM,
+        return_same_td: bool = False,
+        reset_when_done: bool = True,
+        interruptor: Any = None,
+        set_truncated: bool = False,
+        replay_buffer: Any = None,
+        cat_results: str | int | None = None,
+        preemptive_threshold: float | None = None,
+        update_at_each_batch: bool = False,
+        num_threads: int | None = None,
+        num_sub_threads: int = 1,
+    ):
+        options = validate_options(
+            frames_per_batch=frames_per_batch, total_frames=total_frames, device=device,
+            storing_device=storing_device, env_device=env_device, policy_device=policy_device,
+            create_env_kwargs=create_env_kwargs, max_frames_per_traj=max_frames_per_traj,
+            init_random_frames=init_random_frames, reset_at_each_iter=reset_at_each_iter,
+            postproc=postproc, split_trajs=split_trajs, exploration_type=exploration_type,
+            return_same_td=return_same_td, reset_when_done=reset_when_done,
+            interruptor=interruptor, set_truncated=set_truncated, replay_buffer=replay_buffer,
+        )
+        worker_options = validate_worker_options(
+            cat_results=cat_results, preemptive_threshold=preemptive_threshold,
+            update_at_each_batch=update_at_each_batch, num_threads=num_threads,
+            num_sub_threads=num_sub_threads,
+        )
+        check_policy(policy)
+        if create_env_fn is None:
+            raise TypeError("create_env_fn is required: a list with one env factory per worker.")
+        plan = plan_workers(self._entries(create_env_fn), options.create_env_kwargs)
+        self._check_plan(plan, options, worker_options)
+        super().__init__(options)
+        self.worker_options = worker_options
+        self._plan = plan
+        self.num_workers = len(plan.workers)
+        self.num_envs = plan.num_envs
+        self.storing_device = options.storing_device
+        self.policy_device = options.policy_device
+        self.env_device = options.env_device or torch.device("cpu")
+
+        obs_leaves = flatten_space(plan.observation_space, "observation", "observation_space")
+        action = ActionCheck.for_space(plan.action_space)
+        layout = Layout.plan([(leaf.dtype, leaf.shape) for leaf in obs_leaves], (action.dtype, action.shape),
+                             plan.num_envs)
+        self._policy = PolicySetup(policy, plan.action_space, [leaf.key for leaf in obs_leaves],
+                                   device=self.policy_device, exploration_type=options.exploration_type)
+        self.policy = self._policy.policy
+        pool = WorkerPool(plan, layout, reset_when_done=options.reset_when_done)
+        self._pool = pool
+        res = self._resources
+        res.closers.append(pool.kill_leftovers)
+        try:
+            self._scheduler = Scheduler(pool, max_frames_per_traj=options.max_frames_per_traj,
+                                        reset_when_done=options.reset_when_done)
+            res.loop = LoopThread()
+            self._pool_task, _ = res.loop.portal.start_task(pool.run)
+        except BaseException:
+            self.shutdown()
+            raise
+
+    # ------------------------------------------------------------------ planning hooks
+
+    @staticmethod
+    def _entries(create_env_fn: Any) -> Any:
+        return create_env_fn
+
+    def _check_plan(self, plan: WorkerPlan, options, worker_options: WorkerOptions) -> None:
+        """Raise before any process starts if ``frames_per_batch`` does not fit the envs."""
+
+    def _steps_per_env(self, slot: Slot) -> int:
+        raise NotImplementedError
+
+    # ------------------------------------------------------------------ collection
+
+    async def _collect(self) -> tuple[TensorDictBase, int]:
+        loop = self._resources.loop
+        if loop is None:
+            self._check_usable()
+        if loop.in_this_thread():
+            return await self._collect_here()
+        # the async face, called from the user's loop: collect on the engine loop
+        return await asyncio.wrap_future(loop.portal.start_task_soon(self._collect_here))
+
+    async def _collect_here(self) -> tuple[TensorDictBase, int]:
+        raise NotImplementedError
+
+    def _runner(self):
+        opts = self.options
+        return self._policy.random_runner if self._frames < opts.init_random_frames else self._policy.runner
+
+    def _slot_batch(self, slot: Slot, like=None) -> tuple[TensorDictBase, int]:
+        """Close ``slot``'s batch: its TensorDict and its valid frames."""
+        buffer, valid = slot.finish(self.options.set_truncated, like)
+        td = buffer.to_tensordict(self._plan.workers[slot.index].batched, self.storing_device)
+        return td, valid * slot.num_envs
+
+    def _counters(self) -> tuple[int, int]:
+        engines = [s.engine for s in self._scheduler.slots]
+        return sum(e.env_steps for e in engines), sum(e.completed_trajectories for e in engines)
+
+    def _worker_statistics(self) -> tuple[WorkerStatistics, ...]:
+        return tuple(
+            WorkerStatistics(w.index, w.pid, w.num_envs, w.env_steps, w.alive) for w in self._pool.workers
+        )
+
+    # ------------------------------------------------------------------ control
+
+    def _workers_of(self, worker_ids: Any) -> list[int]:
+        if worker_ids is None:
+            return list(range(self.num_workers))
+        ids = [worker_ids] if isinstance(worker_ids, int) and not isinstance(worker_ids, bool) else worker_ids
+        try:
+            ids = list(ids)
+        except TypeError:
+            ids = [ids]
+        bad = [i for i in ids if isinstance(i, bool) or not isinstance(i, int) or not 0 <= i < self.num_workers]
+        if bad:
+            raise ValueError(
+                f"worker_ids={worker_ids!r}: give worker indices in 0..{self.num_workers - 1} "
+                "(an int or a list of ints), or None for every worker."
+            )
+        return ids
+
+    def set_seed(self, seed: int, static_seed: bool = False) -> int:
+        """Seed the envs: env ``k``, counted over all workers in order, uses ``seed + k``.
+
+        (``seed`` for all with ``static_seed``.) Every env is reset with its seed before
+        its next step; the random policy is reseeded with ``seed``. Returns the last seed.
+        """
+        if isinstance(seed, bool) or not isinstance(seed, int):
+            raise TypeError(f"seed must be an integer, got {seed!r}")
+        seeds = [seed if static_seed else seed + k for k in range(self.num_envs)]
+
+        def apply():
+            for slot in self._scheduler.slots:
+                slot.engine.request_reset(seeds[slot.lo:slot.hi])
+            self._policy.random.seed(seed)
+
+        self._on_engine(apply)
+        return seeds[-1]
+
+    def reset(self) -> None:
+        """Reset every env before its next step; ongoing trajectories end there."""
+        self._check_usable()
+
+        def apply():
+            for slot in self._scheduler.slots:
+                slot.engine.request_reset()
+
+        self._on_engine(apply)
+
+    def update_policy_weights_(self, policy_or_weights: Any = None, *, worker_ids: Any = None) -> None:
+        """Copy new weights into the collector's policy, between two policy calls.
+
+        The policy runs in this process for every worker, so one copy serves them all;
+        ``worker_ids`` is validated (ints in range, or ``None``) and otherwise has no
+        further effect yet. ``policy_or_weights`` as for :meth:`Collector.update_policy_weights_`.
+        """
+        self._workers_of(worker_ids)
+        apply = self._policy.weights_update(policy_or_weights)
+        if apply is not None:
+            self._on_engine(apply)
+
+    def state_dict(self) -> OrderedDict:
+        """``policy_state_dict``, per-worker state (``worker0``...), counters, trajectory ids."""
+        state: OrderedDict = OrderedDict()
+        if self._policy.has_weights:
+            state["policy_state_dict"] = self._policy.state_dict()
+        for slot in self._scheduler.slots:
+            state[f"worker{slot.index}"] = OrderedDict(
+                env_state_dict=OrderedDict(), completed_trajectories=slot.engine.completed_trajectories,
+                env_steps=slot.worker.env_steps,
+            )
+        state["frames"] = self._frames
+        state["iter"] = self._batches
+        state["traj_pool"] = {"next_traj_id": self._scheduler.ids.next}
+        return state
+
+    def load_state_dict(self, state_dict: dict, strict: bool = True) -> None:
+        """Restore what :meth:`state_dict` saved; the envs restart from a reset."""
+        self._policy.load_state_dict(state_dict, strict)
+        state = copy.deepcopy(dict(state_dict))
+
+        def apply():
+            self._frames = int(state.get("frames", self._frames))
+            self._batches = int(state.get("iter", self._batches))
+            next_id = int(state.get("traj_pool", {}).get("next_traj_id", 0))
+            for slot in self._scheduler.slots:
+                worker = state.get(f"worker{slot.index}", {})
+                slot.engine.load_state_dict({
+                    "next_traj_id": next_id,
+                    "completed_trajectories": worker.get("completed_trajectories", 0),
+                })
+
+        self._on_engine(apply)
+
+    # ------------------------------------------------------------------ lifecycle
+
+    def shutdown(self, timeout: float | None = None, close_env: bool = True) -> None:
+        """Stop every worker (``CLOSE``, then ``SIGTERM``, then ``SIGKILL``) and the engine
+        thread. Idempotent and bounded: ``timeout`` (default 5 s) is the grace period
+        the workers get to close their envs and exit."""
+        pool = getattr(self, "_pool", None)
+        if pool is not None and timeout is not None:
+            pool.stop_timeout = timeout
+        super().shutdown(timeout, close_env=True)
+
+    def __repr__(self) -> str:
+        return (
+            f"{type(self).__name__}(workers={self.num_workers}, envs={self.num_envs}, "
+            f"frames_per_batch={self.frames_per_batch}, total_frames={self.total_frames}, "
+            f"policy={type(self.policy).__name__})"
+        )

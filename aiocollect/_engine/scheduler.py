@@ -1,0 +1,256 @@
+"""The scheduler: many worker groups, each at its own pace, one policy call per round.
+
+Each worker is a *slot*: an :class:`~.engine.Engine` (trajectory ids, step counts,
+resets: the same bookkeeping the lockstep collector uses) over the worker's rows of the
+shared-memory arrays, plus a cursor into the slot's current batch buffer. A slot is
+``READY`` (its observations are fresh: it wants actions), ``STEPPING`` (its worker is
+stepping the envs) or ``RESETTING`` (its worker is resetting some envs).
+
+:meth:`Scheduler.pump` repeats one round until the caller's condition holds:
+
+1. take in every reply that arrived (a reader callback queues them without waking
+   anyone up more than once); a stepped slot writes its column and moves its cursor;
+2. reset the ready slots that need it: envs the worker already reset after they finished
+   just swap in the observation it left aside; anything else (seeds, truncation by
+   ``max_frames_per_traj``) is a ``RESET`` round trip;
+3. run the policy **once** on the observations of every ready slot (a view of shared
+   memory when they are all ready, a concatenation otherwise), write the actions into
+   shared memory and send each of those workers one ``STEP`` byte;
+4. wait for the next reply.
+
+So inference is batched over whatever is ready, and a slow worker never holds back a
+fast one. *When* a batch is cut is the collector's business: ``until``, ``on_full`` and
+``hold`` are its levers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import deque
+from collections.abc import Callable
+
+import anyio
+import numpy as np
+import torch
+
+from .._envs.group import _GroupBase
+from .._policies.runner import PolicyRunner
+from .._workers import protocol
+from .._workers.pool import Worker, WorkerPool
+from .buffer import RolloutBuffer
+from .engine import Engine, IdPool
+
+READY, STEPPING, RESETTING = "ready", "stepping", "resetting"
+
+
+class Slot:
+    """One worker as the scheduler sees it."""
+
+    def __init__(self, worker: Worker, engine: Engine, rows: dict[str, np.ndarray], num_obs: int):
+        self.worker = worker
+        self.index = worker.index
+        self.engine = engine
+        self.num_envs = engine.num_envs
+        self.lo, self.hi = worker.lo, worker.hi
+        self.obs = [rows[f"obs{i}"] for i in range(num_obs)]
+        self.reset_obs = [rows[f"reset_obs{i}"] for i in range(num_obs)]
+        self.pre_reset = rows["pre_reset"]
+        self.reset_mask = rows["reset_mask"]
+        self.seed, self.seed_set = rows["seed"], rows["seed_set"]
+        self.action = rows["action"]
+        self.state = READY
+        self.held = True
+        """No new steps while held (between batches, or while its last batch waits)."""
+        self.buffer: RolloutBuffer | None = None
+        self.frames = 0
+        self.t = 0
+        self.mask = False
+        self.start_flags = engine.start_flags()
+        self._resetting: np.ndarray | None = None
+
+    @property
+    def full(self) -> bool:
+        return self.t >= self.frames
+
+    @property
+    def in_flight(self) -> bool:
+        return self.state != READY
+
+    def begin(self, frames: int, mask: bool) -> None:
+        """Start a new batch of ``frames`` steps per env (its buffer comes with the first step)."""
+        self.buffer, self.frames, self.t, self.mask = None, frames, 0, mask
+        self.start_flags = self.engine.start_flags()
+        self.held = False
+
+    def finish(self, set_truncated: bool, like: RolloutBuffer | None = None) -> tuple[RolloutBuffer, int]:
+        """Close the batch: ``(buffer, valid steps)``. ``like`` lends its layout to a slot
+        that never stepped (a preempted straggler)."""
+        if self.buffer is None:
+            self.buffer = self.engine.new_buffer(like.outputs, self.frames, self.mask)
+        valid = self.t
+        self.engine.finish(self.buffer, valid, self.start_flags, set_truncated)
+        buffer, self.buffer = self.buffer, None
+        self.held = True
+        return buffer, valid
+
+
+class Scheduler:
+    """Drives every worker of a :class:`~aiocollect._workers.pool.WorkerPool`; see the module docstring."""
+
+    def __init__(self, pool: WorkerPool, *, max_frames_per_traj: int | None, reset_when_done: bool):
+        plan, shared = pool.plan, pool.shared
+        self.ids = IdPool()
+        self.slots: list[Slot] = []
+        num_obs = shared.layout.num_obs
+        template = _GroupBase(plan.observation_space, plan.action_space, 1, None)
+        self.obs_leaves = template.obs_leaves
+        self.check_action = template.check_action
+        for worker in pool.workers:
+            rows = shared.rows(worker.lo, worker.hi)
+            group = _GroupBase(plan.observation_space, plan.action_space, worker.num_envs, None)
+            group.bind({leaf.key: rows[f"obs{i}"] for i, leaf in enumerate(group.obs_leaves)},
+                       rows["reward"], rows["terminated"], rows["truncated"])
+            engine = Engine(group, max_frames_per_traj=max_frames_per_traj,
+                            reset_when_done=reset_when_done, ids=self.ids)
+            self.slots.append(Slot(worker, engine, rows, num_obs))
+            worker.on_reply = self._on_reply
+        self.num_envs = plan.num_envs
+        self._all_obs = {
+            leaf.key: torch.from_numpy(shared.arrays[f"obs{i}"]) for i, leaf in enumerate(self.obs_leaves)
+        }
+        self._action = shared.arrays["action"]
+        self._replies: deque[Worker] = deque()
+        self._waiter: asyncio.Future | None = None
+        self.rounds = 0
+
+    # ------------------------------------------------------------------ events
+
+    def _on_reply(self, worker: Worker) -> None:
+        self._replies.append(worker)
+        self.poke()
+
+    def poke(self) -> None:
+        """Wake :meth:`pump` up (a reply arrived, or the collector released a slot)."""
+        waiter = self._waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+    async def _wait(self) -> None:
+        self._waiter = asyncio.get_running_loop().create_future()
+        try:
+            await self._waiter
+        finally:
+            self._waiter = None
+
+    # ------------------------------------------------------------------ the loop
+
+    def idle(self) -> bool:
+        """No worker is stepping or resetting."""
+        return not any(s.in_flight for s in self.slots)
+
+    async def pump(self, runner: Callable[[], PolicyRunner], until: Callable[[], bool],
+                   on_full: Callable[[Slot], None] | None = None) -> None:
+        """Run rounds until ``until()``; ``on_full(slot)`` when a slot's batch is complete."""
+        replies = self._replies
+        while True:
+            while replies:
+                await self._take(replies.popleft(), on_full)
+            if until():
+                return
+            self._round(runner())
+            if not replies:
+                await self._wait()
+
+    async def _take(self, worker: Worker, on_full: Callable[[Slot], None] | None) -> None:
+        if worker.error is not None:
+            await self._raise(worker)
+        slot = self.slots[worker.index]
+        if slot.state == STEPPING:
+            slot.engine.write_after(slot.buffer, slot.t)
+            worker.env_steps += slot.num_envs
+            slot.t += 1
+            slot.state = READY
+            if slot.full and on_full is not None:
+                on_full(slot)
+        elif slot.state == RESETTING:
+            slot.engine.resets_done(slot._resetting)
+            slot.state = READY
+
+    async def _raise(self, worker: Worker) -> None:
+        error = worker.error
+        if error.remote_type is None and error.exitcode is None and worker.process is not None:
+            with anyio.move_on_after(2):  # name the signal that killed it, if it was one
+                await worker.process.wait()
+            error = type(error).died(worker.index, worker.pid, worker.process.returncode)
+            worker.error = error
+        raise error
+
+    def _round(self, runner: PolicyRunner) -> None:
+        ready = [s for s in self.slots if s.state == READY and not s.held and not s.full]
+        if not ready:
+            return
+        ready = [s for s in ready if not s.engine.any_reset or self._reset(s)]
+        if not ready:
+            return
+        self.rounds += 1
+        n = sum(s.num_envs for s in ready)
+        if len(ready) == len(self.slots):
+            obs = self._all_obs
+        elif len(ready) == 1:
+            obs = ready[0].engine.obs_tensors
+        else:
+            obs = {
+                leaf.key: torch.from_numpy(np.concatenate([s.obs[i] for s in ready]))
+                for i, leaf in enumerate(self.obs_leaves)
+            }
+        out = runner(obs, n)
+        action = out["action"]
+        if not isinstance(action, np.ndarray):
+            action = action.numpy(force=True)
+        if runner.kind != "random":
+            self.check_action(action, n)
+        whole = len(ready) == len(self.slots)
+        if whole:
+            self._action[...] = action
+        start = 0
+        for s in ready:
+            stop = start + s.num_envs
+            part = out if len(ready) == 1 else {k: v[start:stop] for k, v in out.items()}
+            if s.buffer is None:
+                s.buffer = s.engine.new_buffer(part, s.frames, s.mask)
+            s.engine.write_before(s.buffer, s.t)
+            s.buffer.write_outputs(s.t, part)
+            if not whole:
+                s.action[...] = action[start:stop]
+            start = stop
+        for s in ready:
+            s.state = STEPPING
+            s.worker.send(protocol.STEP)
+
+    def _reset(self, slot: Slot) -> bool:
+        """Reset what ``slot`` needs; ``True`` if done here, ``False`` if its worker is on it."""
+        idx, seeds = slot.engine.take_resets()
+        if seeds is None and slot.pre_reset[idx].all():
+            for obs, fresh in zip(slot.obs, slot.reset_obs):
+                obs[idx] = fresh[idx]
+            slot.pre_reset[idx] = False
+            slot.engine.resets_done(idx)
+            return True
+        slot.reset_mask[:] = False
+        slot.reset_mask[idx] = True
+        if seeds is None:
+            slot.seed_set[:] = False
+        else:
+            slot.seed[:] = seeds
+            slot.seed_set[:] = True
+        slot._resetting = idx
+        slot.state = RESETTING
+        slot.worker.send(protocol.RESET)
+        return False
+
+    async def settle(self) -> None:
+        """Hold every slot and let in-flight steps and resets land."""
+        for s in self.slots:
+            s.held = True
+        if not self.idle():
+            await self.pump(lambda: None, self.idle)

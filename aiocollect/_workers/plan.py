@@ -1,0 +1,128 @@
+"""Planning workers before any process starts: validation, pickling, spaces.
+
+``plan_workers(create_env_fn, ...)`` checks everything that can be checked in this
+process, so that bad input fails with a clear error *before* a worker is spawned:
+
+* ``create_env_fn`` must be a non-empty list of worker entries; an entry is an env
+  factory (one env, or a gymnasium ``VectorEnv``), an env id, or a list of those (several
+  envs stepped one after the other in the worker);
+* every entry must survive ``cloudpickle`` (that is how it reaches its worker; lambdas,
+  closures and classes defined in ``__main__`` or a notebook cell all do);
+* every entry's envs must have the same spaces. To learn them, each distinct entry is
+  built once here and closed again (the same entry repeated is built once).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import cloudpickle
+import gymnasium as gym
+from gymnasium.vector import VectorEnv
+
+from .._envs.group import make_group
+
+
+@dataclass(frozen=True)
+class WorkerSpec:
+    """One worker, as planned: what it builds and which shared-memory rows it owns."""
+
+    index: int
+    entry: bytes
+    """The cloudpickled entry of ``create_env_fn``."""
+    num_envs: int
+    batched: bool
+    """Whether its batches have an env dim (a list of factories or a ``VectorEnv``)."""
+    lo: int
+    hi: int
+
+
+@dataclass(frozen=True)
+class WorkerPlan:
+    workers: tuple[WorkerSpec, ...]
+    observation_space: gym.Space
+    action_space: gym.Space
+    create_env_kwargs: dict
+
+    @property
+    def num_envs(self) -> int:
+        return self.workers[-1].hi
+
+
+def _kind(item: Any) -> str:
+    return f"{type(item).__module__}.{type(item).__qualname__}"
+
+
+def _check_entry(i: int, entry: Any) -> None:
+    where = f"create_env_fn[{i}]"
+    if isinstance(entry, (gym.Env, VectorEnv)):
+        raise TypeError(
+            f"{where} is an env instance ({_kind(entry)}); a worker builds its own envs: pass a "
+            "factory instead, e.g. `lambda: gym.make(...)`, or the env id string."
+        )
+    if isinstance(entry, (list, tuple)):
+        if not entry:
+            raise ValueError(f"{where} is an empty list; give each worker at least one env factory.")
+        for j, item in enumerate(entry):
+            if isinstance(item, (gym.Env, VectorEnv)) or not (callable(item) or isinstance(item, str)):
+                raise TypeError(
+                    f"{where}[{j}]: expected an env factory or an env id, got {_kind(item)}."
+                )
+        return
+    if not (callable(entry) or isinstance(entry, str)):
+        raise TypeError(
+            f"{where}: expected an env factory (a callable returning a gymnasium env or VectorEnv), "
+            f"an env id, or a list of those; got {_kind(entry)}."
+        )
+
+
+def _pickle(i: int, entry: Any) -> bytes:
+    try:
+        return cloudpickle.dumps(entry)
+    except Exception as exc:
+        name = getattr(entry, "__qualname__", None) or _kind(entry)
+        raise TypeError(
+            f"create_env_fn[{i}] ({name}) cannot be pickled with cloudpickle, which is how env "
+            f"factories reach their worker process: {type(exc).__name__}: {exc}. Make the "
+            "factory build everything it needs inside itself (no open files, locks, sockets or "
+            "live envs captured from the enclosing scope)."
+        ) from exc
+
+
+def plan_workers(create_env_fn: Any, create_env_kwargs: dict | None) -> WorkerPlan:
+    """Validate ``create_env_fn`` and lay the workers out; see the module docstring."""
+    if isinstance(create_env_fn, (str, gym.Env, VectorEnv)) or not isinstance(create_env_fn, (list, tuple)):
+        raise TypeError(
+            "create_env_fn: a multi-process collector takes a list with one entry per worker, "
+            f"e.g. `[make_env] * 4`; got {_kind(create_env_fn)}."
+        )
+    if not create_env_fn:
+        raise ValueError("create_env_fn: the list of workers is empty; give at least one env factory.")
+    for i, entry in enumerate(create_env_fn):
+        _check_entry(i, entry)
+    pickled = [_pickle(i, entry) for i, entry in enumerate(create_env_fn)]
+    kwargs = dict(create_env_kwargs or {})
+
+    probed: dict[int, tuple[gym.Space, gym.Space, int, bool]] = {}
+    specs, first, lo = [], None, 0
+    for i, entry in enumerate(create_env_fn):
+        key = id(entry)
+        if key not in probed:
+            group, batched = make_group(list(entry) if isinstance(entry, tuple) else entry, kwargs)
+            try:
+                probed[key] = (group.observation_space, group.action_space, group.num_envs, batched)
+            finally:
+                group.close()
+        obs_space, action_space, n, batched = probed[key]
+        if first is None:
+            first = (obs_space, action_space)
+        elif (obs_space, action_space) != first:
+            raise ValueError(
+                f"create_env_fn[{i}] builds envs with spaces {obs_space} / {action_space}, but "
+                f"create_env_fn[0] has {first[0]} / {first[1]}; all workers of a collector must "
+                "share their observation and action spaces."
+            )
+        specs.append(WorkerSpec(i, pickled[i], n, batched, lo, lo + n))
+        lo += n
+    return WorkerPlan(tuple(specs), first[0], first[1], kwargs)

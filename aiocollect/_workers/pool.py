@@ -1,0 +1,268 @@
+"""The worker pool: starts env workers, watches them, and always stops them.
+
+Everything here runs on the collector's engine loop (its private uvloop thread):
+
+* :meth:`WorkerPool.run` is a long-lived task. It spawns every worker with
+  ``anyio.open_process`` (a fresh interpreter: spawn-safe, nothing forked), hands each its
+  end of a socket pair and the shared-memory file descriptor, sends the setup message,
+  waits until each says it is ready, then watches the processes until it is told to stop
+  (or cancelled). Its ``finally`` block always stops them: ``CLOSE``, then after a grace
+  period ``SIGTERM``, then ``SIGKILL``.
+* a :class:`Worker` is the engine's end of one worker: ``send(STEP)`` and a reader
+  callback that turns the bytes coming back into ``on_reply(worker)`` calls. A worker that
+  died (its socket closed, or its process exited) is reported the same way, with
+  ``worker.error`` set to the :class:`~aiocollect.WorkerError` to raise.
+
+A dead main process takes its workers with it: their socket reads end-of-file, and on
+Linux they also get ``SIGKILL`` from ``PR_SET_PDEATHSIG``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import signal
+import socket
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import anyio
+import anyio.abc
+
+from . import protocol
+from .errors import WorkerError
+from .plan import WorkerPlan, WorkerSpec
+from .shm import Layout, SharedArrays, create_segment
+
+logger = logging.getLogger("aiocollect")
+
+START_TIMEOUT_S = 300.0
+"""How long a worker may take to import and build its envs."""
+
+_PACKAGE_ROOT = str(Path(__file__).resolve().parents[2])
+
+
+class Worker:
+    """The engine's end of one worker process."""
+
+    def __init__(self, spec: WorkerSpec):
+        self.spec = spec
+        self.index = spec.index
+        self.lo, self.hi = spec.lo, spec.hi
+        self.num_envs = spec.num_envs
+        self.process: anyio.abc.Process | None = None
+        self.pid: int | None = None
+        self.sock: socket.socket | None = None
+        self.error: WorkerError | None = None
+        self.env_steps = 0
+        self.on_reply: Callable[[Worker], None] = _ignore
+        self._inbox = bytearray()
+        self._reading = False
+
+    @property
+    def alive(self) -> bool:
+        return self.error is None and self.process is not None and self.process.returncode is None
+
+    def send(self, command: bytes) -> None:
+        self.sock.send(command)
+
+    # the reader callback: bytes from the worker -> on_reply(self)
+    def start_reading(self) -> None:
+        asyncio.get_running_loop().add_reader(self.sock.fileno(), self._readable)
+        self._reading = True
+
+    def stop_reading(self) -> None:
+        if self._reading:
+            self._reading = False
+            asyncio.get_running_loop().remove_reader(self.sock.fileno())
+
+    def _readable(self) -> None:
+        try:
+            data = self.sock.recv(65536)
+        except BlockingIOError:
+            return
+        except OSError:
+            data = b""
+        if not data:
+            self.stop_reading()
+            self.fail(WorkerError.died(self.index, self.pid, self._exitcode()))
+            return
+        inbox = self._inbox
+        inbox += data
+        start = 0
+        while start < len(inbox):
+            if inbox[start] == protocol.OK[0]:
+                start += 1
+                self.on_reply(self)
+                continue
+            parsed = protocol.parse_frame(inbox, start + 1)
+            if parsed is None:
+                break  # the rest of the error report is on its way
+            info, start = parsed
+            self.fail(WorkerError.from_remote(self.index, self.pid, info))
+        del inbox[:start]
+
+    def _exitcode(self) -> int | None:
+        return None if self.process is None else self.process.returncode
+
+    def fail(self, error: WorkerError) -> None:
+        if self.error is None:
+            self.error = error
+            self.on_reply(self)
+
+
+def _ignore(worker: Worker) -> None:
+    pass
+
+
+class WorkerPool:
+    """Starts, watches and stops the workers of one collector; see the module docstring."""
+
+    def __init__(self, plan: WorkerPlan, layout: Layout, *, reset_when_done: bool):
+        self.plan = plan
+        self.layout = layout
+        self.reset_when_done = reset_when_done
+        self.workers = [Worker(spec) for spec in plan.workers]
+        self.shm_fd = create_segment(layout.size)
+        self.shared = SharedArrays(layout, self.shm_fd)
+        self.stop_timeout = 5.0
+        self._stopping = False
+        self._stop: anyio.Event | None = None
+
+    # ------------------------------------------------------------------ lifecycle
+
+    async def run(self, *, task_status: anyio.abc.TaskStatus = anyio.TASK_STATUS_IGNORED) -> None:
+        """Start the workers, report ``started``, watch them until :meth:`stop`; always clean up."""
+        self._stop = anyio.Event()
+        if self._stopping:
+            self._stop.set()
+        try:
+            async with anyio.create_task_group() as tg:
+                with anyio.fail_after(START_TIMEOUT_S):
+                    async with anyio.create_task_group() as starting:
+                        for worker in self.workers:
+                            starting.start_soon(self._start, worker)
+                os.close(self.shm_fd)
+                self.shm_fd = -1
+                for worker in self.workers:
+                    tg.start_soon(self._watch, worker)
+                task_status.started()
+                await self._stop.wait()
+                tg.cancel_scope.cancel()
+        finally:
+            with anyio.CancelScope(shield=True):
+                await self._stop_all()
+
+    def stop(self) -> None:
+        """Ask :meth:`run` to stop the workers (call on the engine loop)."""
+        self._stopping = True
+        if self._stop is not None:
+            self._stop.set()
+
+    async def _start(self, worker: Worker) -> None:
+        parent, child = socket.socketpair()
+        try:
+            worker.sock = parent
+            env = dict(os.environ)
+            env["PYTHONPATH"] = os.pathsep.join([_PACKAGE_ROOT, *filter(None, [env.get("PYTHONPATH")])])
+            worker.process = await anyio.open_process(
+                [sys.executable, "-m", "aiocollect._workers.child", str(child.fileno()), str(self.shm_fd)],
+                pass_fds=[child.fileno(), self.shm_fd],
+                stdin=subprocess.DEVNULL, stdout=None, stderr=None, env=env,
+            )
+            worker.pid = worker.process.pid
+        finally:
+            child.close()
+        parent.setblocking(False)
+        loop = asyncio.get_running_loop()
+        spec = worker.spec
+        setup = {
+            "index": spec.index,
+            "sys_path": list(sys.path),
+            "entry": spec.entry,
+            "kwargs": self.plan.create_env_kwargs,
+            "spaces": (self.plan.observation_space, self.plan.action_space),
+            "layout": self.layout,
+            "rows": (spec.lo, spec.hi),
+            "reset_when_done": self.reset_when_done,
+        }
+        await loop.sock_sendall(parent, protocol.frame(setup))
+        reply = await self._recv_frame(worker)
+        if reply[0] == "error":
+            raise WorkerError.from_remote(spec.index, worker.pid, reply[1])
+        worker.start_reading()
+
+    async def _recv_frame(self, worker: Worker):
+        loop = asyncio.get_running_loop()
+        buf = bytearray()
+        while True:
+            parsed = protocol.parse_frame(buf, 0)
+            if parsed is not None:
+                return parsed[0]
+            data = await loop.sock_recv(worker.sock, 65536)
+            if not data:
+                with anyio.move_on_after(2):
+                    await worker.process.wait()
+                raise WorkerError.died(worker.index, worker.pid, worker.process.returncode)
+            buf += data
+
+    async def _watch(self, worker: Worker) -> None:
+        await worker.process.wait()
+        if not self._stopping:
+            worker.fail(WorkerError.died(worker.index, worker.pid, worker.process.returncode))
+
+    async def _stop_all(self) -> None:
+        """``CLOSE``, then ``SIGTERM``, then ``SIGKILL``: each step bounded in time."""
+        self._stopping = True
+        live = [w for w in self.workers if w.process is not None]
+        for w in live:
+            w.stop_reading()
+            if w.process.returncode is None:
+                try:
+                    w.sock.send(protocol.CLOSE)
+                except OSError:
+                    pass
+        for sig, grace in ((None, self.stop_timeout), (signal.SIGTERM, 1.0), (signal.SIGKILL, 5.0)):
+            running = [w for w in live if w.process.returncode is None]
+            if not running:
+                break
+            if sig is not None:
+                logger.warning("aiocollect: sending %s to worker(s) %s", sig.name, [w.index for w in running])
+                for w in running:
+                    try:
+                        w.process.send_signal(sig)
+                    except ProcessLookupError:
+                        pass
+            with anyio.move_on_after(grace):
+                for w in running:
+                    await w.process.wait()
+        for w in self.workers:
+            if w.sock is not None:
+                w.sock.close()
+            if w.process is not None:
+                await w.process.aclose()
+        if self.shm_fd >= 0:
+            os.close(self.shm_fd)
+            self.shm_fd = -1
+
+    def pids(self) -> list[int]:
+        return [w.pid for w in self.workers if w.pid is not None]
+
+    def kill_leftovers(self) -> None:
+        """Last resort, from any thread once the engine loop is gone: ``SIGKILL`` any worker
+        that was never seen to exit (the loop stopped before :meth:`run` could clean up)."""
+        for w in self.workers:
+            if w.process is not None and w.process.returncode is None:
+                try:
+                    os.kill(w.pid, signal.SIGKILL)
+                    os.waitpid(w.pid, 0)
+                except (ProcessLookupError, ChildProcessError):
+                    pass
+            if w.sock is not None:
+                w.sock.close()
+        if self.shm_fd >= 0:
+            os.close(self.shm_fd)
+            self.shm_fd = -1
