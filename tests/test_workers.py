@@ -1,0 +1,268 @@
+"""The multi-process collectors: layout, faces, scheduling, seeds, state."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import gymnasium as gym
+import numpy as np
+import pytest
+import torch
+import torch.nn as nn
+from tensordict.nn import TensorDictModule
+
+from aiocollect import AsyncCollector, GymEnv, MultiAsyncCollector, MultiSyncCollector
+from conftest import CounterEnv, check_batch, check_continuity
+from workers_util import SleepyEnv, TorchProbeEnv, children
+
+
+def flat(td):
+    """``[W, m, T]`` -> ``[W*m, T]`` for the batch checks."""
+    return td.flatten(0, td.ndim - 2) if td.ndim > 2 else td
+
+
+def pendulum():
+    return GymEnv("Pendulum-v1", device="cpu")
+
+
+def linear_policy():
+    return TensorDictModule(nn.Linear(3, 1), in_keys=["observation"], out_keys=["action"])
+
+
+@pytest.fixture(autouse=True)
+def no_leftover_workers():
+    before = children()
+    yield
+    for _ in range(250):
+        left = children() - before
+        if not left:
+            break
+        time.sleep(0.02)
+    assert not left, f"worker processes left behind: {left}"
+    assert not [t for t in threading.enumerate() if t.name.startswith("aiocollect")]
+
+
+def test_seed_example_multisync_stack():
+    """Seed 002's example, imports changed."""
+    policy = linear_policy()
+    collector = MultiSyncCollector(create_env_fn=[pendulum] * 4, policy=policy, frames_per_batch=400,
+                                   total_frames=40_000, max_frames_per_traj=50, device="cpu",
+                                   storing_device="cpu", cat_results="stack")
+    prev = None
+    for i, data in enumerate(collector):
+        assert data.shape == (4, 100)
+        assert data.names == [None, "time"]
+        check_batch(data, step_count=50)
+        if prev is not None:
+            check_continuity(prev, data)
+        prev = data
+        collector.update_policy_weights_()
+        if i == 4:
+            break
+    stats = collector.statistics()
+    assert stats.frames == 2000 and [w.env_steps for w in stats.workers] == [500] * 4
+    assert all(w.alive for w in stats.workers)
+    collector.shutdown()
+    assert not any(w.alive for w in collector.statistics().workers)
+
+
+async def test_seed_example_async_for_and_async_with():
+    async with MultiSyncCollector([pendulum] * 2, linear_policy(), frames_per_batch=200,
+                                  total_frames=1000, max_frames_per_traj=50) as collector:
+        shapes = []
+        async for data in collector:
+            check_batch(data, step_count=50)
+            shapes.append(tuple(data.shape))
+    assert shapes == [(2, 100)] * 5
+
+
+def test_multiasync_each_batch_is_one_workers():
+    seen = []
+    with MultiAsyncCollector([lambda: CounterEnv(max_len=8)] * 3, None, frames_per_batch=40,
+                             total_frames=600) as collector:
+        for data in collector:
+            assert data.shape == (40,)
+            check_batch(data)
+            seen.append(data)
+    assert len(seen) == 15
+    ids = [set(d["collector", "traj_ids"].tolist()) for d in seen]
+    # different workers never share trajectory ids; each batch continues one worker's envs
+    owners = {}
+    for k, batch_ids in enumerate(ids):
+        for other in range(k):
+            common = batch_ids & ids[other]
+            if common:
+                owners.setdefault(k, set()).add(other)
+    assert sum(d.numel() for d in seen) == 600
+
+
+async def test_multiasync_async_for():
+    got = 0
+    async with MultiAsyncCollector([lambda: CounterEnv()] * 2, None, frames_per_batch=30,
+                                   total_frames=300) as collector:
+        async for data in collector:
+            check_batch(data)
+            got += data.numel()
+    assert got == 300
+
+
+def test_slow_worker_never_holds_back_a_fast_one():
+    fast = lambda: SleepyEnv(delay=0.002, tag=0.0)  # noqa: E731
+    slow = lambda: SleepyEnv(delay=0.02, tag=1.0)  # noqa: E731
+    with MultiAsyncCollector([fast, slow], None, frames_per_batch=20, total_frames=-1) as collector:
+        tags, stamps = [], []
+        for data in collector:
+            tags.append(int(data["observation"][0, 0]))
+            stamps.append(time.perf_counter())
+            if len(tags) == 12:
+                break
+    # the slow worker needs ~0.4 s per batch, the fast one ~0.04 s
+    assert tags.count(0) >= 9, tags
+    fast_times = [t for t, tag in zip(stamps, tags) if tag == 0]
+    gaps = np.diff(fast_times)
+    assert np.median(gaps) < 0.2, gaps  # the fast worker's pace, not the slow one's
+
+
+def test_preemptive_threshold_masks_what_stragglers_did_not_collect():
+    fast = lambda: SleepyEnv(delay=0.0, tag=0.0)  # noqa: E731
+    slow = lambda: SleepyEnv(delay=0.05, tag=1.0)  # noqa: E731
+    with MultiSyncCollector([fast, fast, slow], None, frames_per_batch=150, total_frames=-1,
+                            preemptive_threshold=0.6) as collector:
+        data = collector.rollout()
+    assert data.shape == (3, 50)
+    mask = data["collector", "mask"]
+    assert mask[:2].all()
+    assert 0 < mask[2].sum() < 50
+    assert (data["collector", "traj_ids"][2][~mask[2]] == -1).all()
+    assert (data["next", "reward"][2][~mask[2]] == 0).all()
+    check_batch(data)
+
+
+def test_cat_results_int_and_vector_env_and_lists():
+    make = lambda: gym.make("CartPole-v1")  # noqa: E731
+    with MultiSyncCollector([[make] * 3] * 2, None, frames_per_batch=60, total_frames=120,
+                            cat_results=0) as c:
+        for data in c:
+            assert data.shape == (6, 10) and data.names == [None, "time"]
+            check_batch(data)
+    with MultiSyncCollector([lambda: gym.vector.SyncVectorEnv([make] * 2)] * 2, None,
+                            frames_per_batch=40, total_frames=80) as c:
+        for data in c:
+            assert data.shape == (2, 2, 10) and data.names == [None, None, "time"]
+            check_batch(flat(data))
+    with MultiSyncCollector([lambda: CounterEnv()] * 2, None, frames_per_batch=40, total_frames=40,
+                            cat_results=-1) as c:
+        (data,) = list(c)
+        assert data.shape == (40,)
+
+
+def test_trajectory_ids_unique_across_workers_and_batches():
+    with MultiSyncCollector([[lambda: CounterEnv(max_len=5)] * 2] * 3, None, frames_per_batch=60,
+                            total_frames=600) as c:
+        prev, seen_ends = None, set()
+        for data in c:
+            b = flat(data)
+            check_batch(b)
+            if prev is not None:
+                check_continuity(prev, b)
+            prev = b
+            ids = b["collector", "traj_ids"]
+            ended = set(ids[b["next", "done"][..., 0]].tolist())
+            assert not ended & seen_ends, "a finished trajectory id came back"
+            seen_ends |= ended
+
+
+def test_set_seed_counts_envs_over_all_workers():
+    def first_obs(seed):
+        with MultiSyncCollector([[lambda: CounterEnv()] * 2] * 2, None, frames_per_batch=8,
+                                total_frames=-1) as c:
+            assert c.set_seed(seed) == seed + 3
+            return c.rollout()["observation"].flatten(0, 1)[:, 0]
+    a, b = first_obs(7), first_obs(7)
+    assert torch.equal(a, b)
+    expected = [CounterEnv().reset(seed=7 + k)[0][1] for k in range(4)]
+    assert a[:, 1].tolist() == expected
+
+
+def test_workers_do_not_import_torch():
+    with MultiSyncCollector([TorchProbeEnv] * 2, None, frames_per_batch=4, total_frames=4) as c:
+        (data,) = list(c)
+    assert (data["observation"] == 0).all()
+
+
+def test_update_weights_state_dict_and_worker_ids():
+    policy = linear_policy()
+    c = MultiSyncCollector([pendulum] * 2, policy, frames_per_batch=20, total_frames=-1)
+    try:
+        with torch.no_grad():
+            policy.module.weight.fill_(0.25)
+        assert not torch.equal(c.policy.module.weight, policy.module.weight) or c.policy is policy
+        c.update_policy_weights_(worker_ids=[0, 1])
+        c.update_policy_weights_(policy, worker_ids=1)
+        assert torch.equal(c.policy.module.weight, policy.module.weight)
+        with pytest.raises(ValueError, match="worker_ids"):
+            c.update_policy_weights_(worker_ids=5)
+        c.rollout()
+        state = c.state_dict()
+        assert set(state) >= {"policy_state_dict", "worker0", "worker1", "frames", "iter", "traj_pool"}
+        c2 = MultiSyncCollector([pendulum] * 2, linear_policy(), frames_per_batch=20, total_frames=-1)
+        try:
+            c2.load_state_dict(state)
+            assert torch.equal(c2.policy.module.weight, policy.module.weight)
+            data = c2.rollout()
+            assert data["collector", "traj_ids"].min() >= state["traj_pool"]["next_traj_id"]
+        finally:
+            c2.shutdown()
+    finally:
+        c.shutdown()
+
+
+def test_async_collector_background_into_replay_buffer():
+    from torchrl.data import LazyTensorStorage, ReplayBuffer
+
+    rb = ReplayBuffer(storage=LazyTensorStorage(10_000))
+    c = AsyncCollector(lambda: CounterEnv(), None, frames_per_batch=50, total_frames=-1, replay_buffer=rb)
+    c.start()
+    assert c.is_running()
+    deadline = time.monotonic() + 10
+    while len(rb) < 200 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    with c.pause():
+        n = len(rb)
+        time.sleep(0.1)
+        assert len(rb) == n  # nothing lands while paused
+    assert len(rb) >= 200
+    c.async_shutdown(timeout=5)
+    assert not c.is_running()
+    sample = rb.sample(32)
+    assert sample.shape == (32,)
+
+
+def test_async_collector_iterates_in_background():
+    with AsyncCollector([lambda: CounterEnv()] * 2, None, frames_per_batch=40, total_frames=400) as c:
+        batches = list(c)
+    assert len(batches) == 10 and all(b.shape == (2, 20) for b in batches)
+    for b in batches:
+        check_batch(b)
+
+
+def test_lambdas_and_main_classes_without_main_guard(tmp_path):
+    import subprocess
+    import sys
+
+    script = tmp_path / "user_script.py"
+    script.write_text(
+        "import gymnasium as gym, numpy as np\n"
+        "from aiocollect import MultiSyncCollector\n"
+        "class Wrapped(gym.Wrapper):\n"
+        "    pass\n"
+        "scale = 3\n"
+        "make = lambda: Wrapped(gym.make('CartPole-v1'))\n"
+        "c = MultiSyncCollector([make] * 2, None, frames_per_batch=20 * scale, total_frames=120)\n"
+        "print(sum(b.numel() for b in c))\n"
+        "c.shutdown()\n"
+    )
+    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "120"
