@@ -8,14 +8,22 @@ import sys
 import aiocollect
 
 EXPECTED = {
+    "AsyncCollector",
     "Collector",
     "CollectorOptions",
     "CollectorStatistics",
     "DataCollectorBase",
     "GymEnv",
     "Interruptor",
+    "MultiAsyncCollector",
+    "MultiSyncCollector",
+    "MultiSyncDataCollector",
+    "MultiaSyncDataCollector",
     "RandomPolicy",
     "SyncDataCollector",
+    "WorkerError",
+    "WorkerStatistics",
+    "aSyncDataCollector",
     "split_trajectories",
 }
 
@@ -23,14 +31,25 @@ EXPECTED = {
 def test_exported_names_are_exactly_the_public_api():
     assert set(aiocollect.__all__) == EXPECTED
     assert aiocollect.__all__ == sorted(aiocollect.__all__)
-    public = {name for name in vars(aiocollect) if not name.startswith("_")}
-    assert public == EXPECTED
     for name in EXPECTED:
         assert getattr(aiocollect, name).__module__.startswith("aiocollect._"), name
+    public = {name for name in vars(aiocollect) if not name.startswith("_")}
+    assert public == EXPECTED
+    assert set(dir(aiocollect)) >= EXPECTED
+
+
+def test_import_is_lazy_and_torch_free():
+    code = "import sys, aiocollect; print('torch' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.stdout.strip() == "False", out.stderr
 
 
 def test_seed_era_names_are_the_new_classes():
     assert aiocollect.SyncDataCollector is aiocollect.Collector
+    assert aiocollect.MultiSyncDataCollector is aiocollect.MultiSyncCollector
+    assert aiocollect.MultiaSyncDataCollector is aiocollect.MultiAsyncCollector
+    assert aiocollect.aSyncDataCollector is aiocollect.AsyncCollector
+    assert issubclass(aiocollect.AsyncCollector, aiocollect.MultiAsyncCollector)
     assert issubclass(aiocollect.Collector, aiocollect.DataCollectorBase)
 
 

@@ -149,9 +149,17 @@ class WorkerCollectorBase(DataCollectorBase):
         if loop is None:
             self._check_usable()
         if loop.in_this_thread():
-            return await self._collect_here()
+            return await self._collect_or_stop()
         # the async face, called from the user's loop: collect on the engine loop
-        return await asyncio.wrap_future(loop.portal.start_task_soon(self._collect_here))
+        return await asyncio.wrap_future(loop.portal.start_task_soon(self._collect_or_stop))
+
+    async def _collect_or_stop(self) -> tuple[TensorDictBase, int]:
+        try:
+            return await self._collect_here()
+        except Exception:
+            # a worker failed (or the policy did): stop every worker now, not at shutdown()
+            await self._pool.stop_and_wait()
+            raise
 
     async def _collect_here(self) -> tuple[TensorDictBase, int]:
         raise NotImplementedError

@@ -137,6 +137,7 @@ class WorkerPool:
     async def run(self, *, task_status: anyio.abc.TaskStatus = anyio.TASK_STATUS_IGNORED) -> None:
         """Start the workers, report ``started``, watch them until :meth:`stop`; always clean up."""
         self._stop = anyio.Event()
+        self._stopped = anyio.Event()
         if self._stopping:
             self._stop.set()
         try:
@@ -155,12 +156,19 @@ class WorkerPool:
         finally:
             with anyio.CancelScope(shield=True):
                 await self._stop_all()
+                self._stopped.set()
 
     def stop(self) -> None:
         """Ask :meth:`run` to stop the workers (call on the engine loop)."""
         self._stopping = True
         if self._stop is not None:
             self._stop.set()
+
+    async def stop_and_wait(self) -> None:
+        """Stop the workers and wait until they are gone (call on the engine loop)."""
+        self.stop()
+        with anyio.CancelScope(shield=True):
+            await self._stopped.wait()
 
     async def _start(self, worker: Worker) -> None:
         parent, child = socket.socketpair()
