@@ -32,7 +32,7 @@ from .._engine.engine import Engine
 from .._envs.group import check_create_env_fn, make_group
 from .._policies.setup import PolicySetup, check_policy
 from .base import DataCollectorBase
-from .options import validate_options
+from .options import options_from
 
 
 class Collector(DataCollectorBase):
@@ -74,15 +74,7 @@ class Collector(DataCollectorBase):
         set_truncated: bool = False,
         replay_buffer: Any = None,
     ):
-        options = validate_options(
-            frames_per_batch=frames_per_batch, total_frames=total_frames, device=device,
-            storing_device=storing_device, env_device=env_device, policy_device=policy_device,
-            create_env_kwargs=create_env_kwargs, max_frames_per_traj=max_frames_per_traj,
-            init_random_frames=init_random_frames, reset_at_each_iter=reset_at_each_iter,
-            postproc=postproc, split_trajs=split_trajs, exploration_type=exploration_type,
-            return_same_td=return_same_td, reset_when_done=reset_when_done,
-            interruptor=interruptor, set_truncated=set_truncated, replay_buffer=replay_buffer,
-        )
+        options = options_from(locals())
         check_policy(policy)
         if create_env_fn is None:
             raise TypeError("create_env_fn is required: a callable returning a gymnasium env, or an env id.")

@@ -7,6 +7,7 @@ saying what would be accepted. The result is a frozen :class:`CollectorOptions`.
 
 from __future__ import annotations
 
+import inspect
 import numbers
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -188,6 +189,12 @@ def validate_options(
         replay_buffer=replay_buffer,
         **devices,
     )
+
+
+def options_from(arguments: dict[str, Any]) -> CollectorOptions:
+    """``validate_options`` on the options among a constructor's ``locals()``."""
+    names = inspect.signature(validate_options).parameters
+    return validate_options(**{name: arguments[name] for name in names if name in arguments})
 
 
 @dataclass(frozen=True)

@@ -31,7 +31,7 @@ from .._workers.pool import WorkerPool
 from .._workers.shm import Layout
 from .base import DataCollectorBase, WorkerStatistics
 from .loop_thread import LoopThread
-from .options import WorkerOptions, validate_options, validate_worker_options
+from .options import WorkerOptions, options_from, validate_worker_options
 
 
 class WorkerCollectorBase(DataCollectorBase):
@@ -82,15 +82,7 @@ class WorkerCollectorBase(DataCollectorBase):
         num_threads: int | None = None,
         num_sub_threads: int = 1,
     ):
-        options = validate_options(
-            frames_per_batch=frames_per_batch, total_frames=total_frames, device=device,
-            storing_device=storing_device, env_device=env_device, policy_device=policy_device,
-            create_env_kwargs=create_env_kwargs, max_frames_per_traj=max_frames_per_traj,
-            init_random_frames=init_random_frames, reset_at_each_iter=reset_at_each_iter,
-            postproc=postproc, split_trajs=split_trajs, exploration_type=exploration_type,
-            return_same_td=return_same_td, reset_when_done=reset_when_done,
-            interruptor=interruptor, set_truncated=set_truncated, replay_buffer=replay_buffer,
-        )
+        options = options_from(locals())
         worker_options = validate_worker_options(
             cat_results=cat_results, preemptive_threshold=preemptive_threshold,
             update_at_each_batch=update_at_each_batch, num_threads=num_threads,
