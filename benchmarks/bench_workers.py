@@ -53,7 +53,8 @@ How
 * Each measurement runs ``--repeats`` times (3 by default; 1 with ``--quick``),
   round-robin over all of them, so that a slow spell of the machine hits all alike. The
   table shows the **median** run (and the best); ratios use the medians.
-* ``torch.set_num_threads(1)`` in this process; TorchRL's workers use their default
+* ``torch.set_num_threads(1)`` in this process, set again before every measurement
+  (TorchRL's ``shutdown()`` raises it); TorchRL's workers use their default
   (``num_sub_threads=1``); aiocollect's workers do not import torch.
 * ``StragglerEnv`` spins on the thread's CPU clock, so a step costs ~1 ms of CPU whoever
   else runs on the machine: contention for the 2 cores shows up as lost throughput
@@ -96,11 +97,11 @@ _PROCESS_START = time.perf_counter()  # for the total time, heavy imports includ
 os.environ.setdefault("RL_WARNINGS", "0")
 os.environ.setdefault("RL_LOGGING_LEVEL", "ERROR")
 
-import gymnasium as gym  # noqa: E402
-import numpy as np  # noqa: E402
-import torch  # noqa: E402
+import gymnasium as gym
+import numpy as np
+import torch
 
-import aiocollect  # noqa: E402
+import aiocollect
 
 HAVE_TORCHRL = importlib.util.find_spec("torchrl") is not None  # its rows are skipped without it
 HAVE_PSUTIL = importlib.util.find_spec("psutil") is not None
@@ -322,11 +323,10 @@ def timed_batches(collector, on_batch: Callable[[int], None] | None = None) -> f
     after batch ``i`` (1 = the first timed one); its own time is not counted."""
     it = iter(collector)
     next(it)
-    frames, i, hook_time = 0, 0, 0.0
+    frames, hook_time = 0, 0.0
     start = time.perf_counter()
-    for batch in it:
+    for i, batch in enumerate(it, 1):
         frames += batch.numel()
-        i += 1
         if on_batch is not None:
             t = time.perf_counter()
             on_batch(i)
@@ -451,7 +451,7 @@ def rt_pinned(quick: bool) -> dict[str, float]:
     else:  # the same thing by hand: the affinity is inherited by every thread and child
         def preexec():
             os.sched_setaffinity(0, {0})
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, preexec_fn=preexec)
+    proc = subprocess.run(cmd, check=False, capture_output=True, text=True, timeout=300, preexec_fn=preexec)
     if proc.returncode != 0:
         raise RuntimeError(f"pinned round-trip child failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
     return json.loads(proc.stdout.strip().splitlines()[-1])
@@ -514,7 +514,7 @@ def torchrl_multi(cls_name: str, make_env, workers: int, frames_per_batch: int, 
     """TorchRL ``MultiSyncCollector`` / ``MultiAsyncCollector`` over ``[make_env] * workers``."""
     cm = quiet()
     try:
-        import torchrl.collectors as collectors
+        from torchrl import collectors
 
         cls = getattr(collectors, cls_name)
         total = frames_per_batch + whole_batches(frames, frames_per_batch)
@@ -660,6 +660,8 @@ def run_all(benches: list[Bench], repeats: int) -> None:
             if bench.section == "R" and bench.key.startswith("p_") and bench.key != "p_multisync":
                 continue  # filled in by the pinned child
             gc.collect()
+            # TorchRL's shutdown() raises this process's torch threads again (to 2 here)
+            torch.set_num_threads(1)
             started = time.perf_counter()
             try:
                 value = bench.run()
@@ -779,7 +781,7 @@ def format_table(benches: list[Bench], repeats: int) -> str:
             if r.goal is not None:
                 ok = value >= r.goal if r.higher_is_better else value <= r.goal
                 goal = f"goal {'>=' if r.higher_is_better else '<='} {r.goal:g}  {'ok' if ok else 'MISSED'}"
-            lines.append(f"  {r.label:<58} {value:>8.2f}   {goal}")
+            lines.append(f"  {r.label:<58} {value:>8.3f}   {goal}")
         if section == "R":
             lines += rt_cpu_notes(by)
             if "R.p_multisync" in by:
@@ -821,7 +823,7 @@ def memory_table() -> list[str]:
     if not MEMORY:
         return []
     header = f"{'process':<46} | {'VmRSS MiB (median)':>18} | {'min..max':>15} | {'USS MiB':>8} | {'samples':>7}"
-    lines = ["", "M. Worker memory, one worker process, read after 3 timed batches of section C", "",
+    lines = ["", "M. Worker memory, one worker process, read after 3 timed batches of section C (1 with --quick)", "",
              header, "-" * len(header)]
     for key, name in MEMORY_ROWS.items():
         m = MEMORY.get(key)
