@@ -13,7 +13,10 @@ Four things, in one run, printed as one table per section with the ratios:
   child (the floor the OS and the VM allow), and ``AsyncCollector`` on the same env. All
   of it twice: as is (the engine and the worker usually on different cores) and in a
   subprocess started under ``taskset -c 0`` (everything on one core: no cross-core
-  wake-up, which is slow and noisy on a small VM). Goal: median <= 25 us per step.
+  wake-up, which is slow and noisy on a small VM). A run's figure is the median over its
+  batches of each batch's wall time / 1000 (the ping-pong: the median single ping-pong);
+  the CPU time per step of this process and of the worker is printed under the table.
+  Goal: median <= 25 us per step.
 
 * **S. A CPU-bound env with stragglers.** ``StragglerEnv``: every step busy-waits a
   lognormal amount of CPU time (mean 1 ms, coefficient of variation 0.5, i.e.
@@ -361,15 +364,6 @@ def per_step_us_of_batches(collector, worker_pids: list[int]) -> tuple[list[floa
     return out, main_cpu, worker_cpu
 
 
-def quiet():
-    """A context that silences warnings (TorchRL is chatty)."""
-    cm = warnings.catch_warnings()
-    cm.__enter__()
-    warnings.simplefilter("ignore")
-    logging.getLogger("torchrl").setLevel(logging.ERROR)
-    return cm
-
-
 # --------------------------------------------------------------------------- R: round trip
 
 
@@ -512,8 +506,9 @@ def s_aiocollect(cls_name: str, s: Sizes) -> float:
 def torchrl_multi(cls_name: str, make_env, workers: int, frames_per_batch: int, frames: int,
                   memory_key: str | None = None) -> float:
     """TorchRL ``MultiSyncCollector`` / ``MultiAsyncCollector`` over ``[make_env] * workers``."""
-    cm = quiet()
-    try:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # TorchRL is chatty
+        logging.getLogger("torchrl").setLevel(logging.ERROR)
         from torchrl import collectors
 
         cls = getattr(collectors, cls_name)
@@ -534,8 +529,6 @@ def torchrl_multi(cls_name: str, make_env, workers: int, frames_per_batch: int, 
             return timed_batches(collector, hook)
         finally:
             collector.shutdown()
-    finally:
-        cm.__exit__(None, None, None)
 
 
 def s_torchrl(make_env, s: Sizes) -> float:
