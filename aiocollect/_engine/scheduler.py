@@ -121,7 +121,6 @@ class Scheduler:
         self._action = shared.arrays["action"]
         self._replies: deque[Worker] = deque()
         self._waiter: asyncio.Future | None = None
-        self.rounds = 0
 
     # ------------------------------------------------------------------ events
 
@@ -192,9 +191,9 @@ class Scheduler:
         ready = [s for s in ready if not s.engine.any_reset or self._reset(s)]
         if not ready:
             return
-        self.rounds += 1
         n = sum(s.num_envs for s in ready)
-        if len(ready) == len(self.slots):
+        whole = len(ready) == len(self.slots)
+        if whole:
             obs = self._all_obs
         elif len(ready) == 1:
             obs = ready[0].engine.obs_tensors
@@ -209,7 +208,6 @@ class Scheduler:
             action = action.numpy(force=True)
         if runner.kind != "random":
             self.check_action(action, n)
-        whole = len(ready) == len(self.slots)
         if whole:
             self._action[...] = action
         start = 0

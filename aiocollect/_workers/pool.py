@@ -256,9 +256,6 @@ class WorkerPool:
             os.close(self.shm_fd)
             self.shm_fd = -1
 
-    def pids(self) -> list[int]:
-        return [w.pid for w in self.workers if w.pid is not None]
-
     def kill_leftovers(self) -> None:
         """Last resort, from any thread once the engine loop is gone: ``SIGKILL`` any worker
         that was never seen to exit (the loop stopped before :meth:`run` could clean up)."""
