@@ -6,17 +6,19 @@ shared-memory arrays, plus a cursor into the slot's current batch buffer. A slot
 ``READY`` (its observations are fresh: it wants actions), ``STEPPING`` (its worker is
 stepping the envs) or ``RESETTING`` (its worker is resetting some envs).
 
-:meth:`Scheduler.pump` repeats one round until the caller's condition holds:
+:meth:`Scheduler.pump` runs rounds until the caller's condition holds. Everything
+happens in the loop's callbacks, with no task switch per step:
 
-1. take in every reply that arrived (a reader callback queues them without waking
-   anyone up more than once); a stepped slot writes its column and moves its cursor;
-2. reset the ready slots that need it: envs the worker already reset after they finished
-   just swap in the observation it left aside; anything else (seeds, truncation by
-   ``max_frames_per_traj``) is a ``RESET`` round trip;
-3. run the policy **once** on the observations of every ready slot (a view of shared
-   memory when they are all ready, a concatenation otherwise), write the actions into
-   shared memory and send each of those workers one ``STEP`` byte;
-4. wait for the next reply.
+1. a worker's reply arrives (the socket's reader callback): a stepped slot writes its
+   column at once and moves its cursor;
+2. a round starts right away if no other worker is in flight, else on the next loop
+   pass, so that replies landing together share a round;
+3. the round resets the ready slots that need it (envs the worker already reset after
+   they finished just swap in the observation it left aside; anything else, seeds or
+   truncation by ``max_frames_per_traj``, is a ``RESET`` round trip), runs the policy
+   **once** on the observations of every ready slot (a view of shared memory when they
+   are all ready, a concatenation otherwise), writes the actions into shared memory and
+   sends each of those workers one ``STEP`` byte.
 
 So inference is batched over whatever is ready, and a slow worker never holds back a
 fast one. *When* a batch is cut is the collector's business: ``until``, ``on_full`` and
@@ -26,7 +28,6 @@ fast one. *When* a batch is cut is the collector's business: ``until``, ``on_ful
 from __future__ import annotations
 
 import asyncio
-from collections import deque
 from collections.abc import Callable
 
 import anyio
@@ -40,7 +41,7 @@ from .._workers.pool import Worker, WorkerPool
 from .buffer import RolloutBuffer
 from .engine import Engine, IdPool
 
-READY, STEPPING, RESETTING = "ready", "stepping", "resetting"
+READY, STEPPING, RESETTING = "ready", "stepping", "resetting"  # compared with ``is``
 
 
 class Slot:
@@ -74,7 +75,7 @@ class Slot:
 
     @property
     def in_flight(self) -> bool:
-        return self.state != READY
+        return self.state is not READY
 
     def begin(self, frames: int, mask: bool) -> None:
         """Start a new batch of ``frames`` steps per env (its buffer comes with the first step)."""
@@ -119,61 +120,104 @@ class Scheduler:
             leaf.key: torch.from_numpy(shared.arrays[f"obs{i}"]) for i, leaf in enumerate(self.obs_leaves)
         }
         self._action = shared.arrays["action"]
-        self._replies: deque[Worker] = deque()
+        self._pumping: tuple[Callable[[], PolicyRunner], Callable[[], bool]] | None = None
+        self._on_full: Callable[[Slot], None] | None = None
         self._waiter: asyncio.Future | None = None
+        self._advance_soon = False
+        self._failed: Worker | None = None
+        self._error: BaseException | None = None
 
     # ------------------------------------------------------------------ events
+    #
+    # Replies are handled in the socket's reader callback, with no task switch: the slot
+    # takes its column at once, and the next round starts right there when no other
+    # worker is in flight (else on the next loop pass, so that replies landing together
+    # share one policy call). The pump task only sleeps until its condition holds.
 
     def _on_reply(self, worker: Worker) -> None:
-        self._replies.append(worker)
-        self.poke()
+        if worker.error is not None:
+            if self._failed is None:
+                self._failed = worker
+            self._wake()
+            return
+        slot = self.slots[worker.index]
+        if slot.state is STEPPING:
+            slot.engine.write_after(slot.buffer, slot.t)
+            worker.env_steps += slot.num_envs
+            slot.t += 1
+            slot.state = READY
+            if slot.t >= slot.frames and self._on_full is not None:
+                self._on_full(slot)
+        elif slot.state is RESETTING:
+            slot.engine.resets_done(slot._resetting)
+            slot.state = READY
+        if self._pumping is None:
+            self._wake()  # nobody pumping: let a settle() see it
+        elif any(s.state is not READY for s in self.slots):
+            self.poke()
+        else:
+            self._advance()
 
     def poke(self) -> None:
-        """Wake :meth:`pump` up (a reply arrived, or the collector released a slot)."""
+        """Run a round on the next loop pass (a reply arrived, or the collector released a slot)."""
+        if not self._advance_soon:
+            self._advance_soon = True
+            asyncio.get_running_loop().call_soon(self._advance)
+
+    def _advance(self) -> None:
+        self._advance_soon = False
+        if self._pumping is None or self._failed is not None or self._error is not None:
+            return
+        runner, until = self._pumping
+        try:
+            if until():
+                self._wake()
+            else:
+                self._round(runner())
+        except BaseException as exc:  # noqa: BLE001 - the pump raises it
+            self._error = exc
+            self._wake()
+
+    def _wake(self) -> None:
         waiter = self._waiter
         if waiter is not None and not waiter.done():
             waiter.set_result(None)
-
-    async def _wait(self) -> None:
-        self._waiter = asyncio.get_running_loop().create_future()
-        try:
-            await self._waiter
-        finally:
-            self._waiter = None
 
     # ------------------------------------------------------------------ the loop
 
     def idle(self) -> bool:
         """No worker is stepping or resetting."""
-        return not any(s.in_flight for s in self.slots)
+        return all(s.state is READY for s in self.slots)
 
     async def pump(self, runner: Callable[[], PolicyRunner], until: Callable[[], bool],
                    on_full: Callable[[Slot], None] | None = None) -> None:
-        """Run rounds until ``until()``; ``on_full(slot)`` when a slot's batch is complete."""
-        replies = self._replies
-        while True:
-            while replies:
-                await self._take(replies.popleft(), on_full)
-            if until():
-                return
-            self._round(runner())
-            if not replies:
-                await self._wait()
+        """Run rounds until ``until()``; ``on_full(slot)`` when a slot's batch is complete.
 
-    async def _take(self, worker: Worker, on_full: Callable[[Slot], None] | None) -> None:
-        if worker.error is not None:
-            await self._raise(worker)
-        slot = self.slots[worker.index]
-        if slot.state == STEPPING:
-            slot.engine.write_after(slot.buffer, slot.t)
-            worker.env_steps += slot.num_envs
-            slot.t += 1
-            slot.state = READY
-            if slot.full and on_full is not None:
-                on_full(slot)
-        elif slot.state == RESETTING:
-            slot.engine.resets_done(slot._resetting)
-            slot.state = READY
+        A failed worker's :class:`~aiocollect.WorkerError`, or the policy's exception,
+        is raised here.
+        """
+        if self._pumping is not None:
+            raise RuntimeError("the scheduler is already pumping")
+        self._pumping, self._on_full = (runner, until), on_full
+        loop = asyncio.get_running_loop()
+        try:
+            while True:
+                if self._failed is not None:
+                    await self._raise(self._failed)
+                if self._error is not None:
+                    error, self._error = self._error, None
+                    raise error
+                if until():
+                    return
+                self._round(runner())
+                if self._failed is None and self._error is None and not until():
+                    self._waiter = loop.create_future()
+                    try:
+                        await self._waiter
+                    finally:
+                        self._waiter = None
+        finally:
+            self._pumping, self._on_full = None, None
 
     async def _raise(self, worker: Worker) -> None:
         error = worker.error
@@ -185,45 +229,60 @@ class Scheduler:
         raise error
 
     def _round(self, runner: PolicyRunner) -> None:
-        ready = [s for s in self.slots if s.state == READY and not s.held and not s.full]
+        ready = [s for s in self.slots if s.state is READY and not s.held and s.t < s.frames]
         if not ready:
             return
         ready = [s for s in ready if not s.engine.any_reset or self._reset(s)]
         if not ready:
             return
-        n = sum(s.num_envs for s in ready)
         whole = len(ready) == len(self.slots)
+        if len(ready) == 1:
+            slot = ready[0]
+            out = runner(self._all_obs if whole else slot.engine.obs_tensors, slot.num_envs)
+            action = self._actions_of(runner, out, slot.num_envs)
+            self._before_step(slot, out)
+            slot.action[...] = action
+            slot.state = STEPPING
+            slot.worker.send(protocol.STEP)
+            return
+        n = sum(s.num_envs for s in ready)
         if whole:
             obs = self._all_obs
-        elif len(ready) == 1:
-            obs = ready[0].engine.obs_tensors
         else:
             obs = {
                 leaf.key: torch.from_numpy(np.concatenate([s.obs[i] for s in ready]))
                 for i, leaf in enumerate(self.obs_leaves)
             }
         out = runner(obs, n)
-        action = out["action"]
-        if not isinstance(action, np.ndarray):
-            action = action.numpy(force=True)
-        if runner.kind != "random":
-            self.check_action(action, n)
+        action = self._actions_of(runner, out, n)
         if whole:
             self._action[...] = action
         start = 0
         for s in ready:
             stop = start + s.num_envs
-            part = out if len(ready) == 1 else {k: v[start:stop] for k, v in out.items()}
-            if s.buffer is None:
-                s.buffer = s.engine.new_buffer(part, s.frames, s.mask)
-            s.engine.write_before(s.buffer, s.t)
-            s.buffer.write_outputs(s.t, part)
+            self._before_step(s, {k: v[start:stop] for k, v in out.items()})
             if not whole:
                 s.action[...] = action[start:stop]
             start = stop
         for s in ready:
             s.state = STEPPING
             s.worker.send(protocol.STEP)
+
+    def _actions_of(self, runner: PolicyRunner, out: dict, n: int) -> np.ndarray:
+        action = out["action"]
+        if not isinstance(action, np.ndarray):
+            action = action.numpy(force=True)
+        if runner.kind != "random":
+            self.check_action(action, n)
+        return action
+
+    @staticmethod
+    def _before_step(slot: Slot, out: dict) -> None:
+        """Write column ``t`` of the slot's batch: observations, ids, the policy's outputs."""
+        if slot.buffer is None:
+            slot.buffer = slot.engine.new_buffer(out, slot.frames, slot.mask)
+        slot.engine.write_before(slot.buffer, slot.t)
+        slot.buffer.write_outputs(slot.t, out)
 
     def _reset(self, slot: Slot) -> bool:
         """Reset what ``slot`` needs; ``True`` if done here, ``False`` if its worker is on it."""

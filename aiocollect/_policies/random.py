@@ -35,26 +35,47 @@ class RandomPolicy(TensorDictModuleBase):
 
     def seed(self, seed: int | None) -> None:
         """Restart the generator from ``seed``."""
-        self._rng = np.random.default_rng(seed)
         self.action_space.seed(seed)
-        self._pool: np.ndarray | None = None
-        self._next = 0
+        self._draws = _Draws(self.action_space, self._shape, np.random.default_rng(seed))
 
     def sample(self, num_envs: int) -> np.ndarray:
-        """A batch of ``num_envs`` actions, as a numpy array ``[num_envs, *action_shape]``.
+        """A batch of ``num_envs`` actions, as a numpy array ``[num_envs, *action_shape]``."""
+        return self._draws.next(num_envs)
 
-        Draws come in blocks of about 4096 actions (one numpy call each), handed out a
-        batch at a time: a numpy call costs microseconds, about as much as a CartPole step.
-        """
-        pool = self._pool
-        if pool is None or self._next == len(pool) or pool.shape[1] != num_envs:
-            pool = self._pool = self._draw(max(1, 4096 // max(num_envs, 1)), num_envs)
-            self._next = 0
-        self._next += 1
-        return pool[self._next - 1]
+    def forward(self, tensordict: TensorDictBase) -> TensorDictBase:
+        batch = tensordict.batch_size
+        n = int(np.prod(batch)) if len(batch) else 1
+        action = torch.from_numpy(self.sample(n)).reshape(*batch, *self._shape)
+        tensordict.set("action", action.to(tensordict.device) if tensordict.device else action)
+        return tensordict
+
+    def __repr__(self) -> str:
+        return f"RandomPolicy({self.action_space})"
+
+
+class _Draws:
+    """Actions drawn in blocks of about 4096 (one numpy call each), handed out a batch at
+    a time: a numpy call costs microseconds, about as much as a CartPole step.
+
+    A plain object, not part of the module: setting an attribute on an ``nn.Module`` costs
+    microseconds too, and this one's counter changes at every step.
+    """
+
+    def __init__(self, space: spaces.Space, shape: tuple[int, ...], rng: np.random.Generator):
+        self.space, self.shape, self.rng = space, shape, rng
+        self.pool: np.ndarray | None = None
+        self.i = 0
+
+    def next(self, num_envs: int) -> np.ndarray:
+        pool = self.pool
+        if pool is None or self.i == len(pool) or pool.shape[1] != num_envs:
+            pool = self.pool = self._draw(max(1, 4096 // max(num_envs, 1)), num_envs)
+            self.i = 0
+        self.i += 1
+        return pool[self.i - 1]
 
     def _draw(self, blocks: int, num_envs: int) -> np.ndarray:
-        space, rng, size = self.action_space, self._rng, (blocks, num_envs, *self._shape)
+        space, rng, size = self.space, self.rng, (blocks, num_envs, *self.shape)
         if isinstance(space, spaces.Discrete):
             return rng.integers(space.start, space.start + space.n, size=size, dtype=np.int64)
         if isinstance(space, spaces.MultiDiscrete):
@@ -66,13 +87,3 @@ class RandomPolicy(TensorDictModuleBase):
         # unbounded or integer boxes: gymnasium's sampler knows their distributions
         flat = [space.sample() for _ in range(blocks * num_envs)]
         return np.stack(flat).reshape(size)
-
-    def forward(self, tensordict: TensorDictBase) -> TensorDictBase:
-        batch = tensordict.batch_size
-        n = int(np.prod(batch)) if len(batch) else 1
-        action = torch.from_numpy(self.sample(n)).reshape(*batch, *self._shape)
-        tensordict.set("action", action.to(tensordict.device) if tensordict.device else action)
-        return tensordict
-
-    def __repr__(self) -> str:
-        return f"RandomPolicy({self.action_space})"

@@ -86,6 +86,9 @@ class Worker:
             return
         except OSError:
             data = b""
+        if data == protocol.OK and not self._inbox:  # the common case: one step done
+            self.on_reply(self)
+            return
         if not data:
             self.stop_reading()
             self.fail(WorkerError.died(self.index, self.pid, self._exitcode()))
