@@ -185,3 +185,11 @@ def no_thread_leak():
             return
         threading.Event().wait(0.02)
     raise AssertionError(f"threads left behind: {alive}")
+
+
+@pytest.fixture(params=["spin", "sleep"])
+def spin_mode(request, monkeypatch):
+    """Run a worker test both ways the engine and its workers wait for each other:
+    spinning on shared memory, and sleeping on the socket (see aiocollect._workers.protocol)."""
+    monkeypatch.setenv("AIOCOLLECT_SPIN", "1" if request.param == "spin" else "0")
+    return request.param

@@ -35,6 +35,7 @@ def exploding():
 
 
 @pytest.mark.parametrize("cls", [MultiSyncCollector, MultiAsyncCollector])
+@pytest.mark.usefixtures("spin_mode")
 def test_env_raising_in_a_worker_names_worker_env_and_traceback(cls, leak_check):
     fine = lambda: CounterEnv()  # noqa: E731
     c = cls([[fine, fine], [fine, exploding]], None, frames_per_batch=20, total_frames=-1)
@@ -55,6 +56,7 @@ def test_env_raising_in_a_worker_names_worker_env_and_traceback(cls, leak_check)
     c.shutdown()
 
 
+@pytest.mark.usefixtures("spin_mode")
 def test_sigkilled_worker_is_reported_and_the_rest_stopped(leak_check):
     c = MultiSyncCollector([lambda: SleepyEnv(0.001)] * 3, None, frames_per_batch=30, total_frames=-1)
     pids = [w.pid for w in c.statistics().workers]
@@ -70,6 +72,7 @@ def test_sigkilled_worker_is_reported_and_the_rest_stopped(leak_check):
     c.shutdown()
 
 
+@pytest.mark.usefixtures("spin_mode")
 async def test_worker_error_through_the_async_face(leak_check):
     c = MultiSyncCollector([lambda: CounterEnv(), exploding], None, frames_per_batch=20, total_frames=-1)
     with pytest.raises(WorkerError, match="worker 1"):

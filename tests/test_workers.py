@@ -67,6 +67,7 @@ def test_seed_example_multisync_stack():
     assert not any(w.alive for w in collector.statistics().workers)
 
 
+@pytest.mark.usefixtures("spin_mode")
 async def test_seed_example_async_for_and_async_with():
     async with MultiSyncCollector([pendulum] * 2, linear_policy(), frames_per_batch=200,
                                   total_frames=1000, max_frames_per_traj=50) as collector:
@@ -77,6 +78,7 @@ async def test_seed_example_async_for_and_async_with():
     assert shapes == [(2, 100)] * 5
 
 
+@pytest.mark.usefixtures("spin_mode")
 def test_multiasync_each_batch_is_one_workers():
     seen = []
     with MultiAsyncCollector([lambda: CounterEnv(max_len=8)] * 3, None, frames_per_batch=40,
@@ -97,6 +99,7 @@ def test_multiasync_each_batch_is_one_workers():
     assert sum(d.numel() for d in seen) == 600
 
 
+@pytest.mark.usefixtures("spin_mode")
 async def test_multiasync_async_for():
     got = 0
     async with MultiAsyncCollector([lambda: CounterEnv()] * 2, None, frames_per_batch=30,
@@ -107,6 +110,7 @@ async def test_multiasync_async_for():
     assert got == 300
 
 
+@pytest.mark.usefixtures("spin_mode")
 def test_slow_worker_never_holds_back_a_fast_one():
     fast = lambda: SleepyEnv(delay=0.002, tag=0.0)  # noqa: E731
     slow = lambda: SleepyEnv(delay=0.02, tag=1.0)  # noqa: E731
@@ -124,6 +128,7 @@ def test_slow_worker_never_holds_back_a_fast_one():
     assert np.median(gaps) < 0.2, gaps  # the fast worker's pace, not the slow one's
 
 
+@pytest.mark.usefixtures("spin_mode")
 def test_preemptive_threshold_masks_what_stragglers_did_not_collect():
     fast = lambda: SleepyEnv(delay=0.0, tag=0.0)  # noqa: E731
     slow = lambda: SleepyEnv(delay=0.05, tag=1.0)  # noqa: E731
@@ -157,6 +162,7 @@ def test_cat_results_int_and_vector_env_and_lists():
         assert data.shape == (40,)
 
 
+@pytest.mark.usefixtures("spin_mode")
 def test_trajectory_ids_unique_across_workers_and_batches():
     with MultiSyncCollector([[lambda: CounterEnv(max_len=5)] * 2] * 3, None, frames_per_batch=60,
                             total_frames=600) as c:
@@ -239,6 +245,7 @@ def test_async_collector_background_into_replay_buffer():
     assert sample.shape == (32,)
 
 
+@pytest.mark.usefixtures("spin_mode")
 def test_async_collector_iterates_in_background():
     with AsyncCollector([lambda: CounterEnv()] * 2, None, frames_per_batch=40, total_frames=400) as c:
         batches = list(c)

@@ -105,7 +105,7 @@ class WorkerCollectorBase(DataCollectorBase):
         obs_leaves = flatten_space(plan.observation_space, "observation", "observation_space")
         action = ActionCheck.for_space(plan.action_space)
         layout = Layout.plan([(leaf.dtype, leaf.shape) for leaf in obs_leaves], (action.dtype, action.shape),
-                             plan.num_envs)
+                             plan.num_envs, len(plan.workers))
         self._policy = PolicySetup(policy, plan.action_space, [leaf.key for leaf in obs_leaves],
                                    device=self.policy_device, exploration_type=options.exploration_type)
         self.policy = self._policy.policy
@@ -146,12 +146,18 @@ class WorkerCollectorBase(DataCollectorBase):
         return await asyncio.wrap_future(loop.portal.start_task_soon(self._collect_or_stop))
 
     async def _collect_or_stop(self) -> tuple[TensorDictBase, int]:
+        sched = self._scheduler
+        # the consumer waits for this batch, so the engine thread may spin for the
+        # workers; not under start(), where the user trains meanwhile
+        sched.spin = not self.is_running()
         try:
             return await self._collect_here()
         except Exception:
             # a worker failed (or the policy did): stop every worker now, not at shutdown()
             await self._pool.stop_and_wait()
             raise
+        finally:
+            sched.spin = False
 
     async def _collect_here(self) -> tuple[TensorDictBase, int]:
         raise NotImplementedError

@@ -119,6 +119,11 @@ class Engine:
         if completed:
             self.completed_trajectories += len(idx)
 
+    @property
+    def has_seeds(self) -> bool:
+        """Seeds are waiting for the next reset (``set_seed``)."""
+        return self._seeds is not None
+
     def take_resets(self) -> tuple[np.ndarray, list[int] | None]:
         """The envs to reset before the next step, and their seeds (``None``: unseeded)."""
         seeds, self._seeds = self._seeds, None
@@ -128,7 +133,7 @@ class Engine:
         """The group has reset envs ``idx``: their ``obs`` rows start new episodes."""
         self.needs_reset[idx] = False
         self._root_flags[:, idx] = False
-        self.any_reset = bool(self.needs_reset.any())
+        self.any_reset = bool(np.count_nonzero(self.needs_reset))
 
     async def _reset(self) -> None:
         idx, seeds = self.take_resets()
@@ -155,8 +160,9 @@ class Engine:
         if self._track_steps:
             buffer.step_count[:, t] = self.step_count
 
-    def write_after(self, buffer: RolloutBuffer, t: int) -> None:
-        """Column ``t`` after the step: what the group returned; finished envs get new ids."""
+    def write_after(self, buffer: RolloutBuffer, t: int) -> np.ndarray | None:
+        """Column ``t`` after the step: what the group returned; finished envs get new ids
+        and are marked for reset. Returns their indices (``None`` when none finished)."""
         group = self.group
         self.env_steps += self.num_envs
         for dst, src in zip(buffer.next_obs, self._obs_arrays):
@@ -171,16 +177,17 @@ class Engine:
             step_count += 1
             buffer.next_step_count[:, t] = step_count
             trunc_t |= step_count >= self.max_frames_per_traj
-        done = term_t | trunc_t
         if not self.reset_when_done:
-            self._root_flags[0] = done
+            self._root_flags[0] = term_t | trunc_t
             self._root_flags[1] = term_t
             self._root_flags[2] = trunc_t
-        elif done.any():
-            finished = np.flatnonzero(done)
+        elif np.count_nonzero(term_t) or np.count_nonzero(trunc_t):  # cheaper than .any()
+            finished = np.flatnonzero(term_t | trunc_t)
             self._new_trajectories(finished)
             self.needs_reset[finished] = True
             self.any_reset = True
+            return finished
+        return None
 
     def start_flags(self) -> np.ndarray:
         """The root done flags the next batch starts with (see :meth:`finish`)."""

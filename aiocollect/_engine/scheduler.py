@@ -28,6 +28,7 @@ fast one. *When* a batch is cut is the collector's business: ``until``, ``on_ful
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Callable
 
 import anyio
@@ -42,6 +43,11 @@ from .buffer import RolloutBuffer
 from .engine import Engine, IdPool
 
 READY, STEPPING, RESETTING = "ready", "stepping", "resetting"  # compared with ``is``
+
+_SLICE_S = 0.001
+"""Longest stretch of spinning rounds before the loop gets a turn."""
+_RECHECK_S = 0.002
+"""After spinning: how soon to look again for a completion whose doorbell was missed."""
 
 
 class Slot:
@@ -76,6 +82,17 @@ class Slot:
     @property
     def in_flight(self) -> bool:
         return self.state is not READY
+
+    def swap_in_resets(self, finished: np.ndarray) -> None:
+        """Envs that just finished and that the worker already reset: their next
+        episode's first observation, left aside in ``reset_obs``, becomes current now."""
+        engine = self.engine
+        if engine.has_seeds or not self.pre_reset[finished].all():
+            return  # a reset round trip will do it
+        for obs, fresh in zip(self.obs, self.reset_obs):
+            obs[finished] = fresh[finished]
+        self.pre_reset[finished] = False
+        engine.resets_done(finished)
 
     def begin(self, frames: int, mask: bool) -> None:
         """Start a new batch of ``frames`` steps per env (its buffer comes with the first step)."""
@@ -124,39 +141,64 @@ class Scheduler:
         self._on_full: Callable[[Slot], None] | None = None
         self._waiter: asyncio.Future | None = None
         self._advance_soon = False
+        self._recheck_armed = False
+        self._delivered = False
         self._failed: Worker | None = None
         self._error: BaseException | None = None
+        self.spin_s = pool.spin_s
+        """How long to spin for a completion before sleeping (0: never; see :mod:`..protocol`)."""
+        self.spin = False
+        """Set by the collector while spinning is welcome: while its consumer waits for a
+        batch, the engine thread has the GIL to itself. (Spinning while the user trains in
+        another thread would take the GIL away from the training.)"""
 
     # ------------------------------------------------------------------ events
     #
-    # Replies are handled in the socket's reader callback, with no task switch: the slot
-    # takes its column at once, and the next round starts right there when no other
-    # worker is in flight (else on the next loop pass, so that replies landing together
-    # share one policy call). The pump task only sleeps until its condition holds.
+    # Completions are taken in the loop's callbacks, with no task switch: a doorbell's
+    # reader callback takes every completed command at once, and the next round starts
+    # right there when no other worker is in flight (else on the next loop pass, so that
+    # replies landing together share one policy call). When spinning is on, a round is
+    # followed by a short spin for the next completion, which saves the round trip its
+    # two kernel wakeups. The pump task only sleeps until its condition holds.
 
     def _on_reply(self, worker: Worker) -> None:
+        """A doorbell or an error report from ``worker`` (its socket's reader callback)."""
         if worker.error is not None:
             if self._failed is None:
                 self._failed = worker
             self._wake()
             return
-        slot = self.slots[worker.index]
+        self._harvest()
+        if self._pumping is None:
+            self._wake()  # nobody pumping: let a settle() see it
+        elif self.idle():
+            self._advance()
+        else:
+            self.poke()
+
+    def _harvest(self) -> bool:
+        """Take in every completed command; ``True`` if there was one."""
+        got = False
+        for slot in self.slots:
+            if slot.state is not READY and slot.worker.completed():
+                self._take(slot)
+                got = True
+        return got
+
+    def _take(self, slot: Slot) -> None:
         if slot.state is STEPPING:
-            slot.engine.write_after(slot.buffer, slot.t)
-            worker.env_steps += slot.num_envs
+            finished = slot.engine.write_after(slot.buffer, slot.t)
+            if finished is not None:
+                slot.swap_in_resets(finished)
+            slot.worker.env_steps += slot.num_envs
             slot.t += 1
             slot.state = READY
             if slot.t >= slot.frames and self._on_full is not None:
                 self._on_full(slot)
-        elif slot.state is RESETTING:
+                self._delivered = True
+        else:
             slot.engine.resets_done(slot._resetting)
             slot.state = READY
-        if self._pumping is None:
-            self._wake()  # nobody pumping: let a settle() see it
-        elif any(s.state is not READY for s in self.slots):
-            self.poke()
-        else:
-            self._advance()
 
     def poke(self) -> None:
         """Run a round on the next loop pass (a reply arrived, or the collector released a slot)."""
@@ -165,18 +207,70 @@ class Scheduler:
             asyncio.get_running_loop().call_soon(self._advance)
 
     def _advance(self) -> None:
+        """Rounds, for as long as completions keep coming while we spin (or just one round)."""
         self._advance_soon = False
         if self._pumping is None or self._failed is not None or self._error is not None:
             return
         runner, until = self._pumping
         try:
-            if until():
-                self._wake()
-            else:
-                self._round(runner())
+            if not (self.spin and self.spin_s):
+                if until():
+                    self._wake()
+                else:
+                    self._round(runner())
+                    if self.spin_s and not self.idle():
+                        self._arm_recheck()  # a worker may still read the E_ASLEEP of our last spin
+                return
+            self._spin_rounds(runner, until)
         except BaseException as exc:  # noqa: BLE001 - the pump raises it
             self._error = exc
             self._wake()
+
+    def _spin_rounds(self, runner: Callable[[], PolicyRunner], until: Callable[[], bool]) -> None:
+        clock, spin_s = time.perf_counter, self.spin_s
+        give_back = clock() + _SLICE_S  # let the loop run its other callbacks now and then
+        self._engine_asleep(0)
+        try:
+            while True:
+                if until():
+                    self._wake()
+                    return
+                self._round(runner())
+                if self.idle():
+                    return  # every slot is held or full: the collector pokes us later
+                end = clock() + spin_s
+                while not self._harvest():
+                    if clock() > end:
+                        return
+                if self._delivered or clock() > give_back:  # a batch to hand over, or time's up
+                    self._delivered = False
+                    self.poke()
+                    return
+        finally:
+            self._engine_asleep(1)
+            if self._harvest():  # landed after our last look, before the flag
+                self.poke()
+            elif not self.idle():
+                self._arm_recheck()
+
+    def _engine_asleep(self, flag: int) -> None:
+        for slot in self.slots:
+            slot.worker.control[protocol.E_ASLEEP] = flag
+
+    def _arm_recheck(self) -> None:
+        """After spinning, a doorbell may be missed (see :mod:`..protocol`): look again soon."""
+        if not self._recheck_armed:
+            self._recheck_armed = True
+            asyncio.get_running_loop().call_later(_RECHECK_S, self._recheck)
+
+    def _recheck(self) -> None:
+        self._recheck_armed = False
+        if self._pumping is None or self.idle():
+            return
+        if self._harvest():
+            self.poke()
+        else:
+            self._arm_recheck()
 
     def _wake(self) -> None:
         waiter = self._waiter
@@ -209,7 +303,7 @@ class Scheduler:
                     raise error
                 if until():
                     return
-                self._round(runner())
+                self._advance()
                 if self._failed is None and self._error is None and not until():
                     self._waiter = loop.create_future()
                     try:
@@ -243,7 +337,7 @@ class Scheduler:
             self._before_step(slot, out)
             slot.action[...] = action
             slot.state = STEPPING
-            slot.worker.send(protocol.STEP)
+            slot.worker.post(protocol.STEP_CODE)
             return
         n = sum(s.num_envs for s in ready)
         if whole:
@@ -266,7 +360,7 @@ class Scheduler:
             start = stop
         for s in ready:
             s.state = STEPPING
-            s.worker.send(protocol.STEP)
+            s.worker.post(protocol.STEP_CODE)
 
     def _actions_of(self, runner: PolicyRunner, out: dict, n: int) -> np.ndarray:
         action = out["action"]
@@ -287,7 +381,7 @@ class Scheduler:
     def _reset(self, slot: Slot) -> bool:
         """Reset what ``slot`` needs; ``True`` if done here, ``False`` if its worker is on it."""
         idx, seeds = slot.engine.take_resets()
-        if seeds is None and slot.pre_reset[idx].all():
+        if seeds is None and slot.pre_reset[idx].all():  # see Slot.swap_in_resets
             for obs, fresh in zip(slot.obs, slot.reset_obs):
                 obs[idx] = fresh[idx]
             slot.pre_reset[idx] = False
@@ -302,7 +396,7 @@ class Scheduler:
             slot.seed_set[:] = True
         slot._resetting = idx
         slot.state = RESETTING
-        slot.worker.send(protocol.RESET)
+        slot.worker.post(protocol.RESET_CODE)
         return False
 
     async def settle(self) -> None:

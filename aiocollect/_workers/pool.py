@@ -8,8 +8,9 @@ Everything here runs on the collector's engine loop (its private uvloop thread):
   waits until each says it is ready, then watches the processes until it is told to stop
   (or cancelled). Its ``finally`` block always stops them: ``CLOSE``, then after a grace
   period ``SIGTERM``, then ``SIGKILL``.
-* a :class:`Worker` is the engine's end of one worker: ``send(STEP)`` and a reader
-  callback that turns the bytes coming back into ``on_reply(worker)`` calls. A worker that
+* a :class:`Worker` is the engine's end of one worker: ``post(STEP_CODE)`` and
+  ``completed()`` over its control line (:mod:`.protocol`), and a reader callback that
+  turns doorbells and error reports into ``on_reply(worker)`` calls. A worker that
   died (its socket closed, or its process exited) is reported the same way, with
   ``worker.error`` set to the :class:`~aiocollect.WorkerError` to raise.
 
@@ -31,6 +32,7 @@ from pathlib import Path
 
 import anyio
 import anyio.abc
+import numpy as np
 
 from . import protocol
 from .errors import WorkerError
@@ -59,6 +61,11 @@ class Worker:
         self.error: WorkerError | None = None
         self.env_steps = 0
         self.on_reply: Callable[[Worker], None] = _ignore
+        """Called from the reader callback when a doorbell or an error arrives."""
+        self.control: np.ndarray | None = None
+        """This worker's control line in shared memory (see :mod:`.protocol`)."""
+        self._posted = 0
+        self._seen = 0
         self._inbox = bytearray()
         self._reading = False
 
@@ -66,8 +73,20 @@ class Worker:
     def alive(self) -> bool:
         return self.error is None and self.process is not None and self.process.returncode is None
 
-    def send(self, command: bytes) -> None:
-        self.sock.send(command)
+    def post(self, code: int) -> None:
+        """Ask for ``protocol.STEP_CODE`` or ``RESET_CODE``; ring if the worker sleeps."""
+        self._posted += 1
+        ctl = self.control
+        ctl[protocol.CMD] = self._posted * 4 + code
+        if ctl[protocol.W_ASLEEP]:
+            self.sock.send(protocol.OK)
+
+    def completed(self) -> bool:
+        """The last posted command is done and was not reported yet (reports it once)."""
+        if self._seen != self._posted and self.control[protocol.DONE] == self._posted:
+            self._seen = self._posted
+            return True
+        return False
 
     # the reader callback: bytes from the worker -> on_reply(self)
     def start_reading(self) -> None:
@@ -86,20 +105,19 @@ class Worker:
             return
         except OSError:
             data = b""
-        if data == protocol.OK and not self._inbox:  # the common case: one step done
-            self.on_reply(self)
-            return
         if not data:
             self.stop_reading()
             self.fail(WorkerError.died(self.index, self.pid, self._exitcode()))
             return
         inbox = self._inbox
+        if not inbox and protocol.ERROR[0] not in data:  # the common case: doorbells only
+            self.on_reply(self)
+            return
         inbox += data
         start = 0
         while start < len(inbox):
-            if inbox[start] == protocol.OK[0]:
+            if inbox[start] != protocol.ERROR[0]:
                 start += 1
-                self.on_reply(self)
                 continue
             parsed = protocol.parse_frame(inbox, start + 1)
             if parsed is None:
@@ -107,6 +125,7 @@ class Worker:
             info, start = parsed
             self.fail(WorkerError.from_remote(self.index, self.pid, info))
         del inbox[:start]
+        self.on_reply(self)
 
     def _exitcode(self) -> int | None:
         return None if self.process is None else self.process.returncode
@@ -131,6 +150,12 @@ class WorkerPool:
         self.workers = [Worker(spec) for spec in plan.workers]
         self.shm_fd = create_segment(layout.size)
         self.shared = SharedArrays(layout, self.shm_fd)
+        self.spin_s = protocol.spin_budget(len(self.workers))
+        """How long each side spins before blocking (0: never; see :mod:`.protocol`)."""
+        for worker, line in zip(self.workers, self.shared.control):
+            worker.control = line
+            line[protocol.E_ASLEEP] = 1
+            line[protocol.W_ASLEEP] = 1
         self.stop_timeout = 5.0
         self._stopping = False
         self._stop: anyio.Event | None = None
@@ -199,6 +224,7 @@ class WorkerPool:
             "layout": self.layout,
             "rows": (spec.lo, spec.hi),
             "reset_when_done": self.reset_when_done,
+            "spin_s": self.spin_s,
         }
         await loop.sock_sendall(parent, protocol.frame(setup))
         reply = await self._recv_frame(worker)

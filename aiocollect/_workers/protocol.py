@@ -1,30 +1,78 @@
-"""The control channel between the engine and a worker: a Unix socket pair.
+"""How the engine and a worker talk: a control line in shared memory, and a socket pair.
 
-Per step only one byte travels each way, the data itself being in shared memory:
+The data of a step (actions, observations, rewards, flags) sits in shared memory; what
+crosses over per step is a command and its completion, both in the worker's *control
+line*, one 64-byte line of ``int64`` words in the shared segment:
 
-* engine -> worker: ``STEP`` (step every env with the actions in shared memory),
-  ``RESET`` (reset the envs in ``reset_mask``, with ``seed`` where ``seed_set``),
-  ``CLOSE`` (close the envs and exit);
-* worker -> engine: ``OK``, or ``ERROR`` followed by a framed message describing the
-  exception (type, message, traceback text, env index).
+=============  =================================================================================
+word           meaning
+=============  =================================================================================
+``CMD``        written by the engine: ``seq * 4 + code``, ``code`` being ``STEP_CODE`` (step every
+               env with the actions in shared memory) or ``RESET_CODE`` (reset the envs in
+               ``reset_mask``, with ``seed`` where ``seed_set``); ``seq`` counts commands
+``DONE``       written by the worker: the ``seq`` of the last command it carried out
+``W_ASLEEP``   the worker is (about to be) blocked on its socket: wake it with a byte
+``E_ASLEEP``   the engine is (about to be) blocked in its event loop: wake it with a byte
+=============  =================================================================================
 
-Setup uses framed messages both ways: a 4-byte little-endian length, then a pickle.
+Each side, while it waits, may *spin* for a short while on the other's word, and only
+then sets its ``*_ASLEEP`` word and blocks on the socket. The other side sends a
+*doorbell* byte only to a sleeper. This saves the two kernel wakeups of a round trip,
+which on virtual machines cost tens of microseconds, but it burns a core while it
+spins, so the pool only spins when every worker and the engine have a core of their
+own (see :func:`spin_budget`). Not spinning is the same protocol with both
+``*_ASLEEP`` words always set: a doorbell every time, each side blocked on its socket.
+
+A one-word write is atomic and x86 keeps stores in order, so a reader that sees a new
+``CMD`` or ``DONE`` also sees the data written before it. Spinning is limited to x86-64
+for that reason. A doorbell could, in principle, be missed: the sleeper's flag write
+and the waker's check can pass each other in the processor's store buffer. So sleepers
+that spun also wake up on a timer and look again.
+
+On the socket, engine -> worker: doorbells, and ``CLOSE`` (close the envs and exit);
+worker -> engine: doorbells, and ``ERROR`` followed by a framed message describing an
+exception (type, message, traceback text, env index); the failed command's ``DONE`` is
+never written. Setup uses framed messages both ways: a 4-byte little-endian length,
+then a pickle.
 """
 
 from __future__ import annotations
 
+import os
 import pickle
+import platform
 import socket
 import struct
 from typing import Any
 
-STEP = b"s"
-RESET = b"r"
 CLOSE = b"c"
 OK = b"k"
+"""A doorbell byte (either direction)."""
 ERROR = b"e"
 
+STEP_CODE, RESET_CODE = 1, 2
+CMD, DONE, W_ASLEEP, E_ASLEEP = 0, 1, 2, 3
+
+SPIN_S = 100e-6
+"""How long each side spins before it blocks, when spinning is on."""
+
 _LEN = struct.Struct("<I")
+
+
+def spin_budget(num_workers: int) -> float:
+    """Seconds each side spins before blocking: :data:`SPIN_S` when the engine and every
+    worker can have a core to themselves on x86-64, else 0. ``AIOCOLLECT_SPIN=0`` or
+    ``=1`` forces it off or on (on at your own risk off x86-64)."""
+    forced = os.environ.get("AIOCOLLECT_SPIN")
+    if forced is not None:
+        return SPIN_S if forced.strip() not in ("", "0") else 0.0
+    if platform.machine().lower() not in ("x86_64", "amd64"):
+        return 0.0
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except AttributeError:  # pragma: no cover - macOS
+        cores = os.cpu_count() or 1
+    return SPIN_S if num_workers + 1 <= cores else 0.0
 
 
 def frame(obj: Any) -> bytes:

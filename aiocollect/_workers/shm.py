@@ -20,6 +20,10 @@ field           meaning
 ``seed_set``
 ==============  ==========================================================================
 
+After the per-env fields comes the *control block*: one 64-byte line of ``int64`` per
+worker (not per env), through which commands and completions pass (see
+:mod:`.protocol`).
+
 The segment is anonymous (``memfd_create``): it has no name under ``/dev/shm``, is
 handed to the workers as an inherited file descriptor, and disappears when the last
 process that maps it exits, so nothing can leak, not even after ``SIGKILL``. Where
@@ -36,6 +40,8 @@ from dataclasses import dataclass
 import numpy as np
 
 _ALIGN = 64
+CONTROL_WORDS = _ALIGN // 8
+"""int64 words per worker in the control block: one cache line each."""
 
 
 @dataclass(frozen=True)
@@ -58,10 +64,12 @@ class Layout:
     fields: tuple[Field, ...]
     size: int
     num_obs: int
+    control: Field
+    """``(workers, CONTROL_WORDS)`` int64: each worker's control line."""
 
     @classmethod
     def plan(cls, obs: list[tuple[np.dtype, tuple[int, ...]]], action: tuple[np.dtype, tuple[int, ...]],
-             num_envs: int) -> Layout:
+             num_envs: int, num_workers: int) -> Layout:
         """``obs``: (dtype, per-env shape) of each observation leaf; ``action`` likewise."""
         specs: list[tuple[str, np.dtype, tuple[int, ...]]] = []
         for i, (dtype, shape) in enumerate(obs):
@@ -82,7 +90,8 @@ class Layout:
             field = Field(name, np.dtype(dtype).str, (num_envs, *shape), offset)
             fields.append(field)
             offset += -(-max(field.nbytes, 1) // _ALIGN) * _ALIGN
-        return cls(tuple(fields), max(offset, _ALIGN), len(obs))
+        control = Field("control", np.dtype(np.int64).str, (num_workers, CONTROL_WORDS), offset)
+        return cls(tuple(fields), offset + control.nbytes, len(obs), control)
 
 
 def create_segment(size: int) -> int:
@@ -118,6 +127,9 @@ class SharedArrays:
         for f in layout.fields:
             count = int(np.prod(f.shape, dtype=np.int64))
             self.arrays[f.name] = np.frombuffer(self._map, f.dtype, count, f.offset).reshape(f.shape)
+        c = layout.control
+        self.control = np.frombuffer(self._map, c.dtype, c.shape[0] * c.shape[1], c.offset).reshape(c.shape)
+        """Row ``k``: worker ``k``'s control line."""
 
     def rows(self, lo: int, hi: int) -> dict[str, np.ndarray]:
         """Every field restricted to rows ``lo:hi`` (views)."""
