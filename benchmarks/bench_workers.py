@@ -43,6 +43,8 @@ Four things, in one run, printed as one table per section with the ratios:
   default ``NEXT_STEP`` mode). ``GymEnv(..., num_envs=16)`` is not tried: it starts an
   ``AsyncVectorEnv``, 16 more processes per worker on a 2-core machine. The ratio is taken
   against the faster TorchRL row. Goal: aiocollect MultiSync / TorchRL MultiSync >= 15.
+  A ``ceiling`` row says what no collector can beat on this machine: the 16 envs stepped
+  in a bare Python loop in one process (no collector at all), times the 2 cores.
 
 * **M. Worker memory.** ``VmRSS`` (``/proc/PID/status``) of each worker process of the
   section C collectors, read after a few batches (and ``USS``, the memory only that
@@ -539,6 +541,35 @@ def s_torchrl(make_env, s: Sizes) -> float:
 # --------------------------------------------------------------------------- C: CartPole 2 x 16
 
 
+def c_ceiling(frames: int) -> float:
+    """What no collector can beat here: the 16 envs of one worker stepped in a bare loop
+    (pre-drawn random actions, reset when done, results discarded) in this process,
+    frames/s, times the cores the 2 workers can use. Every collector pays this env cost."""
+    envs = [make_cartpole() for _ in range(C_ENVS_PER_WORKER)]
+    try:
+        for i, env in enumerate(envs):
+            env.reset(seed=i)
+        steps = max(1, frames // len(envs))
+        actions = np.random.default_rng(0).integers(0, 2, size=(steps + 50, len(envs))).tolist()
+
+        def run(rows) -> None:
+            for row in rows:
+                for env, a in zip(envs, row):
+                    _, _, terminated, truncated, _ = env.step(a)
+                    if terminated or truncated:
+                        env.reset()
+
+        run(actions[:50])
+        start = time.perf_counter()
+        run(actions[50:])
+        one_core = steps * len(envs) / (time.perf_counter() - start)
+        return one_core * min(C_WORKERS, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
+                              else os.cpu_count() or 1)
+    finally:
+        for env in envs:
+            env.close()
+
+
 def c_aiocollect(cls_name: str, s: Sizes, memory_key: str | None = None) -> float:
     cls = getattr(aiocollect, cls_name)
     per_worker = C_ENVS_PER_WORKER * s.c_steps_per_batch
@@ -627,6 +658,8 @@ def make_benches(s: Sizes, quick: bool) -> list[Bench]:
               lambda: s_torchrl(torchrl_straggler_serial, s), "frames/s"),
         Bench("S", "trl_vec", "TorchRL MultiSync 2x GymWrapper(SyncVec4)",
               lambda: s_torchrl(torchrl_straggler_vector, s), "frames/s"),
+        Bench("C", "ceiling", "the envs alone, bare loop, x 2 cores (ceiling)",
+              lambda: c_ceiling(s.c_frames // 8), "frames/s"),
         Bench("C", "msync", "aiocollect MultiSyncCollector 2x16",
               lambda: c_aiocollect("MultiSyncCollector", s, "aiocollect"), "frames/s"),
         Bench("C", "maio", "aiocollect MultiAsyncCollector 2x16 (ref.)",
@@ -699,7 +732,7 @@ def _best_torchrl(by: dict[str, Bench], section: str) -> Bench | None:
 RATIOS = [
     Ratio("R", "MultiSync round trip, median us/step (goal <= 25)", lambda by: by["R.multisync"].median, 25.0,
           higher_is_better=False),
-    Ratio("R", "pinned: MultiSync round trip, median us/step", lambda by: by["R.p_multisync"].median, 25.0,
+    Ratio("R", "pinned: MultiSync round trip, median us/step", lambda by: by["R.p_multisync"].median, None,
           higher_is_better=False),
     Ratio("R", "MultiSync - in-process (the worker hop), us/step",
           lambda by: _sub(by["R.multisync"], by["R.inproc"]), None),
@@ -721,6 +754,10 @@ RATIOS = [
           lambda by: _div(by["C.maio"], _best_torchrl(by, "C")), None),
     Ratio("C", "TorchRL GymWrapper(SyncVec16) / SerialEnv(16)",
           lambda by: _div(by.get("C.trl_vec"), by.get("C.trl_serial")), None),
+    Ratio("C", "aiocollect MultiSync / the envs' own ceiling",
+          lambda by: _div(by["C.msync"], by.get("C.ceiling")), None),
+    Ratio("C", "the envs' own ceiling / TorchRL MultiSync (faster row)",
+          lambda by: _div(by.get("C.ceiling"), _best_torchrl(by, "C")), None),
 ]
 
 SECTION_TITLES = {
