@@ -229,6 +229,7 @@ class Scheduler:
     def _spin_rounds(self, runner: Callable[[], PolicyRunner], until: Callable[[], bool]) -> None:
         clock, spin_s = time.perf_counter, self.spin_s
         give_back = clock() + _SLICE_S  # let the loop run its other callbacks now and then
+        self._delivered = False
         self._engine_asleep(0)
         try:
             while True:

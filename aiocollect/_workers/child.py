@@ -15,7 +15,8 @@ Its life:
    episode is left in ``reset_obs``, so the engine's reset of those envs costs no round
    trip;
 3. on ``CLOSE``, or when the engine's end of the socket closes (the main process died),
-   close the envs and exit.
+   close the envs and exit at once (``os._exit``: no interpreter teardown, no ``atexit``
+   hooks; ``env.close()`` is where envs release what they hold).
 
 An exception in an env is answered with ``ERROR`` and its traceback text; the worker
 then waits for ``CLOSE``.
@@ -215,4 +216,9 @@ class _Worker:
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv))
+    code = main(sys.argv)
+    # The envs are closed: skip the interpreter's teardown, which takes up to a second
+    # when env code imported big libraries (torch...), as multiprocessing's workers do.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
