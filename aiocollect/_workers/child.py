@@ -158,6 +158,7 @@ class _Worker:
                     reset(idx, seeds)
                     pre_reset[idx] = False
             except Exception as exc:  # noqa: BLE001 - reported to the engine
+                sock.settimeout(None)  # however long the report, it must get through
                 sock.sendall(protocol.ERROR + protocol.frame(describe_exception(exc)))
                 continue
             ctl[DONE] = last
