@@ -149,11 +149,15 @@ def _pids_gone(pids):
     return wait_until(lambda: not any(os.path.exists(f"/proc/{p}") and alive(p) for p in pids), timeout=5)
 
 
-def test_ctrl_c_during_sync_iteration_leaves_no_process():
-    body = "print('collecting', flush=True)\nfor _ in c: pass"
+def _start_script(body: str) -> tuple[subprocess.Popen, list[int]]:
+    """Run SCRIPT with ``body`` in a fresh interpreter; returns it and its workers' pids."""
     proc = subprocess.Popen([sys.executable, "-c", SCRIPT.format(tests=os.path.dirname(__file__), body=body)],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    pids = [int(p) for p in proc.stdout.readline().split()]
+    return proc, [int(p) for p in proc.stdout.readline().split()]
+
+
+def test_ctrl_c_during_sync_iteration_leaves_no_process():
+    proc, pids = _start_script("print('collecting', flush=True)\nfor _ in c: pass")
     assert proc.stdout.readline().strip() == "collecting"
     time.sleep(0.3)
     t0 = time.monotonic()
@@ -165,10 +169,7 @@ def test_ctrl_c_during_sync_iteration_leaves_no_process():
 
 
 def test_main_process_dying_takes_its_workers():
-    body = "c.rollout(); print('ready', flush=True); time.sleep(60)"
-    proc = subprocess.Popen([sys.executable, "-c", SCRIPT.format(tests=os.path.dirname(__file__), body=body)],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    pids = [int(p) for p in proc.stdout.readline().split()]
+    proc, pids = _start_script("c.rollout(); print('ready', flush=True); time.sleep(60)")
     assert proc.stdout.readline().strip() == "ready"
     proc.kill()
     proc.wait(timeout=10)

@@ -86,13 +86,16 @@ class Slot:
     def swap_in_resets(self, finished: np.ndarray) -> None:
         """Envs that just finished and that the worker already reset: their next
         episode's first observation, left aside in ``reset_obs``, becomes current now."""
-        engine = self.engine
-        if engine.has_seeds or not self.pre_reset[finished].all():
-            return  # a reset round trip will do it
+        if not self.engine.has_seeds and self.pre_reset[finished].all():
+            self.take_worker_resets(finished)
+        # else a reset round trip will do it
+
+    def take_worker_resets(self, idx: np.ndarray) -> None:
+        """Envs ``idx``, which the worker reset on its own, start their next episode."""
         for obs, fresh in zip(self.obs, self.reset_obs):
-            obs[finished] = fresh[finished]
-        self.pre_reset[finished] = False
-        engine.resets_done(finished)
+            obs[idx] = fresh[idx]
+        self.pre_reset[idx] = False
+        self.engine.resets_done(idx)
 
     def begin(self, frames: int, mask: bool) -> None:
         """Start a new batch of ``frames`` steps per env (its buffer comes with the first step)."""
@@ -382,11 +385,8 @@ class Scheduler:
     def _reset(self, slot: Slot) -> bool:
         """Reset what ``slot`` needs; ``True`` if done here, ``False`` if its worker is on it."""
         idx, seeds = slot.engine.take_resets()
-        if seeds is None and slot.pre_reset[idx].all():  # see Slot.swap_in_resets
-            for obs, fresh in zip(slot.obs, slot.reset_obs):
-                obs[idx] = fresh[idx]
-            slot.pre_reset[idx] = False
-            slot.engine.resets_done(idx)
+        if seeds is None and slot.pre_reset[idx].all():
+            slot.take_worker_resets(idx)
             return True
         slot.reset_mask[:] = False
         slot.reset_mask[idx] = True
