@@ -49,7 +49,6 @@ Usage::
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import gc
 import importlib.util
@@ -57,7 +56,6 @@ import json
 import logging
 import multiprocessing
 import os
-import platform
 import statistics
 import sys
 import time
@@ -72,12 +70,11 @@ os.environ.setdefault("RL_WARNINGS", "0")
 os.environ.setdefault("RL_LOGGING_LEVEL", "ERROR")
 
 import gymnasium as gym  # noqa: E402
-import numpy as np  # noqa: E402
 import torch  # noqa: E402
+from _common import environment, parse_args  # noqa: E402
 from tensordict.nn import TensorDictModule  # noqa: E402
 from torch import nn  # noqa: E402
 
-import aiocollect  # noqa: E402
 from aiocollect import Collector  # noqa: E402
 
 ENV_ID = "CartPole-v1"
@@ -450,29 +447,6 @@ def autoreset_note(benches: list[Bench], scenario: str, length: float) -> list[s
     ]
 
 
-def environment() -> dict:
-    import tensordict
-
-    torchrl_version = None
-    if HAVE_TORCHRL:
-        import torchrl
-
-        torchrl_version = torchrl.__version__
-    return {
-        "python": platform.python_version(),
-        "platform": platform.platform(),
-        "cpu_count": os.cpu_count(),
-        "load_average_1min": os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan"),
-        "torch": torch.__version__,
-        "torch_num_threads": torch.get_num_threads(),
-        "tensordict": tensordict.__version__,
-        "torchrl": torchrl_version,
-        "gymnasium": gym.__version__,
-        "numpy": np.__version__,
-        "aiocollect": aiocollect.__version__,
-    }
-
-
 def write_json(path: str, benches: list[Bench], ep_lengths: dict[str, float], sizes: Sizes, args,
                env: dict, wall: float) -> None:
     data = {
@@ -499,15 +473,7 @@ def write_json(path: str, benches: list[Bench], ep_lengths: dict[str, float], si
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--quick", action="store_true", help="tiny frame counts, one run (CI smoke test)")
-    parser.add_argument("--repeats", type=int, default=None, help="runs per measurement (default 3; 1 with --quick)")
-    parser.add_argument("--json", metavar="PATH", help="also write the results as JSON to PATH")
-    args = parser.parse_args(argv)
-    if args.repeats is None:
-        args.repeats = 1 if args.quick else 3
-    if args.repeats < 1:
-        parser.error("--repeats must be at least 1")
+    args = parse_args(argv, __doc__.split("\n\n")[0], "tiny frame counts, one run (CI smoke test)")
 
     torch.set_num_threads(1)  # same for every contender; see the module docstring
     sizes = QUICK if args.quick else FULL

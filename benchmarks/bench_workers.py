@@ -78,14 +78,12 @@ Usage::
 
 from __future__ import annotations
 
-import argparse
 import gc
 import importlib.util
 import json
 import logging
 import math
 import os
-import platform
 import shutil
 import socket
 import statistics
@@ -105,6 +103,7 @@ os.environ.setdefault("RL_LOGGING_LEVEL", "ERROR")
 import gymnasium as gym
 import numpy as np
 import torch
+from _common import environment, parse_args
 
 import aiocollect
 
@@ -870,35 +869,6 @@ def memory_table() -> list[str]:
     return lines
 
 
-def environment() -> dict:
-    import tensordict
-
-    torchrl_version = None
-    if HAVE_TORCHRL:
-        import torchrl
-
-        torchrl_version = torchrl.__version__
-    try:
-        import uvloop
-
-        uvloop_version = uvloop.__version__
-    except ImportError:
-        uvloop_version = None
-    return {
-        "python": platform.python_version(),
-        "platform": platform.platform(),
-        "cpu_count": os.cpu_count(),
-        "load_average_1min": os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan"),
-        "torch": torch.__version__,
-        "tensordict": tensordict.__version__,
-        "torchrl": torchrl_version,
-        "gymnasium": gym.__version__,
-        "numpy": np.__version__,
-        "uvloop": uvloop_version,
-        "aiocollect": aiocollect.__version__,
-    }
-
-
 def leftover_children(wait_s: float = 5.0) -> list[str]:
     """Children of this process still alive after ``wait_s`` (TorchRL's resource tracker aside)."""
     deadline = time.monotonic() + wait_s
@@ -954,15 +924,7 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if PINNED_FLAG in argv:
         return pinned_child_main("--quick" in argv)
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--quick", action="store_true", help="tiny sizes, one run (smoke test, < 60 s)")
-    parser.add_argument("--repeats", type=int, default=None, help="runs per measurement (default 3; 1 with --quick)")
-    parser.add_argument("--json", metavar="PATH", help="also write the results as JSON to PATH")
-    args = parser.parse_args(argv)
-    if args.repeats is None:
-        args.repeats = 1 if args.quick else 3
-    if args.repeats < 1:
-        parser.error("--repeats must be at least 1")
+    args = parse_args(argv, __doc__.split("\n\n")[0], "tiny sizes, one run (smoke test, < 60 s)")
 
     torch.set_num_threads(1)
     sizes = QUICK if args.quick else FULL

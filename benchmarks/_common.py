@@ -1,0 +1,53 @@
+"""What both benchmark scripts share: their command line and the description of the machine."""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import os
+import platform
+
+
+def parse_args(argv: list[str] | None, description: str, quick_help: str) -> argparse.Namespace:
+    """``--quick``, ``--repeats`` (default 3, or 1 with ``--quick``) and ``--json PATH``."""
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--quick", action="store_true", help=quick_help)
+    parser.add_argument("--repeats", type=int, default=None, help="runs per measurement (default 3; 1 with --quick)")
+    parser.add_argument("--json", metavar="PATH", help="also write the results as JSON to PATH")
+    args = parser.parse_args(argv)
+    if args.repeats is None:
+        args.repeats = 1 if args.quick else 3
+    if args.repeats < 1:
+        parser.error("--repeats must be at least 1")
+    return args
+
+
+def _version(module: str) -> str | None:
+    if importlib.util.find_spec(module) is None:
+        return None
+    return getattr(importlib.import_module(module), "__version__", None)
+
+
+def environment() -> dict:
+    """Versions, cores, load and torch threads: printed above each table and kept in the JSON."""
+    import gymnasium
+    import numpy
+    import tensordict
+    import torch
+
+    import aiocollect
+
+    return {
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "cpu_count": os.cpu_count(),
+        "load_average_1min": os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan"),
+        "torch": torch.__version__,
+        "torch_num_threads": torch.get_num_threads(),
+        "tensordict": tensordict.__version__,
+        "torchrl": _version("torchrl"),
+        "gymnasium": gymnasium.__version__,
+        "numpy": numpy.__version__,
+        "uvloop": _version("uvloop"),
+        "aiocollect": aiocollect.__version__,
+    }
