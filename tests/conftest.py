@@ -128,6 +128,13 @@ def check_batch(td, *, reset_when_done=True, step_count=None, policy_keys=("acti
     obs = obs_keys_of(b, policy_keys)
     assert obs, "no observation keys"
     valid = b.get(("collector", "mask"), torch.ones(n, T, dtype=torch.bool))
+    versions = b["collector", "policy_version"]
+    assert versions.dtype == torch.int64 and versions.shape == (n, T)
+    assert (versions[valid] >= 0).all() and (versions[~valid] == -1).all()
+    # a policy version never goes back in time within an env's row
+    for i in range(n):
+        row = versions[i][valid[i]]
+        assert (row[1:] >= row[:-1]).all(), row
     for i in range(n):
         for t in range(T - 1):
             if not (valid[i, t] and valid[i, t + 1]):

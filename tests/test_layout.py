@@ -34,7 +34,7 @@ def test_readme_example_pendulum():
     data = batches[0]
     assert data.shape == torch.Size([200]) and data.names == ["time"]
     assert leaf_keys(data) == sorted([
-        ("action",), ("collector", "traj_ids"), ("done",), ("observation",), ("step_count",),
+        ("action",), ("collector", "policy_version"), ("collector", "traj_ids"), ("done",), ("observation",), ("step_count",),
         ("terminated",), ("truncated",), ("next", "done"), ("next", "observation"),
         ("next", "reward"), ("next", "step_count"), ("next", "terminated"), ("next", "truncated"),
     ])

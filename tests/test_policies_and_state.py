@@ -174,15 +174,19 @@ def test_update_policy_weights_copies_a_snapshot():
     collector_policy = TensorDictModule(nn.Linear(3, 1), in_keys=["observation"], out_keys=["action"])
     trainer = TensorDictModule(nn.Linear(3, 1), in_keys=["observation"], out_keys=["action"])
     c = Collector(lambda: GymEnv("Pendulum-v1"), collector_policy, frames_per_batch=10, total_frames=-1)
-    c.update_policy_weights_(trainer)
+    given = collector_policy.module.weight.detach().clone()
+    assert c.update_policy_weights_(trainer) == 1
     expected = trainer.module.weight.detach().clone()
     with torch.no_grad():
         trainer.module.weight.fill_(123.0)  # the trainer goes on changing its copy
     b = next(iter(c))
     assert torch.allclose(b["action"], b["observation"] @ expected.T + trainer.module.bias.detach(), atol=1e-6)
 
-    c.update_policy_weights_(TensorDict.from_module(trainer))
-    assert torch.equal(collector_policy.module.weight, trainer.module.weight)
+    assert (b["collector", "policy_version"] == 1).all()
+
+    assert c.update_policy_weights_(TensorDict.from_module(trainer)) == 2
+    assert torch.equal(c.state_dict()["policy_state_dict"]["module.weight"], trainer.module.weight)
+    assert torch.equal(collector_policy.module.weight, given)  # the collector runs its own copy
     sd = {"module.weight": torch.zeros(1, 3), "module.bias": torch.ones(1)}
     c.update_policy_weights_(sd)
     b = next(iter(c))
@@ -207,7 +211,9 @@ def test_state_dict_round_trip_never_reuses_trajectory_ids():
     c2 = Collector(lambda: GymEnv("Pendulum-v1"), fresh_policy, frames_per_batch=50, total_frames=500,
                    max_frames_per_traj=20)
     c2.load_state_dict(state)
-    assert torch.equal(fresh_policy.module.weight, policy.module.weight)
+    loaded = c2.state_dict()["policy_state_dict"]
+    assert torch.equal(loaded["module.weight"], state["policy_state_dict"]["module.weight"])
+    assert torch.equal(loaded["module.weight"], policy.module.weight)
     assert c2.statistics().frames == 50
     batches = list(c2)
     c2.shutdown()

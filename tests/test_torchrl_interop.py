@@ -155,8 +155,15 @@ def cartpole_actor():
     )
 
 
+# what aiocollect adds to TorchRL's layout: the policy version of every frame
+OUR_EXTRA_KEYS = {("collector", "policy_version")}
+
+
 def assert_same_layout(ours, theirs, what):
     ours_layout, theirs_layout = leaf_layout(ours), leaf_layout(theirs)
+    assert OUR_EXTRA_KEYS <= set(ours_layout)
+    assert ours_layout[("collector", "policy_version")] == (torch.int64, tuple(ours.batch_size))
+    ours_layout = {k: v for k, v in ours_layout.items() if k not in OUR_EXTRA_KEYS}
     assert set(ours_layout) == set(theirs_layout), (
         f"{what}: leaf keys differ; only in aiocollect: {set(ours_layout) - set(theirs_layout)}, "
         f"only in TorchRL: {set(theirs_layout) - set(ours_layout)}"

@@ -203,10 +203,10 @@ def test_update_weights_state_dict_and_worker_ids():
     try:
         with torch.no_grad():
             policy.module.weight.fill_(0.25)
-        assert not torch.equal(c.policy.module.weight, policy.module.weight) or c.policy is policy
-        c.update_policy_weights_(worker_ids=[0, 1])
-        c.update_policy_weights_(policy, worker_ids=1)
-        assert torch.equal(c.policy.module.weight, policy.module.weight)
+        assert c.policy is not policy and not torch.equal(c.policy.module.weight, policy.module.weight)
+        assert c.update_policy_weights_(worker_ids=[0, 1]) == 1
+        assert c.update_policy_weights_(policy, worker_ids=1) == 2
+        assert torch.equal(c.state_dict()["policy_state_dict"]["module.weight"], policy.module.weight)
         with pytest.raises(ValueError, match="worker_ids"):
             c.update_policy_weights_(worker_ids=5)
         c.rollout()
@@ -215,8 +215,9 @@ def test_update_weights_state_dict_and_worker_ids():
         c2 = MultiSyncCollector([pendulum] * 2, linear_policy(), frames_per_batch=20, total_frames=-1)
         try:
             c2.load_state_dict(state)
-            assert torch.equal(c2.policy.module.weight, policy.module.weight)
             data = c2.rollout()
+            assert torch.equal(c2.policy.module.weight, policy.module.weight)
+            assert (data["collector", "policy_version"] == 1).all()
             assert data["collector", "traj_ids"].min() >= state["traj_pool"]["next_traj_id"]
         finally:
             c2.shutdown()

@@ -9,6 +9,10 @@ next raw batch. Everything around it lives here:
   the same coroutines on a private loop thread (:mod:`.loop_thread`). The thread exists
   while a sync iteration or background collection needs it and is stopped afterwards;
 * **frame accounting**: ``total_frames``, ``__len__``, ``statistics()``;
+* **weight updates**: ``update_policy_weights_`` (returns at once) and its async twin
+  ``await update_policy_weights`` (returns once the weights are in effect), both through
+  the policy's versioned channel (:mod:`.._policies.weights`); the policy lag of every
+  delivered batch is measured;
 * **batch post-processing**: ``split_trajs``, then ``postproc``, then ``replay_buffer``;
 * **background collection** into the replay buffer: ``start()``, ``pause()``,
   ``is_running()``, ``async_shutdown()``;
@@ -37,6 +41,7 @@ import anyio
 from tensordict import TensorDictBase
 
 from .._engine.trajectories import split_trajectories
+from .._policies.setup import PolicySetup
 from .loop_thread import LoopThread
 from .options import CollectorOptions
 
@@ -78,6 +83,15 @@ class CollectorStatistics:
     """Whether ``start()`` collection is going on."""
     workers: tuple[WorkerStatistics, ...] = ()
     """Per env worker process (multi-process collectors); empty for ``Collector``."""
+    policy_version: int = 0
+    """The policy version in effect (0: the weights at construction; each update adds one)."""
+    latest_policy_version: int = 0
+    """The newest version published by ``update_policy_weights_`` (in effect from the next policy call)."""
+    max_policy_lag: int = 0
+    """The largest lag seen in a delivered batch: the newest version at delivery minus the
+    version that produced the batch's oldest frame."""
+    stale_frames_dropped: int = 0
+    """Frames collected again because they broke ``max_policy_lag`` (MultiAsync)."""
 
 
 class _Resources:
@@ -126,6 +140,9 @@ class DataCollectorBase:
         self._background: concurrent.futures.Future | None = None
         self._pause_requested = threading.Event()
         self._parked = threading.Event()
+        self._policy: PolicySetup | None = None  # set by the variant
+        self._max_lag = 0
+        self._stale_dropped = 0
 
     # ------------------------------------------------------------------ to implement
 
@@ -193,6 +210,7 @@ class DataCollectorBase:
         batch, frames = await self._guarded_collect()
         self._frames += frames
         self._batches += 1
+        self._measure_lag(batch)
         opts = self.options
         if opts.split_trajs:
             batch = split_trajectories(batch)
@@ -202,6 +220,46 @@ class DataCollectorBase:
             opts.replay_buffer.extend(batch)
             return None
         return batch
+
+    def _measure_lag(self, batch: TensorDictBase) -> None:
+        policy = self._policy
+        if policy is None or policy.weights is None:
+            return
+        versions = batch.get(("collector", "policy_version"), None)
+        if versions is None:
+            return
+        versions = versions[versions >= 0]  # -1: masked-out frames
+        if versions.numel():
+            self._max_lag = max(self._max_lag, policy.latest - int(versions.min()))
+
+    # ------------------------------------------------------------------ weights
+
+    def _check_worker_ids(self, worker_ids: Any) -> None:
+        """Raise if ``worker_ids`` names no worker of this collector."""
+
+    def update_policy_weights_(self, policy_or_weights: Any = None, *, worker_ids: Any = None) -> int:
+        """Send new weights to the collector's policy; returns without waiting.
+
+        ``policy_or_weights``: a module (its parameters and buffers are copied), a
+        TensorDict of parameters (``TensorDict.from_module(module)``), a state dict, a
+        params pytree for a :class:`~aiocollect.jax.JaxPolicy`, or ``None``: the weights of
+        the policy object given at construction (the usual call after an optimiser step).
+
+        The weights are copied before the call returns, so you may go on changing yours
+        at once. They take effect between two policy calls, all at once: no action is
+        computed from a mix of two versions. Returns the new policy version; every frame
+        carries the version that computed its action in ``("collector", "policy_version")``.
+        ``worker_ids`` selects workers (checked here; it matters where weights live outside
+        this process: remote collectors).
+        """
+        self._check_worker_ids(worker_ids)
+        return self._policy.publish(policy_or_weights)
+
+    async def update_policy_weights(self, policy_or_weights: Any = None, *, worker_ids: Any = None) -> int:
+        """``update_policy_weights_``, then wait until the new weights are in effect; returns their version."""
+        version = self.update_policy_weights_(policy_or_weights, worker_ids=worker_ids)
+        await self._policy.wait_applied(version)
+        return version
 
     # ------------------------------------------------------------------ async face
 
@@ -395,6 +453,10 @@ class DataCollectorBase:
             frames_per_second=self._frames / secs if secs > 0 else 0.0,
             running_in_background=self.is_running(),
             workers=self._worker_statistics(),
+            policy_version=0 if self._policy is None else self._policy.version,
+            latest_policy_version=0 if self._policy is None else self._policy.latest,
+            max_policy_lag=self._max_lag,
+            stale_frames_dropped=self._stale_dropped,
         )
 
 

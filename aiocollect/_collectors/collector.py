@@ -154,19 +154,9 @@ class Collector(DataCollectorBase):
         """Reset every env before the next step; ongoing trajectories end there."""
         self._on_engine(self._engine.request_reset)
 
-    def update_policy_weights_(self, policy_or_weights: Any = None, *, worker_ids: Any = None) -> None:
-        """Copy new weights into the collector's policy, between two policy calls.
-
-        ``policy_or_weights``: a module (its parameters are copied), a TensorDict of
-        parameters, a state dict, or ``None`` (take them from the policy given at
-        construction; a no-op when the collector runs that very object). The weights are
-        copied, so the caller may change its own parameters right after the call.
-        """
+    def _check_worker_ids(self, worker_ids: Any) -> None:
         if worker_ids not in (None, 0, [0], (0,)):
             raise ValueError(f"worker_ids={worker_ids!r}: a Collector has a single worker, 0.")
-        apply = self._policy.weights_update(policy_or_weights)
-        if apply is not None:
-            self._on_engine(apply)
 
     def state_dict(self) -> OrderedDict:
         """``policy_state_dict``, ``env_state_dict`` (gymnasium envs have none), counters."""

@@ -12,6 +12,16 @@ soon as that worker has them, so a slow worker never holds back a fast one. Coll
 goes on in the background on the engine loop while you train on a batch; each worker
 keeps at most one finished batch waiting for you (and fills the next one meanwhile), which
 bounds how stale the data can get. Suits off-policy training (SAC, TD3, DQN).
+
+``max_policy_lag=k`` bounds it in policy versions: no delivered frame was produced by a
+policy more than ``k`` versions older than the newest published when the batch is
+delivered. Steps that break the bound while a batch fills are dropped and collected
+again (the batch keeps filling); a finished batch that went stale while it waited is
+dropped whole. Dropped frames leave a gap in their envs' trajectories between two
+batches (each batch stays consistent on its own) and are counted in
+``statistics().stale_frames_dropped``. ``k=0`` with an update after every batch and
+several workers can drop most of the data: give the bound some slack (``k`` >= the
+number of workers keeps drops rare).
 """
 
 from __future__ import annotations
@@ -59,7 +69,18 @@ class MultiAsyncCollector(WorkerCollectorBase):
             slot.engine.request_reset()
         slot.begin(self._steps_per_env(slot), self.options.interruptor is not None)
 
+    def _stale_before(self) -> int | None:
+        """The oldest policy version a delivered frame may come from (``None``: no bound)."""
+        lag = self.worker_options.max_policy_lag
+        return None if lag is None else self._policy.latest - lag
+
     def _on_full(self, slot: Slot) -> None:
+        oldest = self._stale_before()
+        if oldest is not None:
+            dropped = slot.drop_older_than(oldest)
+            if dropped:
+                self._stale_dropped += dropped
+                return  # not full any more: it goes on stepping
         td, frames = self._slot_batch(slot)
         self._outbox.append((slot.index, td, frames))
         self._pending[slot.index] += 1
@@ -87,18 +108,29 @@ class MultiAsyncCollector(WorkerCollectorBase):
     async def _collect_here(self) -> tuple[TensorDictBase, int]:
         if self._pump is None:
             self._pump = asyncio.get_running_loop().create_task(self._run_pump())
-        while not self._outbox:
-            if self._pump_error is not None:
-                raise self._pump_error
-            self._arrived = anyio.Event()
-            await self._arrived.wait()
-        index, td, frames = self._outbox.popleft()
-        self._pending[index] -= 1
-        slot = self._scheduler.slots[index]
-        if slot.held and slot.buffer is None and not slot.in_flight and self._pending[index] < 2:
-            self._begin(slot)  # it was waiting for room
-            self._scheduler.poke()
-        return td, frames
+        while True:
+            while not self._outbox:
+                if self._pump_error is not None:
+                    raise self._pump_error
+                self._arrived = anyio.Event()
+                await self._arrived.wait()
+            index, td, frames = self._outbox.popleft()
+            self._pending[index] -= 1
+            slot = self._scheduler.slots[index]
+            if slot.held and slot.buffer is None and not slot.in_flight and self._pending[index] < 2:
+                self._begin(slot)  # it was waiting for room
+                self._scheduler.poke()
+            oldest = self._stale_before()
+            if oldest is not None and _oldest_version(td) < oldest:
+                self._stale_dropped += frames  # went stale while it waited: collect anew
+                continue
+            return td, frames
+
+
+def _oldest_version(td: TensorDictBase) -> int:
+    versions = td.get(("collector", "policy_version"))
+    versions = versions[versions >= 0]
+    return int(versions.min()) if versions.numel() else 1 << 62
 
 
 MultiaSyncDataCollector = MultiAsyncCollector

@@ -54,6 +54,12 @@ class MultiSyncCollector(WorkerCollectorBase):
                 f"cat_results={cat}: each worker's batch has {ndim} dim(s) "
                 f"({'[envs, time]' if ndim == 2 else '[time]'}); use a dim in {-ndim}..{ndim - 1} or 'stack'."
             )
+        if worker_options.max_policy_lag is not None:
+            raise ValueError(
+                "max_policy_lag: a MultiSyncCollector collects each batch after you ask for it, "
+                "so only updates made during that batch can age it; the bound is for "
+                "MultiAsyncCollector, which collects ahead. Remove the argument."
+            )
         self._mask = options.interruptor is not None or worker_options.preemptive_threshold is not None
 
     def _steps_per_env(self, slot: Slot) -> int:

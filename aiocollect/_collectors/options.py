@@ -209,10 +209,13 @@ class WorkerOptions:
     the others did not collect are masked out with ``("collector", "mask")``."""
     update_at_each_batch: bool = False
     """Call ``update_policy_weights_()`` before each batch."""
+    max_policy_lag: int | None = None
+    """MultiAsync: no delivered frame was produced by a policy more than this many versions
+    older than the newest published when the batch is delivered (``None``: no bound)."""
 
 
 def validate_worker_options(*, cat_results: Any, preemptive_threshold: Any, update_at_each_batch: Any,
-                            num_threads: Any, num_sub_threads: Any) -> WorkerOptions:
+                            num_threads: Any, num_sub_threads: Any, max_policy_lag: Any = None) -> WorkerOptions:
     """Check the multi-process options; see :class:`WorkerOptions`."""
     if cat_results is None:
         cat_results = "stack"
@@ -234,4 +237,10 @@ def validate_worker_options(*, cat_results: Any, preemptive_threshold: Any, upda
     for name, value in (("num_threads", num_threads), ("num_sub_threads", num_sub_threads)):
         if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
             raise ValueError(f"{name}={value!r}: give a positive number of threads, or None.")
-    return WorkerOptions(cat_results, preemptive_threshold, bool(update_at_each_batch))
+    if max_policy_lag is not None and (isinstance(max_policy_lag, bool) or not isinstance(max_policy_lag, int)
+                                       or max_policy_lag < 0):
+        raise ValueError(
+            f"max_policy_lag={max_policy_lag!r}: give how many policy versions a delivered frame may "
+            "lag behind the newest (an int >= 0), or None for no bound."
+        )
+    return WorkerOptions(cat_results, preemptive_threshold, bool(update_at_each_batch), max_policy_lag)

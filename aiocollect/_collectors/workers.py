@@ -47,7 +47,8 @@ class WorkerCollectorBase(DataCollectorBase):
             ready worker's envs.
 
     The other arguments are TorchRL's, see :class:`~aiocollect.CollectorOptions` and
-    :class:`~aiocollect._collectors.options.WorkerOptions`. ``num_threads`` and
+    :class:`~aiocollect._collectors.options.WorkerOptions` (``max_policy_lag``:
+    :class:`~aiocollect.MultiAsyncCollector` only). ``num_threads`` and
     ``num_sub_threads`` are accepted for compatibility: workers do not run torch.
     """
 
@@ -81,12 +82,13 @@ class WorkerCollectorBase(DataCollectorBase):
         update_at_each_batch: bool = False,
         num_threads: int | None = None,
         num_sub_threads: int = 1,
+        max_policy_lag: int | None = None,
     ):
         options = options_from(locals())
         worker_options = validate_worker_options(
             cat_results=cat_results, preemptive_threshold=preemptive_threshold,
             update_at_each_batch=update_at_each_batch, num_threads=num_threads,
-            num_sub_threads=num_sub_threads,
+            num_sub_threads=num_sub_threads, max_policy_lag=max_policy_lag,
         )
         check_policy(policy)
         if create_env_fn is None:
@@ -227,17 +229,9 @@ class WorkerCollectorBase(DataCollectorBase):
 
         self._on_engine(apply)
 
-    def update_policy_weights_(self, policy_or_weights: Any = None, *, worker_ids: Any = None) -> None:
-        """Copy new weights into the collector's policy, between two policy calls.
-
-        The policy runs in this process for every worker, so one copy serves them all;
-        ``worker_ids`` is validated (ints in range, or ``None``) and otherwise has no
-        further effect yet. ``policy_or_weights`` as for :meth:`Collector.update_policy_weights_`.
-        """
+    def _check_worker_ids(self, worker_ids: Any) -> None:
+        # the policy runs in this process for every worker: one copy serves them all
         self._workers_of(worker_ids)
-        apply = self._policy.weights_update(policy_or_weights)
-        if apply is not None:
-            self._on_engine(apply)
 
     def state_dict(self) -> OrderedDict:
         """``policy_state_dict``, per-worker state (``worker0``...), counters, trajectory ids."""

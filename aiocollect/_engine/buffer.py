@@ -27,6 +27,8 @@ class OutputSpec:
 
     @classmethod
     def of(cls, value: Any) -> OutputSpec:
+        if isinstance(value, np.ndarray):  # possibly read-only (a JAX output): no tensor
+            return cls(tuple(value.shape[1:]), torch.from_numpy(np.empty(0, value.dtype)).dtype)
         t = torch.as_tensor(value)
         return cls(tuple(t.shape[1:]), t.dtype)
 
@@ -70,6 +72,7 @@ class RolloutBuffer:
             self.tensors[("next", flag)] = empty((1,), torch.bool)
         self.tensors[("next", "reward")] = empty((1,), torch.float32)
         self.tensors[("collector", "traj_ids")] = empty((), torch.int64)
+        self.tensors[("collector", "policy_version")] = empty((), torch.int64)
         if step_count:
             self.tensors["step_count"] = empty((1,), torch.int64)
             self.tensors[("next", "step_count")] = empty((1,), torch.int64)
@@ -88,12 +91,14 @@ class RolloutBuffer:
         self.next_done = view[("next", "done")][..., 0]
         self.root_flags = [view[f][..., 0] for f in ("done", "terminated", "truncated")]
         self.traj_ids = view[("collector", "traj_ids")]
+        self.policy_version = view[("collector", "policy_version")]
         self.step_count = view["step_count"][..., 0] if step_count else None
         self.next_step_count = view[("next", "step_count")][..., 0] if step_count else None
         self.mask = view[("collector", "mask")] if mask else None
 
-    def write_outputs(self, t: int, out: dict[NestedKey, Any]) -> None:
-        """Store the policy's outputs for step ``t``."""
+    def write_outputs(self, t: int, out: dict[NestedKey, Any], version: int) -> None:
+        """Store the policy's outputs for step ``t`` and the policy ``version`` that made them."""
+        self.policy_version[:, t] = version
         out_np = self.out_np
         for key, value in out.items():
             dst = out_np.get(key)
@@ -109,12 +114,17 @@ class RolloutBuffer:
             else:
                 dst[:, t] = value.numpy(force=True)
 
+    def drop_first(self, count: int, filled: int) -> None:
+        """Forget the first ``count`` of the ``filled`` columns: the others move to the front."""
+        for tensor in self.tensors.values():
+            tensor[:, : filled - count] = tensor[:, count:filled].clone()
+
     def finish(self, valid: int) -> None:
         """Derive ``("next", "done")`` and blank the unfilled tail of an interrupted batch."""
         np.logical_or(self.terminated, self.truncated, out=self.next_done)
         if valid < self.frames:
             for key, tensor in self.tensors.items():
-                if key == ("collector", "traj_ids"):
+                if key == ("collector", "traj_ids") or key == ("collector", "policy_version"):
                     tensor[:, valid:] = -1
                 elif key != ("collector", "mask"):
                     tensor[:, valid:] = 0

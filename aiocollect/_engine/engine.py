@@ -254,7 +254,7 @@ class Engine:
                 action = action.numpy(force=True)
             if check:
                 check_action(action, n)
-            buffer.write_outputs(t, out)
+            buffer.write_outputs(t, out, runner.version)
             await group.step(action)
             write_after(buffer, t)
             if interruptor is not None and interruptor.collection_stopped():

@@ -97,6 +97,21 @@ class Slot:
         self.pre_reset[idx] = False
         self.engine.resets_done(idx)
 
+    def drop_older_than(self, version: int) -> int:
+        """Drop the steps of the batch in progress whose actions came from a policy older
+        than ``version`` (a prefix: versions only grow); returns the frames dropped."""
+        buffer = self.buffer
+        if buffer is None or self.t == 0:
+            return 0
+        count = int(np.searchsorted(buffer.policy_version[0, : self.t], version))
+        if count == 0:
+            return 0
+        term, trunc = buffer.terminated[:, count - 1], buffer.truncated[:, count - 1]
+        self.start_flags = np.stack([term | trunc, term, trunc])  # the kept part's first root flags
+        buffer.drop_first(count, self.t)
+        self.t -= count
+        return count * self.num_envs
+
     def begin(self, frames: int, mask: bool) -> None:
         """Start a new batch of ``frames`` steps per env (its buffer comes with the first step)."""
         self.buffer, self.frames, self.t, self.mask = None, frames, 0, mask
@@ -338,7 +353,7 @@ class Scheduler:
             slot = ready[0]
             out = runner(self._all_obs if whole else slot.engine.obs_tensors, slot.num_envs)
             action = self._actions_of(runner, out, slot.num_envs)
-            self._before_step(slot, out)
+            self._before_step(slot, out, runner.version)
             slot.action[...] = action
             slot.state = STEPPING
             slot.worker.post(protocol.STEP_CODE)
@@ -358,7 +373,7 @@ class Scheduler:
         start = 0
         for s in ready:
             stop = start + s.num_envs
-            self._before_step(s, {k: v[start:stop] for k, v in out.items()})
+            self._before_step(s, {k: v[start:stop] for k, v in out.items()}, runner.version)
             if not whole:
                 s.action[...] = action[start:stop]
             start = stop
@@ -375,12 +390,13 @@ class Scheduler:
         return action
 
     @staticmethod
-    def _before_step(slot: Slot, out: dict) -> None:
-        """Write column ``t`` of the slot's batch: observations, ids, the policy's outputs."""
+    def _before_step(slot: Slot, out: dict, version: int) -> None:
+        """Write column ``t`` of the slot's batch: observations, ids, the policy's outputs
+        and the policy ``version`` that computed them."""
         if slot.buffer is None:
             slot.buffer = slot.engine.new_buffer(out, slot.frames, slot.mask)
         slot.engine.write_before(slot.buffer, slot.t)
-        slot.buffer.write_outputs(slot.t, out)
+        slot.buffer.write_outputs(slot.t, out, version)
 
     def _reset(self, slot: Slot) -> bool:
         """Reset what ``slot`` needs; ``True`` if done here, ``False`` if its worker is on it."""

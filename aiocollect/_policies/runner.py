@@ -12,12 +12,16 @@ on the CPU). How it calls the policy depends on what the policy is:
   small policy);
 * any other ``TensorDictModuleBase`` (``ProbabilisticActor``, ``TensorDictSequential``...):
   called on a fresh ``TensorDict`` of the observations; every new leaf it writes is kept;
+* an :class:`~aiocollect._policies.array.ArrayPolicy` (a JAX policy): called with numpy
+  views of the observations, its numpy outputs kept as they are;
 * any other callable: called with the observation tensor(s) (positional, in the order of
   the observation keys), its return value is the ``"action"``. A callable whose single
   argument is named ``tensordict``/``td`` or annotated as a ``TensorDictBase`` gets a
   TensorDict instead, as in TorchRL.
 
-Every call happens under ``torch.no_grad()`` and tensordict's ``set_interaction_type``
+With a weights channel (:mod:`.weights`), each call holds the channel's lock and first
+loads any pending weights: the call and the version it reports (:attr:`PolicyRunner.version`)
+always agree. Every call happens under ``torch.no_grad()`` and tensordict's ``set_interaction_type``
 (the collector's ``exploration_type``), so stochastic modules sample or take their mode as
 asked.
 """
@@ -34,7 +38,9 @@ from tensordict import TensorDict, TensorDictBase
 from tensordict.nn import InteractionType, TensorDictModule, TensorDictModuleBase, set_interaction_type
 
 from .._envs.spaces import NestedKey, nest
+from .array import ArrayPolicy
 from .random import RandomPolicy
+from .weights import WeightsChannel
 
 
 def _takes_tensordict(fn: Callable) -> bool:
@@ -78,14 +84,23 @@ class PolicyRunner:
         *,
         device: torch.device | None,
         exploration_type: InteractionType,
+        weights: WeightsChannel | None = None,
     ):
         self.policy = policy
+        self.weights = weights
+        self.version = 0 if weights is None else weights.version
+        """The policy version that computed the last outputs."""
         self.obs_keys = obs_keys
         self.device = device
         self.exploration_type = exploration_type
         self._out_keys: list[NestedKey] | None = None
         if isinstance(policy, RandomPolicy):
             self.kind = "random"
+        elif isinstance(policy, ArrayPolicy):
+            missing = [k for k in policy.in_keys if k not in obs_keys]
+            if missing:
+                raise KeyError(f"policy: in_keys {missing} are not observations of the envs, which are {obs_keys}.")
+            self.kind = "array"
         elif _fast_module(policy) and all(k in obs_keys for k in policy.in_keys):
             self.kind = "module"
         elif isinstance(policy, TensorDictModuleBase) or _takes_tensordict(policy):
@@ -100,8 +115,22 @@ class PolicyRunner:
 
     def __call__(self, obs: dict[NestedKey, torch.Tensor], num_envs: int) -> dict[NestedKey, Any]:
         """The policy's outputs for ``obs``: tensors (or numpy arrays), batch dim first."""
+        weights = self.weights
         if self.kind == "random":
+            if weights is not None:
+                self.version = weights.version
             return {"action": self.policy.sample(num_envs)}
+        if weights is None:
+            return self._call(obs, num_envs)
+        with weights.lock:
+            if weights.has_pending:
+                weights.apply_pending()
+            self.version = weights.version
+            return self._call(obs, num_envs)
+
+    def _call(self, obs: dict[NestedKey, torch.Tensor], num_envs: int) -> dict[NestedKey, Any]:
+        if self.kind == "array":
+            return self._call_array(obs)
         device = self.device
         if device is not None and device.type != "cpu":
             obs = {k: v.to(device, non_blocking=True) for k, v in obs.items()}
@@ -131,6 +160,16 @@ class PolicyRunner:
                 f"policy: the module returned {len(result)} tensor(s) for out_keys {out_keys}."
             )
         out = {k: v for k, v in zip(out_keys, result) if k != "_"}
+        if self._out_keys is None:
+            self._out_keys = list(out)
+        return out
+
+    def _call_array(self, obs: dict[NestedKey, torch.Tensor]) -> dict[NestedKey, Any]:
+        policy = self.policy
+        result = policy(*[obs[k].numpy() for k in policy.in_keys])
+        if len(result) != len(policy.out_keys):
+            raise RuntimeError(f"policy: returned {len(result)} output(s) for out_keys {policy.out_keys}.")
+        out = dict(zip(policy.out_keys, result))
         if self._out_keys is None:
             self._out_keys = list(out)
         return out

@@ -1,28 +1,35 @@
-"""The collector's side of a policy: placement, runners, weight copies, state.
+"""The collector's side of a policy: its own copy, runners, versioned weights, state.
 
 Every collector keeps its policy in the main process (envs may live elsewhere), so the
 same :class:`PolicySetup` serves the in-process collector and the multi-worker ones:
 
-* the policy is moved to ``policy_device`` (a copy, when it lives elsewhere);
+* the collector runs **its own copy** of the policy (on ``policy_device``), so a trainer
+  that goes on optimising the object it passed never changes the weights under a
+  running collection: new weights reach the copy only through
+  ``update_policy_weights_``, whole and versioned (:mod:`.weights`);
 * ``runner`` calls it batched; ``random_runner`` draws random actions for
   ``init_random_frames``;
-* :meth:`weights_update` turns whatever ``update_policy_weights_`` was given into a
-  function that copies the weights in place (to run between two policy calls).
+* :meth:`publish` snapshots whatever ``update_policy_weights_`` was given and returns
+  the new version; the engine loads it before its next policy call.
 """
 
 from __future__ import annotations
 
 import copy
-from collections.abc import Callable
+import logging
 from typing import Any
 
+import anyio
 import gymnasium as gym
 import torch
-from tensordict import TensorDict, TensorDictBase
 from tensordict.nn import InteractionType
 
+from .array import ArrayPolicy
 from .random import RandomPolicy
 from .runner import PolicyRunner
+from .weights import TorchWeights, WeightsChannel
+
+logger = logging.getLogger("aiocollect")
 
 
 def check_policy(policy: Any) -> None:
@@ -33,74 +40,104 @@ def check_policy(policy: Any) -> None:
         )
 
 
-def _place(policy: Any, device: torch.device | None) -> Any:
-    """``policy`` on ``device``: itself if already there, else a copy moved there."""
-    if device is None or not isinstance(policy, torch.nn.Module):
+def _own_copy(policy: Any, device: torch.device | None) -> Any:
+    """The policy the collector runs: a copy of ``policy`` wherever it has weights."""
+    if isinstance(policy, RandomPolicy):
         return policy
-    tensors = list(policy.parameters()) + list(policy.buffers())
-    if all(t.device == device for t in tensors):
-        return policy
-    return copy.deepcopy(policy).to(device)
+    if isinstance(policy, ArrayPolicy):
+        return policy.copy()
+    if not isinstance(policy, torch.nn.Module):
+        return policy  # a plain callable: no weights to version
+    try:
+        own = copy.deepcopy(policy)
+    except Exception as exc:  # noqa: BLE001 - a module that cannot be copied still works
+        logger.warning(
+            "aiocollect: the policy cannot be deep-copied (%s: %s); the collector runs the object "
+            "you passed, so changes you make to it reach collection at once, unversioned.",
+            type(exc).__name__, exc,
+        )
+        own = policy
+    return own.to(device) if device is not None else own
 
 
 class PolicySetup:
-    """A collector's policy and the runners that call it; see the module docstring."""
+    """A collector's policy, the runners that call it and its weights channel; see the module docstring."""
 
     def __init__(self, policy: Any, action_space: gym.Space, obs_keys: list, *,
                  device: torch.device | None, exploration_type: InteractionType):
         self.user_policy = policy
         if policy is None:
             policy = RandomPolicy(action_space)
-        self.policy = _place(policy, device)
-        self.runner = PolicyRunner(self.policy, obs_keys, device=device, exploration_type=exploration_type)
+        self.policy = _own_copy(policy, device)
+        self.weights: WeightsChannel | None = None
+        if isinstance(self.policy, ArrayPolicy):
+            self.weights = WeightsChannel(self.policy.snapshot, self.policy.load)
+        elif self.has_weights:
+            self.weights = TorchWeights(self.policy).channel()
+        self.runner = PolicyRunner(self.policy, obs_keys, device=device, exploration_type=exploration_type,
+                                   weights=self.weights)
         self.random = self.policy if isinstance(self.policy, RandomPolicy) else RandomPolicy(action_space)
-        self.random_runner = PolicyRunner(self.random, obs_keys, device=None, exploration_type=exploration_type)
+        self.random_runner = PolicyRunner(self.random, obs_keys, device=None, exploration_type=exploration_type,
+                                          weights=self.weights)
 
     @property
     def has_weights(self) -> bool:
+        if isinstance(self.policy, ArrayPolicy):
+            return True
         return isinstance(self.policy, torch.nn.Module) and not isinstance(self.policy, RandomPolicy)
 
-    def weights_update(self, policy_or_weights: Any) -> Callable[[], None] | None:
-        """A function copying the new weights into the policy, or ``None`` if nothing to do.
+    @property
+    def version(self) -> int:
+        """The policy version in effect."""
+        return 0 if self.weights is None else self.weights.version
 
-        ``policy_or_weights``: a module (its parameters are copied), a TensorDict of
-        parameters, a state dict, or ``None`` (take them from the policy given at
-        construction; nothing to do when the collector runs that very object).
+    @property
+    def latest(self) -> int:
+        """The newest policy version published."""
+        return 0 if self.weights is None else self.weights.latest
+
+    def publish(self, policy_or_weights: Any) -> int:
+        """Snapshot new weights; returns their version (they apply before the next policy call).
+
+        ``policy_or_weights``: a module (its parameters and buffers are copied), a
+        TensorDict of parameters, a state dict, a JAX params pytree (for a JAX policy), or
+        ``None``: take them from the policy given at construction.
         """
-        policy = self.policy
-        if not isinstance(policy, torch.nn.Module):
+        channel = self.weights
+        if channel is None:
             if policy_or_weights is None:
-                return None
-            raise TypeError("update_policy_weights_: the collector's policy has no weights (not an nn.Module).")
-        src = self.user_policy if policy_or_weights is None else policy_or_weights
-        if src is policy or src is None:
-            return None
-        if isinstance(src, torch.nn.Module):
-            weights = TensorDict.from_module(src)
-        elif isinstance(src, TensorDictBase):
-            weights = src
-        elif isinstance(src, dict):
-            weights = None
-        else:
+                return self.version  # a random or weightless policy: nothing to send
             raise TypeError(
-                "update_policy_weights_: expected a module, a TensorDict of parameters, a state "
-                f"dict or None; got {type(src).__name__}."
+                "update_policy_weights_: the collector's policy has no weights (it is not an "
+                "nn.Module or a JaxPolicy); nothing can be updated."
             )
+        src = self.user_policy if policy_or_weights is None else policy_or_weights
+        if isinstance(self.policy, ArrayPolicy) and isinstance(src, ArrayPolicy):
+            src = src.weights
+        return channel.publish(src)
 
-        def apply() -> None:
-            with torch.no_grad():
-                if weights is None:
-                    policy.load_state_dict(src)
-                else:
-                    TensorDict.from_module(policy).update_(weights)
-
-        return apply
+    async def wait_applied(self, version: int) -> None:
+        """Return once ``version`` (or a newer one) is in effect."""
+        channel = self.weights
+        if channel is None:
+            return
+        while channel.version < version:
+            if channel.try_apply():
+                return
+            await anyio.sleep(0.0005)  # a policy call is under way: it applies them first
 
     def state_dict(self) -> dict | None:
-        return self.policy.state_dict() if self.has_weights else None
+        if not self.has_weights:
+            return None
+        with self.weights.lock:
+            self.weights.apply_pending()
+            if isinstance(self.policy, ArrayPolicy):
+                return self.policy.snapshot(self.policy.weights)
+            return {k: v.detach().clone() for k, v in self.policy.state_dict().items()}
 
     def load_state_dict(self, state_dict: dict, strict: bool) -> None:
+        """Load ``policy_state_dict`` as a new weights version."""
         if "policy_state_dict" in state_dict:
-            self.policy.load_state_dict(state_dict["policy_state_dict"], strict=strict)
+            self.publish(state_dict["policy_state_dict"])
         elif strict and self.has_weights:
             raise KeyError("load_state_dict: 'policy_state_dict' missing (pass strict=False to skip it).")

@@ -1,0 +1,43 @@
+"""``ArrayPolicy``: the shape of a policy computed outside torch (JAX, see :mod:`aiocollect.jax`).
+
+The engine calls it with numpy arrays, one per ``in_keys`` entry, batch dim first, and
+takes back one array per ``out_keys`` entry. On the CPU both directions share memory:
+the observation buffers are handed over as they are and the outputs read in place.
+Weight updates go through the same versioned channel as torch policies
+(:mod:`.weights`): the policy says how to snapshot new weights and how to load one.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+
+class ArrayPolicy:
+    """Base of policies that map numpy arrays to numpy arrays; subclasses implement the four methods."""
+
+    in_keys: list
+    out_keys: list
+
+    def __call__(self, *arrays: np.ndarray) -> tuple[np.ndarray, ...]:
+        raise NotImplementedError
+
+    @property
+    def weights(self) -> Any:
+        """The weights in use (what ``update_policy_weights_()`` with no argument takes)."""
+        raise NotImplementedError
+
+    def snapshot(self, weights: Any) -> Any:
+        """A copy of ``weights`` that the caller's later changes cannot reach."""
+        raise NotImplementedError
+
+    def load(self, snap: Any) -> None:
+        """Use ``snap`` (from :meth:`snapshot`) from the next call on."""
+        raise NotImplementedError
+
+    def copy(self) -> ArrayPolicy:
+        """An independent policy with the same function and a snapshot of the weights:
+        the collector runs its own copy, so the trainer's changes reach it only through
+        ``update_policy_weights_``."""
+        raise NotImplementedError
