@@ -97,3 +97,25 @@ def wait_until(cond, timeout: float = 5.0) -> bool:
             return True
         time.sleep(0.02)
     return cond()
+
+
+class IntObsEnv(gym.Env):
+    """Small integer observations (as float32) and an unbounded 1-d action: a linear
+    policy's action is then exact in float32, so it shows which weights computed it."""
+
+    def __init__(self, length: int = 30):
+        self.observation_space = spaces.Box(-1e6, 1e6, (3,), np.float32)
+        self.action_space = spaces.Box(-np.inf, np.inf, (1,), np.float32)
+        self.length = length
+
+    def _obs(self):
+        return self.np_random.integers(0, 10, 3).astype(np.float32)
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self.t = 0
+        return self._obs(), {}
+
+    def step(self, action):
+        self.t += 1
+        return self._obs(), float(action[0]), False, self.t >= self.length, {}
