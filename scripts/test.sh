@@ -2,5 +2,5 @@
 # Set up and run the whole test suite.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-bash scripts/setup.sh dev
+bash scripts/setup.sh dev,jax
 .venv/bin/python -m pytest "$@"

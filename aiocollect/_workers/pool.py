@@ -27,6 +27,7 @@ import signal
 import socket
 import subprocess
 import sys
+import warnings
 from collections.abc import Callable
 from pathlib import Path
 
@@ -38,6 +39,12 @@ from . import protocol
 from .errors import WorkerError
 from .plan import WorkerPlan, WorkerSpec
 from .shm import Layout, SharedArrays, create_segment
+
+# Multithreaded libraries (JAX) warn at every os.fork() that the child may deadlock. Our
+# workers are started by fork *and exec* (anyio.open_process), so the child runs no code of
+# this process and the warning does not apply; silence it for those calls only.
+warnings.filterwarnings("ignore", message=r"os\.fork\(\) was called", category=RuntimeWarning,
+                        module=r"anyio\._backends\._asyncio")
 
 logger = logging.getLogger("aiocollect")
 
