@@ -20,3 +20,19 @@ def test_benchmark_quick_mode_runs_and_reports_every_contender(tmp_path):
         assert row in proc.stdout, row
     results = json.loads(out.read_text())
     assert results, "no results written"
+
+
+def test_weights_benchmark_quick_mode_reports_every_section(tmp_path):
+    out = tmp_path / "weights.json"
+    script = BENCH.parent / "bench_weights.py"
+    proc = subprocess.run([sys.executable, str(script), "--quick", "--json", str(out)],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    for row in ("torch, idle", "torch, collecting", "jax, idle", "jax, collecting",
+                "collector-16-small", "multisync-2x8-1M", "collector-64", "multisync-2x32"):
+        assert row in proc.stdout, row
+    results = json.loads(out.read_text())
+    assert set(results["update_call"]) == {"torch, idle", "torch, collecting", "jax, idle", "jax, collecting"}
+    for section in ("with_updates", "jax"):
+        for entry in results[section].values():
+            assert entry["ratio"] > 0

@@ -149,7 +149,7 @@ class TorchWeights:
                     f"update_policy_weights_: {name!r} has shape {tuple(src.shape)}, the "
                     f"collector's policy has {tuple(target.shape)}."
                 )
-            out.append(src.detach())
+            out.append(src)  # no .detach(): every torch call lets the engine thread take the GIL
         return out
 
     def snapshot(self, weights: Any) -> list[torch.Tensor]:
@@ -158,6 +158,8 @@ class TorchWeights:
             buf = self._free.pop() if self._free else None
         if buf is None:
             buf = [torch.empty_like(t) for t in self.targets]
+        # one call, one release of the GIL: while the engine thread runs the policy, each
+        # torch call here would wait for the GIL to come back
         with torch.no_grad():
             torch._foreach_copy_(buf, sources)
         return buf
