@@ -9,8 +9,9 @@ What is measured
   buffer) and returns; the engine loads them between two policy calls. The same for a
   :class:`~aiocollect.jax.JaxPolicy` with the same parameter count (its snapshot is a
   device copy of the params pytree). Goal: < 1 ms.
-* **F. Collection with an update after every batch** vs without, same collector, same
-  policy: frames/s and the ratio. Two settings: ``Collector`` with 16 CartPole envs and
+* **F. Collection with an update after every batch** vs without, on the same collector
+  (the two modes alternate every 2 batches, so machine noise hits both alike): frames/s
+  and the ratio. Two settings: ``Collector`` with 16 CartPole envs and
   a 2x64 MLP (batches of 1,600 frames), and ``MultiSyncCollector`` with 2 workers x 8
   CartPole envs and the 1M-parameter MLP (batches of 800 frames), where each update
   copies 3.9 MB twice. Goal: ratio >= 0.95.
@@ -175,18 +176,34 @@ def update_cost(kind: str, quick: bool, collecting: bool) -> dict:
             "max_us": lat[-1] * 1e6}
 
 
-def updating_fps(setting: str, with_updates: bool, batches: int) -> float:
+def updating_fps(setting: str, batches: int) -> tuple[float, float]:
+    """Frames/s without and with an update after every batch, on one collector.
+
+    The two modes alternate every 2 batches on the same collector (same envs, same policy,
+    same weights sent: episode lengths do not change), so that machine noise, which moves
+    separate runs by 10-15% on a small VM, hits both alike.
+    """
     if setting == "collector-16-small":
         policy, trainer = torch_policy(SMALL), torch_policy(SMALL)
         collector = Collector([make_cartpole] * 16, policy, frames_per_batch=1600, total_frames=-1)
     else:
         policy, trainer = torch_policy(BIG), torch_policy(BIG)
         collector = MultiSyncCollector([[make_cartpole] * 8] * 2, policy, frames_per_batch=800, total_frames=-1)
-    update = (lambda: collector.update_policy_weights_(trainer)) if with_updates else None
+    frames, seconds = [0, 0], [0.0, 0.0]
     try:
-        return fps(collector, batches, update)
+        it = iter(collector)
+        next(it)
+        for i in range(2 * batches):
+            mode = (i // 2) % 2
+            start = time.perf_counter()
+            batch = next(it)
+            if mode:
+                collector.update_policy_weights_(trainer)
+            seconds[mode] += time.perf_counter() - start
+            frames[mode] += batch.numel()
     finally:
         collector.shutdown()
+    return frames[0] / seconds[0], frames[1] / seconds[1]
 
 
 def jax_vs_torch_fps(setting: str, kind: str, batches: int) -> float:
@@ -221,17 +238,18 @@ def main(argv: list[str] | None = None) -> int:
             results["update_call"][f"{kind}, {when}"] = update_cost(kind, quick, when == "collecting")
 
     runs: dict[tuple, list[float]] = {}
-    cases = [("F", s, u) for s in ("collector-16-small", "multisync-2x8-1M") for u in (False, True)]
+    cases = [("F", s, None) for s in ("collector-16-small", "multisync-2x8-1M")]
     cases += [("J", s, k) for s in ("collector-64", "multisync-2x32") for k in ("torch", "jax")]
     for r in range(repeats):
         for case in cases:
             section, setting, variant = case
-            print(f"{section} {setting} {variant} (run {r + 1}/{repeats}) ...", file=sys.stderr)
+            print(f"{section} {setting} {variant or ''} (run {r + 1}/{repeats}) ...", file=sys.stderr)
             if section == "F":
-                value = updating_fps(setting, variant, b_small if "small" in setting else b_big)
+                without, with_updates = updating_fps(setting, b_small if "small" in setting else b_big)
+                runs.setdefault(("F", setting, False), []).append(without)
+                runs.setdefault(("F", setting, True), []).append(with_updates)
             else:
-                value = jax_vs_torch_fps(setting, variant, b_jax)
-            runs.setdefault(case, []).append(value)
+                runs.setdefault(case, []).append(jax_vs_torch_fps(setting, variant, b_jax))
 
     def summary(case):
         v = runs[case]
