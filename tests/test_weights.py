@@ -206,3 +206,39 @@ def test_max_policy_lag_is_validated_before_any_process_starts():
         MultiAsyncCollector([IntObsEnv] * 2, None, frames_per_batch=10, max_policy_lag=-1)
     with pytest.raises(ValueError, match="max_policy_lag.*MultiAsyncCollector"):
         MultiSyncCollector([IntObsEnv] * 2, None, frames_per_batch=10, max_policy_lag=1)
+
+
+class ListBuffer:
+    """The smallest replay buffer: keeps every batch it is given."""
+
+    def __init__(self):
+        self.batches, self.lock = [], threading.Lock()
+
+    def extend(self, batch):
+        with self.lock:
+            self.batches.append(batch)
+
+
+@pytest.mark.parametrize("variant", ["Collector", "MultiAsync"])
+def test_updates_while_collecting_in_the_background(variant):
+    rb = ListBuffer()
+    collector = VARIANTS[variant](linear(0.0), frames_per_batch=30, total_frames=-1, replay_buffer=rb)
+    trainer = linear(0.0)
+    versions = []
+    try:
+        collector.start()
+        for k in range(1, 30):  # the training loop: sample, step, send the weights
+            time.sleep(0.01)
+            with torch.no_grad():
+                for p in trainer.parameters():
+                    p.fill_(k)
+            versions.append(collector.update_policy_weights_(trainer))
+    finally:
+        collector.async_shutdown(timeout=5)
+    assert versions == list(range(1, 30))
+    seen = set()
+    with rb.lock:
+        assert len(rb.batches) >= 5
+        for batch in rb.batches:
+            seen |= check_versions(batch)
+    assert len(seen) >= 3, seen
