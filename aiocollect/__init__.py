@@ -1,6 +1,6 @@
 """aiocollect: fast RL experience collection on asyncio, in TorchRL's batch layout.
 
-Envs step in this process (or, soon, in subprocess workers and as coroutines); one
+Envs step in this process, in subprocess workers, or as coroutines on the event loop; one
 event loop schedules the steps and runs **one batched policy call per step** for all of
 them; batches come out as ``tensordict.TensorDict`` laid out exactly like TorchRL's, so
 TorchRL's losses, GAE and replay buffers take them as they are.
@@ -26,6 +26,7 @@ __version__ = "0.1.0"
 # public name -> private module that defines it
 _EXPORTS = {
     "AsyncCollector": "._collectors.async_collector",
+    "AsyncEnv": "._envs.async_env",
     "Collector": "._collectors.collector",
     "CollectorOptions": "._collectors.options",
     "CollectorStatistics": "._collectors.base",
@@ -37,7 +38,9 @@ _EXPORTS = {
     "MultiSyncDataCollector": "._collectors.multi_sync",
     "MultiaSyncDataCollector": "._collectors.multi_async",
     "RandomPolicy": "._policies.random",
+    "StepTimeoutError": "._engine.coroutines",
     "SyncDataCollector": "._collectors.collector",
+    "ThreadEnv": "._envs.coroutine_group",
     "WorkerError": "._workers.errors",
     "WorkerStatistics": "._collectors.base",
     "aSyncDataCollector": "._collectors.async_collector",
@@ -74,7 +77,10 @@ if _typing.TYPE_CHECKING:  # static tools see ordinary imports
     from ._collectors.multi_sync import MultiSyncCollector as MultiSyncCollector
     from ._collectors.multi_sync import MultiSyncDataCollector as MultiSyncDataCollector
     from ._collectors.options import CollectorOptions as CollectorOptions
+    from ._engine.coroutines import StepTimeoutError as StepTimeoutError
     from ._engine.trajectories import split_trajectories as split_trajectories
+    from ._envs.async_env import AsyncEnv as AsyncEnv
+    from ._envs.coroutine_group import ThreadEnv as ThreadEnv
     from ._envs.gym import GymEnv as GymEnv
     from ._policies.random import RandomPolicy as RandomPolicy
     from ._workers.errors import WorkerError as WorkerError

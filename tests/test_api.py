@@ -10,6 +10,7 @@ import aiocollect
 
 EXPECTED = {
     "AsyncCollector",
+    "AsyncEnv",
     "Collector",
     "CollectorOptions",
     "CollectorStatistics",
@@ -21,7 +22,9 @@ EXPECTED = {
     "MultiSyncDataCollector",
     "MultiaSyncDataCollector",
     "RandomPolicy",
+    "StepTimeoutError",
     "SyncDataCollector",
+    "ThreadEnv",
     "WorkerError",
     "WorkerStatistics",
     "aSyncDataCollector",

@@ -104,6 +104,8 @@ class _Resources:
     def __init__(self) -> None:
         self.loop: LoopThread | None = None
         self.closers: list[Callable[[], None]] = []
+        self.aclosers: list[Callable[[], Any]] = []
+        """Coroutine functions run on the loop before it stops (closing coroutine envs)."""
 
     def stop_loop(self) -> None:
         loop, self.loop = self.loop, None
@@ -111,6 +113,16 @@ class _Resources:
             loop.stop()
 
     def close(self) -> None:
+        aclosers, self.aclosers = self.aclosers, []
+        loop = self.loop
+        if aclosers and loop is not None:
+            if loop.in_this_thread():
+                logger.warning("aiocollect: shut down from its own loop; coroutine envs are not closed")
+            else:
+                try:
+                    loop.call(_run_aclosers, aclosers)
+                except Exception:  # cleanup goes on
+                    logger.exception("aiocollect: error while closing coroutine envs")
         self.stop_loop()
         closers, self.closers = self.closers, []
         for close in reversed(closers):
@@ -118,6 +130,18 @@ class _Resources:
                 close()
             except Exception:  # cleanup goes on; the first failure is logged
                 logger.exception("aiocollect: error while closing %r", close)
+
+
+async def _run_aclosers(aclosers: list[Callable[[], Any]]) -> None:
+    with anyio.move_on_after(_ACLOSE_TIMEOUT_S):
+        for aclose in reversed(aclosers):
+            try:
+                await aclose()
+            except Exception:  # the others still run
+                logger.exception("aiocollect: error while closing %r", aclose)
+
+
+_ACLOSE_TIMEOUT_S = 5.0
 
 
 class DataCollectorBase:

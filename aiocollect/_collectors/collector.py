@@ -13,26 +13,37 @@
 
 ``create_env_fn`` may be a factory, an env, an env id, a gymnasium ``VectorEnv`` or a list
 of factories; the last two give batches of shape ``[num_envs, T]`` with
-``T = frames_per_batch // num_envs``. Nothing runs until the first batch is asked for:
+``T = frames_per_batch // num_envs``.
+
+Factories may return **coroutine envs** (:class:`~aiocollect.AsyncEnv`: ``async def
+step``), hundreds of them: each steps as soon as its action is ready, on the collector's
+own event loop, and the policy runs batched on whichever envs are ready
+(``max_batch_size``, ``min_batch_size``, ``batch_timeout``; ``step_timeout`` fails a
+collection whose env does not answer). Gymnasium envs in the same list are stepped inline. Nothing runs until the first batch is asked for:
 the envs are built (to learn their spaces) but reset lazily, so ``set_seed()`` called
 right after construction seeds the very first reset.
 """
 
 from __future__ import annotations
 
+import asyncio
 from collections import OrderedDict
 from typing import Any
 
+import numpy as np
 import torch
 from tensordict import TensorDictBase
 from tensordict.nn import InteractionType
 
 from .._engine.buffer import RolloutBuffer
+from .._engine.coroutines import CoroutineEngine
 from .._engine.engine import Engine
+from .._envs.coroutine_group import CoroutineGroup
 from .._envs.group import check_create_env_fn, make_group
 from .._policies.setup import PolicySetup, check_policy
 from .base import DataCollectorBase
-from .options import options_from
+from .loop_thread import LoopThread
+from .options import options_from, validate_batching
 
 
 class Collector(DataCollectorBase):
@@ -73,6 +84,10 @@ class Collector(DataCollectorBase):
         interruptor: Any = None,
         set_truncated: bool = False,
         replay_buffer: Any = None,
+        max_batch_size: int | None = None,
+        min_batch_size: int | None = None,
+        batch_timeout: float | None = None,
+        step_timeout: float | None = None,
     ):
         options = options_from(locals())
         check_policy(policy)
@@ -84,6 +99,19 @@ class Collector(DataCollectorBase):
         group, self._batched = make_group(create_env_fn, options.create_env_kwargs)
         self._resources.closers.append(group.close)
         self.group = group
+        self._coroutine = isinstance(group, CoroutineGroup)
+        try:
+            batching = validate_batching(max_batch_size=max_batch_size, min_batch_size=min_batch_size,
+                                         batch_timeout=batch_timeout, step_timeout=step_timeout,
+                                         coroutine=self._coroutine)
+            if self._coroutine and not options.reset_when_done:
+                raise ValueError(
+                    "reset_when_done=False: coroutine envs are reset as soon as they finish; "
+                    "a finished coroutine env cannot be stepped on."
+                )
+        except BaseException:
+            self.shutdown()
+            raise
         n = group.num_envs
         if options.frames_per_batch % n:
             self.shutdown()
@@ -102,15 +130,30 @@ class Collector(DataCollectorBase):
         self._policy = PolicySetup(policy, group.action_space, obs_keys, device=self.policy_device,
                                    exploration_type=options.exploration_type)
         self.policy = self._policy.policy
-        self._engine = Engine(
-            group, max_frames_per_traj=options.max_frames_per_traj, reset_when_done=options.reset_when_done
-        )
+        if self._coroutine:
+            # coroutine envs belong to one loop for their whole life: the collector's own
+            self._engine = CoroutineEngine(group, max_frames_per_traj=options.max_frames_per_traj,
+                                           batching=batching)
+            self._persistent_loop = True
+            self._resources.loop = LoopThread()
+            self._resources.aclosers.append(group.aclose)
+        else:
+            self._engine = Engine(
+                group, max_frames_per_traj=options.max_frames_per_traj, reset_when_done=options.reset_when_done
+            )
         self._buffer: RolloutBuffer | None = None
         self._same_td: TensorDictBase | None = None
 
     # ------------------------------------------------------------------ collection
 
     async def _collect(self) -> tuple[TensorDictBase, int]:
+        loop = self._resources.loop
+        if self._coroutine and not loop.in_this_thread():
+            # the async face, from the user's loop: collect on the envs' loop
+            return await asyncio.wrap_future(loop.portal.start_task_soon(self._collect_here))
+        return await self._collect_here()
+
+    async def _collect_here(self) -> tuple[TensorDictBase, int]:
         opts = self.options
         runner = self._policy.random_runner if self._frames < opts.init_random_frames else self._policy.runner
         if opts.reset_at_each_iter:
@@ -126,7 +169,8 @@ class Collector(DataCollectorBase):
             td = buffer.to_tensordict(self._batched, self.storing_device)
             if opts.return_same_td:
                 self._buffer, self._same_td = buffer, td
-        return td, valid * self.num_envs
+        frames = int(valid.sum()) if isinstance(valid, np.ndarray) else valid * self.num_envs
+        return td, frames
 
     def _counters(self) -> tuple[int, int]:
         return self._engine.env_steps, self._engine.completed_trajectories

@@ -244,3 +244,39 @@ def validate_worker_options(*, cat_results: Any, preemptive_threshold: Any, upda
             "lag behind the newest (an int >= 0), or None for no bound."
         )
     return WorkerOptions(cat_results, preemptive_threshold, bool(update_at_each_batch), max_policy_lag)
+
+
+def validate_batching(*, max_batch_size: Any, min_batch_size: Any, batch_timeout: Any, step_timeout: Any,
+                      coroutine: bool) -> Any:
+    """Check the coroutine-env knobs; returns a :class:`~aiocollect._engine.coroutines.Batching`.
+
+    The knobs only mean something for coroutine envs: given with other envs, they are an
+    error rather than silently ignored.
+    """
+    from .._engine.coroutines import Batching
+
+    given = {name: value for name, value in (("max_batch_size", max_batch_size), ("min_batch_size", min_batch_size),
+                                              ("batch_timeout", batch_timeout), ("step_timeout", step_timeout))
+             if value is not None}
+    if given and not coroutine:
+        raise ValueError(
+            f"{', '.join(given)}: these apply to coroutine envs (aiocollect.AsyncEnv), which step one "
+            "at a time; these envs step together. Remove the argument(s)."
+        )
+    for name in ("max_batch_size", "min_batch_size"):
+        value = given.get(name)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+            raise ValueError(f"{name}={value!r}: give a number of envs >= 1, or None.")
+    if max_batch_size is not None and min_batch_size is not None and min_batch_size > max_batch_size:
+        raise ValueError(f"min_batch_size={min_batch_size} is larger than max_batch_size={max_batch_size}.")
+    for name in ("batch_timeout", "step_timeout"):
+        value = given.get(name)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, numbers.Real) or value <= 0):
+            raise ValueError(f"{name}={value!r}: give a positive number of seconds, or None.")
+    defaults = Batching()
+    return Batching(
+        max_batch_size=max_batch_size,
+        min_batch_size=defaults.min_batch_size if min_batch_size is None else min_batch_size,
+        batch_timeout=defaults.batch_timeout if batch_timeout is None else float(batch_timeout),
+        step_timeout=None if step_timeout is None else float(step_timeout),
+    )

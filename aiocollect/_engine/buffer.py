@@ -114,6 +114,39 @@ class RolloutBuffer:
             else:
                 dst[:, t] = value.numpy(force=True)
 
+    def write_outputs_at(self, rows: np.ndarray, cols: np.ndarray, out: dict[NestedKey, Any], version: int) -> None:
+        """Store the policy's outputs for envs ``rows``, each at its own column ``cols``."""
+        self.policy_version[rows, cols] = version
+        for key, value in out.items():
+            dst = self.out_np.get(key)
+            if dst is None:
+                if key not in self.out_torch:
+                    raise KeyError(
+                        f"policy: wrote {key!r} at this step but not on the batch's first step; "
+                        "a policy must write the same keys at every step."
+                    )
+                self.out_torch[key][torch.from_numpy(rows), torch.from_numpy(cols)] = torch.as_tensor(value)
+            elif isinstance(value, np.ndarray):
+                dst[rows, cols] = value
+            else:
+                dst[rows, cols] = value.numpy(force=True)
+
+    def finish_rows(self, valid: np.ndarray) -> None:
+        """``finish`` for envs that each filled their own number of columns ``valid[i]``."""
+        if (valid >= self.frames).all():
+            self.finish(self.frames)
+            return
+        np.logical_or(self.terminated, self.truncated, out=self.next_done)
+        for i in np.flatnonzero(valid < self.frames).tolist():
+            v = int(valid[i])
+            for key, tensor in self.tensors.items():
+                if key == ("collector", "traj_ids") or key == ("collector", "policy_version"):
+                    tensor[i, v:] = -1
+                elif key != ("collector", "mask"):
+                    tensor[i, v:] = 0
+        if self.mask is not None:
+            self.mask[...] = np.arange(self.frames)[None, :] < valid[:, None]
+
     def drop_first(self, count: int, filled: int) -> None:
         """Forget the first ``count`` of the ``filled`` columns: the others move to the front."""
         for tensor in self.tensors.values():

@@ -14,6 +14,9 @@ Two groups live in this process:
 * :class:`InProcessGroup`, a list of gymnasium envs stepped in a tight loop;
 * :class:`VectorEnvGroup`, a gymnasium ``VectorEnv`` in any autoreset mode.
 
+(A third, :class:`~.coroutine_group.CoroutineGroup`, holds coroutine envs, each stepped
+on its own; ``make_group`` builds it when a factory returns one.)
+
 The same two classes run inside env worker processes, where their result arrays are
 views of shared memory (:meth:`_GroupBase.bind`) and they are driven synchronously
 (``step_now`` / ``reset_now``). An exception raised by env ``i`` of a list carries
@@ -29,6 +32,7 @@ import gymnasium as gym
 import numpy as np
 from gymnasium.vector import AutoresetMode, VectorEnv
 
+from .async_env import is_async_env
 from .gym import GymEnv
 from .spaces import ActionCheck, Leaf, NestedKey, ObsWriter, flatten_space
 
@@ -204,7 +208,7 @@ def _describe(obj: Any) -> str:
 
 
 def _check_env(env: Any, where: str) -> gym.Env | VectorEnv:
-    if isinstance(env, (gym.Env, VectorEnv)):
+    if isinstance(env, (gym.Env, VectorEnv)) or is_async_env(env):
         return env
     hint = ""
     if type(env).__module__.startswith("torchrl"):
@@ -212,7 +216,8 @@ def _check_env(env: Any, where: str) -> gym.Env | VectorEnv:
             " aiocollect steps gymnasium envs directly: pass the gymnasium env (or its id, "
             "or aiocollect.GymEnv(id)) instead of a TorchRL env."
         )
-    raise TypeError(f"create_env_fn: {where} gave {_describe(env)}, not a gymnasium env.{hint}")
+    raise TypeError(f"create_env_fn: {where} gave {_describe(env)}, not a gymnasium env or a coroutine "
+                    f"env (aiocollect.AsyncEnv).{hint}")
 
 
 def _env_device(env: Any):
@@ -277,14 +282,26 @@ def make_group(create_env_fn: Any, create_env_kwargs: dict | None) -> tuple[_Gro
                 envs.append(env)
         except BaseException:
             for env in envs:
-                env.close()
+                if not is_async_env(env):  # a coroutine env holds nothing before its reset
+                    env.close()
             raise
         devices = {_env_device(e) for e in envs} - {None}
+        if any(is_async_env(e) for e in envs):
+            return _coroutine_group(envs), True
         return InProcessGroup([_inner(e) for e in envs], next(iter(devices), None)), True
     env = _build_one(create_env_fn, kwargs, "create_env_fn")
     if isinstance(env, VectorEnv):
         return VectorEnvGroup(env), True
+    if is_async_env(env):
+        return _coroutine_group([env]), False
     return InProcessGroup([_inner(env)], _env_device(env)), False
+
+
+def _coroutine_group(envs: list) -> _GroupBase:
+    """Coroutine envs, with the gymnasium envs of the same list adapted to them."""
+    from .coroutine_group import CoroutineGroup, as_coroutine_env
+
+    return CoroutineGroup([as_coroutine_env(e, f"create_env_fn[{i}]") for i, e in enumerate(envs)])
 
 
 EnvGroup = InProcessGroup | VectorEnvGroup

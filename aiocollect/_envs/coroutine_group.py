@@ -1,0 +1,144 @@
+"""``CoroutineGroup``: coroutine envs on the engine's event loop, stepped one at a time.
+
+Unlike the other groups, whose envs all step together, each env of a coroutine group is
+stepped on its own (``await group.step_one(i, action)``) as soon as its action is ready;
+:mod:`.._engine.coroutines` schedules them. The result arrays are those of every group
+(``obs``, ``reward``, ``terminated``, ``truncated``, one row per env); ``step_one`` fills
+row ``i``.
+
+Ordinary gymnasium envs may sit in the same group: :class:`SyncEnvAdapter` calls their
+``step`` inline (they block the loop while they compute), :class:`ThreadEnv` in a worker
+thread (for envs that release the GIL: native physics, a blocking client).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from typing import Any
+
+import anyio
+import gymnasium as gym
+
+from .async_env import AsyncEnv, check_async_env, is_async_env
+from .group import _blame, _GroupBase
+
+logger = logging.getLogger("aiocollect")
+
+
+class SyncEnvAdapter(AsyncEnv):
+    """A gymnasium env seen as a coroutine env: ``step`` runs inline, on the loop."""
+
+    def __init__(self, env: gym.Env):
+        self.env = env
+        self.observation_space, self.action_space = env.observation_space, env.action_space
+
+    async def reset(self, *, seed=None, options=None):
+        return self.env.reset(seed=seed, options=options)
+
+    async def step(self, action):
+        return self.env.step(action)
+
+    async def close(self) -> None:
+        self.env.close()
+
+
+class ThreadEnv(AsyncEnv):
+    """Run a gymnasium env's ``reset`` and ``step`` in a worker thread (``anyio.to_thread``).
+
+    For envs that spend their step outside Python (native physics, a blocking network
+    client): while one waits in its thread, the loop steps the others. An env whose step
+    is Python code gains nothing (the GIL serialises it) and pays a thread hand-off.
+
+    >>> Collector([lambda: ThreadEnv(gym.make("Ant-v5"))] * 8, policy, frames_per_batch=800)
+
+    Args:
+        env: a gymnasium env, or a callable returning one.
+        limiter: an ``anyio.CapacityLimiter`` shared by envs that should not all run at
+            once (default: anyio's default limiter, 40 threads).
+    """
+
+    def __init__(self, env: gym.Env | Any, limiter: anyio.CapacityLimiter | None = None):
+        if not isinstance(env, gym.Env) and callable(env):
+            env = env()
+        if not isinstance(env, gym.Env):
+            raise TypeError(f"ThreadEnv: expected a gymnasium env or a factory of one, got {type(env).__name__}.")
+        self.env, self.limiter = env, limiter
+        self.observation_space, self.action_space = env.observation_space, env.action_space
+
+    async def reset(self, *, seed=None, options=None):
+        return await anyio.to_thread.run_sync(lambda: self.env.reset(seed=seed, options=options),
+                                              limiter=self.limiter)
+
+    async def step(self, action):
+        return await anyio.to_thread.run_sync(self.env.step, action, limiter=self.limiter)
+
+    async def close(self) -> None:
+        await anyio.to_thread.run_sync(self.env.close, limiter=self.limiter)
+
+    def __repr__(self) -> str:
+        return f"ThreadEnv({self.env})"
+
+
+def as_coroutine_env(env: Any, where: str) -> Any:
+    """``env`` if it is a coroutine env, a gymnasium env adapted, else an error."""
+    if is_async_env(env):
+        check_async_env(env, where)
+        return env
+    if isinstance(env, gym.Env):
+        return SyncEnvAdapter(env)
+    raise TypeError(f"{where}: expected a gymnasium env or a coroutine env (aiocollect.AsyncEnv), "
+                    f"got {type(env).__name__}.")
+
+
+class CoroutineGroup(_GroupBase):
+    """Coroutine envs stepped one at a time on the loop; see the module docstring."""
+
+    def __init__(self, envs: Sequence[Any], device=None):
+        first = envs[0]
+        super().__init__(first.observation_space, first.action_space, len(envs), device)
+        for i, env in enumerate(envs[1:], start=1):
+            if env.observation_space != first.observation_space or env.action_space != first.action_space:
+                raise ValueError(
+                    f"create_env_fn: env {i} has spaces {env.observation_space} / {env.action_space}, "
+                    f"env 0 has {first.observation_space} / {first.action_space}; all envs of a "
+                    "collector must share their observation and action spaces."
+                )
+        self.envs = list(envs)
+
+    async def step_one(self, i: int, action: Any) -> None:
+        try:
+            obs, reward, terminated, truncated, _ = await self.envs[i].step(action)
+            self._writer.write_one(i, obs)
+        except Exception as exc:
+            _blame(exc, i)
+            raise
+        self.reward[i] = reward
+        self.terminated[i] = terminated
+        self.truncated[i] = truncated
+
+    async def reset_one(self, i: int, seed: int | None) -> None:
+        try:
+            obs, _ = await self.envs[i].reset(seed=seed)
+            self._writer.write_one(i, obs)
+        except Exception as exc:
+            _blame(exc, i)
+            raise
+
+    async def aclose(self) -> None:
+        """Close every env (those with a ``close``), concurrently; errors are logged."""
+        async def close_one(env: Any) -> None:
+            close = getattr(env, "close", None)
+            if close is None:
+                return
+            try:
+                await close()
+            except Exception:  # noqa: BLE001 - the others still close
+                logger.exception("aiocollect: error while closing %r", env)
+
+        async with anyio.create_task_group() as tg:
+            for env in self.envs:
+                tg.start_soon(close_one, env)
+
+    def close(self) -> None:
+        """Coroutine envs are closed by :meth:`aclose`, on their loop."""
