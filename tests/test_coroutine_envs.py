@@ -1,0 +1,264 @@
+"""Coroutine envs: stepped concurrently on the collector's loop, no barrier, batched policy."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+
+import gymnasium as gym
+import numpy as np
+import pytest
+import torch
+from gymnasium import spaces
+
+from aiocollect import AsyncEnv, Collector, Interruptor, StepTimeoutError, ThreadEnv, split_trajectories
+from conftest import check_batch, check_continuity
+from coroutine_util import GameServer, LatencyEnv, SocketGameEnv
+
+
+def factories(envs):
+    return [lambda e=e: e for e in envs]
+
+
+def act_on_obs(obs):
+    """A deterministic policy: action = t mod 3 (a function of the observation only)."""
+    return (obs[:, 1] % 3).long()
+
+
+class RecordingPolicy:
+    """Random Discrete(3) actions; records the batch size of every call."""
+
+    def __init__(self):
+        self.sizes = []
+
+    def __call__(self, obs):
+        self.sizes.append(obs.shape[0])
+        return torch.randint(0, 3, (obs.shape[0],))
+
+
+def test_batches_keep_the_layout_and_invariants_sync_face():
+    envs = [LatencyEnv(i) for i in range(12)]
+    with Collector(factories(envs), act_on_obs, frames_per_batch=12 * 10, total_frames=12 * 10 * 4,
+                   max_frames_per_traj=8) as c:
+        batches = list(c)
+    assert len(batches) == 4
+    for b in batches:
+        assert b.shape == (12, 10) and b.names == [None, "time"]
+        check_batch(b, step_count=8)
+        # row i holds env i, and its actions came from its own observations
+        assert torch.equal(b["observation"][:, :, 0], torch.arange(12.0)[:, None].expand(12, 10))
+        assert torch.equal(b["action"], (b["observation"][:, :, 1] % 3).long())
+    for prev, cur in zip(batches, batches[1:]):
+        check_continuity(prev, cur)
+    assert all(e.closed for e in envs)  # shutdown() closed them
+    assert len({i for e in envs for i in e.loop_ids}) == 1  # one loop for their whole life
+
+
+async def test_async_face_uses_the_collectors_loop_and_closes_envs():
+    envs = [LatencyEnv(i) for i in range(6)]
+    async with Collector(factories(envs), None, frames_per_batch=60, total_frames=180) as c:
+        batches = [b async for b in c]
+    assert [tuple(b.shape) for b in batches] == [(6, 10)] * 3
+    for b in batches:
+        check_batch(b)
+    mine = id(asyncio.get_running_loop())
+    loops = {i for e in envs for i in e.loop_ids}
+    assert len(loops) == 1 and mine not in loops  # the collector's own loop, not the caller's
+    assert all(e.closed for e in envs)
+
+
+def test_no_barrier_a_fast_env_is_not_held_back_by_a_slow_one():
+    fast, slow = LatencyEnv(0, 0.001, 0.001, length=1000), LatencyEnv(1, 0.03, 0.03, length=1000)
+    with Collector(factories([fast, slow]), None, frames_per_batch=2 * 10, total_frames=20) as c:
+        (batch,) = list(c)
+    check_batch(batch)
+    assert len(fast.step_times) == len(slow.step_times) == 10
+    # the fast env took its 10 steps before the slow one had taken 2 of its own
+    assert fast.step_times[-1] < slow.step_times[1]
+
+
+def test_same_seed_same_trajectories_whatever_the_timing():
+    def run():
+        envs = [LatencyEnv(i, 0.0005, 0.004, length=7) for i in range(8)]
+        with Collector(factories(envs), act_on_obs, frames_per_batch=80, total_frames=160) as c:
+            c.set_seed(11)
+            return torch.cat([b["observation"] for b in c], dim=1)
+
+    a, b = run(), run()
+    assert torch.equal(a, b)
+
+
+def test_split_trajs_and_interruptor():
+    envs = [LatencyEnv(i, length=4) for i in range(4)]
+    with Collector(factories(envs), None, frames_per_batch=40, total_frames=40, split_trajs=True) as c:
+        (batch,) = list(c)
+    assert batch["collector", "mask"].sum() == 40
+    assert batch.shape[-1] <= 4
+
+    interruptor = Interruptor()
+    envs = [LatencyEnv(i, 0.002, 0.002) for i in range(3)] + [LatencyEnv(3, 0.05, 0.05)]
+    with Collector(factories(envs), None, frames_per_batch=4 * 20, total_frames=-1, interruptor=interruptor) as c:
+        threading.Timer(0.08, interruptor.stop_collection).start()
+        batch = c.rollout()
+    check_batch(batch)
+    mask = batch["collector", "mask"]
+    assert mask[3].sum() < mask[0].sum() <= 20  # the slow env was cut shorter
+    assert (batch["collector", "traj_ids"][~mask] == -1).all()
+
+
+def test_batching_knobs():
+    envs = [LatencyEnv(i, 0.002, 0.002) for i in range(16)]
+    policy = RecordingPolicy()
+    with Collector(factories(envs), policy, frames_per_batch=16 * 10, total_frames=160, max_batch_size=5) as c:
+        (batch,) = list(c)
+    check_batch(batch)
+    assert max(policy.sizes) <= 5 and sum(policy.sizes) == 160
+
+    envs = [LatencyEnv(i, 0.0005, 0.006) for i in range(16)]
+    policy = RecordingPolicy()
+    with Collector(factories(envs), policy, frames_per_batch=16 * 10, total_frames=160, min_batch_size=8,
+                   batch_timeout=1.0) as c:
+        (batch,) = list(c)
+    check_batch(batch)
+    # every call waited for 8 envs, except when fewer were left stepping
+    small = [s for s in policy.sizes if s < 8]
+    assert len(small) <= 3, policy.sizes
+
+
+def test_step_timeout_names_the_env_and_cancels_every_pending_step():
+    envs = [LatencyEnv(i, 0.01, 0.01) for i in range(5)]
+    envs[3].hang_at = 4
+    c = Collector(factories(envs), None, frames_per_batch=50, total_frames=-1, step_timeout=0.3)
+    start = time.perf_counter()
+    with pytest.raises(StepTimeoutError, match=r"coroutine env 3 \(LatencyEnv\).*step_timeout"):
+        c.rollout()
+    assert time.perf_counter() - start < 3
+    time.sleep(0.05)
+    assert sum(e.cancelled for e in envs) >= 1  # steps in flight were cancelled, not left running
+    c.shutdown()
+    assert all(e.closed for e in envs)
+
+
+async def test_env_exception_names_the_env_and_cancelling_cancels_steps():
+    envs = [LatencyEnv(i, 0.01, 0.01) for i in range(4)]
+    envs[2].fail_at = 3
+    async with Collector(factories(envs), None, frames_per_batch=40, total_frames=-1) as c:
+        with pytest.raises(RuntimeError, match="env 2 broke") as info:
+            await c.arollout()
+        assert any("env 2" in note for note in getattr(info.value, "__notes__", []))
+
+    envs = [LatencyEnv(i, 0.05, 0.05) for i in range(4)]
+    async with Collector(factories(envs), None, frames_per_batch=400, total_frames=-1) as c:
+        task = asyncio.ensure_future(c.arollout())
+        await asyncio.sleep(0.2)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        await asyncio.sleep(0.05)
+        assert sum(e.cancelled for e in envs) == 4  # every pending step
+        batch = await c.arollout()  # the collector goes on, envs restart from a reset
+        check_batch(batch)
+
+
+def test_a_game_over_a_real_tcp_socket():
+    with GameServer() as server:
+        envs = [SocketGameEnv(server.port) for _ in range(8)]
+        policy = lambda obs: torch.full((obs.shape[0],), 2)  # noqa: E731 - always move right
+        with Collector(factories(envs), policy, frames_per_batch=8 * 12, total_frames=8 * 24) as c:
+            c.set_seed(0)
+            batches = list(c)
+        assert server.clients == 8
+    assert all(e.closed for e in envs)
+    for prev, cur in zip(batches, batches[1:]):
+        check_continuity(prev, cur)
+    for b in batches:
+        check_batch(b)
+        x, nx = b["observation"][..., 0], b["next", "observation"][..., 0]
+        assert torch.equal(nx, x + 1)  # the server moved each walker right by one
+        assert torch.equal(b["next", "terminated"][..., 0], nx >= 5)
+    starts = {int(np.random.default_rng(s).integers(-3, 4)) for s in range(8)}
+    assert set(batches[0]["observation"][:, 0, 0].int().tolist()) == starts  # seeded resets
+
+
+def test_mixed_with_gymnasium_envs_and_thread_envs():
+    class ThreadedSleep(gym.Env):
+        """A blocking step that releases the GIL (time.sleep): worth a thread."""
+
+        observation_space = spaces.Box(-1e9, 1e9, (3,), np.float32)
+        action_space = spaces.Discrete(3)
+        active = 0
+        peak = 0
+        threads: set = set()
+        lock = threading.Lock()
+
+        def reset(self, *, seed=None, options=None):
+            super().reset(seed=seed)
+            return np.zeros(3, np.float32), {}
+
+        def step(self, action):
+            cls = type(self)
+            with cls.lock:
+                cls.active += 1
+                cls.peak = max(cls.peak, cls.active)
+                cls.threads.add(threading.get_ident())
+            time.sleep(0.01)
+            with cls.lock:
+                cls.active -= 1
+            return np.zeros(3, np.float32), 0.0, False, False, {}
+
+    class Inline(gym.Env):
+        observation_space = spaces.Box(-1e9, 1e9, (3,), np.float32)
+        action_space = spaces.Discrete(3)
+
+        def reset(self, *, seed=None, options=None):
+            return np.ones(3, np.float32), {}
+
+        def step(self, action):
+            return np.ones(3, np.float32), 1.0, False, False, {}
+
+    make = [lambda: LatencyEnv(0)] + [lambda: ThreadEnv(ThreadedSleep())] * 4 + [Inline]
+    with Collector(make, None, frames_per_batch=6 * 5, total_frames=60) as c:
+        batches = list(c)
+        loop_thread = c._resources.loop.ident
+    for b in batches:
+        check_batch(b)
+        assert b.shape == (6, 5)
+    assert ThreadedSleep.peak >= 2  # thread envs stepped concurrently...
+    assert loop_thread not in ThreadedSleep.threads  # ...in worker threads, not on the loop
+
+
+def test_bad_input():
+    class NoSpaces(AsyncEnv):
+        async def reset(self, *, seed=None, options=None):
+            return 0, {}
+
+        async def step(self, action):
+            return 0, 0.0, False, False, {}
+
+    with pytest.raises(TypeError, match="observation_space"):
+        Collector([NoSpaces], None, frames_per_batch=10)
+
+    class SyncClose(LatencyEnv):
+        def close(self):
+            pass
+
+    with pytest.raises(TypeError, match="async def close"):
+        Collector([SyncClose], None, frames_per_batch=10)
+    with pytest.raises(ValueError, match="max_batch_size.*coroutine envs"):
+        Collector(lambda: gym.make("CartPole-v1"), None, frames_per_batch=10, max_batch_size=4)
+    with pytest.raises(ValueError, match="min_batch_size=9 is larger"):
+        Collector([LatencyEnv] * 2, None, frames_per_batch=10, max_batch_size=4, min_batch_size=9)
+    with pytest.raises(ValueError, match="step_timeout"):
+        Collector([LatencyEnv] * 2, None, frames_per_batch=10, step_timeout=0)
+    with pytest.raises(ValueError, match="reset_when_done"):
+        Collector([LatencyEnv] * 2, None, frames_per_batch=10, reset_when_done=False)
+
+
+def test_split_trajectories_of_a_coroutine_batch_matches_the_lengths():
+    envs = [LatencyEnv(i, length=3 + i) for i in range(3)]
+    with Collector(factories(envs), None, frames_per_batch=30, total_frames=30) as c:
+        (batch,) = list(c)
+    trajs = split_trajectories(batch)
+    lengths = sorted(trajs["collector", "mask"].sum(-1).tolist())
+    assert sum(lengths) == 30 and max(lengths) <= 5
