@@ -15,7 +15,10 @@ class LatencyEnv(AsyncEnv):
     """Obs ``[id, t, last action]``; each step awaits a latency drawn from ``[low, high]``.
 
     Records its step times (loop time), the envs it saw cancelled, and whether it was closed.
+    Every instance is kept in ``LatencyEnv.made`` (tests clear it).
     """
+
+    made: list = []
 
     def __init__(self, env_id: int = 0, low: float = 0.001, high: float = 0.003, length: int = 25,
                  hang_at: int | None = None, fail_at: int | None = None):
@@ -28,6 +31,7 @@ class LatencyEnv(AsyncEnv):
         self.cancelled = 0
         self.closed = False
         self.loop_ids: set[int] = set()
+        LatencyEnv.made.append(self)
 
     async def reset(self, *, seed=None, options=None):
         await super().reset(seed=seed)
@@ -146,3 +150,25 @@ class SocketGameEnv(AsyncEnv):
         if self.writer is not None:
             self.writer.close()
             await self.writer.wait_closed()
+
+
+class PlainCounterEnv:
+    """A gymnasium env with LatencyEnv's spaces and obs layout (no latency), for mixing."""
+
+    def __new__(cls, env_id: int = 99, length: int = 25):
+        import gymnasium as gym
+
+        class _Env(gym.Env):
+            observation_space = spaces.Box(-1e9, 1e9, (3,), np.float32)
+            action_space = spaces.Discrete(3)
+
+            def reset(self, *, seed=None, options=None):
+                super().reset(seed=seed)
+                self.t = 0
+                return np.array([env_id, 0, -1], np.float32), {}
+
+            def step(self, action):
+                self.t += 1
+                return np.array([env_id, self.t, int(action)], np.float32), float(self.t), False, self.t >= length, {}
+
+        return _Env()

@@ -12,9 +12,20 @@ import pytest
 import torch
 from gymnasium import spaces
 
-from aiocollect import AsyncEnv, Collector, Interruptor, StepTimeoutError, ThreadEnv, split_trajectories
+from aiocollect import (
+    AsyncCollector,
+    AsyncEnv,
+    Collector,
+    Interruptor,
+    MultiAsyncCollector,
+    MultiSyncCollector,
+    StepTimeoutError,
+    ThreadEnv,
+    WorkerError,
+    split_trajectories,
+)
 from conftest import check_batch, check_continuity
-from coroutine_util import GameServer, LatencyEnv, SocketGameEnv
+from coroutine_util import GameServer, LatencyEnv, PlainCounterEnv, SocketGameEnv
 
 
 def factories(envs):
@@ -262,3 +273,64 @@ def test_split_trajectories_of_a_coroutine_batch_matches_the_lengths():
     trajs = split_trajectories(batch)
     lengths = sorted(trajs["collector", "mask"].sum(-1).tolist())
     assert sum(lengths) == 30 and max(lengths) <= 5
+
+
+# ----------------------------------------------------------------------------- worker collectors
+
+
+def stepped():
+    return [e for e in LatencyEnv.made if e.steps]
+
+
+def test_multisync_mixes_coroutine_entries_with_process_workers():
+    LatencyEnv.made.clear()
+    make = [[LatencyEnv] * 2, [lambda: LatencyEnv(7)] * 2, [PlainCounterEnv] * 2]
+    with MultiSyncCollector(make, None, frames_per_batch=60, total_frames=180, max_frames_per_traj=6) as c:
+        batches = list(c)
+        workers = c.statistics().workers
+    assert [w.pid is None for w in workers] == [True, True, False]  # coroutine entries: no process
+    for b in batches:
+        assert b.shape == (3, 2, 10)
+        for part in b.unbind(0):
+            check_batch(part, step_count=6)
+        assert (b["observation"][1, :, :, 0] == 7).all() and (b["observation"][2, :, :, 0] == 99).all()
+    for prev, cur in zip(batches, batches[1:]):
+        for p, q in zip(prev.unbind(0), cur.unbind(0)):
+            check_continuity(p, q)
+    assert len(stepped()) == 4 and all(e.closed for e in stepped())
+
+
+def test_multiasync_a_slow_coroutine_entry_does_not_hold_back_a_fast_one():
+    LatencyEnv.made.clear()
+    make = [lambda: LatencyEnv(0, 0.001, 0.001, length=1000), lambda: LatencyEnv(1, 0.05, 0.05, length=1000)]
+    with MultiAsyncCollector(make, None, frames_per_batch=10, total_frames=60) as c:
+        batches = list(c)
+    ids = [int(b["observation"][0, 0]) for b in batches]
+    for b in batches:
+        check_batch(b)
+    assert ids.count(0) >= 5, ids  # the fast env's batches kept coming
+
+
+def test_async_collector_and_background_collection_with_coroutine_envs():
+    from test_weights import ListBuffer
+
+    rb = ListBuffer()
+    c = AsyncCollector([LatencyEnv] * 4, None, frames_per_batch=40, total_frames=-1, replay_buffer=rb)
+    try:
+        c.start()
+        time.sleep(0.5)
+    finally:
+        c.async_shutdown(timeout=5)
+    assert len(rb.batches) >= 2
+    for b in rb.batches:
+        assert b.shape == (4, 10)
+        check_batch(b)
+
+
+def test_a_failing_coroutine_entry_is_a_worker_error():
+    make = [[LatencyEnv] * 2, [lambda: LatencyEnv(5, fail_at=3)] * 2]
+    c = MultiSyncCollector(make, None, frames_per_batch=40, total_frames=-1)
+    with pytest.raises(WorkerError, match=r"worker 1 \(coroutine envs.*env 0 raised RuntimeError") as info:
+        c.rollout()
+    assert isinstance(info.value.__cause__, RuntimeError) and info.value.worker == 1
+    c.shutdown()

@@ -36,6 +36,8 @@ class WorkerSpec:
     """Whether its batches have an env dim (a list of factories or a ``VectorEnv``)."""
     lo: int
     hi: int
+    coroutine: bool = False
+    """Its envs are coroutine envs: they run on the engine loop, not in a process."""
 
 
 @dataclass(frozen=True)
@@ -104,17 +106,20 @@ def plan_workers(create_env_fn: Any, create_env_kwargs: dict | None) -> WorkerPl
     pickled = [_pickle(i, entry) for i, entry in enumerate(create_env_fn)]
     kwargs = dict(create_env_kwargs or {})
 
-    probed: dict[int, tuple[gym.Space, gym.Space, int, bool]] = {}
+    from .._envs.coroutine_group import CoroutineGroup
+
+    probed: dict[int, tuple[gym.Space, gym.Space, int, bool, bool]] = {}
     specs, first, lo = [], None, 0
     for i, entry in enumerate(create_env_fn):
         key = id(entry)
         if key not in probed:
             group, batched = make_group(list(entry) if isinstance(entry, tuple) else entry, kwargs)
             try:
-                probed[key] = (group.observation_space, group.action_space, group.num_envs, batched)
+                probed[key] = (group.observation_space, group.action_space, group.num_envs, batched,
+                               isinstance(group, CoroutineGroup))
             finally:
                 group.close()
-        obs_space, action_space, n, batched = probed[key]
+        obs_space, action_space, n, batched, coroutine = probed[key]
         if first is None:
             first = (obs_space, action_space)
         elif (obs_space, action_space) != first:
@@ -123,6 +128,6 @@ def plan_workers(create_env_fn: Any, create_env_kwargs: dict | None) -> WorkerPl
                 f"create_env_fn[0] has {first[0]} / {first[1]}; all workers of a collector must "
                 "share their observation and action spaces."
             )
-        specs.append(WorkerSpec(i, pickled[i], n, batched, lo, lo + n))
+        specs.append(WorkerSpec(i, pickled[i], n, batched, lo, lo + n, coroutine))
         lo += n
     return WorkerPlan(tuple(specs), first[0], first[1], kwargs)

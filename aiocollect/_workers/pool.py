@@ -36,6 +36,7 @@ import anyio.abc
 import numpy as np
 
 from . import protocol
+from .coroutine_worker import CoroutineWorker
 from .errors import WorkerError
 from .plan import WorkerPlan, WorkerSpec
 from .shm import Layout, SharedArrays, create_segment
@@ -154,10 +155,11 @@ class WorkerPool:
         self.plan = plan
         self.layout = layout
         self.reset_when_done = reset_when_done
-        self.workers = [Worker(spec) for spec in plan.workers]
+        self.workers = [CoroutineWorker(spec) if spec.coroutine else Worker(spec) for spec in plan.workers]
         self.shm_fd = create_segment(layout.size)
         self.shared = SharedArrays(layout, self.shm_fd)
-        self.spin_s = protocol.spin_budget(len(self.workers))
+        processes = sum(not spec.coroutine for spec in plan.workers)
+        self.spin_s = protocol.spin_budget(processes) if processes else 0.0
         """How long each side spins before blocking (0: never; see :mod:`.protocol`)."""
         for worker, line in zip(self.workers, self.shared.control):
             worker.control = line
@@ -184,7 +186,8 @@ class WorkerPool:
                 os.close(self.shm_fd)
                 self.shm_fd = -1
                 for worker in self.workers:
-                    tg.start_soon(self._watch, worker)
+                    if isinstance(worker, Worker):
+                        tg.start_soon(self._watch, worker)
                 task_status.started()
                 await self._stop.wait()
                 tg.cancel_scope.cancel()
@@ -205,7 +208,10 @@ class WorkerPool:
         with anyio.CancelScope(shield=True):
             await self._stopped.wait()
 
-    async def _start(self, worker: Worker) -> None:
+    async def _start(self, worker: Worker | CoroutineWorker) -> None:
+        if isinstance(worker, CoroutineWorker):
+            worker.build(self.shared, self.plan.create_env_kwargs, self.reset_when_done)
+            return
         parent, child = socket.socketpair()
         try:
             worker.sock = parent
@@ -261,6 +267,12 @@ class WorkerPool:
     async def _stop_all(self) -> None:
         """``CLOSE``, then ``SIGTERM``, then ``SIGKILL``: each step bounded in time."""
         self._stopping = True
+        coroutine = [w for w in self.workers if isinstance(w, CoroutineWorker)]
+        if coroutine:
+            with anyio.move_on_after(self.stop_timeout):
+                async with anyio.create_task_group() as tg:
+                    for w in coroutine:
+                        tg.start_soon(w.aclose)
         live = [w for w in self.workers if w.process is not None]
         for w in live:
             w.stop_reading()

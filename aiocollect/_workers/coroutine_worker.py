@@ -1,0 +1,145 @@
+"""``CoroutineWorker``: a worker entry of coroutine envs, run on the engine loop, not in a process.
+
+Coroutine envs wait on I/O; a process of their own would only add a hop. When an entry of
+a multi-process collector's ``create_env_fn`` builds coroutine envs
+(:class:`~aiocollect.AsyncEnv`), the pool gives it a :class:`CoroutineWorker` instead of a
+process. To the scheduler it is a worker like any other (``post`` a command, learn of its
+completion through ``on_reply``, ``completed()``); its envs read their actions from and
+write their results to the same shared-memory rows a process would use, so the scheduler,
+the batches and every option are the same. A command runs as a task on the engine loop:
+a step awaits every env of the entry concurrently, then resets the ones that finished
+(leaving the next episode's first observation aside, as a process worker does).
+
+An env that raises fails the worker with a :class:`~aiocollect.WorkerError` whose
+``__cause__`` is the env's exception.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import traceback
+from collections.abc import Callable
+from typing import Any
+
+import cloudpickle
+import numpy as np
+
+from .._envs.coroutine_group import CoroutineGroup
+from .._envs.group import make_group
+from . import protocol
+from .errors import WorkerError
+from .plan import WorkerSpec
+from .shm import SharedArrays
+
+
+def _ignore(worker: Any) -> None:
+    pass
+
+
+class CoroutineWorker:
+    """A worker entry of coroutine envs on the engine loop; see the module docstring."""
+
+    def __init__(self, spec: WorkerSpec):
+        self.spec = spec
+        self.index = spec.index
+        self.lo, self.hi = spec.lo, spec.hi
+        self.num_envs = spec.num_envs
+        self.process = None
+        self.pid: int | None = None
+        self.sock = None
+        self.error: WorkerError | None = None
+        self.env_steps = 0
+        self.on_reply: Callable[[Any], None] = _ignore
+        self.control: np.ndarray | None = None  # unused: nothing crosses a process boundary
+        self.group: CoroutineGroup | None = None
+        self._posted = 0
+        self._done = 0
+        self._seen = 0
+        self._task: asyncio.Task | None = None
+        self._closed = False
+
+    @property
+    def alive(self) -> bool:
+        return self.error is None and self.group is not None and not self._closed
+
+    def build(self, shared: SharedArrays, create_env_kwargs: dict, reset_when_done: bool) -> None:
+        """Build the entry's envs here and bind their results to this worker's rows."""
+        group, _ = make_group(cloudpickle.loads(self.spec.entry), create_env_kwargs)
+        if not isinstance(group, CoroutineGroup):  # pragma: no cover - the plan said so
+            raise TypeError(f"create_env_fn[{self.index}] no longer builds coroutine envs")
+        rows = shared.rows(self.lo, self.hi)
+        obs = {leaf.key: rows[f"obs{i}"] for i, leaf in enumerate(group.obs_leaves)}
+        group.bind(obs, rows["reward"], rows["terminated"], rows["truncated"])
+        self.group, self.rows, self.autoreset = group, rows, reset_when_done
+        self.obs = [rows[f"obs{i}"] for i in range(len(group.obs_leaves))]
+        self.reset_obs = [rows[f"reset_obs{i}"] for i in range(len(group.obs_leaves))]
+
+    # ------------------------------------------------------------------ the worker interface
+
+    def post(self, code: int) -> None:
+        self._posted += 1
+        self._task = asyncio.get_running_loop().create_task(self._run(code))
+
+    def completed(self) -> bool:
+        if self._seen != self._done and self._done == self._posted:
+            self._seen = self._done
+            return True
+        return False
+
+    def fail(self, error: WorkerError) -> None:
+        if self.error is None:
+            self.error = error
+            self.on_reply(self)
+
+    async def _run(self, code: int) -> None:
+        try:
+            if code == protocol.STEP_CODE:
+                await self._step()
+            else:
+                await self._reset()
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - reported as this worker's failure
+            env = getattr(exc, "env_index", None)
+            where = f"worker {self.index} (coroutine envs, in the main process)"
+            if env is not None:
+                where += f", env {env}"
+            error = WorkerError(
+                f"{where} raised {type(exc).__name__}: {exc}\n\n"
+                f"Traceback:\n{''.join(traceback.format_exception(exc)).rstrip()}",
+                worker=self.index, pid=None, env=env, remote_type=type(exc).__name__,
+                remote_traceback="".join(traceback.format_exception(exc)),
+            )
+            error.__cause__ = exc
+            self.fail(error)
+            return
+        self._done = self._posted
+        self.on_reply(self)
+
+    async def _step(self) -> None:
+        group, action = self.group, self.rows["action"]
+        await asyncio.gather(*(group.step_one(i, action[i]) for i in range(self.num_envs)))
+        if self.autoreset:
+            done = np.flatnonzero(group.terminated | group.truncated)
+            if len(done):
+                final = [a[done] for a in self.obs]
+                await asyncio.gather(*(group.reset_one(int(i), None) for i in done))
+                for a, r, f in zip(self.obs, self.reset_obs, final):
+                    r[done] = a[done]
+                    a[done] = f
+                self.rows["pre_reset"][done] = True
+
+    async def _reset(self) -> None:
+        rows = self.rows
+        idx = np.flatnonzero(rows["reset_mask"])
+        seeds = [int(rows["seed"][i]) if rows["seed_set"][i] else None for i in idx]
+        await asyncio.gather(*(self.group.reset_one(int(i), s) for i, s in zip(idx, seeds)))
+        rows["pre_reset"][idx] = False
+
+    async def aclose(self) -> None:
+        """Cancel the command under way and close the envs."""
+        self._closed = True
+        if self._task is not None and not self._task.done():
+            self._task.cancel()
+        if self.group is not None:
+            await self.group.aclose()

@@ -1,0 +1,220 @@
+"""Coroutine envs: 256 envs whose step awaits 5-15 ms, against the latency bound and TorchRL.
+
+What is measured
+----------------
+Each env's step waits a uniform 5-15 ms (mean 10 ms) and computes nothing, as a game
+server or a web API would. With 256 envs the **latency bound** is 256 / 10 ms = 25,600
+frames/s: no collector can step an env faster than its latency allows.
+
+* ``barrier``: a hand-written asyncio loop that steps all 256 envs together
+  (``asyncio.gather``), then runs the policy once on all of them. Every step lasts as long
+  as the slowest of 256 envs (~15 ms), which loses about a third of the bound.
+* ``aiocollect``: ``Collector([factory] * 256, policy)`` with the coroutine envs; each env
+  steps as soon as its action is ready, the policy runs on whichever envs are ready.
+  Batches of 100 steps per env (25,600 frames, about a second). Within a batch nobody
+  waits; at its end, envs that have their 100 steps wait for the slowest (about 5% of the
+  bound at 100 steps, 12% at 40). Goal: >= 0.8 of the bound.
+* ``torchrl``: TorchRL's ``AsyncBatchedCollector`` (threading backend) on the same envs
+  wrapped for it: a gymnasium env whose step *sleeps* 5-15 ms (``time.sleep`` releases the
+  GIL, so its threads wait concurrently), in ``GymWrapper``. Goal: aiocollect ahead.
+
+Every contender runs the same policy (a 3-32-2 MLP, argmax) and the same episodes (200
+steps, then truncated). Frames/s over ``--repeats`` runs after a warm-up; the table shows
+the best and the median, ratios use the best.
+
+Usage::
+
+    python benchmarks/bench_coroutines.py            # full run, ~1.5 min on 2 cores
+    python benchmarks/bench_coroutines.py --quick    # smoke run, ~25 s
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import statistics
+import sys
+import time
+import warnings
+
+os.environ.setdefault("RL_WARNINGS", "0")
+os.environ.setdefault("RL_LOGGING_LEVEL", "ERROR")
+
+import gymnasium as gym  # noqa: E402
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+from _common import environment, parse_args  # noqa: E402
+from gymnasium import spaces  # noqa: E402
+from tensordict.nn import TensorDictModule  # noqa: E402
+from torch import nn  # noqa: E402
+
+from aiocollect import AsyncEnv, Collector  # noqa: E402
+
+NUM_ENVS = 256
+LOW, HIGH = 0.005, 0.015
+LENGTH = 200
+BOUND = NUM_ENVS / ((LOW + HIGH) / 2)
+
+
+class Argmax(nn.Module):
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.net = nn.Sequential(nn.Linear(3, 32), nn.Tanh(), nn.Linear(32, 2))
+
+    def forward(self, obs: torch.Tensor) -> torch.Tensor:
+        return self.net(obs).argmax(-1)
+
+
+def policy() -> TensorDictModule:
+    return TensorDictModule(Argmax(), in_keys=["observation"], out_keys=["action"])
+
+
+class LatencyEnv(AsyncEnv):
+    """Awaits a uniform 5-15 ms per step; obs [t, last action, 1]."""
+
+    def __init__(self):
+        self.observation_space = spaces.Box(-1e6, 1e6, (3,), np.float32)
+        self.action_space = spaces.Discrete(2)
+
+    async def reset(self, *, seed=None, options=None):
+        await super().reset(seed=seed)
+        self.t = 0
+        return np.array([0, 0, 1], np.float32), {}
+
+    async def step(self, action):
+        await asyncio.sleep(self.np_random.uniform(LOW, HIGH))
+        self.t += 1
+        return np.array([self.t, int(action), 1], np.float32), 1.0, False, self.t >= LENGTH, {}
+
+
+class SleepingEnv(gym.Env):
+    """The same env for threads: its step sleeps 5-15 ms (releasing the GIL)."""
+
+    observation_space = spaces.Box(-1e6, 1e6, (3,), np.float32)
+    action_space = spaces.Discrete(2)
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self.t = 0
+        return np.array([0, 0, 1], np.float32), {}
+
+    def step(self, action):
+        time.sleep(self.np_random.uniform(LOW, HIGH))
+        self.t += 1
+        return np.array([self.t, int(action), 1], np.float32), 1.0, False, self.t >= LENGTH, {}
+
+
+# ---------------------------------------------------------------------------- contenders
+
+
+def barrier_fps(seconds: float) -> float:
+    async def run() -> float:
+        envs = [LatencyEnv() for _ in range(NUM_ENVS)]
+        module = Argmax()
+        obs = np.stack([(await e.reset(seed=i))[0] for i, e in enumerate(envs)])
+        steps, start = 0, None
+        with torch.no_grad():
+            while True:
+                action = module(torch.from_numpy(obs)).numpy()
+                results = await asyncio.gather(*(e.step(a) for e, a in zip(envs, action)))
+                for i, (o, _, term, trunc, _) in enumerate(results):
+                    obs[i] = (await envs[i].reset())[0] if term or trunc else o
+                steps += 1
+                if start is None:
+                    if steps == 20:  # warmed up
+                        start, steps = time.perf_counter(), 0
+                elif time.perf_counter() - start > seconds:
+                    return steps * NUM_ENVS / (time.perf_counter() - start)
+
+    return asyncio.run(run())
+
+
+def aiocollect_fps(batches: int, steps: int) -> float:
+    """Batches of ``steps`` steps per env (each env waits for the slowest at a batch's end:
+    the longer the batch, the less that costs)."""
+    with Collector([LatencyEnv] * NUM_ENVS, policy(), frames_per_batch=NUM_ENVS * steps, total_frames=-1) as c:
+        it = iter(c)
+        next(it)
+        frames, start = 0, time.perf_counter()
+        for _ in range(batches):
+            frames += next(it).numel()
+        return frames / (time.perf_counter() - start)
+
+
+def torchrl_fps(batches: int) -> float | None:
+    try:
+        from torchrl.collectors import AsyncBatchedCollector
+        from torchrl.envs import GymWrapper
+    except ImportError:
+        return None
+
+    def make():
+        return GymWrapper(SleepingEnv(), categorical_action_encoding=True)
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        collector = AsyncBatchedCollector([make] * NUM_ENVS, policy=policy(), frames_per_batch=NUM_ENVS * 10,
+                                          total_frames=-1, backend="threading", max_batch_size=NUM_ENVS)
+    it = iter(collector)
+    try:
+        next(it)
+        frames, start = 0, time.perf_counter()
+        for _ in range(batches):
+            frames += next(it).numel()
+        return frames / (time.perf_counter() - start)
+    finally:
+        it.close()
+        collector.shutdown()
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv, "256 coroutine envs with 5-15 ms latency: aiocollect vs a barrier vs TorchRL.",
+                      "smoke run (~25 s)")
+    torch.set_num_threads(1)
+    env = environment()
+    print(f"# environment: {env}", file=sys.stderr)
+    seconds, our_batches, steps, their_batches = (1.0, 2, 40, 3) if args.quick else (4.0, 4, 100, 6)
+    runs: dict[str, list[float]] = {"barrier": [], "aiocollect": [], "torchrl": []}
+    for r in range(args.repeats):
+        for name in runs:
+            print(f"{name} (run {r + 1}/{args.repeats}) ...", file=sys.stderr)
+            if name == "barrier":
+                value = barrier_fps(seconds)
+            elif name == "aiocollect":
+                value = aiocollect_fps(our_batches, steps)
+            else:
+                value = torchrl_fps(their_batches)
+            if value is not None:
+                runs[name].append(value)
+
+    print(f"\n## {NUM_ENVS} coroutine envs, step awaits U({LOW * 1e3:.0f}, {HIGH * 1e3:.0f}) ms: "
+          f"latency bound {BOUND:,.0f} frames/s")
+    print(f"{'contender':44} {'best fps':>10} {'median':>10} {'/ bound':>8}")
+    rows = {"barrier": "barrier: asyncio.gather over all envs per step",
+            "aiocollect": "aiocollect Collector, coroutine envs",
+            "torchrl": "TorchRL AsyncBatchedCollector, threading"}
+    results = {"environment": env, "bound": BOUND, "contenders": {}}
+    for name, label in rows.items():
+        values = runs[name]
+        if not values:
+            print(f"{label:44} {'n/a':>10}")
+            continue
+        best, median = max(values), statistics.median(values)
+        results["contenders"][name] = {"best": best, "median": median, "runs": values}
+        print(f"{label:44} {best:10,.0f} {median:10,.0f} {best / BOUND:8.2f}")
+    ours = results["contenders"].get("aiocollect", {}).get("best")
+    theirs = results["contenders"].get("torchrl", {}).get("best")
+    print(f"\naiocollect / bound: {ours / BOUND:.2f} (goal >= 0.8)")
+    if theirs:
+        print(f"aiocollect / TorchRL AsyncBatchedCollector: {ours / theirs:.2f} (goal > 1)")
+    print(f"load average {os.getloadavg()[0]:.2f}")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(results, f, indent=2)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
