@@ -38,7 +38,7 @@ _EXPORTS = {
     "MultiSyncDataCollector": "._collectors.multi_sync",
     "MultiaSyncDataCollector": "._collectors.multi_async",
     "RandomPolicy": "._policies.random",
-    "StepTimeoutError": "._engine.coroutines",
+    "StepTimeoutError": "._envs.coroutine_group",
     "SyncDataCollector": "._collectors.collector",
     "ThreadEnv": "._envs.coroutine_group",
     "WorkerError": "._workers.errors",
@@ -77,9 +77,9 @@ if _typing.TYPE_CHECKING:  # static tools see ordinary imports
     from ._collectors.multi_sync import MultiSyncCollector as MultiSyncCollector
     from ._collectors.multi_sync import MultiSyncDataCollector as MultiSyncDataCollector
     from ._collectors.options import CollectorOptions as CollectorOptions
-    from ._engine.coroutines import StepTimeoutError as StepTimeoutError
     from ._engine.trajectories import split_trajectories as split_trajectories
     from ._envs.async_env import AsyncEnv as AsyncEnv
+    from ._envs.coroutine_group import StepTimeoutError as StepTimeoutError
     from ._envs.coroutine_group import ThreadEnv as ThreadEnv
     from ._envs.gym import GymEnv as GymEnv
     from ._policies.random import RandomPolicy as RandomPolicy

@@ -36,3 +36,17 @@ def test_weights_benchmark_quick_mode_reports_every_section(tmp_path):
     for section in ("with_updates", "jax"):
         for entry in results[section].values():
             assert entry["ratio"] > 0
+
+
+def test_coroutine_benchmark_quick_mode_reports_every_contender(tmp_path):
+    out = tmp_path / "coroutines.json"
+    script = BENCH.parent / "bench_coroutines.py"
+    proc = subprocess.run([sys.executable, str(script), "--quick", "--json", str(out)],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    for row in ("barrier: asyncio.gather", "aiocollect Collector, coroutine envs",
+                "TorchRL AsyncBatchedCollector, threading", "aiocollect / bound"):
+        assert row in proc.stdout, row
+    results = json.loads(out.read_text())
+    assert results["bound"] == 25_600
+    assert set(results["contenders"]) == {"barrier", "aiocollect", "torchrl"}

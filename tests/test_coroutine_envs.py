@@ -3,6 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import os
+import signal
+import subprocess
+import sys
+import textwrap
 import threading
 import time
 
@@ -334,3 +339,52 @@ def test_a_failing_coroutine_entry_is_a_worker_error():
         c.rollout()
     assert isinstance(info.value.__cause__, RuntimeError) and info.value.worker == 1
     c.shutdown()
+
+
+CTRL_C_SCRIPT = textwrap.dedent(
+    """
+    import sys, threading
+    sys.path.insert(0, {tests!r})
+    from coroutine_util import LatencyEnv
+    from aiocollect import Collector
+
+    envs = [LatencyEnv(i, 0.01, 0.02) for i in range(16)]
+    try:
+        with Collector([lambda e=e: e for e in envs], None, frames_per_batch=16 * 100000) as c:
+            print("collecting", flush=True)
+            for batch in c:
+                pass
+    except KeyboardInterrupt:
+        threads = [t.name for t in threading.enumerate() if t.name.startswith("aiocollect")]
+        print("interrupted", threads, sum(e.cancelled for e in envs), all(e.closed for e in envs), flush=True)
+        raise
+    """
+)
+
+
+def test_ctrl_c_cancels_pending_steps_closes_envs_and_stops_the_loop():
+    script = CTRL_C_SCRIPT.format(tests=os.path.dirname(__file__))
+    proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert proc.stdout.readline().strip() == "collecting"
+    time.sleep(0.5)
+    t0 = time.monotonic()
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=20)
+    assert time.monotonic() - t0 < 5, "Ctrl-C took too long"
+    words = out.split()
+    assert words[0] == "interrupted" and words[1] == "[]", out  # no loop thread left
+    assert int(words[2]) >= 1 and words[3] == "True", out  # pending steps cancelled, every env closed
+    assert "KeyboardInterrupt" in err and proc.returncode != 0
+
+
+def test_step_timeout_in_a_worker_collector_names_worker_and_env():
+    make = [[LatencyEnv] * 2, [lambda: LatencyEnv(5, hang_at=2)] * 2]
+    c = MultiAsyncCollector(make, None, frames_per_batch=20, total_frames=-1, step_timeout=0.3)
+    start = time.perf_counter()
+    with pytest.raises(WorkerError, match=r"worker 1 .*env 0 of worker 1 \(LatencyEnv\) did not answer step\(\)"):
+        for _ in c:
+            pass
+    assert time.perf_counter() - start < 3
+    c.shutdown()
+    with pytest.raises(ValueError, match="step_timeout.*coroutine envs"):
+        MultiSyncCollector([PlainCounterEnv] * 2, None, frames_per_batch=20, step_timeout=1.0)

@@ -31,7 +31,7 @@ from .._workers.pool import WorkerPool
 from .._workers.shm import Layout
 from .base import DataCollectorBase, WorkerStatistics
 from .loop_thread import LoopThread
-from .options import WorkerOptions, options_from, validate_worker_options
+from .options import WorkerOptions, options_from, validate_batching, validate_worker_options
 
 
 class WorkerCollectorBase(DataCollectorBase):
@@ -48,7 +48,9 @@ class WorkerCollectorBase(DataCollectorBase):
 
     The other arguments are TorchRL's, see :class:`~aiocollect.CollectorOptions` and
     :class:`~aiocollect._collectors.options.WorkerOptions` (``max_policy_lag``:
-    :class:`~aiocollect.MultiAsyncCollector` only). ``num_threads`` and
+    :class:`~aiocollect.MultiAsyncCollector` only). Entries that build coroutine envs
+    (:class:`~aiocollect.AsyncEnv`) run on the engine loop instead of in a process
+    (:mod:`.._workers.coroutine_worker`); ``step_timeout`` applies to them. ``num_threads`` and
     ``num_sub_threads`` are accepted for compatibility: workers do not run torch.
     """
 
@@ -83,6 +85,7 @@ class WorkerCollectorBase(DataCollectorBase):
         num_threads: int | None = None,
         num_sub_threads: int = 1,
         max_policy_lag: int | None = None,
+        step_timeout: float | None = None,
     ):
         options = options_from(locals())
         worker_options = validate_worker_options(
@@ -95,6 +98,9 @@ class WorkerCollectorBase(DataCollectorBase):
             raise TypeError("create_env_fn is required: a list with one env factory per worker.")
         plan = plan_workers(self._entries(create_env_fn), options.create_env_kwargs)
         self._check_plan(plan, options, worker_options)
+        step_timeout = validate_batching(max_batch_size=None, min_batch_size=None, batch_timeout=None,
+                                         step_timeout=step_timeout,
+                                         coroutine=any(w.coroutine for w in plan.workers)).step_timeout
         super().__init__(options)
         self.worker_options = worker_options
         self._plan = plan
@@ -111,7 +117,7 @@ class WorkerCollectorBase(DataCollectorBase):
         self._policy = PolicySetup(policy, plan.action_space, [leaf.key for leaf in obs_leaves],
                                    device=self.policy_device, exploration_type=options.exploration_type)
         self.policy = self._policy.policy
-        pool = WorkerPool(plan, layout, reset_when_done=options.reset_when_done)
+        pool = WorkerPool(plan, layout, reset_when_done=options.reset_when_done, step_timeout=step_timeout)
         self._pool = pool
         res = self._resources
         res.closers.append(pool.kill_leftovers)

@@ -36,12 +36,10 @@ from typing import Any
 import numpy as np
 import torch
 
-from .._envs.coroutine_group import CoroutineGroup
+from .._envs.coroutine_group import CoroutineGroup, timed
 from .._policies.runner import PolicyRunner
 from .buffer import OutputSpec, RolloutBuffer
 from .engine import IdPool
-
-_timeout = getattr(asyncio, "timeout", None)  # Python >= 3.11
 
 
 @dataclass(frozen=True)
@@ -56,10 +54,6 @@ class Batching:
     """...but no longer than this many seconds after the first of them became ready."""
     step_timeout: float | None = None
     """A step or reset that takes longer fails the collection, naming the env (``None``: no limit)."""
-
-
-class StepTimeoutError(TimeoutError):
-    """A coroutine env did not answer within ``step_timeout``."""
 
 
 class CoroutineEngine:
@@ -206,22 +200,7 @@ class CoroutineEngine:
         self._batch.step_landed(i)
 
     async def _timed(self, coro: Any, i: int, what: str) -> None:
-        timeout = self.batching.step_timeout
-        if timeout is None:
-            await coro
-            return
-        try:
-            if _timeout is not None:
-                async with _timeout(timeout):
-                    await coro
-            else:  # Python 3.10
-                await asyncio.wait_for(coro, timeout)
-        except TimeoutError:
-            env = self.group.envs[i]
-            raise StepTimeoutError(
-                f"coroutine env {i} ({type(env).__qualname__}) did not answer {what}() within "
-                f"{timeout} s (step_timeout); raise step_timeout if it is just slow."
-            ) from None
+        await timed(coro, self.batching.step_timeout, self.group.envs[i], f"coroutine env {i}", what)
 
     def _fail(self, exc: BaseException) -> None:
         if isinstance(exc, asyncio.CancelledError):

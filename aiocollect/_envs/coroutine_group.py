@@ -13,6 +13,7 @@ thread (for envs that release the GIL: native physics, a blocking client).
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Sequence
 from typing import Any
@@ -24,6 +25,31 @@ from .async_env import AsyncEnv, check_async_env, is_async_env
 from .group import _blame, _GroupBase
 
 logger = logging.getLogger("aiocollect")
+
+_timeout = getattr(asyncio, "timeout", None)  # Python >= 3.11
+
+
+class StepTimeoutError(TimeoutError):
+    """A coroutine env did not answer within ``step_timeout``."""
+
+
+async def timed(coro: Any, timeout: float | None, env: Any, where: str, what: str) -> Any:
+    """``await coro``, failing with :class:`StepTimeoutError` after ``timeout`` seconds.
+
+    ``where`` names the env in the message ("coroutine env 3", "env 1 of worker 2").
+    """
+    if timeout is None:
+        return await coro
+    try:
+        if _timeout is not None:
+            async with _timeout(timeout):
+                return await coro
+        return await asyncio.wait_for(coro, timeout)  # Python 3.10
+    except TimeoutError:
+        raise StepTimeoutError(
+            f"{where} ({type(env).__qualname__}) did not answer {what}() within {timeout} s "
+            "(step_timeout); raise step_timeout if it is just slow."
+        ) from None
 
 
 class SyncEnvAdapter(AsyncEnv):

@@ -24,7 +24,7 @@ from typing import Any
 import cloudpickle
 import numpy as np
 
-from .._envs.coroutine_group import CoroutineGroup
+from .._envs.coroutine_group import CoroutineGroup, timed
 from .._envs.group import make_group
 from . import protocol
 from .errors import WorkerError
@@ -57,6 +57,7 @@ class CoroutineWorker:
         self._seen = 0
         self._task: asyncio.Task | None = None
         self._closed = False
+        self.step_timeout: float | None = None
 
     @property
     def alive(self) -> bool:
@@ -118,12 +119,12 @@ class CoroutineWorker:
 
     async def _step(self) -> None:
         group, action = self.group, self.rows["action"]
-        await asyncio.gather(*(group.step_one(i, action[i]) for i in range(self.num_envs)))
+        await asyncio.gather(*(self._timed(group.step_one(i, action[i]), i, "step") for i in range(self.num_envs)))
         if self.autoreset:
             done = np.flatnonzero(group.terminated | group.truncated)
             if len(done):
                 final = [a[done] for a in self.obs]
-                await asyncio.gather(*(group.reset_one(int(i), None) for i in done))
+                await asyncio.gather(*(self._timed(group.reset_one(int(i), None), int(i), "reset") for i in done))
                 for a, r, f in zip(self.obs, self.reset_obs, final):
                     r[done] = a[done]
                     a[done] = f
@@ -133,8 +134,18 @@ class CoroutineWorker:
         rows = self.rows
         idx = np.flatnonzero(rows["reset_mask"])
         seeds = [int(rows["seed"][i]) if rows["seed_set"][i] else None for i in idx]
-        await asyncio.gather(*(self.group.reset_one(int(i), s) for i, s in zip(idx, seeds)))
+        await asyncio.gather(*(self._timed(self.group.reset_one(int(i), s), int(i), "reset")
+                               for i, s in zip(idx, seeds)))
         rows["pre_reset"][idx] = False
+
+    async def _timed(self, coro: Any, i: int, what: str) -> None:
+        where = f"env {i} of worker {self.index}"
+        try:
+            await timed(coro, self.step_timeout, self.group.envs[i], where, what)
+        except Exception as exc:
+            if getattr(exc, "env_index", None) is None:
+                exc.env_index = i
+            raise
 
     async def aclose(self) -> None:
         """Cancel the command under way and close the envs."""

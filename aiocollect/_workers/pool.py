@@ -151,11 +151,15 @@ def _ignore(worker: Worker) -> None:
 class WorkerPool:
     """Starts, watches and stops the workers of one collector; see the module docstring."""
 
-    def __init__(self, plan: WorkerPlan, layout: Layout, *, reset_when_done: bool):
+    def __init__(self, plan: WorkerPlan, layout: Layout, *, reset_when_done: bool,
+                 step_timeout: float | None = None):
         self.plan = plan
         self.layout = layout
         self.reset_when_done = reset_when_done
         self.workers = [CoroutineWorker(spec) if spec.coroutine else Worker(spec) for spec in plan.workers]
+        for worker in self.workers:
+            if isinstance(worker, CoroutineWorker):
+                worker.step_timeout = step_timeout
         self.shm_fd = create_segment(layout.size)
         self.shared = SharedArrays(layout, self.shm_fd)
         processes = sum(not spec.coroutine for spec in plan.workers)
