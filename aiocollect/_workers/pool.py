@@ -87,7 +87,10 @@ class Worker:
         ctl = self.control
         ctl[protocol.CMD] = self._posted * 4 + code
         if ctl[protocol.W_ASLEEP]:
-            self.sock.send(protocol.OK)
+            try:
+                self.sock.send(protocol.OK)
+            except OSError:  # it died (EPIPE) before its socket's EOF reached us
+                self.fail(WorkerError.died(self.index, self.pid, self._exitcode()))
 
     def completed(self) -> bool:
         """The last posted command is done and was not reported yet (reports it once)."""
