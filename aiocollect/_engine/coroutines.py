@@ -39,7 +39,7 @@ import torch
 from .._envs.coroutine_group import CoroutineGroup, timed
 from .._policies.runner import PolicyRunner
 from .buffer import OutputSpec, RolloutBuffer
-from .engine import IdPool
+from .engine import IdPool, TrajectoryBook
 
 
 @dataclass(frozen=True)
@@ -56,24 +56,16 @@ class Batching:
     """A step or reset that takes longer fails the collection, naming the env (``None``: no limit)."""
 
 
-class CoroutineEngine:
+class CoroutineEngine(TrajectoryBook):
     """Steps a :class:`CoroutineGroup` without a barrier; see the module docstring."""
 
     def __init__(self, group: CoroutineGroup, *, max_frames_per_traj: int | None, batching: Batching,
                  ids: IdPool | None = None):
+        super().__init__(group.num_envs, ids)
         self.group = group
-        n = group.num_envs
-        self.num_envs = n
         self.batching = batching
         self.max_frames_per_traj = max_frames_per_traj
         self._track_steps = max_frames_per_traj is not None
-        self.ids = ids if ids is not None else IdPool()
-        self.traj_ids = self.ids.take(n)
-        self.step_count = np.zeros(n, dtype=np.int64)
-        self.needs_reset = np.ones(n, dtype=bool)
-        self._seeds: list[int | None] | None = None
-        self.completed_trajectories = 0
-        self.env_steps = 0
         self._obs = list(group.obs.values())
         self._keys = list(group.obs)
         self._tasks: dict[int, asyncio.Task] = {}
@@ -85,30 +77,8 @@ class CoroutineEngine:
 
     # ------------------------------------------------------------------ control
 
-    def request_reset(self, seeds: list[int | None] | None = None) -> None:
-        """Reset every env before its next step (with these per-env seeds, if given)."""
-        midway = np.flatnonzero(~self.needs_reset)
-        if len(midway):
-            self._new_trajectories(midway, completed=False)
-        self.needs_reset[:] = True
+    def _reset_requested(self) -> None:
         self._reset_requests += 1
-        if seeds is not None:
-            self._seeds = list(seeds)
-
-    def state_dict(self) -> dict[str, Any]:
-        return {"next_traj_id": self.ids.next, "completed_trajectories": self.completed_trajectories}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.ids.next = max(self.ids.next, int(state["next_traj_id"]))
-        self.completed_trajectories = int(state["completed_trajectories"])
-        self.request_reset()
-        self.traj_ids[:] = self.ids.take(self.num_envs)
-
-    def _new_trajectories(self, idx: np.ndarray, *, completed: bool = True) -> None:
-        self.traj_ids[idx] = self.ids.take(len(idx))
-        self.step_count[idx] = 0
-        if completed:
-            self.completed_trajectories += len(idx)
 
     def cancel_pending(self) -> None:
         """Cancel every pending step and reset; those envs restart from a reset."""

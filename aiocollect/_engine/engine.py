@@ -52,7 +52,58 @@ class IdPool:
         return ids
 
 
-class Engine:
+class TrajectoryBook:
+    """What every engine keeps per env between steps and batches: trajectory ids, step
+    counts, which envs need a reset, the seeds for those resets, and counters.
+
+    Engines that share an :class:`IdPool` never hand out the same trajectory id.
+    """
+
+    def __init__(self, num_envs: int, ids: IdPool | None):
+        self.num_envs = num_envs
+        self.ids = ids if ids is not None else IdPool()
+        self.traj_ids = self.ids.take(num_envs)
+        self.step_count = np.zeros(num_envs, dtype=np.int64)
+        self.needs_reset = np.ones(num_envs, dtype=bool)
+        self._seeds: list[int | None] | None = None
+        self.completed_trajectories = 0
+        self.env_steps = 0
+
+    def _reset_requested(self) -> None:
+        """Hook: every env was just marked for a reset."""
+
+    def request_reset(self, seeds: list[int] | None = None) -> None:
+        """Reset every env before its next step (with these per-env seeds, if given).
+
+        Envs in the middle of a trajectory start a new one (with a new id).
+        """
+        midway = np.flatnonzero(~self.needs_reset)
+        if len(midway):
+            self._new_trajectories(midway, completed=False)
+        self.needs_reset[:] = True
+        self._reset_requested()
+        if seeds is not None:
+            self._seeds = list(seeds)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"next_traj_id": self.ids.next, "completed_trajectories": self.completed_trajectories}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        # trajectory ids must never be reused: continue after the saved counter
+        self.ids.next = max(self.ids.next, int(state["next_traj_id"]))
+        self.completed_trajectories = int(state["completed_trajectories"])
+        self.needs_reset[:] = True
+        self._reset_requested()
+        self._new_trajectories(np.arange(self.num_envs), completed=False)
+
+    def _new_trajectories(self, idx: np.ndarray, *, completed: bool = True) -> None:
+        self.traj_ids[idx] = self.ids.take(len(idx))
+        self.step_count[idx] = 0
+        if completed:
+            self.completed_trajectories += len(idx)
+
+
+class Engine(TrajectoryBook):
     """Steps one env group with one policy; see the module docstring.
 
     Args:
@@ -65,59 +116,23 @@ class Engine:
 
     def __init__(self, group: Any, *, max_frames_per_traj: int | None, reset_when_done: bool,
                  ids: IdPool | None = None):
+        super().__init__(group.num_envs, ids)
         self.group = group
         self.max_frames_per_traj = max_frames_per_traj
         self.reset_when_done = reset_when_done
         n = group.num_envs
-        self.num_envs = n
-        self.ids = ids if ids is not None else IdPool()
-        self.traj_ids = self.ids.take(n)
-        self.step_count = np.zeros(n, dtype=np.int64)
-        self.needs_reset = np.ones(n, dtype=bool)
         self.any_reset = True
-        self._seeds: list[int] | None = None
         # root done/terminated/truncated of the current step; only ever true when
         # reset_when_done=False (a finished env that is not reset stays done)
         self._root_flags = np.zeros((3, n), dtype=bool)
         self._obs_arrays = list(group.obs.values())
         self.obs_tensors = {k: torch.from_numpy(v) for k, v in group.obs.items()}
         self._track_steps = max_frames_per_traj is not None
-        self.completed_trajectories = 0
-        self.env_steps = 0
-
-    # ------------------------------------------------------------------ control
-
-    def request_reset(self, seeds: list[int] | None = None) -> None:
-        """Reset every env before the next step (with these per-env seeds, if given).
-
-        Envs in the middle of a trajectory start a new one (with a new id).
-        """
-        midway = np.flatnonzero(~self.needs_reset)
-        if len(midway):
-            self._new_trajectories(midway, completed=False)
-        self.needs_reset[:] = True
-        self.any_reset = True
-        if seeds is not None:
-            self._seeds = list(seeds)
-
-    def state_dict(self) -> dict[str, Any]:
-        return {"next_traj_id": self.ids.next, "completed_trajectories": self.completed_trajectories}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        # trajectory ids must never be reused: continue after the saved counter
-        self.ids.next = max(self.ids.next, int(state["next_traj_id"]))
-        self.completed_trajectories = int(state["completed_trajectories"])
-        self.needs_reset[:] = True
-        self.any_reset = True
-        self._new_trajectories(np.arange(self.num_envs), completed=False)
 
     # ------------------------------------------------------------------ resets
 
-    def _new_trajectories(self, idx: np.ndarray, *, completed: bool = True) -> None:
-        self.traj_ids[idx] = self.ids.take(len(idx))
-        self.step_count[idx] = 0
-        if completed:
-            self.completed_trajectories += len(idx)
+    def _reset_requested(self) -> None:
+        self.any_reset = True
 
     @property
     def has_seeds(self) -> bool:

@@ -22,7 +22,7 @@ import anyio
 import gymnasium as gym
 
 from .async_env import AsyncEnv, check_async_env, is_async_env
-from .group import _blame, _GroupBase
+from .group import _blame, _GroupBase, check_same_spaces
 
 logger = logging.getLogger("aiocollect")
 
@@ -121,15 +121,8 @@ class CoroutineGroup(_GroupBase):
     """Coroutine envs stepped one at a time on the loop; see the module docstring."""
 
     def __init__(self, envs: Sequence[Any], device=None):
-        first = envs[0]
-        super().__init__(first.observation_space, first.action_space, len(envs), device)
-        for i, env in enumerate(envs[1:], start=1):
-            if env.observation_space != first.observation_space or env.action_space != first.action_space:
-                raise ValueError(
-                    f"create_env_fn: env {i} has spaces {env.observation_space} / {env.action_space}, "
-                    f"env 0 has {first.observation_space} / {first.action_space}; all envs of a "
-                    "collector must share their observation and action spaces."
-                )
+        check_same_spaces(envs)
+        super().__init__(envs[0].observation_space, envs[0].action_space, len(envs), device)
         self.envs = list(envs)
 
     async def step_one(self, i: int, action: Any) -> None:

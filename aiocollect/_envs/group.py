@@ -70,6 +70,18 @@ class _GroupBase:
         self.reset_now(idx, seeds)
 
 
+def check_same_spaces(envs: Sequence[Any]) -> None:
+    """Raise unless every env has env 0's observation and action spaces."""
+    first = envs[0]
+    for i, env in enumerate(envs[1:], start=1):
+        if env.observation_space != first.observation_space or env.action_space != first.action_space:
+            raise ValueError(
+                f"create_env_fn: env {i} has spaces {env.observation_space} / {env.action_space}, "
+                f"env 0 has {first.observation_space} / {first.action_space}; all envs of a "
+                "collector must share their observation and action spaces."
+            )
+
+
 def _blame(exc: BaseException, i: int) -> None:
     """Record on ``exc`` that env ``i`` raised it."""
     if getattr(exc, "env_index", None) is None:
@@ -89,15 +101,8 @@ class InProcessGroup(_GroupBase):
     """
 
     def __init__(self, envs: Sequence[gym.Env], device=None):
-        first = envs[0]
-        super().__init__(first.observation_space, first.action_space, len(envs), device)
-        for i, env in enumerate(envs[1:], start=1):
-            if env.observation_space != first.observation_space or env.action_space != first.action_space:
-                raise ValueError(
-                    f"create_env_fn: env {i} has spaces {env.observation_space} / {env.action_space}, "
-                    f"env 0 has {first.observation_space} / {first.action_space}; all envs of a "
-                    "collector must share their observation and action spaces."
-                )
+        check_same_spaces(envs)
+        super().__init__(envs[0].observation_space, envs[0].action_space, len(envs), device)
         self.envs = list(envs)
 
     def step_now(self, action: np.ndarray) -> None:
