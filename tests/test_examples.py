@@ -1,0 +1,29 @@
+"""The examples run, end to end, with few frames (their speed is reported, not asserted)."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+EXAMPLES = Path(__file__).parent.parent / "examples"
+
+
+def run(script: str, *args: str) -> str:
+    proc = subprocess.run([sys.executable, str(EXAMPLES / script), *args], capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return proc.stdout
+
+
+def test_collect_cartpole():
+    out = run("collect_cartpole.py", "--envs", "4", "--frames", "4000")
+    assert re.search(r"4000 frames in [\d.]+ s: [\d,]+ frames/s", out), out
+
+
+def test_coroutine_game_over_tcp():
+    out = run("coroutine_game.py", "--envs", "16", "--frames", "3200")
+    assert re.search(r"3200 frames from 16 TCP envs in [\d.]+ s", out), out
+    episodes, mean = re.search(r"(\d+) episodes, mean return ([+-][\d.]+)", out).groups()
+    assert int(episodes) > 0 and -1 <= float(mean) <= 1
