@@ -38,6 +38,8 @@ _EXPORTS = {
     "MultiSyncDataCollector": "._collectors.multi_sync",
     "MultiaSyncDataCollector": "._collectors.multi_async",
     "RandomPolicy": "._policies.random",
+    "RayCollector": "._distributed.ray_collector",
+    "RemoteCollectorError": "._distributed.remote",
     "StepTimeoutError": "._envs.coroutine_group",
     "SyncDataCollector": "._collectors.collector",
     "ThreadEnv": "._envs.coroutine_group",
@@ -77,6 +79,8 @@ if _typing.TYPE_CHECKING:  # static tools see ordinary imports
     from ._collectors.multi_sync import MultiSyncCollector as MultiSyncCollector
     from ._collectors.multi_sync import MultiSyncDataCollector as MultiSyncDataCollector
     from ._collectors.options import CollectorOptions as CollectorOptions
+    from ._distributed.ray_collector import RayCollector as RayCollector
+    from ._distributed.remote import RemoteCollectorError as RemoteCollectorError
     from ._engine.trajectories import split_trajectories as split_trajectories
     from ._envs.async_env import AsyncEnv as AsyncEnv
     from ._envs.coroutine_group import StepTimeoutError as StepTimeoutError

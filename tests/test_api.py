@@ -22,6 +22,8 @@ EXPECTED = {
     "MultiSyncDataCollector",
     "MultiaSyncDataCollector",
     "RandomPolicy",
+    "RayCollector",
+    "RemoteCollectorError",
     "StepTimeoutError",
     "SyncDataCollector",
     "ThreadEnv",

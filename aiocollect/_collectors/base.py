@@ -245,16 +245,23 @@ class DataCollectorBase:
             return None
         return batch
 
-    def _measure_lag(self, batch: TensorDictBase) -> None:
+    def _versions(self) -> tuple[int, int] | None:
+        """``(version in effect, newest version published)``, or ``None`` without weights."""
         policy = self._policy
         if policy is None or policy.weights is None:
+            return None
+        return policy.version, policy.latest
+
+    def _measure_lag(self, batch: TensorDictBase) -> None:
+        versions = self._versions()
+        if versions is None or batch is None:
             return
-        versions = batch.get(("collector", "policy_version"), None)
-        if versions is None:
+        tagged = batch.get(("collector", "policy_version"), None)
+        if tagged is None:
             return
-        versions = versions[versions >= 0]  # -1: masked-out frames
-        if versions.numel():
-            self._max_lag = max(self._max_lag, policy.latest - int(versions.min()))
+        tagged = tagged[tagged >= 0]  # -1: masked-out frames
+        if tagged.numel():
+            self._max_lag = max(self._max_lag, versions[1] - int(tagged.min()))
 
     # ------------------------------------------------------------------ weights
 
@@ -467,6 +474,7 @@ class DataCollectorBase:
     def statistics(self) -> CollectorStatistics:
         """An immutable snapshot of the counters."""
         env_steps, completed = self._counters()
+        in_effect, latest = self._versions() or (0, 0)
         secs = self._collect_seconds
         return CollectorStatistics(
             frames=self._frames,
@@ -477,8 +485,8 @@ class DataCollectorBase:
             frames_per_second=self._frames / secs if secs > 0 else 0.0,
             running_in_background=self.is_running(),
             workers=self._worker_statistics(),
-            policy_version=0 if self._policy is None else self._policy.version,
-            latest_policy_version=0 if self._policy is None else self._policy.latest,
+            policy_version=in_effect,
+            latest_policy_version=latest,
             max_policy_lag=self._max_lag,
             stale_frames_dropped=self._stale_dropped,
         )

@@ -1,0 +1,148 @@
+"""The remote end of a distributed collector: an aiocollect collector in another process.
+
+:class:`RemoteCollector` is what a Ray actor (:mod:`.ray_collector`) or an RPC worker
+(:mod:`.rpc_collector`) holds: a local collector (``Collector``, ``MultiSyncCollector`` or
+``MultiAsyncCollector``) built from cloudpickled arguments, stepped one batch per
+``next_batch()`` call. The transport only moves batches out and weights in.
+
+Weights arrive tagged with the *driver's* version number. The local collector counts its
+own versions (one per update it received); the remote collector maps them back, so every
+frame's ``("collector", "policy_version")`` is the driver's version, whichever subset of
+remote collectors each update was sent to.
+
+Arguments travel as cloudpickle bytes and are unpickled after the driver's ``sys.path`` is
+in place: env factories and policies defined in the driver's own modules (a script, a test
+file) import in the remote process too.
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+import time
+from typing import Any
+
+import cloudpickle
+import torch
+
+class RemoteCollectorError(RuntimeError):
+    """A remote collector failed: its collector raised, or its process (actor, RPC worker) died.
+
+    Attributes:
+        index: the remote collector's index (0 .. num_collectors - 1).
+        where: what ran it ("Ray actor 1f2e...", "RPC worker collector1").
+        pid: its process id, when known.
+    """
+
+    def __init__(self, message: str, *, index: int, where: str, pid: int | None):
+        super().__init__(message)
+        self.index, self.where, self.pid = index, where, pid
+
+    @classmethod
+    def wrap(cls, index: int, where: str, pid: int | None, exc: BaseException) -> RemoteCollectorError:
+        error = cls(f"remote collector {index} ({where}, pid {pid}) failed: {type(exc).__name__}: {exc}",
+                    index=index, where=where, pid=pid)
+        error.__cause__ = exc
+        return error
+
+
+COLLECTOR_CLASSES = {"single": "Collector", "sync": "MultiSyncCollector", "async": "MultiAsyncCollector"}
+
+
+def resolve_collector_class(collector_class: Any) -> type:
+    """``collector_class`` as a class: a collector class, or "single" / "sync" / "async"."""
+    import aiocollect
+
+    if isinstance(collector_class, str):
+        name = COLLECTOR_CLASSES.get(collector_class)
+        if name is None:
+            raise ValueError(
+                f"collector_class={collector_class!r}: use 'single', 'sync', 'async', or one of "
+                "aiocollect.Collector, MultiSyncCollector, MultiAsyncCollector."
+            )
+        return getattr(aiocollect, name)
+    allowed = (aiocollect.Collector, aiocollect.MultiSyncCollector, aiocollect.MultiAsyncCollector)
+    if not (isinstance(collector_class, type) and issubclass(collector_class, allowed)):
+        raise TypeError(
+            f"collector_class={collector_class!r}: a remote collector runs an aiocollect collector: "
+            "aiocollect.Collector, MultiSyncCollector or MultiAsyncCollector (or 'single', 'sync', 'async'). "
+            "TorchRL's collector classes are not accepted."
+        )
+    return collector_class
+
+
+def portable_weights(weights: Any) -> Any:
+    """What travels to remote collectors: a CPU state dict for torch weights (not the
+    module), anything else (a JAX params pytree) as it is."""
+    from tensordict import TensorDictBase
+
+    if isinstance(weights, torch.nn.Module):
+        return {k: v.detach().cpu() for k, v in weights.state_dict().items()}
+    if isinstance(weights, TensorDictBase):
+        return {k: v.detach().cpu() for k, v in weights.flatten_keys(".").items()}
+    if isinstance(weights, dict) and all(isinstance(v, torch.Tensor) for v in weights.values()):
+        return {k: v.detach().cpu() for k, v in weights.items()}
+    return weights
+
+
+class RemoteCollector:
+    """A local aiocollect collector, driven from another process; see the module docstring."""
+
+    def __init__(self, payload: bytes, sys_path: list[str]):
+        for entry in reversed(sys_path):
+            if entry not in sys.path:
+                sys.path.insert(0, entry)
+        cls, args, kwargs, self.index = cloudpickle.loads(payload)
+        torch.set_num_threads(1)
+        self.collector = cls(*args, **kwargs)
+        self._iter = iter(self.collector)
+        self._global = [0]  # local policy version -> driver's version
+        self._published = 0  # the newest driver version published to the local collector
+        self._lock = threading.Lock()
+
+    def info(self) -> tuple[int, int]:
+        """``(pid, number of envs)``: also the sign that the collector was built."""
+        import os
+
+        return os.getpid(), self.collector.num_envs
+
+    def set_seed(self, seed: int, static_seed: bool) -> int:
+        return self.collector.set_seed(seed, static_seed)
+
+    def next_batch(self, min_version: int = 0) -> Any:
+        """The next batch, its policy versions in the driver's numbering.
+
+        ``min_version``: wait until the driver's weights of that version, whose load request
+        was sent before this call, are published here, so the whole batch uses them.
+        """
+        deadline = time.monotonic() + 60
+        while self._published < min_version and time.monotonic() < deadline:
+            time.sleep(0.0002)  # the load runs in the actor's other thread
+        batch = next(self._iter)
+        if batch is not None and ("collector", "policy_version") in batch.keys(True):
+            versions = batch.get(("collector", "policy_version"))
+            table = torch.tensor([-1, *self._global], dtype=torch.int64)  # -1 stays -1
+            batch.set(("collector", "policy_version"), table[versions + 1])
+        return batch
+
+    def load_weights(self, weights: Any, version: int, wait: bool = False) -> int:
+        """Publish ``weights`` as the driver's ``version``; with ``wait``, return once they
+        are in effect. Runs concurrently with ``next_batch`` (a second actor thread)."""
+        with self._lock:
+            # map the local version before publishing it: a batch may carry it at once
+            local = self.collector._policy.latest + 1
+            self._global.extend([version] * (local + 1 - len(self._global)))
+            self._global[local] = version
+            self.collector.update_policy_weights_(weights)
+            self._published = max(self._published, version)
+        if wait:
+            channel = self.collector._policy.weights
+            while channel is not None and channel.version < local and not channel.try_apply():
+                time.sleep(0.0005)
+        return version
+
+    def statistics(self) -> Any:
+        return self.collector.statistics()
+
+    def shutdown(self) -> None:
+        self.collector.shutdown()

@@ -1,0 +1,139 @@
+"""RayCollector on a real local Ray cluster: the seed example, both modes, weights, faults."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+
+import pytest
+import torch
+import torch.nn as nn
+from tensordict.nn import TensorDictModule
+
+from aiocollect import Collector, GymEnv, MultiSyncCollector, RayCollector, RemoteCollectorError
+from conftest import check_batch
+from workers_util import IntObsEnv
+
+ray = pytest.importorskip("ray")
+
+
+def linear(value: float) -> TensorDictModule:
+    module = nn.Linear(3, 1)
+    with torch.no_grad():
+        module.weight.fill_(value)
+        module.bias.fill_(value)
+    return TensorDictModule(module, in_keys=["observation"], out_keys=["action"])
+
+
+def check_versions(batch) -> set[int]:
+    version = batch["collector", "policy_version"].to(torch.float32)
+    assert torch.equal(batch["action"][..., 0], version * (batch["observation"].sum(-1) + 1))
+    return set(batch["collector", "policy_version"].unique().tolist())
+
+
+def ray_processes() -> list[str]:
+    out = subprocess.run(["ps", "-eo", "comm"], capture_output=True, text=True).stdout.split()
+    return [p for p in out if p in ("raylet", "gcs_server")]
+
+
+def test_seed_example_starts_a_local_cluster_and_stops_it():
+    assert not ray.is_initialized()
+    policy = TensorDictModule(nn.Linear(3, 1), in_keys=["observation"], out_keys=["action"])
+    collector = RayCollector(create_env_fn=lambda: GymEnv("Pendulum-v1"), policy=policy, frames_per_batch=400,
+                             total_frames=40_000, num_collectors=4, sync=True, collector_class=Collector,
+                             collector_kwargs={"max_frames_per_traj": 50},
+                             remote_configs={"num_cpus": 1, "num_gpus": 0, "memory": 2 * 1024 ** 3},
+                             update_after_each_batch=True)
+    assert ray.is_initialized() and ray_processes()
+    seen = set()
+    for i, data in enumerate(collector):
+        assert data.shape == (4, 100)
+        for row in data.unbind(0):
+            check_batch(row, step_count=50)
+        versions = data["collector", "policy_version"]
+        assert (versions == versions.flatten()[0]).all()  # on-policy: one version per sync batch
+        seen.add(int(versions.flatten()[0]))
+        if i == 4:
+            break
+    assert seen == {0, 1, 2, 3, 4}
+    pids = [w.pid for w in collector.statistics().workers]
+    collector.shutdown()
+    assert not ray.is_initialized()  # it stopped the instance it started
+    time.sleep(1)
+    assert not ray_processes()
+    for pid in pids:
+        assert not os.path.exists(f"/proc/{pid}") or "Z" in open(f"/proc/{pid}/stat").read().split()[2]
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    ray.init(num_cpus=4, include_dashboard=False)
+    yield
+    ray.shutdown()
+
+
+def test_async_mode_and_weights_with_worker_ids(cluster):
+    c = RayCollector([lambda: IntObsEnv()] * 2, linear(0.0), frames_per_batch=30, total_frames=-1,
+                     collector_class="single", sync=False)
+    try:
+        seen_per_actor: dict[int, set] = {}
+        for i, batch in enumerate(c):
+            check_batch(batch)
+            seen_per_actor.setdefault(int(batch["observation"][0, 0] >= 0), set())
+            check_versions(batch)
+            if i == 2:
+                assert c.update_policy_weights_(linear(1.0), worker_ids=[1]) == 1
+            if i == 12:
+                break
+        assert c.statistics().latest_policy_version == 1
+    finally:
+        c.shutdown()
+    assert ray.is_initialized()  # it joined the cluster: it leaves it running
+
+
+async def test_async_face_and_the_async_twin(cluster):
+    c = RayCollector(lambda: IntObsEnv(), linear(0.0), frames_per_batch=40, total_frames=-1, num_collectors=2,
+                     sync=True, collector_class="sync", num_workers_per_collector=2)
+    try:
+        batch = await c.arollout()
+        assert batch.shape == (2, 2, 10) and (batch["collector", "policy_version"] == 0).all()
+        assert await c.update_policy_weights(linear(1.0)) == 1
+        assert c.statistics().policy_version == 1  # in effect on both actors
+        async for batch in c:
+            assert (batch["collector", "policy_version"] == 1).all()
+            check_versions(batch)
+            break
+    finally:
+        c.shutdown()
+
+
+def test_a_dead_actor_is_named_within_seconds(cluster):
+    c = RayCollector(lambda: IntObsEnv(), None, frames_per_batch=20, total_frames=-1, num_collectors=2, sync=True)
+    try:
+        c.rollout()
+        pid = c.statistics().workers[1].pid
+        os.kill(pid, signal.SIGKILL)
+        start = time.monotonic()
+        with pytest.raises(RemoteCollectorError, match=r"remote collector 1 \(Ray actor") as info:
+            for _ in range(100):
+                c.rollout()
+        assert time.monotonic() - start < 10
+        assert info.value.index == 1 and info.value.pid == pid
+    finally:
+        c.shutdown()
+
+
+def test_bad_input_before_any_actor_starts():
+    with pytest.raises(ValueError, match="collector_class"):
+        RayCollector(lambda: IntObsEnv(), None, frames_per_batch=10, collector_class="parallel")
+    with pytest.raises(TypeError, match="TorchRL's collector classes"):
+        RayCollector(lambda: IntObsEnv(), None, frames_per_batch=10, collector_class=dict)
+    with pytest.raises(ValueError, match="does not split over 3"):
+        RayCollector(lambda: IntObsEnv(), None, frames_per_batch=10, num_collectors=3, sync=True)
+    with pytest.raises(ValueError, match="RayCollector's own arguments"):
+        RayCollector(lambda: IntObsEnv(), None, frames_per_batch=10, collector_kwargs={"total_frames": 5})
+    with pytest.raises(ValueError, match="num_collectors"):
+        RayCollector(lambda: IntObsEnv(), None, frames_per_batch=10, num_collectors=0)
+    assert MultiSyncCollector  # (imported for the "sync" class test above)
