@@ -50,3 +50,16 @@ def test_coroutine_benchmark_quick_mode_reports_every_contender(tmp_path):
     results = json.loads(out.read_text())
     assert results["bound"] == 25_600
     assert set(results["contenders"]) == {"barrier", "aiocollect", "torchrl"}
+
+
+def test_ray_benchmark_quick_mode_reports_both_contenders(tmp_path):
+    out = tmp_path / "ray.json"
+    script = BENCH.parent / "bench_ray.py"
+    proc = subprocess.run([sys.executable, str(script), "--quick", "--json", str(out)],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    for row in ("aiocollect RayCollector (Collector)", "TorchRL RayCollector (Collector, SerialEnv)",
+                "aiocollect / TorchRL"):
+        assert row in proc.stdout, row
+    results = json.loads(out.read_text())
+    assert set(results["contenders"]) == {"aiocollect", "torchrl"} and results["ratio"] > 0
