@@ -132,7 +132,7 @@ def test_bad_input_before_any_actor_starts():
         RayCollector(lambda: IntObsEnv(), None, frames_per_batch=10, collector_class=dict)
     with pytest.raises(ValueError, match="does not split over 3"):
         RayCollector(lambda: IntObsEnv(), None, frames_per_batch=10, num_collectors=3, sync=True)
-    with pytest.raises(ValueError, match="RayCollector's own arguments"):
+    with pytest.raises(ValueError, match="distributed collector's own arguments"):
         RayCollector(lambda: IntObsEnv(), None, frames_per_batch=10, collector_kwargs={"total_frames": 5})
     with pytest.raises(ValueError, match="num_collectors"):
         RayCollector(lambda: IntObsEnv(), None, frames_per_batch=10, num_collectors=0)

@@ -1,0 +1,275 @@
+"""What the distributed collectors share; the transport (Ray, torch RPC) is a subclass's.
+
+A distributed collector drives ``num_collectors`` :class:`~.remote.RemoteCollector` s, each
+an aiocollect collector in another process, and offers them as one collector:
+
+* **sync** (``sync=True``): each remote collector is asked for ``frames_per_batch /
+  num_collectors`` frames, collected entirely with the newest weights sent to it before
+  the request (on-policy), and the batches are stacked ``[num_collectors, ...]``;
+* **async** (``sync=False``): every remote collector always has a request in flight; the
+  first batch to arrive is yielded (its own ``frames_per_batch`` frames) and that remote
+  collector is asked for the next one at once;
+* **weights**: one snapshot per update (a CPU state dict for torch weights), shared with
+  the chosen remote collectors (``worker_ids``), loaded between two of their policy calls
+  while they collect; frames carry the driver's version;
+* **faults**: a remote collector that raises or dies fails the iterator with a
+  :class:`~.remote.RemoteCollectorError` naming it.
+
+A transport implements ``_launch`` (start the remote collectors, return their ``info()``),
+``_submit`` (call a method without waiting, from any thread), ``_on_done``, ``_result``
+(await a submitted call), ``_share`` (weights as the transport passes them) and ``_stop``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from typing import Any
+
+import cloudpickle
+import torch
+from tensordict import TensorDictBase
+
+from .._collectors.base import DataCollectorBase, WorkerStatistics
+from .._collectors.options import CollectorOptions
+from .remote import RemoteCollectorError, portable_weights, resolve_collector_class
+
+_RESERVED = ("create_env_fn", "policy", "frames_per_batch", "total_frames", "replay_buffer")
+
+
+def _per_collector(value: Any, n: int, name: str, default: Callable[[], Any]) -> list:
+    if value is None:
+        return [default() for _ in range(n)]
+    if isinstance(value, (list, tuple)):
+        if len(value) != n:
+            raise ValueError(f"{name}: a list of {len(value)} entries for {n} remote collectors; give one "
+                             "per collector, or a single value for all.")
+        return list(value)
+    return [value] * n
+
+
+def plan_remotes(create_env_fn: Any, policy: Any, options: CollectorOptions, forwarded: dict, *,
+                 collector_class: Any, collector_kwargs: Any, num_workers_per_collector: int,
+                 num_collectors: int | None, sync: bool) -> tuple[int, list[bytes]]:
+    """Validate the distributed arguments; returns ``num_collectors`` and each remote
+    collector's cloudpickled ``(class, args, kwargs, index)``. Nothing starts here."""
+    cls = resolve_collector_class(collector_class)
+    single = cls.__name__ == "Collector"
+    if create_env_fn is None:
+        raise TypeError("create_env_fn is required: an env factory (or a list, one per remote collector).")
+    if num_collectors is None:
+        num_collectors = len(create_env_fn) if isinstance(create_env_fn, list) and single else 1
+    if isinstance(num_collectors, bool) or not isinstance(num_collectors, int) or num_collectors < 1:
+        raise ValueError(f"num_collectors={num_collectors!r}: give a number of remote collectors >= 1.")
+    if not isinstance(sync, bool):
+        raise TypeError(f"sync must be True or False, got {sync!r}")
+    if isinstance(num_workers_per_collector, bool) or not isinstance(num_workers_per_collector, int) \
+            or num_workers_per_collector < 1:
+        raise ValueError(f"num_workers_per_collector={num_workers_per_collector!r}: give a number >= 1.")
+    fpb = options.frames_per_batch
+    if sync and fpb % num_collectors:
+        raise ValueError(
+            f"frames_per_batch={fpb} does not split over {num_collectors} remote collectors (sync=True "
+            f"asks each for an equal share); use a multiple of {num_collectors}."
+        )
+    envs = (create_env_fn if isinstance(create_env_fn, list) and single and len(create_env_fn) == num_collectors
+            else [create_env_fn] * num_collectors)
+    kwargs_list = _per_collector(collector_kwargs, num_collectors, "collector_kwargs", dict)
+    per_batch = fpb // num_collectors if sync else fpb
+    payloads = []
+    for i, (env, kw) in enumerate(zip(envs, kwargs_list)):
+        if not isinstance(kw, dict):
+            raise TypeError(f"collector_kwargs must be a dict (or a list of dicts); entry {i} is {type(kw).__name__}.")
+        clash = sorted(set(kw) & set(_RESERVED))
+        if clash:
+            raise ValueError(f"collector_kwargs: {clash} are the distributed collector's own arguments; pass "
+                             "them to it directly.")
+        if not single and not isinstance(env, list):
+            env = [env] * num_workers_per_collector
+        kwargs = {**forwarded, **kw, "frames_per_batch": per_batch, "total_frames": -1}
+        try:
+            payloads.append(cloudpickle.dumps((cls, (env, policy), kwargs, i)))
+        except Exception as exc:
+            raise TypeError(f"remote collector {i}: its env factory, policy or collector_kwargs cannot be "
+                            f"pickled with cloudpickle: {type(exc).__name__}: {exc}") from exc
+    return num_collectors, payloads
+
+
+class RemoteCollectorsBase(DataCollectorBase):
+    """Remote collectors offered as one collector; see the module docstring."""
+
+    def __init__(self, options: CollectorOptions, policy: Any, num_collectors: int, sync: bool,
+                 update_after_each_batch: bool):
+        if not isinstance(update_after_each_batch, bool):
+            raise TypeError(f"update_after_each_batch must be True or False, got {update_after_each_batch!r}")
+        super().__init__(options)
+        self.num_collectors, self.sync = num_collectors, sync
+        self.update_after_each_batch = update_after_each_batch
+        self._user_policy = policy
+        self._version = 0
+        self._sent = [0] * num_collectors
+        self._acked = [0] * num_collectors
+        self._pending: dict[int, Any] = {}
+        """async mode: the request in flight per remote collector (a transport handle, not
+        an asyncio future: the next batch may be awaited from another event loop)."""
+        self._env_steps = 0
+        self._completed = 0
+        self._info: list[tuple[int, int]] = []
+        self._resources.closers.append(self._stop)
+
+    # ------------------------------------------------------------------ the transport
+
+    def _launch(self, payloads: list[bytes]) -> list[tuple[int, int]]:
+        raise NotImplementedError
+
+    def _submit(self, index: int, method: str, *args: Any) -> Any:
+        raise NotImplementedError
+
+    def _on_done(self, handle: Any, callback: Callable[[BaseException | None], None]) -> None:
+        raise NotImplementedError
+
+    async def _result(self, index: int, handle: Any) -> Any:
+        raise NotImplementedError
+
+    def _share(self, weights: Any) -> Any:
+        return weights
+
+    def _where(self, index: int) -> str:
+        raise NotImplementedError
+
+    def _stop(self) -> None:
+        raise NotImplementedError
+
+    # ------------------------------------------------------------------ shared
+
+    def _start(self, payloads: list[bytes]) -> None:
+        try:
+            self._info = self._launch(payloads)
+        except BaseException:
+            self.shutdown()
+            raise
+
+    def _error(self, index: int, exc: BaseException) -> RemoteCollectorError:
+        pid = self._info[index][0] if index < len(self._info) else None
+        return RemoteCollectorError.wrap(index, self._where(index), pid, getattr(exc, "cause", None) or exc)
+
+    async def _fetch(self, index: int, handle: Any) -> Any:
+        try:
+            return await self._result(index, handle)
+        except Exception as exc:
+            raise self._error(index, exc) from None
+
+    def _ask(self, index: int) -> Any:
+        return self._submit(index, "next_batch", self._sent[index] if self.sync else 0)
+
+    async def _collect(self) -> tuple[TensorDictBase, int]:
+        self._check_usable()
+        if self.sync:
+            if self.update_after_each_batch and self._batches:
+                self.update_policy_weights_()
+            batches = await asyncio.gather(*(self._fetch(i, self._ask(i)) for i in range(self.num_collectors)))
+            batch = torch.stack(batches) if batches[0] is not None else None
+        else:
+            for i in range(self.num_collectors):
+                if i not in self._pending:
+                    self._pending[i] = self._ask(i)
+            by_future = {asyncio.ensure_future(self._fetch(i, h)): i for i, h in self._pending.items()}
+            try:
+                done, _ = await asyncio.wait(by_future, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                for future in by_future:  # stop waiting on the others; their requests stay in flight
+                    if not future.done():
+                        future.cancel()
+            future = next(iter(done))
+            index = by_future[future]
+            del self._pending[index]
+            batch = future.result()
+            if self.update_after_each_batch:
+                self.update_policy_weights_(worker_ids=[index])
+            self._pending[index] = self._ask(index)
+        if batch is None:  # the remote collectors feed a replay buffer of their own
+            return batch, self.frames_per_batch
+        mask = batch.get(("collector", "mask"), None)
+        frames = int(mask.sum()) if mask is not None else batch.numel()
+        self._env_steps += frames
+        self._completed += int(batch.get(("next", "done")).sum())
+        return batch, frames
+
+    def _counters(self) -> tuple[int, int]:
+        return self._env_steps, self._completed
+
+    def _worker_statistics(self) -> tuple[WorkerStatistics, ...]:
+        alive = not self._closed and self._failed is None
+        return tuple(WorkerStatistics(i, pid, n, 0, alive) for i, (pid, n) in enumerate(self._info))
+
+    def _versions(self) -> tuple[int, int]:
+        return min(self._acked), self._version
+
+    # ------------------------------------------------------------------ weights
+
+    def _workers_of(self, worker_ids: Any) -> list[int]:
+        if worker_ids is None:
+            return list(range(self.num_collectors))
+        ids = [worker_ids] if isinstance(worker_ids, int) and not isinstance(worker_ids, bool) else list(worker_ids)
+        bad = [i for i in ids if isinstance(i, bool) or not isinstance(i, int) or not 0 <= i < self.num_collectors]
+        if bad:
+            raise ValueError(f"worker_ids={worker_ids!r}: give remote collector indices in "
+                             f"0..{self.num_collectors - 1}, or None for all.")
+        return ids
+
+    def _send(self, policy_or_weights: Any, worker_ids: Any, wait: bool) -> tuple[int, list]:
+        ids = self._workers_of(worker_ids)
+        self._check_usable()
+        src = self._user_policy if policy_or_weights is None else policy_or_weights
+        if src is None:
+            return self._version, []
+        shared = self._share(portable_weights(src))
+        self._version += 1
+        version = self._version
+        handles = []
+        for i in ids:
+            self._sent[i] = version
+            handle = self._submit(i, "load_weights", shared, version, wait)
+            self._on_done(handle, lambda exc, i=i, v=version: self._ack(i, v, exc))
+            handles.append((i, handle))
+        return version, handles
+
+    def _ack(self, index: int, version: int, exc: BaseException | None) -> None:
+        if exc is None:
+            self._acked[index] = max(self._acked[index], version)
+
+    def update_policy_weights_(self, policy_or_weights: Any = None, *, worker_ids: Any = None) -> int:
+        """Send new weights to the remote collectors (``worker_ids``: which; default all).
+
+        One snapshot (a CPU state dict for torch weights), then a load request per remote
+        collector; returns the new version without waiting for any of them.
+        """
+        version, _ = self._send(policy_or_weights, worker_ids, wait=False)
+        return version
+
+    async def update_policy_weights(self, policy_or_weights: Any = None, *, worker_ids: Any = None) -> int:
+        """``update_policy_weights_``, then wait until every chosen remote collector has them in effect."""
+        version, handles = self._send(policy_or_weights, worker_ids, wait=True)
+        await asyncio.gather(*(self._fetch(i, h) for i, h in handles))
+        return version
+
+    # ------------------------------------------------------------------ control
+
+    def set_seed(self, seed: int, static_seed: bool = False) -> int:
+        """Seed the remote collectors' envs: env ``k``, counted over all of them, uses ``seed + k``."""
+        if isinstance(seed, bool) or not isinstance(seed, int):
+            raise TypeError(f"seed must be an integer, got {seed!r}")
+        offset, calls = 0, []
+        for i, (_, n) in enumerate(self._info):
+            calls.append((i, self._submit(i, "set_seed", seed if static_seed else seed + offset, static_seed)))
+            offset += n
+
+        async def wait_all():
+            await asyncio.gather(*(self._fetch(i, h) for i, h in calls))
+
+        self._run_sync("set_seed()", wait_all)
+        return seed if static_seed else seed + offset - 1
+
+    def __repr__(self) -> str:
+        return (f"{type(self).__name__}(num_collectors={self.num_collectors}, sync={self.sync}, "
+                f"frames_per_batch={self.frames_per_batch}, total_frames={self.total_frames})")
