@@ -37,6 +37,7 @@ _EXPORTS = {
     "MultiSyncCollector": "._collectors.multi_sync",
     "MultiSyncDataCollector": "._collectors.multi_sync",
     "MultiaSyncDataCollector": "._collectors.multi_async",
+    "RPCCollector": "._distributed.rpc_collector",
     "RandomPolicy": "._policies.random",
     "RayCollector": "._distributed.ray_collector",
     "RemoteCollectorError": "._distributed.remote",
@@ -80,6 +81,7 @@ if _typing.TYPE_CHECKING:  # static tools see ordinary imports
     from ._collectors.multi_sync import MultiSyncDataCollector as MultiSyncDataCollector
     from ._collectors.options import CollectorOptions as CollectorOptions
     from ._distributed.ray_collector import RayCollector as RayCollector
+    from ._distributed.rpc_collector import RPCCollector as RPCCollector
     from ._distributed.remote import RemoteCollectorError as RemoteCollectorError
     from ._engine.trajectories import split_trajectories as split_trajectories
     from ._envs.async_env import AsyncEnv as AsyncEnv

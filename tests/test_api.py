@@ -21,6 +21,7 @@ EXPECTED = {
     "MultiSyncCollector",
     "MultiSyncDataCollector",
     "MultiaSyncDataCollector",
+    "RPCCollector",
     "RandomPolicy",
     "RayCollector",
     "RemoteCollectorError",

@@ -18,7 +18,12 @@ import sys
 def main(argv: list[str]) -> int:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the driver's to handle
     name, rank, world_size, init_method = argv[1], int(argv[2]), int(argv[3]), argv[4]
+    import warnings
+
     from torch.distributed import rpc
+
+    # torch's own deprecation notice about its internal process group, not the user's concern
+    warnings.filterwarnings("ignore", message="You are using a Backend", category=UserWarning)
 
     options = rpc.TensorPipeRpcBackendOptions(init_method=init_method, rpc_timeout=300)
     rpc.init_rpc(name, rank=rank, world_size=world_size, rpc_backend_options=options)

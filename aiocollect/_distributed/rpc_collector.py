@@ -1,0 +1,282 @@
+"""``RPCCollector``: aiocollect collectors on ``torch.distributed.rpc`` workers.
+
+>>> from aiocollect import RPCCollector, GymEnv
+>>> collector = RPCCollector(create_env_fn=lambda: GymEnv("Pendulum-v1"), policy=policy,
+...                          frames_per_batch=400, total_frames=100_000, num_collectors=4, sync=True)
+>>> for data in collector:            # data.shape == (4, 100)
+...     collector.update_policy_weights_()
+>>> collector.shutdown()
+
+The same interface as :class:`~aiocollect.RayCollector` over torch's RPC, for shops that
+launch with torchrun or SLURM and do not run Ray. Two ways to get a world:
+
+* **Launched here** (the default, when RPC is not initialised in this process): the
+  collector starts ``num_collectors`` worker processes on this machine
+  (``python -m aiocollect._distributed.rpc_worker``), joins them as rank 0 over TCP on
+  ``master_addr:master_port`` (a free port by default), and on ``shutdown()`` shuts the
+  world down and waits for the workers (terminating them if they do not exit), so no
+  process or port is left behind.
+* **Joined** (``worker_names=[...]``): the world was started by torchrun (or submitit)
+  and this process called ``rpc.init_rpc`` itself; ``worker_names`` names the ranks that
+  host the remote collectors, each of which only ran ``rpc.init_rpc(name, rank=...,
+  world_size=...)`` followed by ``rpc.shutdown()`` (see ``docs/distributed.md``). The
+  collector then neither starts nor stops the world; ``shutdown()`` closes its remote
+  collectors.
+
+Batches and weights travel as RPC messages (TensorPipe moves the tensors); weights are
+one CPU state dict per update, sent to the chosen workers without waiting. A worker process
+that dies fails the iterator within a fraction of a second with a
+:class:`~aiocollect.RemoteCollectorError` naming it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import warnings
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from tensordict.nn import InteractionType
+
+from .._collectors.options import options_from
+from .base import RemoteCollectorsBase, plan_remotes
+from .remote import RemoteCollector
+
+_PACKAGE_ROOT = str(Path(__file__).resolve().parents[2])
+
+_launched_worlds: list[str] = []
+"""The worlds launched in this process (at most one: RPC cannot be initialised twice)."""
+
+
+def _free_port(addr: str) -> int:
+    with socket.socket() as s:
+        s.bind((addr, 0))
+        return s.getsockname()[1]
+
+
+def _remote_collector(payload: bytes, sys_path: list[str]) -> RemoteCollector:  # runs on the worker
+    return RemoteCollector(payload, sys_path)
+
+
+class RPCCollector(RemoteCollectorsBase):
+    """Aiocollect collectors on torch RPC workers; see the module docstring.
+
+    Args:
+        worker_names: join a world started elsewhere: the RPC names of the workers that host
+            the remote collectors (one each). ``None``: launch the workers here.
+        master_addr, master_port: where the launched world meets (default 127.0.0.1, a free port).
+        rpc_timeout: seconds an RPC call (a batch) may take.
+        start_timeout: seconds the launched workers may take to join and build their collectors.
+
+    The other arguments are :class:`~aiocollect.RayCollector`'s.
+    """
+
+    def __init__(
+        self,
+        create_env_fn: Any = None,
+        policy: Any = None,
+        *,
+        frames_per_batch: int,
+        total_frames: int = -1,
+        device: Any = None,
+        storing_device: Any = None,
+        env_device: Any = None,
+        policy_device: Any = None,
+        max_frames_per_traj: int | None = None,
+        init_random_frames: int | None = None,
+        reset_at_each_iter: bool = False,
+        postproc: Any = None,
+        split_trajs: bool | None = None,
+        exploration_type: InteractionType | str = InteractionType.RANDOM,
+        replay_buffer: Any = None,
+        collector_class: Any = "single",
+        collector_kwargs: dict | list[dict] | None = None,
+        num_workers_per_collector: int = 1,
+        sync: bool = False,
+        num_collectors: int | None = None,
+        update_after_each_batch: bool = False,
+        worker_names: list[str] | None = None,
+        master_addr: str = "127.0.0.1",
+        master_port: int | None = None,
+        rpc_timeout: float = 300.0,
+        start_timeout: float = 120.0,
+    ):
+        options = options_from(locals())
+        from torch.distributed import rpc
+
+        forwarded = {
+            "device": device, "storing_device": storing_device, "env_device": env_device,
+            "policy_device": policy_device, "max_frames_per_traj": max_frames_per_traj,
+            "init_random_frames": init_random_frames, "reset_at_each_iter": reset_at_each_iter,
+            "exploration_type": exploration_type,
+        }
+        if worker_names is not None:
+            if not isinstance(worker_names, (list, tuple)) or not all(isinstance(n, str) for n in worker_names):
+                raise TypeError("worker_names must be a list of RPC worker names (str).")
+            if num_collectors not in (None, len(worker_names)):
+                raise ValueError(f"num_collectors={num_collectors} but {len(worker_names)} worker_names; one "
+                                 "remote collector runs on each named worker.")
+            num_collectors = len(worker_names)
+            if not rpc.api._is_current_rpc_agent_set():
+                raise RuntimeError(
+                    "worker_names: joining a world needs torch.distributed.rpc initialised in this process "
+                    "first (rpc.init_rpc(...), as a torchrun launch script does); or leave worker_names out "
+                    "to let RPCCollector launch its workers on this machine."
+                )
+        elif rpc.api._is_current_rpc_agent_set():
+            raise RuntimeError(
+                "torch.distributed.rpc is already initialised in this process: pass worker_names=[...] "
+                "to run the remote collectors on workers of that world."
+            )
+        elif _launched_worlds:
+            raise RuntimeError(
+                "RPCCollector already launched an RPC world in this process, and torch.distributed.rpc "
+                "cannot be initialised twice in one process (a second init_rpc hangs): run one launched "
+                "RPCCollector per process, or start the world once yourself and pass worker_names."
+            )
+        num_collectors, payloads = plan_remotes(
+            create_env_fn, policy, options, forwarded, collector_class=collector_class,
+            collector_kwargs=collector_kwargs, num_workers_per_collector=num_workers_per_collector,
+            num_collectors=num_collectors, sync=sync)
+        super().__init__(options, policy, num_collectors, sync, update_after_each_batch)
+        self._rpc = rpc
+        self._launched = worker_names is None
+        self._names = list(worker_names) if worker_names is not None else [
+            f"aiocollect_collector{i}" for i in range(num_collectors)]
+        self._procs: list[subprocess.Popen] = []
+        self._rrefs: list[Any] = []
+        self._joined_world = False
+        self._addr, self._port = master_addr, master_port
+        self._rpc_timeout, self._start_timeout = float(rpc_timeout), float(start_timeout)
+        self._start(payloads)
+
+    @property
+    def master_port(self) -> int | None:
+        """The TCP port the launched world met on (``None`` when joining a world)."""
+        return self._port if self._launched else None
+
+    # ------------------------------------------------------------------ the transport
+
+    def _launch(self, payloads: list[bytes]) -> list[tuple[int, int]]:
+        rpc = self._rpc
+        if self._launched:
+            self._port = self._port or _free_port(self._addr)
+            init = f"tcp://{self._addr}:{self._port}"
+            world = self.num_collectors + 1
+            env = dict(os.environ)
+            env["PYTHONPATH"] = os.pathsep.join([_PACKAGE_ROOT, *filter(None, [env.get("PYTHONPATH")])])
+            for rank, name in enumerate(self._names, start=1):
+                self._procs.append(subprocess.Popen(
+                    [sys.executable, "-m", "aiocollect._distributed.rpc_worker", name, str(rank), str(world), init],
+                    env=env, stdin=subprocess.DEVNULL))
+            options = rpc.TensorPipeRpcBackendOptions(init_method=init, rpc_timeout=self._start_timeout)
+            _launched_worlds.append(init)
+            with warnings.catch_warnings():
+                warnings.filterwarnings("ignore", message="You are using a Backend", category=UserWarning)
+                rpc.init_rpc("aiocollect_driver", rank=0, world_size=world, rpc_backend_options=options)
+            self._joined_world = True
+        self._rrefs = [rpc.remote(name, _remote_collector, args=(payload, list(sys.path)))
+                       for name, payload in zip(self._names, payloads)]
+        handles = [rref.rpc_async(timeout=self._start_timeout).info() for rref in self._rrefs]
+        info = []
+        for i, handle in enumerate(handles):
+            try:
+                info.append(handle.wait())
+            except Exception as exc:
+                raise self._error(i, exc) from None
+        return info
+
+    def _submit(self, index: int, method: str, *args: Any) -> Any:
+        return getattr(self._rrefs[index].rpc_async(timeout=self._rpc_timeout), method)(*args)
+
+    def _on_done(self, handle: Any, callback: Callable[[BaseException | None], None]) -> None:
+        def done(future):
+            try:
+                future.value()
+            except Exception as exc:  # noqa: BLE001 - reported to the callback
+                callback(exc)
+                return
+            callback(None)
+
+        handle.add_done_callback(done)
+
+    async def _result(self, index: int, handle: Any) -> Any:
+        loop = asyncio.get_running_loop()
+        result: asyncio.Future = loop.create_future()
+
+        def settle(value: Any, exc: BaseException | None) -> None:
+            if not result.done():
+                result.set_exception(exc) if exc is not None else result.set_result(value)
+
+        def done(future):
+            try:
+                value, exc = future.value(), None
+            except Exception as error:  # noqa: BLE001 - raised in the loop
+                value, exc = None, error
+            try:
+                loop.call_soon_threadsafe(settle, value, exc)
+            except RuntimeError:  # the loop is gone: nobody waits any more
+                pass
+
+        handle.add_done_callback(done)
+        while True:  # a worker process that died answers nothing: watch it
+            finished, _ = await asyncio.wait({result}, timeout=0.2)
+            if finished:
+                return result.result()
+            proc = self._procs[index] if index < len(self._procs) else None
+            if proc is not None and proc.poll() is not None:
+                raise RuntimeError(f"the RPC worker process exited with code {proc.returncode} (a negative "
+                                   "code is the signal that killed it)")
+
+    def _where(self, index: int) -> str:
+        return f"RPC worker {self._names[index]}"
+
+    def _stop(self) -> None:
+        rpc = self._rpc
+        dead = any(p.poll() is not None for p in self._procs)
+        if self._rrefs and rpc.api._is_current_rpc_agent_set():
+            calls = []
+            for i, rref in enumerate(self._rrefs):
+                if i < len(self._procs) and self._procs[i].poll() is not None:
+                    continue
+                try:
+                    calls.append(rref.rpc_async(timeout=10).shutdown())
+                except Exception:  # noqa: BLE001 - the world is going down anyway
+                    pass
+            for call in calls:
+                try:
+                    call.wait()
+                except Exception:  # noqa: BLE001
+                    pass
+        self._rrefs = []
+        if self._joined_world:
+            self._joined_world = False
+            try:
+                rpc.shutdown(graceful=not dead, timeout=10)
+            except Exception:  # noqa: BLE001 - a worker that died makes a graceful exit fail
+                try:
+                    rpc.shutdown(graceful=False)
+                except Exception:  # noqa: BLE001
+                    pass
+
+        for sig, grace in ((None, 10.0), (signal.SIGTERM, 2.0), (signal.SIGKILL, 5.0)):
+            running = [p for p in self._procs if p.poll() is None]
+            if not running:
+                break
+            for p in running:
+                if sig is not None:
+                    p.send_signal(sig)
+            deadline = time.monotonic() + grace
+            for p in running:
+                try:
+                    p.wait(max(0.0, deadline - time.monotonic()))
+                except subprocess.TimeoutExpired:
+                    pass
+        self._procs = []
