@@ -172,7 +172,10 @@ class RPCCollector(RemoteCollectorsBase):
             world = self.num_collectors + 1
             env = dict(os.environ)
             env["PYTHONPATH"] = os.pathsep.join([_PACKAGE_ROOT, *filter(None, [env.get("PYTHONPATH")])])
-            for rank, name in enumerate(self._names, start=1):
+            # the workers take ranks 0..n-1 and the driver the last one: rank 0 hosts the
+            # rendezvous store, which torch keeps listening until its process exits, so it
+            # must live in a worker (gone at shutdown), not here
+            for rank, name in enumerate(self._names):
                 self._procs.append(subprocess.Popen(
                     [sys.executable, "-m", "aiocollect._distributed.rpc_worker", name, str(rank), str(world), init],
                     env=env, stdin=subprocess.DEVNULL))
@@ -180,7 +183,7 @@ class RPCCollector(RemoteCollectorsBase):
             _launched_worlds.append(init)
             with warnings.catch_warnings():
                 warnings.filterwarnings("ignore", message="You are using a Backend", category=UserWarning)
-                rpc.init_rpc("aiocollect_driver", rank=0, world_size=world, rpc_backend_options=options)
+                rpc.init_rpc("aiocollect_driver", rank=world - 1, world_size=world, rpc_backend_options=options)
             self._joined_world = True
         self._rrefs = [rpc.remote(name, _remote_collector, args=(payload, list(sys.path)))
                        for name, payload in zip(self._names, payloads)]
