@@ -51,3 +51,14 @@ def environment() -> dict:
         "uvloop": _version("uvloop"),
         "aiocollect": aiocollect.__version__,
     }
+
+
+def finish(results: dict, args: argparse.Namespace) -> int:
+    """The last line every table ends with (the machine's load), and the JSON file if asked."""
+    import json
+
+    print(f"load average {os.getloadavg()[0]:.2f}")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(results, f, indent=2)
+    return 0

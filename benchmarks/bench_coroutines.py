@@ -31,7 +31,6 @@ Usage::
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 import statistics
 import sys
@@ -44,7 +43,7 @@ os.environ.setdefault("RL_LOGGING_LEVEL", "ERROR")
 import gymnasium as gym  # noqa: E402
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
-from _common import environment, parse_args  # noqa: E402
+from _common import environment, finish, parse_args  # noqa: E402
 from gymnasium import spaces  # noqa: E402
 from tensordict.nn import TensorDictModule  # noqa: E402
 from torch import nn  # noqa: E402
@@ -209,11 +208,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"\naiocollect / bound: {ours / BOUND:.2f} (goal >= 0.8)")
     if theirs:
         print(f"aiocollect / TorchRL AsyncBatchedCollector: {ours / theirs:.2f} (goal > 1)")
-    print(f"load average {os.getloadavg()[0]:.2f}")
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(results, f, indent=2)
-    return 0
+    return finish(results, args)
 
 
 if __name__ == "__main__":

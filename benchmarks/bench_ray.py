@@ -23,7 +23,6 @@ Usage::
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import statistics
@@ -36,7 +35,7 @@ os.environ.setdefault("RL_LOGGING_LEVEL", "ERROR")
 os.environ.setdefault("RAY_DEDUP_LOGS", "0")
 
 import gymnasium as gym  # noqa: E402
-from _common import environment, parse_args  # noqa: E402
+from _common import environment, finish, parse_args  # noqa: E402
 
 import aiocollect  # noqa: E402
 
@@ -124,11 +123,7 @@ def main(argv: list[str] | None = None) -> int:
         ratio = max(runs["aiocollect"]) / max(runs["torchrl"])
         results["ratio"] = ratio
         print(f"\naiocollect / TorchRL: {ratio:.1f}x")
-    print(f"load average {os.getloadavg()[0]:.2f}")
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(results, f, indent=2)
-    return 0
+    return finish(results, args)
 
 
 if __name__ == "__main__":

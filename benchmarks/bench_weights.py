@@ -43,7 +43,6 @@ import os
 
 os.environ.setdefault("XLA_FLAGS", "--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1")
 
-import json  # noqa: E402
 import statistics  # noqa: E402
 import sys  # noqa: E402
 import threading  # noqa: E402
@@ -52,7 +51,7 @@ from collections.abc import Callable  # noqa: E402
 
 import gymnasium as gym  # noqa: E402
 import torch  # noqa: E402
-from _common import environment, parse_args  # noqa: E402
+from _common import environment, finish, parse_args  # noqa: E402
 from tensordict.nn import TensorDictModule  # noqa: E402
 from torch import nn  # noqa: E402
 
@@ -289,11 +288,8 @@ def main(argv: list[str] | None = None) -> int:
         results["jax"][setting] = {"torch": a, "jax": b, "ratio": b["best"] / a["best"]}
         print(f"{setting:22} {a['best']:12,.0f} {b['best']:12,.0f} {b['best'] / a['best']:7.2f}"
               f"   ({a['median']:,.0f} / {b['median']:,.0f})")
-    print(f"\nload average {os.getloadavg()[0]:.2f}")
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(results, f, indent=2)
-    return 0
+    print()
+    return finish(results, args)
 
 
 if __name__ == "__main__":

@@ -8,29 +8,15 @@ import subprocess
 import time
 
 import pytest
-import torch
 import torch.nn as nn
 from tensordict.nn import TensorDictModule
 
 from aiocollect import Collector, GymEnv, MultiSyncCollector, RayCollector, RemoteCollectorError
 from conftest import check_batch
+from test_weights import check_versions, linear
 from workers_util import IntObsEnv
 
 ray = pytest.importorskip("ray")
-
-
-def linear(value: float) -> TensorDictModule:
-    module = nn.Linear(3, 1)
-    with torch.no_grad():
-        module.weight.fill_(value)
-        module.bias.fill_(value)
-    return TensorDictModule(module, in_keys=["observation"], out_keys=["action"])
-
-
-def check_versions(batch) -> set[int]:
-    version = batch["collector", "policy_version"].to(torch.float32)
-    assert torch.equal(batch["action"][..., 0], version * (batch["observation"].sum(-1) + 1))
-    return set(batch["collector", "policy_version"].unique().tolist())
 
 
 def ray_processes() -> list[str]:

@@ -48,6 +48,16 @@ def _per_collector(value: Any, n: int, name: str, default: Callable[[], Any]) ->
     return [value] * n
 
 
+FORWARDED = ("device", "storing_device", "env_device", "policy_device", "max_frames_per_traj",
+             "init_random_frames", "reset_at_each_iter", "exploration_type")
+"""The distributed collectors' TorchRL options that every remote collector receives."""
+
+
+def forwarded_options(arguments: dict) -> dict:
+    """The :data:`FORWARDED` options among a constructor's ``locals()``."""
+    return {name: arguments[name] for name in FORWARDED}
+
+
 def plan_remotes(create_env_fn: Any, policy: Any, options: CollectorOptions, forwarded: dict, *,
                  collector_class: Any, collector_kwargs: Any, num_workers_per_collector: int,
                  num_collectors: int | None, sync: bool) -> tuple[int, list[bytes]]:

@@ -48,7 +48,7 @@ from typing import Any
 from tensordict.nn import InteractionType
 
 from .._collectors.options import options_from
-from .base import RemoteCollectorsBase, _per_collector, plan_remotes
+from .base import RemoteCollectorsBase, _per_collector, forwarded_options, plan_remotes
 from .remote import RemoteCollector
 
 
@@ -115,12 +115,7 @@ class RayCollector(RemoteCollectorsBase):
     ):
         options = options_from(locals())
         ray = _import_ray()
-        forwarded = {
-            "device": device, "storing_device": storing_device, "env_device": env_device,
-            "policy_device": policy_device, "max_frames_per_traj": max_frames_per_traj,
-            "init_random_frames": init_random_frames, "reset_at_each_iter": reset_at_each_iter,
-            "exploration_type": exploration_type,
-        }
+        forwarded = forwarded_options(locals())
         num_collectors, payloads = plan_remotes(
             create_env_fn, policy, options, forwarded, collector_class=collector_class,
             collector_kwargs=collector_kwargs, num_workers_per_collector=num_workers_per_collector,

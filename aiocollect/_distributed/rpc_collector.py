@@ -46,7 +46,7 @@ from typing import Any
 from tensordict.nn import InteractionType
 
 from .._collectors.options import options_from
-from .base import RemoteCollectorsBase, plan_remotes
+from .base import RemoteCollectorsBase, forwarded_options, plan_remotes
 from .remote import RemoteCollector
 
 _PACKAGE_ROOT = str(Path(__file__).resolve().parents[2])
@@ -111,12 +111,7 @@ class RPCCollector(RemoteCollectorsBase):
         options = options_from(locals())
         from torch.distributed import rpc
 
-        forwarded = {
-            "device": device, "storing_device": storing_device, "env_device": env_device,
-            "policy_device": policy_device, "max_frames_per_traj": max_frames_per_traj,
-            "init_random_frames": init_random_frames, "reset_at_each_iter": reset_at_each_iter,
-            "exploration_type": exploration_type,
-        }
+        forwarded = forwarded_options(locals())
         if worker_names is not None:
             if not isinstance(worker_names, (list, tuple)) or not all(isinstance(n, str) for n in worker_names):
                 raise TypeError("worker_names must be a list of RPC worker names (str).")
