@@ -55,7 +55,7 @@ def test_seed_example_starts_a_local_cluster_and_stops_it():
 
 @pytest.fixture(scope="module")
 def cluster():
-    ray.init(num_cpus=4, include_dashboard=False)
+    ray.init(num_cpus=2, include_dashboard=False)
     yield
     ray.shutdown()
 

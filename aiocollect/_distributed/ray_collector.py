@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import os
 import sys
+import warnings
 from collections.abc import Callable
 from typing import Any
 
@@ -138,7 +139,9 @@ class RayCollector(RemoteCollectorsBase):
                 asked = sum(float(c.get("num_cpus", 1)) for c in configs)
                 config.setdefault("num_cpus", max(os.cpu_count() or 1, int(-(-asked // 1))))
                 config.setdefault("include_dashboard", False)
-            ray.init(**config)
+            with warnings.catch_warnings():  # JAX's warning at fork: Ray forks and execs at once
+                warnings.filterwarnings("ignore", message=r"os\.fork\(\) was called", category=RuntimeWarning)
+                ray.init(**config)
             self._started_ray = True
         actor = ray.remote(RemoteCollector)
         self._actors = [
