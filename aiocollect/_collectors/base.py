@@ -43,6 +43,7 @@ from tensordict import TensorDictBase
 from .._engine.trajectories import split_trajectories
 from .._policies.setup import PolicySetup
 from .loop_thread import LoopThread
+from .progress import ProgressBar
 from .options import CollectorOptions
 
 logger = logging.getLogger("aiocollect")
@@ -167,6 +168,7 @@ class DataCollectorBase:
         self._policy: PolicySetup | None = None  # set by the variant
         self._max_lag = 0
         self._stale_dropped = 0
+        self._progress: ProgressBar | None = None
 
     # ------------------------------------------------------------------ to implement
 
@@ -235,6 +237,11 @@ class DataCollectorBase:
         self._frames += frames
         self._batches += 1
         self._measure_lag(batch)
+        if self.options.progress:
+            if self._progress is None:
+                self._progress = ProgressBar(self.options.total_frames, type(self).__name__)
+                self._resources.closers.append(self._progress.close)
+            self._progress.update(batch, frames)
         opts = self.options
         if opts.split_trajs:
             batch = split_trajectories(batch)

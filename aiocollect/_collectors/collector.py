@@ -84,6 +84,7 @@ class Collector(DataCollectorBase):
         interruptor: Any = None,
         set_truncated: bool = False,
         replay_buffer: Any = None,
+        progress: bool = False,
         max_batch_size: int | None = None,
         min_batch_size: int | None = None,
         batch_timeout: float | None = None,

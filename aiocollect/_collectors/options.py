@@ -57,6 +57,8 @@ class CollectorOptions:
     """Mark the last step of each batch as truncated."""
     replay_buffer: Any = None
     """Anything with ``extend``: batches go there; iteration then yields ``None``."""
+    progress: bool = False
+    """Show a tqdm progress bar (frames, frames/s, mean episode return; a widget in Jupyter)."""
 
 
 def _int(name: str, value: Any, *, allow: str) -> int:
@@ -123,6 +125,7 @@ def validate_options(
     interruptor: Any = None,
     set_truncated: Any = False,
     replay_buffer: Any = None,
+    progress: Any = False,
 ) -> CollectorOptions:
     """Check every option; returns them normalised."""
     fpb = _int("frames_per_batch", frames_per_batch, allow="a positive number of frames")
@@ -157,6 +160,7 @@ def validate_options(
         ("return_same_td", return_same_td),
         ("reset_when_done", reset_when_done),
         ("set_truncated", set_truncated),
+        ("progress", progress),
     ):
         if not isinstance(value, bool):
             raise TypeError(f"{name} must be True or False, got {value!r}")
@@ -187,6 +191,7 @@ def validate_options(
         interruptor=interruptor,
         set_truncated=set_truncated,
         replay_buffer=replay_buffer,
+        progress=progress,
         **devices,
     )
 

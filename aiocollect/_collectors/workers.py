@@ -79,6 +79,7 @@ class WorkerCollectorBase(DataCollectorBase):
         interruptor: Any = None,
         set_truncated: bool = False,
         replay_buffer: Any = None,
+        progress: bool = False,
         cat_results: str | int | None = None,
         preemptive_threshold: float | None = None,
         update_at_each_batch: bool = False,

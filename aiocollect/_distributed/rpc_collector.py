@@ -96,6 +96,7 @@ class RPCCollector(RemoteCollectorsBase):
         split_trajs: bool | None = None,
         exploration_type: InteractionType | str = InteractionType.RANDOM,
         replay_buffer: Any = None,
+        progress: bool = False,
         collector_class: Any = "single",
         collector_kwargs: dict | list[dict] | None = None,
         num_workers_per_collector: int = 1,

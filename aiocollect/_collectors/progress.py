@@ -1,0 +1,73 @@
+"""``progress=True``: a tqdm bar over a collector's frames, with frames/s and episode returns.
+
+The bar counts delivered frames (against ``total_frames`` when the collector is finite)
+and shows the mean return of the episodes that finished in the last batches. Returns are
+summed per trajectory id, so an episode that spans several batches (or several workers'
+batches, in any order) is counted once, whole. ``tqdm.auto`` picks a notebook widget
+inside Jupyter and a text bar elsewhere.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from typing import Any
+
+import torch
+from tensordict import TensorDictBase
+
+
+class EpisodeReturns:
+    """Sums rewards per trajectory id across batches; hands out the returns of finished episodes."""
+
+    def __init__(self, window: int = 100):
+        self._partial: dict[int, float] = {}
+        self.recent: deque[float] = deque(maxlen=window)
+        self.episodes = 0
+
+    def add(self, batch: TensorDictBase) -> None:
+        ids = batch.get(("collector", "traj_ids"), None)
+        if ids is None:
+            return
+        reward = batch.get(("next", "reward")).reshape(ids.shape)
+        done = batch.get(("next", "done")).reshape(ids.shape)
+        valid = ids >= 0
+        mask = batch.get(("collector", "mask"), None)
+        if mask is not None:
+            valid &= mask.reshape(ids.shape)
+        ids, reward, done = ids[valid], reward[valid].double(), done[valid]
+        unique, inverse = torch.unique(ids, return_inverse=True)
+        sums = torch.zeros(len(unique), dtype=torch.float64).index_add_(0, inverse, reward)
+        finished = set(ids[done].tolist())
+        for tid, total in zip(unique.tolist(), sums.tolist()):
+            total += self._partial.pop(tid, 0.0)
+            if tid in finished:
+                self.recent.append(total)
+                self.episodes += 1
+            else:
+                self._partial[tid] = total
+
+    @property
+    def mean(self) -> float | None:
+        return sum(self.recent) / len(self.recent) if self.recent else None
+
+
+class ProgressBar:
+    """The bar of one collector (created at its first batch, closed at ``shutdown()``)."""
+
+    def __init__(self, total_frames: int, name: str):
+        from tqdm.auto import tqdm
+
+        self.bar = tqdm(total=total_frames if total_frames > 0 else None, unit="frames", unit_scale=True,
+                        desc=name, dynamic_ncols=True)
+        self.returns = EpisodeReturns()
+
+    def update(self, batch: Any, frames: int) -> None:
+        if batch is not None:
+            self.returns.add(batch)
+        mean = self.returns.mean
+        if mean is not None:
+            self.bar.set_postfix(episode_return=f"{mean:.1f}", episodes=self.returns.episodes, refresh=False)
+        self.bar.update(frames)
+
+    def close(self) -> None:
+        self.bar.close()

@@ -1,0 +1,27 @@
+"""progress=True: a tqdm bar with frames/s and the mean return of whole episodes."""
+
+from __future__ import annotations
+
+from aiocollect import Collector, MultiAsyncCollector
+from aiocollect._collectors.progress import EpisodeReturns
+from workers_util import SleepyEnv
+
+
+def test_episode_returns_are_summed_across_batches_and_workers():
+    returns = EpisodeReturns()
+    # SleepyEnv: reward 1 per step, truncated after `length` steps; batches of 20 steps split episodes
+    with MultiAsyncCollector([lambda: SleepyEnv(length=30), lambda: SleepyEnv(length=45)], None,
+                             frames_per_batch=20, total_frames=20 * 24) as c:
+        for batch in c:
+            returns.add(batch)
+    assert returns.episodes >= 8
+    assert set(returns.recent) == {30.0, 45.0}  # whole episodes, never a piece of one
+
+
+def test_progress_bar_shows_frames_and_returns(capfd):
+    with Collector([lambda: SleepyEnv(length=10)] * 2, None, frames_per_batch=40, total_frames=200,
+                   progress=True) as c:
+        for _ in c:
+            pass
+    err = capfd.readouterr().err
+    assert "Collector" in err and "200/200" in err and "episode_return=10.0" in err
