@@ -1,0 +1,7 @@
+"""``python -m aiocollect``: the ``aiocollect`` command (see :mod:`aiocollect._cli`)."""
+
+import sys
+
+from ._cli import main
+
+sys.exit(main())

@@ -1,0 +1,73 @@
+"""The ``aiocollect`` command, run as a user runs it: the console script, in a subprocess."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+from tensordict import TensorDict
+
+from conftest import check_batch
+
+SCRIPT = Path(sys.executable).parent / "aiocollect"
+
+
+def run(*args: str, timeout: float = 180) -> subprocess.CompletedProcess:
+    return subprocess.run([str(SCRIPT), *args], capture_output=True, text=True, timeout=timeout)
+
+
+def test_collect_saves_a_memmapped_tensordict_and_prints_a_summary(tmp_path):
+    out = tmp_path / "cartpole"
+    proc = run("collect", "--env", "CartPole-v1", "--workers", "2", "--envs-per-worker", "4", "--frames", "4000",
+               "--out", str(out))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert re.search(r"collected 4,000 frames of CartPole-v1 from 8 envs \(2 worker processes\) in [\d.]+ s: "
+                     r"[\d,]+ frames/s", proc.stdout), proc.stdout
+    assert re.search(r"episodes finished, mean return of the last \d+: [\d.]+", proc.stdout)
+    assert "MultiSyncCollector" in proc.stderr and "frames/s" in proc.stderr  # the progress bar
+    data = TensorDict.load_memmap(out)
+    assert data.shape == (2, 4, 500) and data.numel() == 4000
+    for row in data.unbind(0):
+        row.refine_names(None, "time")
+        check_batch(row)
+
+
+def test_collect_in_process_with_workers_0(tmp_path):
+    proc = run("collect", "--env", "CartPole-v1", "--workers", "0", "--envs-per-worker", "2", "--frames", "300",
+               "--frames-per-batch", "100", "--out", str(tmp_path / "o"))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert TensorDict.load_memmap(tmp_path / "o").shape == (2, 150)
+
+
+def test_bad_input_is_one_line_and_exit_code_2(tmp_path):
+    (tmp_path / "full").mkdir()
+    (tmp_path / "full" / "x").write_text("keep me")
+    cases = [
+        (["collect", "--env", "NoSuchEnv-v0", "--out", str(tmp_path / "a")], "not a registered gymnasium env"),
+        (["collect", "--env", "CartPole-v1", "--workers", "-1", "--out", str(tmp_path / "b")], "--workers"),
+        (["collect", "--env", "CartPole-v1", "--frames", "lots", "--out", str(tmp_path / "c")], "--frames"),
+        (["collect", "--env", "CartPole-v1", "--out", str(tmp_path / "full")], "pass --overwrite"),
+        (["collect", "--env", "CartPole-v1", "--envs-per-worker", "3", "--frames-per-batch", "100", "--out",
+          str(tmp_path / "d")], "does not split"),
+        (["frobnicate"], "invalid choice"),
+    ]
+    for args, expected in cases:
+        proc = run(*args, timeout=60)
+        assert proc.returncode == 2, (args, proc.stderr)
+        lines = proc.stderr.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith("aiocollect: error:") and expected in lines[0], (args, lines)
+        assert "Traceback" not in proc.stderr
+    assert (tmp_path / "full" / "x").read_text() == "keep me"
+
+
+def test_bench_runs_the_benchmarks_and_prints_the_table():
+    proc = run("bench", "--quick", "--only", "collect", timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:]
+    assert "# bench_collect.py" in proc.stdout and "aiocollect Collector, for" in proc.stdout
+
+
+def test_python_dash_m_is_the_same_command():
+    proc = subprocess.run([sys.executable, "-m", "aiocollect", "--help"], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0 and "collect" in proc.stdout and "bench" in proc.stdout
