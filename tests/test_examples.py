@@ -27,3 +27,9 @@ def test_coroutine_game_over_tcp():
     assert re.search(r"3200 frames from 16 TCP envs in [\d.]+ s", out), out
     episodes, mean = re.search(r"(\d+) episodes, mean return ([+-][\d.]+)", out).groups()
     assert int(episodes) > 0 and -1 <= float(mean) <= 1
+
+
+def test_ppo_cartpole_runs_a_few_updates():
+    out = run("ppo_cartpole.py", "--frames", "6144")
+    assert re.search(r"batch   2  frames    6,144  mean return", out), out
+    assert "done: mean return" in out
