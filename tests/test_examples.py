@@ -33,3 +33,8 @@ def test_ppo_cartpole_runs_a_few_updates():
     out = run("ppo_cartpole.py", "--frames", "6144")
     assert re.search(r"batch   2  frames    6,144  mean return", out), out
     assert "done: mean return" in out
+
+
+def test_ppo_torchrl_trains_on_aiocollect_batches_with_torchrl_losses():
+    out = run("ppo_torchrl.py", "--frames", "4096")
+    assert re.search(r"done: 4,096 frames, [\d,]+ frames/s collecting, mean episode return -?[\d.]+", out), out
