@@ -167,7 +167,8 @@ class CoroutineEngine(TrajectoryBook):
             self._fail(exc)
             return
         self._tasks.pop(i, None)
-        self._batch.step_landed(i)
+        if self._batch is not None:  # (None: the batch failed and was abandoned meanwhile)
+            self._batch.step_landed(i)
 
     async def _timed(self, coro: Any, i: int, what: str) -> None:
         await timed(coro, self.batching.step_timeout, self.group.envs[i], f"coroutine env {i}", what)
