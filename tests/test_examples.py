@@ -38,3 +38,9 @@ def test_ppo_cartpole_runs_a_few_updates():
 def test_ppo_torchrl_trains_on_aiocollect_batches_with_torchrl_losses():
     out = run("ppo_torchrl.py", "--frames", "4096")
     assert re.search(r"done: 4,096 frames, [\d,]+ frames/s collecting, mean episode return -?[\d.]+", out), out
+
+
+def test_jax_learner_runs_a_few_updates():
+    out = run("jax_learner.py", "--frames", "8192")
+    assert re.search(r"batch   3  frames   8,192  mean episode length", out), out
+    assert "done after" in out
