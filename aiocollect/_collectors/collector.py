@@ -13,15 +13,15 @@
 
 ``create_env_fn`` may be a factory, an env, an env id, a gymnasium ``VectorEnv`` or a list
 of factories; the last two give batches of shape ``[num_envs, T]`` with
-``T = frames_per_batch // num_envs``.
+``T = frames_per_batch // num_envs``. Nothing runs until the first batch is asked for:
+the envs are built (to learn their spaces) but reset lazily, so ``set_seed()`` called
+right after construction seeds the very first reset.
 
 Factories may return **coroutine envs** (:class:`~aiocollect.AsyncEnv`: ``async def
 step``), hundreds of them: each steps as soon as its action is ready, on the collector's
 own event loop, and the policy runs batched on whichever envs are ready
 (``max_batch_size``, ``min_batch_size``, ``batch_timeout``; ``step_timeout`` fails a
-collection whose env does not answer). Gymnasium envs in the same list are stepped inline. Nothing runs until the first batch is asked for:
-the envs are built (to learn their spaces) but reset lazily, so ``set_seed()`` called
-right after construction seeds the very first reset.
+collection whose env does not answer). Gymnasium envs in the same list are stepped inline.
 """
 
 from __future__ import annotations
