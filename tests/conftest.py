@@ -200,3 +200,21 @@ def spin_mode(request, monkeypatch):
     spinning on shared memory, and sleeping on the socket (see aiocollect._workers.protocol)."""
     monkeypatch.setenv("AIOCOLLECT_SPIN", "1" if request.param == "spin" else "0")
     return request.param
+
+
+def interrupt_script(script: str) -> tuple[str, str, int]:
+    """Run ``script`` in a fresh interpreter; once it prints "collecting", wait 0.5 s and
+    send SIGINT (Ctrl-C). Asserts it exits within 5 s; returns ``(stdout, stderr, returncode)``."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert proc.stdout.readline().strip() == "collecting"
+    time.sleep(0.5)
+    t0 = time.monotonic()
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=20)
+    assert time.monotonic() - t0 < 5, "Ctrl-C took too long"
+    return out, err, proc.returncode

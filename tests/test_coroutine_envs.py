@@ -4,9 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import signal
-import subprocess
-import sys
 import textwrap
 import threading
 import time
@@ -29,7 +26,7 @@ from aiocollect import (
     WorkerError,
     split_trajectories,
 )
-from conftest import check_batch, check_continuity
+from conftest import check_batch, check_continuity, interrupt_script
 from coroutine_util import GameServer, LatencyEnv, PlainCounterEnv, SocketGameEnv
 
 
@@ -366,18 +363,11 @@ CTRL_C_SCRIPT = textwrap.dedent(
 
 
 def test_ctrl_c_cancels_pending_steps_closes_envs_and_stops_the_loop():
-    script = CTRL_C_SCRIPT.format(tests=os.path.dirname(__file__))
-    proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    assert proc.stdout.readline().strip() == "collecting"
-    time.sleep(0.5)
-    t0 = time.monotonic()
-    proc.send_signal(signal.SIGINT)
-    out, err = proc.communicate(timeout=20)
-    assert time.monotonic() - t0 < 5, "Ctrl-C took too long"
+    out, err, returncode = interrupt_script(CTRL_C_SCRIPT.format(tests=os.path.dirname(__file__)))
     words = out.split()
     assert words[0] == "interrupted" and words[1] == "[]", out  # no loop thread left
     assert int(words[2]) >= 1 and words[3] == "True", out  # pending steps cancelled, every env closed
-    assert "KeyboardInterrupt" in err and proc.returncode != 0
+    assert "KeyboardInterrupt" in err and returncode != 0
 
 
 def test_step_timeout_in_a_worker_collector_names_worker_and_env():

@@ -4,9 +4,6 @@ from __future__ import annotations
 
 import gc
 import os
-import signal
-import subprocess
-import sys
 import textwrap
 import time
 import traceback
@@ -17,7 +14,7 @@ import torch
 import torch.nn as nn
 
 from aiocollect import Collector, GymEnv
-from conftest import CounterEnv, EnvRecorder
+from conftest import CounterEnv, EnvRecorder, interrupt_script
 
 pytestmark = pytest.mark.usefixtures("no_thread_leak")
 
@@ -196,17 +193,10 @@ CTRL_C_SCRIPT = textwrap.dedent(
 
 
 def test_ctrl_c_during_sync_iteration_raises_and_leaves_nothing():
-    script = CTRL_C_SCRIPT.format(tests=os.path.dirname(__file__))
-    proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    assert proc.stdout.readline().strip() == "collecting"
-    time.sleep(0.5)
-    t0 = time.monotonic()
-    proc.send_signal(signal.SIGINT)
-    out, err = proc.communicate(timeout=20)
-    assert time.monotonic() - t0 < 5, "Ctrl-C took too long"
+    out, err, returncode = interrupt_script(CTRL_C_SCRIPT.format(tests=os.path.dirname(__file__)))
     assert "interrupted []" in out  # the loop thread was stopped before the exception left the loop
     assert "KeyboardInterrupt" in err
-    assert proc.returncode != 0
+    assert returncode != 0
 
 
 def test_vector_env_without_partial_reset_gets_a_clear_error():
