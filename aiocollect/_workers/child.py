@@ -87,7 +87,7 @@ class _Worker:
         import numpy as np
 
         from .._envs.group import make_group
-        from .shm import SharedArrays
+        from .shm import SharedArrays, set_aside_resets
 
         entry = cloudpickle.loads(setup["entry"])
         self.group, _ = make_group(entry, setup["kwargs"])
@@ -106,6 +106,7 @@ class _Worker:
         rows = self.shared.rows(lo, hi)
         self.obs = self.shared.obs(rows)
         self.reset_obs = self.shared.obs(rows, "reset_obs")
+        self._set_aside = set_aside_resets
         obs = {leaf.key: a for leaf, a in zip(g.obs_leaves, self.obs)}
         g.bind(obs, rows["reward"], rows["terminated"], rows["truncated"])
         self.rows = rows
@@ -204,10 +205,7 @@ class _Worker:
         """Reset finished envs now; keep their final obs in ``obs``, the new one aside."""
         final = [a[idx] for a in self.obs]  # fancy indexing copies
         self.group.reset_now(idx, None)
-        for a, r, f in zip(self.obs, self.reset_obs, final):
-            r[idx] = a[idx]
-            a[idx] = f
-        self.rows["pre_reset"][idx] = True
+        self._set_aside(self.obs, self.reset_obs, self.rows["pre_reset"], idx, final)
 
     def close(self) -> None:
         try:

@@ -29,7 +29,7 @@ from .._envs.group import make_group
 from . import protocol
 from .errors import WorkerError
 from .plan import WorkerSpec
-from .shm import SharedArrays
+from .shm import SharedArrays, set_aside_resets
 
 
 def _ignore(worker: Any) -> None:
@@ -125,10 +125,7 @@ class CoroutineWorker:
             if len(done):
                 final = [a[done] for a in self.obs]
                 await asyncio.gather(*(self._timed(group.reset_one(int(i), None), int(i), "reset") for i in done))
-                for a, r, f in zip(self.obs, self.reset_obs, final):
-                    r[done] = a[done]
-                    a[done] = f
-                self.rows["pre_reset"][done] = True
+                set_aside_resets(self.obs, self.reset_obs, self.rows["pre_reset"], done, final)
 
     async def _reset(self) -> None:
         rows = self.rows

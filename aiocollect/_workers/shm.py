@@ -137,3 +137,14 @@ class SharedArrays:
 
     def obs(self, rows: dict[str, np.ndarray], prefix: str = "obs") -> list[np.ndarray]:
         return [rows[f"{prefix}{i}"] for i in range(self.layout.num_obs)]
+
+
+def set_aside_resets(obs: list[np.ndarray], reset_obs: list[np.ndarray], pre_reset: np.ndarray,
+                     idx: np.ndarray, final: list[np.ndarray]) -> None:
+    """After a worker reset finished envs ``idx`` on its own: their fresh observations move
+    to ``reset_obs``, ``obs`` gets back their ``final`` ones (taken before the reset, with
+    ``[a[idx] for a in obs]``), and ``pre_reset`` tells the engine so."""
+    for a, r, f in zip(obs, reset_obs, final):
+        r[idx] = a[idx]
+        a[idx] = f
+    pre_reset[idx] = True
