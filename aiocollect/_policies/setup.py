@@ -72,7 +72,7 @@ class PolicySetup:
         self.weights: WeightsChannel | None = None
         if isinstance(self.policy, ArrayPolicy):
             self.weights = WeightsChannel(self.policy.snapshot, self.policy.load)
-        elif self.has_weights:
+        elif isinstance(self.policy, torch.nn.Module) and not isinstance(self.policy, RandomPolicy):
             self.weights = TorchWeights(self.policy).channel()
         self.runner = PolicyRunner(self.policy, obs_keys, device=device, exploration_type=exploration_type,
                                    weights=self.weights)
@@ -82,9 +82,8 @@ class PolicySetup:
 
     @property
     def has_weights(self) -> bool:
-        if isinstance(self.policy, ArrayPolicy):
-            return True
-        return isinstance(self.policy, torch.nn.Module) and not isinstance(self.policy, RandomPolicy)
+        """A torch module or a JAX policy: weights to update, version and save."""
+        return self.weights is not None
 
     @property
     def version(self) -> int:
