@@ -196,6 +196,25 @@ def validate_options(
     )
 
 
+def worker_indices(worker_ids: Any, count: int, what: str) -> list[int]:
+    """``worker_ids`` (``None``, an int or an iterable of ints) as a list of indices in
+    ``0..count-1``; ``what`` names them in the error ("worker", "remote collector")."""
+    if worker_ids is None:
+        return list(range(count))
+    ids = [worker_ids] if isinstance(worker_ids, int) and not isinstance(worker_ids, bool) else worker_ids
+    try:
+        ids = list(ids)
+    except TypeError:
+        ids = [ids]
+    bad = [i for i in ids if isinstance(i, bool) or not isinstance(i, int) or not 0 <= i < count]
+    if bad:
+        raise ValueError(
+            f"worker_ids={worker_ids!r}: give {what} indices in 0..{count - 1} "
+            f"(an int or a list of ints), or None for every {what}."
+        )
+    return ids
+
+
 def options_from(arguments: dict[str, Any]) -> CollectorOptions:
     """``validate_options`` on the options among a constructor's ``locals()``."""
     names = inspect.signature(validate_options).parameters

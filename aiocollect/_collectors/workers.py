@@ -31,7 +31,7 @@ from .._workers.pool import WorkerPool
 from .._workers.shm import Layout
 from .base import DataCollectorBase, WorkerStatistics
 from .loop_thread import LoopThread
-from .options import WorkerOptions, options_from, validate_batching, validate_worker_options
+from .options import WorkerOptions, options_from, validate_batching, validate_worker_options, worker_indices
 
 
 class WorkerCollectorBase(DataCollectorBase):
@@ -193,20 +193,7 @@ class WorkerCollectorBase(DataCollectorBase):
     # ------------------------------------------------------------------ control
 
     def _workers_of(self, worker_ids: Any) -> list[int]:
-        if worker_ids is None:
-            return list(range(self.num_workers))
-        ids = [worker_ids] if isinstance(worker_ids, int) and not isinstance(worker_ids, bool) else worker_ids
-        try:
-            ids = list(ids)
-        except TypeError:
-            ids = [ids]
-        bad = [i for i in ids if isinstance(i, bool) or not isinstance(i, int) or not 0 <= i < self.num_workers]
-        if bad:
-            raise ValueError(
-                f"worker_ids={worker_ids!r}: give worker indices in 0..{self.num_workers - 1} "
-                "(an int or a list of ints), or None for every worker."
-            )
-        return ids
+        return worker_indices(worker_ids, self.num_workers, "worker")
 
     def set_seed(self, seed: int, static_seed: bool = False) -> int:
         """Seed the envs: env ``k``, counted over all workers in order, uses ``seed + k``.

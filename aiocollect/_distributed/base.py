@@ -31,7 +31,7 @@ import torch
 from tensordict import TensorDictBase
 
 from .._collectors.base import DataCollectorBase, WorkerStatistics
-from .._collectors.options import CollectorOptions
+from .._collectors.options import CollectorOptions, worker_indices
 from .remote import RemoteCollectorError, portable_weights, resolve_collector_class
 
 _RESERVED = ("create_env_fn", "policy", "frames_per_batch", "total_frames", "replay_buffer")
@@ -218,14 +218,7 @@ class RemoteCollectorsBase(DataCollectorBase):
     # ------------------------------------------------------------------ weights
 
     def _workers_of(self, worker_ids: Any) -> list[int]:
-        if worker_ids is None:
-            return list(range(self.num_collectors))
-        ids = [worker_ids] if isinstance(worker_ids, int) and not isinstance(worker_ids, bool) else list(worker_ids)
-        bad = [i for i in ids if isinstance(i, bool) or not isinstance(i, int) or not 0 <= i < self.num_collectors]
-        if bad:
-            raise ValueError(f"worker_ids={worker_ids!r}: give remote collector indices in "
-                             f"0..{self.num_collectors - 1}, or None for all.")
-        return ids
+        return worker_indices(worker_ids, self.num_collectors, "remote collector")
 
     def _send(self, policy_or_weights: Any, worker_ids: Any, wait: bool) -> tuple[int, list]:
         ids = self._workers_of(worker_ids)
