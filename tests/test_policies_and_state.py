@@ -17,6 +17,7 @@ from tensordict.nn import (
 
 from aiocollect import Collector, GymEnv, RandomPolicy
 from conftest import CounterEnv, check_batch
+from coroutine_util import LatencyEnv, PlainCounterEnv
 
 
 def cartpole_policy(obs):
@@ -234,3 +235,17 @@ def test_devices_and_storing_device():
     (b,) = list(c)
     c.shutdown()
     assert b.device == torch.device("cpu")
+
+
+@pytest.mark.parametrize("envs", ["gymnasium", "coroutine"])
+def test_outputs_numpy_cannot_hold_are_stored_too(envs):
+    """A bfloat16 output has no numpy view: it is written through torch, at the right columns."""
+    def policy(td):
+        t = td["observation"][:, 1]
+        return td.set("action", torch.zeros(td.shape[0], dtype=torch.long)).set("t", t.to(torch.bfloat16))
+
+    make = [PlainCounterEnv] * 3 if envs == "gymnasium" else [LatencyEnv] * 3
+    with Collector(make, policy, frames_per_batch=30, total_frames=30) as c:
+        (batch,) = list(c)
+    assert batch["t"].dtype == torch.bfloat16
+    assert torch.equal(batch["t"].float(), batch["observation"][..., 1])

@@ -97,8 +97,15 @@ class RolloutBuffer:
         self.mask = view[("collector", "mask")] if mask else None
 
     def write_outputs(self, t: int, out: dict[NestedKey, Any], version: int) -> None:
-        """Store the policy's outputs for step ``t`` and the policy ``version`` that made them."""
-        self.policy_version[:, t] = version
+        """Store the policy's outputs for step ``t`` of every env, and the policy ``version``
+        that made them."""
+        self.write_outputs_at(slice(None), t, out, version)
+
+    def write_outputs_at(self, rows: np.ndarray | slice, cols: np.ndarray | int, out: dict[NestedKey, Any],
+                         version: int) -> None:
+        """Store the policy's outputs for envs ``rows``, each at its column ``cols`` (an
+        array, one per env, or one column for all)."""
+        self.policy_version[rows, cols] = version
         out_np = self.out_np
         for key, value in out.items():
             dst = out_np.get(key)
@@ -108,24 +115,8 @@ class RolloutBuffer:
                         f"policy: wrote {key!r} at this step but not on the batch's first step; "
                         "a policy must write the same keys at every step."
                     )
-                self.out_torch[key][:, t] = torch.as_tensor(value)
-            elif isinstance(value, np.ndarray):
-                dst[:, t] = value
-            else:
-                dst[:, t] = value.numpy(force=True)
-
-    def write_outputs_at(self, rows: np.ndarray, cols: np.ndarray, out: dict[NestedKey, Any], version: int) -> None:
-        """Store the policy's outputs for envs ``rows``, each at its own column ``cols``."""
-        self.policy_version[rows, cols] = version
-        for key, value in out.items():
-            dst = self.out_np.get(key)
-            if dst is None:
-                if key not in self.out_torch:
-                    raise KeyError(
-                        f"policy: wrote {key!r} at this step but not on the batch's first step; "
-                        "a policy must write the same keys at every step."
-                    )
-                self.out_torch[key][torch.from_numpy(rows), torch.from_numpy(cols)] = torch.as_tensor(value)
+                index = tuple(torch.from_numpy(i) if isinstance(i, np.ndarray) else i for i in (rows, cols))
+                self.out_torch[key][index] = torch.as_tensor(value)
             elif isinstance(value, np.ndarray):
                 dst[rows, cols] = value
             else:
