@@ -6,7 +6,9 @@ TensorDict (``TensorDict.load_memmap(DIR)`` reads it back: ``[workers, envs, tim
 ``[envs, time]`` with ``--workers 0``), and prints a summary.
 
 ``aiocollect bench`` runs the comparison benchmarks of a source checkout
-(``benchmarks/*.py``) and prints their tables.
+(``benchmarks/*.py``) and prints their tables; with ``--results DIR`` it also keeps each
+one's JSON in ``DIR`` and draws them side by side in ``DIR/benchmarks.png``
+(``benchmarks/chart.py``, needs matplotlib).
 
 A bad env id or option ends the command with one line on stderr and exit code 2, never a
 traceback.
@@ -52,6 +54,8 @@ def _parser() -> argparse.ArgumentParser:
     b.add_argument("--quick", action="store_true", help="smoke runs (seconds each) instead of full runs")
     b.add_argument("--only", choices=[name[len("bench_"):-3] for name in BENCHMARKS], action="append",
                    help="run only this benchmark (repeatable)")
+    b.add_argument("--results", metavar="DIR", type=Path,
+                   help="keep the results as DIR/NAME.json and draw the chart DIR/benchmarks.png")
     return parser
 
 
@@ -127,11 +131,20 @@ def bench(args: argparse.Namespace) -> int:
         raise UsageError("aiocollect bench runs the benchmarks of a source checkout, and there is no "
                          f"benchmarks/ next to this installation ({root}); clone the repository and pip install -e .")
     chosen = [f"bench_{name}.py" for name in args.only] if args.only else list(BENCHMARKS)
+    results = args.results.resolve() if args.results else None
+    if results is not None:
+        if results.exists() and not results.is_dir():
+            raise UsageError(f"--results {args.results} is a file; give a directory for the JSON files and the chart.")
+        results.mkdir(parents=True, exist_ok=True)
     code = 0
     for script in chosen:
         print(f"\n# {script}", flush=True)
         cmd = [sys.executable, str(root / script)] + (["--quick"] if args.quick else [])
+        if results is not None:
+            cmd += ["--json", str(results / f"{script[len('bench_'):-3]}.json")]
         code = subprocess.run(cmd, cwd=root, stderr=subprocess.DEVNULL).returncode or code
+    if results is not None:
+        code = subprocess.run([sys.executable, str(root / "chart.py"), str(results)], cwd=root).returncode or code
     return code
 
 

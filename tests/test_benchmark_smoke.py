@@ -1,7 +1,9 @@
-"""The benchmark script keeps working (its speed is reported, never asserted)."""
+"""The benchmark scripts keep working (their speed is reported, never asserted), and the chart
+draws what they write. ``bench_collect.py`` runs in ``test_cli.py``, through ``aiocollect bench``."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import subprocess
 import sys
@@ -10,16 +12,35 @@ from pathlib import Path
 BENCH = Path(__file__).parent.parent / "benchmarks" / "bench_collect.py"
 
 
-def test_benchmark_quick_mode_runs_and_reports_every_contender(tmp_path):
-    out = tmp_path / "bench.json"
-    proc = subprocess.run([sys.executable, str(BENCH), "--quick", "--json", str(out)],
+def chart_panels(results_dir: Path) -> list:
+    """``benchmarks/chart.py`` run on ``results_dir``: the PNG it wrote is checked, its panels returned."""
+    spec = importlib.util.spec_from_file_location("bench_chart", BENCH.parent / "chart.py")
+    chart = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = chart  # dataclasses look their module up there
+    spec.loader.exec_module(chart)
+    assert chart.main([str(results_dir)]) == 0
+    png = (results_dir / "benchmarks.png").read_bytes()
+    assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 5_000
+    return chart.panels_from(results_dir)
+
+
+def test_workers_benchmark_quick_mode_reports_every_section(tmp_path):
+    out = tmp_path / "workers.json"
+    script = BENCH.parent / "bench_workers.py"
+    proc = subprocess.run([sys.executable, str(script), "--quick", "--json", str(out)],
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
-    for row in ("plain gymnasium SyncVectorEnv loop", "aiocollect Collector, for", "aiocollect Collector, async for",
-                "TorchRL Collector(SerialEnv)", "hand-written SyncVectorEnv + MLP loop"):
+    for row in ("MultiSyncCollector, 1 worker x 1 NullEnv", "aiocollect MultiAsyncCollector 2x4",
+                "TorchRL MultiSync 2x GymWrapper(SyncVec16)", "aiocollect worker (16 CartPole envs)",
+                "no child process left after the collectors' shutdown"):
         assert row in proc.stdout, row
     results = json.loads(out.read_text())
-    assert results, "no results written"
+    assert results["leftover_processes"] == []
+    assert all(r["best"] > 0 for r in results["results"] if not r["error"])
+    panels = chart_panels(tmp_path)
+    assert [p.title.split(",")[0] for p in panels] == ["CartPole-v1", "8 CPU-bound envs with straggling steps"]
+    cartpole = panels[0]
+    assert cartpole.bound > 0 and {bar.kind for bar in cartpole.bars} == {"aiocollect", "TorchRL"}
 
 
 def test_weights_benchmark_quick_mode_reports_every_section(tmp_path):
@@ -50,6 +71,8 @@ def test_coroutine_benchmark_quick_mode_reports_every_contender(tmp_path):
     results = json.loads(out.read_text())
     assert results["bound"] == 25_600
     assert set(results["contenders"]) == {"barrier", "aiocollect", "torchrl"}
+    [panel] = chart_panels(tmp_path)
+    assert [bar.kind for bar in panel.bars] == ["baseline", "aiocollect", "TorchRL"] and panel.bound == 25_600
 
 
 def test_ray_benchmark_quick_mode_reports_both_contenders(tmp_path):
@@ -63,3 +86,6 @@ def test_ray_benchmark_quick_mode_reports_both_contenders(tmp_path):
         assert row in proc.stdout, row
     results = json.loads(out.read_text())
     assert set(results["contenders"]) == {"aiocollect", "torchrl"} and results["ratio"] > 0
+    [panel] = chart_panels(tmp_path)
+    assert [bar.kind for bar in panel.bars] == ["aiocollect", "TorchRL"]
+    assert panel.bars[0].fps == results["contenders"]["aiocollect"]["best"]

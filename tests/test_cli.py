@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 import subprocess
 import sys
@@ -62,10 +63,27 @@ def test_bad_input_is_one_line_and_exit_code_2(tmp_path):
     assert (tmp_path / "full" / "x").read_text() == "keep me"
 
 
-def test_bench_runs_the_benchmarks_and_prints_the_table():
-    proc = run("bench", "--quick", "--only", "collect", timeout=300)
+def test_bench_runs_the_benchmarks_prints_the_table_and_draws_the_chart(tmp_path):
+    results = tmp_path / "results"
+    proc = run("bench", "--quick", "--only", "collect", "--results", str(results), timeout=300)
     assert proc.returncode == 0, proc.stdout[-3000:]
-    assert "# bench_collect.py" in proc.stdout and "aiocollect Collector, for" in proc.stdout
+    assert "# bench_collect.py" in proc.stdout
+    for row in ("plain gymnasium SyncVectorEnv loop", "aiocollect Collector, for", "aiocollect Collector, async for",
+                "TorchRL Collector(SerialEnv)", "hand-written SyncVectorEnv + MLP loop"):
+        assert row in proc.stdout, row
+    rows = json.loads((results / "collect.json").read_text())["results"]
+    assert {(r["scenario"], r["key"]) for r in rows} >= {("A", "plain"), ("A", "aio"), ("A", "torchrl"), ("B", "aio")}
+    assert all(r["frames_per_s"] > 0 for r in rows)
+    png = (results / "benchmarks.png").read_bytes()
+    assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 10_000
+    assert f"chart written to {results / 'benchmarks.png'}" in proc.stdout
+
+
+def test_bench_results_must_be_a_directory(tmp_path):
+    (tmp_path / "f").write_text("")
+    proc = run("bench", "--quick", "--results", str(tmp_path / "f"), timeout=60)
+    assert proc.returncode == 2 and proc.stderr.strip().startswith("aiocollect: error: --results")
+    assert "Traceback" not in proc.stderr and proc.stdout == ""
 
 
 def test_python_dash_m_is_the_same_command():
