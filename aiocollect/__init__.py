@@ -3,19 +3,39 @@
 Envs step in this process, in subprocess workers, or as coroutines on the event loop; one
 event loop schedules the steps and runs **one batched policy call per step** for all of
 them; batches come out as ``tensordict.TensorDict`` laid out exactly like TorchRL's, so
-TorchRL's losses, GAE and replay buffers take them as they are.
+TorchRL's losses, GAE and replay buffers take them as they are. The class names and
+constructor arguments are TorchRL's.
 
-Every collector works three ways::
+Every collector works three ways:
 
-    for batch in collector: ...          # a script, a thread, a Jupyter cell
-    async for batch in collector: ...    # inside your own event loop
-    collector.start()                    # in the background, into replay_buffer
+```python
+for batch in collector: ...          # a script, a thread, a Jupyter cell
+async for batch in collector: ...    # inside your own event loop
+collector.start()                    # in the background, into replay_buffer
+```
 
 and is a context manager (``with`` / ``async with``) that always cleans up.
 
+Which collector:
+
+* [`Collector`][aiocollect.Collector]: envs in this process; cheap envs, a ``VectorEnv``,
+  or hundreds of coroutine envs ([`AsyncEnv`][aiocollect.AsyncEnv]) that wait on I/O.
+* [`MultiSyncCollector`][aiocollect.MultiSyncCollector]: envs in worker processes, each
+  batch from all workers, collected when you ask for it (on-policy).
+* [`MultiAsyncCollector`][aiocollect.MultiAsyncCollector]: envs in worker processes, each
+  batch from whichever worker is done, collected ahead while you train (off-policy).
+* [`AsyncCollector`][aiocollect.AsyncCollector]: one worker process, collected ahead.
+* [`RayCollector`][aiocollect.RayCollector], [`RPCCollector`][aiocollect.RPCCollector]:
+  collectors in other processes or machines, on Ray or ``torch.distributed.rpc``.
+
+The options every collector shares are described on
+[`CollectorOptions`][aiocollect.CollectorOptions], the methods on
+[`DataCollectorBase`][aiocollect.DataCollectorBase]. JAX policies and zero-copy batches
+for JAX learners are in [`aiocollect.jax`][aiocollect.jax].
+
 The names below are imported on first use (PEP 562), so that ``import aiocollect`` stays
 light and an env worker process, which unpickles env factories that may reference
-:class:`GymEnv`, never imports torch.
+[`GymEnv`][aiocollect.GymEnv], never imports torch.
 """
 
 import importlib as _importlib

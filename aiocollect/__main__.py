@@ -1,4 +1,4 @@
-"""``python -m aiocollect``: the ``aiocollect`` command (see :mod:`aiocollect._cli`)."""
+"""``python -m aiocollect``: the ``aiocollect`` command (see ``aiocollect._cli``)."""
 
 import sys
 

@@ -1,33 +1,38 @@
 """JAX interop: JAX policies in any collector, and batches handed to JAX without a copy.
 
-Install the extra first: ``pip install 'aiocollect[jax]'``.
+Install the extra first: ``pip install 'aiocollect[jax]'``. ``import aiocollect`` never
+imports JAX; ``import aiocollect.jax`` without JAX raises an ``ImportError`` that names the
+extra.
 
-A JAX policy is a pure function and its params::
+A JAX policy is a pure function and its params:
 
-    import jax, jax.numpy as jnp
-    from aiocollect import MultiSyncCollector
-    from aiocollect.jax import JaxPolicy, to_jax
+```python
+import gymnasium as gym
+import jax, jax.numpy as jnp
+from aiocollect import MultiSyncCollector
+from aiocollect.jax import JaxPolicy, to_jax
 
-    def apply(params, obs):                       # obs: [batch, 4]
-        return jnp.argmax(obs @ params["w"] + params["b"], axis=-1)
+def apply(params, obs):                       # obs: [batch, 4]
+    return jnp.argmax(obs @ params["w"] + params["b"], axis=-1)
 
-    params = {"w": jnp.zeros((4, 2)), "b": jnp.zeros(2)}
-    policy = JaxPolicy(apply, params)             # jitted once; in_keys=["observation"]
-    collector = MultiSyncCollector([lambda: gym.make("CartPole-v1")] * 2, policy,
-                                   frames_per_batch=200, total_frames=20_000)
-    for batch in collector:
-        data = to_jax(batch)                      # nested dict of jax.Arrays, same memory
-        params = train_step(params, data)         # your JAX learner
-        collector.update_policy_weights_(params)  # non-blocking, versioned
+params = {"w": jnp.zeros((4, 2)), "b": jnp.zeros(2)}
+policy = JaxPolicy(apply, params)             # jitted once; in_keys=["observation"]
+collector = MultiSyncCollector([lambda: gym.make("CartPole-v1")] * 2, policy,
+                               frames_per_batch=200, total_frames=20_000)
+for batch in collector:
+    data = to_jax(batch)                      # nested dict of jax.Arrays, same memory
+    params = train_step(params, data)         # your JAX learner
+    collector.update_policy_weights_(params)  # non-blocking, versioned
+```
 
 A flax module works as it is: ``JaxPolicy(model.apply, variables)``. A stochastic policy
 takes a key: ``JaxPolicy(lambda p, k, obs: jax.random.categorical(k, obs @ p), params,
-key=0)`` gets a fresh subkey at every step (see :class:`JaxPolicy`).
+key=0)`` gets a fresh subkey at every step (see [`JaxPolicy`][aiocollect.jax.JaxPolicy]).
 
 **No copies on the CPU.** Observations reach the jitted function as the collector's own
 buffers (XLA reads an aligned numpy buffer in place; measured: the call costs the same for
 256 B and 256 MB of input), and the outputs are read as numpy views of XLA's buffers.
-:func:`to_jax` and :func:`from_jax` go through DLPack and share memory both ways.
+[`to_jax`][aiocollect.jax.to_jax] and [`from_jax`][aiocollect.jax.from_jax] go through DLPack and share memory both ways.
 
 **64-bit leaves.** With JAX's default ``jax_enable_x64=False`` JAX has no int64: the
 ``int64`` leaves of a batch (``("collector", "traj_ids")``, ``step_count``,
@@ -60,8 +65,25 @@ def to_jax(batch: TensorDictBase) -> dict[str, Any]:
     """``batch`` as a nested dict of ``jax.Array`` that share its memory (through DLPack).
 
     Nested keys become nested dicts (``out["next"]["observation"]``). Leaves that are not
-    contiguous are made contiguous first (a copy of that leaf only); see the module
-    docstring for int64 leaves.
+    contiguous are made contiguous first (a copy of that leaf only). With JAX's default
+    ``jax_enable_x64=False``, int64 leaves (``("collector", "traj_ids")``, ``step_count``,
+    ``policy_version``, int64 actions) are converted to int32, which copies them; every
+    float and bool leaf is shared.
+
+    Args:
+        batch: a TensorDict, such as a collected batch.
+
+    Returns:
+        A nested dict of ``jax.Array``, keyed as ``batch``; batch dims stay leading dims.
+
+    Raises:
+        TypeError: ``batch`` is not a TensorDict.
+
+    Examples:
+        >>> for batch in collector:
+        ...     data = to_jax(batch)
+        ...     obs, reward = data["observation"], data["next"]["reward"]   # [..., T, 4], [..., T, 1]
+        ...     params = train_step(params, data)
     """
     if not isinstance(batch, TensorDictBase):
         raise TypeError(f"to_jax: expected a TensorDict (a collected batch), got {type(batch).__name__}.")
@@ -77,9 +99,28 @@ def to_jax(batch: TensorDictBase) -> dict[str, Any]:
 def from_jax(tree: dict[str, Any], batch_size: Any = None, *, names: list | None = None) -> TensorDict:
     """A TensorDict whose tensors share memory with the ``jax.Array`` leaves of ``tree``.
 
-    ``tree`` is a nested dict (what :func:`to_jax` returns, or a learner's outputs);
-    ``batch_size`` defaults to the leading dims all leaves share. JAX arrays are
-    immutable: do not write into the tensors (copy them with ``.clone()`` first).
+    The way back from [`to_jax`][aiocollect.jax.to_jax], through DLPack: for a learner's
+    outputs (advantages, new log-probabilities) that should join a TorchRL pipeline.
+    JAX arrays are immutable: do not write into the tensors (copy them with ``.clone()``
+    first).
+
+    Args:
+        tree: a nested dict of ``jax.Array`` (what ``to_jax`` returns, or a learner's
+            outputs).
+        batch_size: the TensorDict's batch size; by default, the leading dims all leaves
+            share.
+        names: dim names to set, e.g. ``[None, "time"]`` as in a collected batch.
+
+    Returns:
+        A ``TensorDict``, nested as ``tree``.
+
+    Raises:
+        TypeError: ``tree`` is not a dict.
+
+    Examples:
+        >>> data = to_jax(batch)                              # [4, 100]
+        >>> td = from_jax({"advantage": gae(data)}, batch.batch_size, names=[None, "time"])
+        >>> batch.update(td)
     """
     if not isinstance(tree, dict):
         raise TypeError(f"from_jax: expected a nested dict of jax.Arrays, got {type(tree).__name__}.")

@@ -6,12 +6,12 @@ next raw batch. Everything around it lives here:
 * **the async face**: ``async for batch in collector`` awaits ``_collect`` on the caller's
   loop; ``async with collector:`` shuts it down on exit;
 * **the sync face**: ``for batch in collector`` (and ``rollout()``, ``start()``...) runs
-  the same coroutines on a private loop thread (:mod:`.loop_thread`). The thread exists
+  the same coroutines on a private loop thread (``_collectors.loop_thread``). The thread exists
   while a sync iteration or background collection needs it and is stopped afterwards;
 * **frame accounting**: ``total_frames``, ``__len__``, ``statistics()``;
 * **weight updates**: ``update_policy_weights_`` (returns at once) and its async twin
   ``await update_policy_weights`` (returns once the weights are in effect), both through
-  the policy's versioned channel (:mod:`.._policies.weights`); the policy lag of every
+  the policy's versioned channel (``_policies.weights``); the policy lag of every
   delivered batch is measured;
 * **batch post-processing**: ``split_trajs``, then ``postproc``, then ``replay_buffer``;
 * **background collection** into the replay buffer: ``start()``, ``pause()``,
@@ -53,29 +53,58 @@ _DONE = object()
 
 @dataclass(frozen=True)
 class WorkerStatistics:
-    """One env worker process, as seen by its collector."""
+    """One worker of a collector, as seen from the main process.
+
+    An entry of [`CollectorStatistics.workers`][aiocollect.CollectorStatistics.workers]: one
+    per entry of ``create_env_fn`` for the multi-process collectors
+    ([`MultiSyncCollector`][aiocollect.MultiSyncCollector],
+    [`MultiAsyncCollector`][aiocollect.MultiAsyncCollector],
+    [`AsyncCollector`][aiocollect.AsyncCollector]), one per remote collector for
+    [`RayCollector`][aiocollect.RayCollector] and [`RPCCollector`][aiocollect.RPCCollector].
+
+    Examples:
+        >>> dead = [w.index for w in collector.statistics().workers if not w.alive]
+    """
 
     index: int
-    """Its position in ``create_env_fn``."""
+    """Its position in ``create_env_fn`` (the remote collector's index for the distributed collectors)."""
     pid: int | None
+    """Its process id; ``None`` for an entry of coroutine envs, which runs on the engine loop
+    in the main process instead of in a process of its own."""
     num_envs: int
+    """How many envs it steps."""
     env_steps: int
-    """Env steps it took (summed over its envs)."""
+    """Env steps it took (summed over its envs); always 0 for the remote collectors of the
+    distributed collectors, whose steps are not tracked per collector."""
     alive: bool
+    """Whether it still works: false once it failed or died, or the collector shut down."""
 
 
 @dataclass(frozen=True)
 class CollectorStatistics:
-    """A snapshot of a collector's counters (``collector.statistics()``)."""
+    """A frozen snapshot of a collector's counters.
+
+    [`statistics()`][aiocollect.DataCollectorBase.statistics] returns a new one at each call;
+    its fields never change afterwards. Frames are counted when a batch is delivered (by
+    iteration or background collection); [`rollout()`][aiocollect.DataCollectorBase.rollout]
+    adds to ``env_steps`` and ``collect_seconds`` only.
+
+    Examples:
+        >>> stats = collector.statistics()
+        >>> print(f"{stats.frames} frames in {stats.batches} batches, {stats.frames_per_second:.0f} frames/s")
+        >>> stats.latest_policy_version - stats.policy_version   # published, not in effect yet
+    """
 
     frames: int
     """Frames delivered so far (masked-out frames not counted)."""
     batches: int
     """Batches delivered so far."""
     env_steps: int
-    """Env steps taken, including those of batches cut short or cancelled."""
+    """Env steps taken, including those of batches cut short or cancelled (for the
+    distributed collectors: the valid frames of the batches they delivered)."""
     completed_trajectories: int
-    """Trajectories that ended (terminated, truncated or ``max_frames_per_traj``)."""
+    """Trajectories that ended (terminated, truncated or ``max_frames_per_traj``; for the
+    distributed collectors: the ``("next", "done")`` flags of the delivered batches)."""
     collect_seconds: float
     """Time spent collecting (not waiting for the consumer)."""
     frames_per_second: float
@@ -83,9 +112,13 @@ class CollectorStatistics:
     running_in_background: bool
     """Whether ``start()`` collection is going on."""
     workers: tuple[WorkerStatistics, ...] = ()
-    """Per env worker process (multi-process collectors); empty for ``Collector``."""
+    """One [`WorkerStatistics`][aiocollect.WorkerStatistics] per worker (multi-process
+    collectors) or remote collector (distributed collectors); empty for
+    [`Collector`][aiocollect.Collector]."""
     policy_version: int = 0
-    """The policy version in effect (0: the weights at construction; each update adds one)."""
+    """The policy version in effect (0: the weights at construction; each update adds one).
+    For the distributed collectors: the newest version that every remote collector has
+    received (each puts it in effect before its next policy call)."""
     latest_policy_version: int = 0
     """The newest version published by ``update_policy_weights_`` (in effect from the next policy call)."""
     max_policy_lag: int = 0
@@ -146,7 +179,54 @@ _ACLOSE_TIMEOUT_S = 5.0
 
 
 class DataCollectorBase:
-    """Base class of every collector; see the module docstring."""
+    """Base class of every collector: iteration, lifecycle, weight updates and counters.
+
+    You never create one directly: create a [`Collector`][aiocollect.Collector],
+    [`MultiSyncCollector`][aiocollect.MultiSyncCollector],
+    [`MultiAsyncCollector`][aiocollect.MultiAsyncCollector],
+    [`AsyncCollector`][aiocollect.AsyncCollector], [`RayCollector`][aiocollect.RayCollector]
+    or [`RPCCollector`][aiocollect.RPCCollector]. What is documented here works the same on
+    each of them, which makes this the class for type hints and ``isinstance`` checks (it has
+    the name of TorchRL's base class).
+
+    Every collector works three ways, all driving the same async implementation:
+
+    * ``for batch in collector``: in a script, a thread or a Jupyter cell. The collection
+      runs on a private event-loop thread (uvloop where installed), so it also works where
+      the calling thread already runs a loop.
+    * ``async for batch in collector``: inside your own event loop.
+    * [`start()`][aiocollect.DataCollectorBase.start]: in the background, into the
+      ``replay_buffer``, until [`async_shutdown()`][aiocollect.DataCollectorBase.async_shutdown].
+
+    Each delivered batch goes through ``split_trajs``, then ``postproc``, then
+    ``replay_buffer.extend`` (iteration then yields ``None``, as in TorchRL); these options,
+    and the others every collector takes, are described on
+    [`CollectorOptions`][aiocollect.CollectorOptions]. Iteration ends once ``total_frames``
+    frames were delivered (never with ``total_frames=-1``).
+
+    A collector yields one batch at a time: iterating it from two places at once, or while
+    ``start()`` runs, raises ``RuntimeError``. After an env or the policy raised, the
+    collector is *failed*: the original exception came out of the iterator, and every later
+    call raises ``RuntimeError`` saying so, instead of collecting from envs in an unknown
+    state. [`shutdown()`][aiocollect.DataCollectorBase.shutdown] releases everything; it also
+    runs on leaving ``with`` / ``async with``, when the collector is garbage collected, and
+    when the interpreter exits.
+
+    Examples:
+        >>> with MultiSyncCollector([make_env] * 4, policy, frames_per_batch=400,
+        ...                         total_frames=40_000) as collector:
+        ...     for batch in collector:                # [4, 100]: [workers, time]
+        ...         train(batch)
+        ...         collector.update_policy_weights_()  # returns at once
+        ...     print(collector.statistics().frames_per_second)
+
+        The same collection inside an event loop:
+
+        >>> async with MultiSyncCollector([make_env] * 4, policy, frames_per_batch=400,
+        ...                               total_frames=40_000) as collector:
+        ...     async for batch in collector:
+        ...         train(batch)
+    """
 
     _persistent_loop = False
     """Keep the loop thread from the first use to ``shutdown()`` (collectors whose worker
@@ -154,6 +234,7 @@ class DataCollectorBase:
 
     def __init__(self, options: CollectorOptions):
         self.options = options
+        """The validated options (see [`CollectorOptions`][aiocollect.CollectorOptions])."""
         self._frames = 0
         self._batches = 0
         self._collect_seconds = 0.0
@@ -187,14 +268,20 @@ class DataCollectorBase:
 
     @property
     def frames_per_batch(self) -> int:
+        """Frames in each batch, summed over its envs (the ``frames_per_batch`` argument)."""
         return self.options.frames_per_batch
 
     @property
     def total_frames(self) -> int:
+        """Frames over the collector's life (``-1``: endless); iteration ends once they are delivered."""
         return self.options.total_frames
 
     @property
     def replay_buffer(self) -> Any:
+        """The ``replay_buffer`` given at construction, or ``None``.
+
+        With one, every batch is passed to its ``extend`` and iteration yields ``None``.
+        """
         return self.options.replay_buffer
 
     def _check_usable(self) -> None:
@@ -278,23 +365,53 @@ class DataCollectorBase:
     def update_policy_weights_(self, policy_or_weights: Any = None, *, worker_ids: Any = None) -> int:
         """Send new weights to the collector's policy; returns without waiting.
 
-        ``policy_or_weights``: a module (its parameters and buffers are copied), a
-        TensorDict of parameters (``TensorDict.from_module(module)``), a state dict, a
-        params pytree for a :class:`~aiocollect.jax.JaxPolicy`, or ``None``: the weights of
-        the policy object given at construction (the usual call after an optimiser step).
+        The collector runs its own copy of the policy, so your optimiser steps reach it only
+        through this call. The weights are copied before the call returns, so you may go on
+        changing yours at once. They take effect between two policy calls, all at once: no
+        action is computed from a mix of two versions. Every frame carries the version that
+        computed its action in ``("collector", "policy_version")``. A policy without weights
+        (``None``, a [`RandomPolicy`][aiocollect.RandomPolicy], a plain function) has nothing
+        to update: called without weights, this returns the current version.
 
-        The weights are copied before the call returns, so you may go on changing yours
-        at once. They take effect between two policy calls, all at once: no action is
-        computed from a mix of two versions. Returns the new policy version; every frame
-        carries the version that computed its action in ``("collector", "policy_version")``.
-        ``worker_ids`` selects workers (checked here; it matters where weights live outside
-        this process: remote collectors).
+        Args:
+            policy_or_weights: a module (its parameters and buffers are copied), a
+                TensorDict of parameters (``TensorDict.from_module(module)``), a state dict,
+                a params pytree for a [`JaxPolicy`][aiocollect.jax.JaxPolicy], or ``None``:
+                the weights of the policy object given at construction (the usual call after
+                an optimiser step).
+            worker_ids: the workers to update: an int, a list of ints, or ``None`` for all.
+                It is checked here; it matters where weights live outside this process (the
+                distributed collectors). A local collector runs one copy of the policy, in
+                this process, for all its workers.
+
+        Returns:
+            The new policy version: 0 is the weights at construction and each update adds one.
+
+        Raises:
+            KeyError: the weights lack an entry of the policy's, or have one it does not.
+            ValueError: an entry has another shape than the policy's, or ``worker_ids``
+                names no worker of this collector.
+            TypeError: the weights are of a type the policy cannot load, or the policy has
+                no weights and some were given.
         """
         self._check_worker_ids(worker_ids)
         return self._policy.publish(policy_or_weights)
 
     async def update_policy_weights(self, policy_or_weights: Any = None, *, worker_ids: Any = None) -> int:
-        """``update_policy_weights_``, then wait until the new weights are in effect; returns their version."""
+        """Send new weights, then wait until they are in effect.
+
+        The same as [`update_policy_weights_`][aiocollect.DataCollectorBase.update_policy_weights_],
+        but it returns only once the new weights (or newer ones) are in effect: at once if
+        no policy call is under way (it loads them itself), otherwise soon after the call
+        under way ends.
+
+        Args:
+            policy_or_weights: as for ``update_policy_weights_``.
+            worker_ids: as for ``update_policy_weights_``.
+
+        Returns:
+            The new policy version.
+        """
         version = self.update_policy_weights_(policy_or_weights, worker_ids=worker_ids)
         await self._policy.wait_applied(version)
         return version
@@ -311,11 +428,21 @@ class DataCollectorBase:
         await self.aclose()
 
     async def aclose(self) -> None:
-        """``shutdown()``, for ``async`` code."""
+        """Shut the collector down from ``async`` code (what ``async with`` calls on exit).
+
+        It calls [`shutdown()`][aiocollect.DataCollectorBase.shutdown], which blocks the
+        event loop while it runs (for a multi-process collector, until its workers are gone).
+        """
         self.shutdown()
 
     async def arollout(self) -> TensorDictBase:
-        """Collect one batch and return it as collected (no split, postproc or buffer)."""
+        """Collect one batch and return it as collected: the async twin of ``rollout()``.
+
+        See [`rollout`][aiocollect.DataCollectorBase.rollout].
+
+        Returns:
+            The batch, without ``split_trajs``, ``postproc`` or the replay buffer.
+        """
         batch, _ = await self._guarded_collect()
         return batch
 
@@ -353,7 +480,11 @@ class DataCollectorBase:
         return self._sync_batches()
 
     def iterator(self) -> Iterator[Any]:
-        """``iter(collector)``, TorchRL's spelling."""
+        """Return ``iter(collector)``: TorchRL's spelling of the sync iteration.
+
+        Returns:
+            An iterator over the batches (``None`` for each batch stored in a replay buffer).
+        """
         return iter(self)
 
     def _sync_batches(self) -> Iterator[Any]:
@@ -365,7 +496,20 @@ class DataCollectorBase:
                 yield batch
 
     def rollout(self) -> TensorDictBase:
-        """Collect one batch and return it as collected (no split, postproc or buffer)."""
+        """Collect one batch and return it as collected.
+
+        Unlike iteration, it applies neither ``split_trajs`` nor ``postproc``, does not
+        extend the replay buffer, and does not count towards ``total_frames`` or the
+        ``frames`` and ``batches`` of [`statistics()`][aiocollect.DataCollectorBase.statistics].
+        The envs go on from where they were, as for the next batch of an iteration.
+
+        Returns:
+            The batch, laid out as the collector's batches are.
+
+        Raises:
+            RuntimeError: called from the collector's own event loop (a policy, ``postproc``
+                or replay-buffer callback); use ``await collector.arollout()`` there.
+        """
         return self._run_sync("rollout()", self.arollout)
 
     def __enter__(self):
@@ -387,8 +531,24 @@ class DataCollectorBase:
         """Collect in the background into ``replay_buffer`` until ``async_shutdown()``.
 
         Collection runs on the collector's loop thread; the training loop samples from the
-        replay buffer meanwhile. An error in the background is logged at once and raised
-        again by ``async_shutdown()`` and ``pause()``.
+        replay buffer meanwhile. It stops by itself after ``total_frames`` frames. An error
+        in the background is logged at once and raised again by ``async_shutdown()`` and
+        ``pause()``.
+
+        Raises:
+            RuntimeError: the collector has no ``replay_buffer``, already runs in the
+                background, is shut down or failed, or this is called from its own loop.
+
+        Examples:
+            >>> collector = MultiSyncCollector([make_env] * 4, policy, frames_per_batch=400,
+            ...                                total_frames=-1, replay_buffer=buffer)
+            >>> collector.start()
+            >>> for step in range(10_000):
+            ...     with collector.pause():     # only if a sample must not see new frames
+            ...         sample = buffer.sample(256)
+            ...     train(sample)
+            ...     collector.update_policy_weights_()
+            >>> collector.async_shutdown()
         """
         if self.options.replay_buffer is None:
             raise RuntimeError(
@@ -423,7 +583,12 @@ class DataCollectorBase:
             raise bg.exception()
 
     def is_running(self) -> bool:
-        """Whether ``start()`` collection is going on."""
+        """Whether background collection ([`start()`][aiocollect.DataCollectorBase.start]) is going on.
+
+        Returns:
+            ``True`` from ``start()`` until the collection ends: ``total_frames`` reached, an
+            error, ``async_shutdown()`` or ``shutdown()``.
+        """
         return self._background is not None and not self._background.done()
 
     @contextlib.contextmanager
@@ -431,7 +596,11 @@ class DataCollectorBase:
         """``with collector.pause():`` background collection stops between two batches.
 
         The block starts once the batch in progress is stored, so the replay buffer does
-        not change while it runs; collection resumes when it ends.
+        not change while it runs; collection resumes when it ends. Without background
+        collection the block just runs.
+
+        Raises:
+            Exception: the error that ended the background collection, if one did.
         """
         self._pause_requested.set()
         try:
@@ -443,7 +612,19 @@ class DataCollectorBase:
             self._pause_requested.clear()
 
     def async_shutdown(self, timeout: float | None = None, close_env: bool = True) -> None:
-        """Stop background collection (waiting at most ``timeout`` s), then ``shutdown()``."""
+        """Stop background collection, then shut the collector down.
+
+        TorchRL's name for the end of ``start()``; it also works on a collector that never
+        started.
+
+        Args:
+            timeout: seconds to wait for the background collection to stop once it is
+                cancelled (``None``: as long as it takes).
+            close_env: passed to [`shutdown()`][aiocollect.DataCollectorBase.shutdown].
+
+        Raises:
+            Exception: the error that ended the background collection, if one did.
+        """
         bg = self._background
         if bg is not None and not bg.done():
             bg.cancel()
@@ -456,8 +637,15 @@ class DataCollectorBase:
     def shutdown(self, timeout: float | None = None, close_env: bool = True) -> None:
         """Stop everything and release every resource. Idempotent; safe from any thread.
 
-        ``close_env=False`` leaves the envs open (for envs passed as instances that the
-        caller goes on using).
+        Background collection is cancelled, the loop thread stopped and the envs closed
+        (coroutine envs are awaited, for at most 5 s). A shut-down collector cannot be used
+        again.
+
+        Args:
+            timeout: not used here; the multi-process collectors give it to their workers as
+                a grace period.
+            close_env: ``False`` leaves the envs open (for envs passed as instances that
+                the caller goes on using).
         """
         if self._closed:
             return
@@ -479,7 +667,12 @@ class DataCollectorBase:
         return -(-total // self.options.frames_per_batch)
 
     def statistics(self) -> CollectorStatistics:
-        """An immutable snapshot of the counters."""
+        """A frozen snapshot of the collector's counters.
+
+        Returns:
+            A new [`CollectorStatistics`][aiocollect.CollectorStatistics]: frames, batches,
+            env steps, frames/s, policy versions and lag, and one entry per worker.
+        """
         env_steps, completed = self._counters()
         in_effect, latest = self._versions() or (0, 0)
         secs = self._collect_seconds

@@ -1,27 +1,9 @@
 """``Collector``: one env group in this process, batches on demand.
 
->>> import torch.nn as nn
->>> from tensordict.nn import TensorDictModule
->>> from aiocollect import Collector, GymEnv
->>> policy = TensorDictModule(nn.Linear(3, 1), in_keys=["observation"], out_keys=["action"])
->>> collector = Collector(lambda: GymEnv("Pendulum-v1"), policy,
-...                       frames_per_batch=200, total_frames=10_000, max_frames_per_traj=50)
->>> for data in collector:          # or: async for data in collector
-...     data.shape, data.names      # torch.Size([200]), ['time']
-...     break
->>> collector.shutdown()            # or use it as a (async) context manager
-
-``create_env_fn`` may be a factory, an env, an env id, a gymnasium ``VectorEnv`` or a list
-of factories; the last two give batches of shape ``[num_envs, T]`` with
-``T = frames_per_batch // num_envs``. Nothing runs until the first batch is asked for:
-the envs are built (to learn their spaces) but reset lazily, so ``set_seed()`` called
-right after construction seeds the very first reset.
-
-Factories may return **coroutine envs** (:class:`~aiocollect.AsyncEnv`: ``async def
-step``), hundreds of them: each steps as soon as its action is ready, on the collector's
-own event loop, and the policy runs batched on whichever envs are ready
-(``max_batch_size``, ``min_batch_size``, ``batch_timeout``; ``step_timeout`` fails a
-collection whose env does not answer). Gymnasium envs in the same list are stepped inline.
+The engine (``_engine.engine``, or ``_engine.coroutines`` for coroutine envs) does the
+stepping; this module builds the env group and the policy setup, validates the options,
+and turns each rollout buffer into a TensorDict. What the user sees is described in the
+class docstring.
 """
 
 from __future__ import annotations
@@ -47,18 +29,86 @@ from .options import options_from, validate_batching
 
 
 class Collector(DataCollectorBase):
-    """Collects batches from envs stepped in this process, with batched policy calls.
+    """Collects batches from envs stepped in this process, with one batched policy call per step.
 
-    The arguments and their meanings are TorchRL's ``Collector`` (formerly
-    ``SyncDataCollector``); see :class:`~aiocollect.CollectorOptions` for each option.
+    TorchRL's ``Collector``, with its arguments and their meanings; it is also exported as
+    ``SyncDataCollector``, TorchRL's seed-era name. Per step, the policy runs once on the
+    observations of every env, then the envs step (one after the other, in this process,
+    unless a ``VectorEnv`` runs them elsewhere), and each transition is written into a
+    preallocated buffer; a batch becomes a TensorDict once, when it is delivered.
+
+    **When to use it.** Envs that are cheap to step (CartPole-like, a few microseconds per
+    step), a ``VectorEnv`` that already runs its envs in processes, or coroutine envs that
+    wait on I/O: there, worker processes only add a round trip per step (on the 2-core VM
+    of ``benchmarks/``, 32 CartPole envs with random actions make ~130k frames/s here and
+    ~72k in a [`MultiSyncCollector`][aiocollect.MultiSyncCollector] of 2 workers x 16 envs).
+    When a step costs real CPU time (a physics simulator, ~1 ms), spread the envs over
+    worker processes with [`MultiSyncCollector`][aiocollect.MultiSyncCollector] (on-policy)
+    or [`MultiAsyncCollector`][aiocollect.MultiAsyncCollector] (collects ahead).
+
+    **Batches.** ``[T]`` for one env, with ``T = frames_per_batch``; ``[num_envs, T]`` for a
+    list of factories or a ``VectorEnv``, with ``T = frames_per_batch // num_envs``. The last
+    dim is named ``"time"``. Keys and dtypes are TorchRL's, plus
+    ``("collector", "policy_version")``.
+
+    Nothing runs until the first batch is asked for: the envs are built at construction
+    (to learn their spaces) but reset lazily, so [`set_seed`][aiocollect.Collector.set_seed]
+    called right after construction seeds the very first reset.
+
+    **Coroutine envs.** Factories may return coroutine envs
+    ([`AsyncEnv`][aiocollect.AsyncEnv]: ``async def reset`` and ``step``), hundreds of them:
+    each steps as soon as its action is ready, on the collector's own event loop, and the
+    policy runs batched on whichever envs are ready. Gymnasium envs in the same list are
+    stepped inline, on that loop. Only coroutine envs take the four arguments below.
 
     Args:
         create_env_fn: a callable returning a gymnasium env (e.g. ``lambda:
-            GymEnv("Pendulum-v1")``), an env instance, an env id, a gymnasium
-            ``VectorEnv``, or a list of callables (one env each).
+            GymEnv("Pendulum-v1")``) or a coroutine env, an env instance, an env id, a
+            gymnasium ``VectorEnv`` (any autoreset mode) or a factory of one, or a list of
+            factories, env ids or env instances (one env each). All envs must share their
+            spaces.
         policy: a ``TensorDictModuleBase``, an ``nn.Module`` or callable taking the
-            observation tensor(s) and returning the action, or ``None`` for a
-            :class:`~aiocollect.RandomPolicy`.
+            observation tensor(s) and returning the action, a
+            [`JaxPolicy`][aiocollect.jax.JaxPolicy], or ``None`` for a
+            [`RandomPolicy`][aiocollect.RandomPolicy]. The collector runs its own copy
+            (``collector.policy``); see
+            [`update_policy_weights_`][aiocollect.DataCollectorBase.update_policy_weights_].
+        max_batch_size: coroutine envs: at most this many envs per policy call (default:
+            every ready env).
+        min_batch_size: coroutine envs: a policy call waits for this many ready envs while
+            others are still stepping (default 1).
+        batch_timeout: coroutine envs: the longest such wait in seconds, counted from the
+            first ready env (default 0.005).
+        step_timeout: coroutine envs: a ``reset`` or ``step`` that takes longer (in
+            seconds) fails the collection with [`StepTimeoutError`][aiocollect.StepTimeoutError]
+            (default: no limit).
+
+    The other arguments are the options every collector shares: see
+    [`CollectorOptions`][aiocollect.CollectorOptions].
+
+    Raises:
+        ValueError: an option is out of range, ``frames_per_batch`` does not split evenly
+            over the envs, the envs' spaces differ, or a coroutine-env argument is given
+            for other envs.
+        TypeError: an argument has the wrong type (e.g. a factory that returns a TorchRL
+            env: pass the gymnasium env).
+
+    Examples:
+        >>> import torch.nn as nn
+        >>> from tensordict.nn import TensorDictModule
+        >>> from aiocollect import Collector, GymEnv
+        >>> policy = TensorDictModule(nn.Linear(3, 1), in_keys=["observation"], out_keys=["action"])
+        >>> collector = Collector(lambda: GymEnv("Pendulum-v1"), policy,
+        ...                       frames_per_batch=200, total_frames=10_000, max_frames_per_traj=50)
+        >>> for data in collector:          # or: async for data in collector
+        ...     print(data.shape, data.names)
+        ...     break
+        torch.Size([200]) ['time']
+        >>> collector.shutdown()            # or use it as a (async) context manager
+
+        Eight envs, batches ``[8, 50]``:
+
+        >>> collector = Collector([lambda: GymEnv("Pendulum-v1")] * 8, policy, frames_per_batch=400)
     """
 
     def __init__(
@@ -122,6 +172,7 @@ class Collector(DataCollectorBase):
                 f"use a multiple of {n}, such as {lower or n} or {lower + n}."
             )
         self.num_envs = n
+        """How many envs the collector steps."""
         self._steps_per_batch = options.frames_per_batch // n
         self.env_device = options.env_device or group.device or torch.device("cpu")
         self.storing_device = options.storing_device
@@ -131,6 +182,9 @@ class Collector(DataCollectorBase):
         self._policy = PolicySetup(policy, group.action_space, obs_keys, device=self.policy_device,
                                    exploration_type=options.exploration_type)
         self.policy = self._policy.policy
+        """The policy the collector runs: its own copy of the one given if that has weights
+        (on ``policy_device``), the given object otherwise, a
+        [`RandomPolicy`][aiocollect.RandomPolicy] for ``policy=None``."""
         if self._coroutine:
             # coroutine envs belong to one loop for their whole life: the collector's own
             self._engine = CoroutineEngine(group, max_frames_per_traj=options.max_frames_per_traj,
@@ -182,7 +236,19 @@ class Collector(DataCollectorBase):
         """Seed the envs: env ``i``'s next reset uses ``seed + i`` (``seed`` if ``static_seed``).
 
         Every env is reset with its seed before the next step (starting new trajectories),
-        and the random policy is reseeded with ``seed``. Returns the last seed used.
+        and the random policy (``policy=None``, ``init_random_frames``) is reseeded with
+        ``seed``. Called right after construction, it seeds the very first reset, so a
+        deterministic policy reproduces a hand-written ``env.reset(seed=...)`` loop.
+
+        Args:
+            seed: the seed of env 0.
+            static_seed: give every env ``seed`` itself.
+
+        Returns:
+            The last seed used: ``seed + num_envs - 1``, or ``seed`` with ``static_seed``.
+
+        Raises:
+            TypeError: ``seed`` is not an int.
         """
         if isinstance(seed, bool) or not isinstance(seed, int):
             raise TypeError(f"seed must be an integer, got {seed!r}")
@@ -196,7 +262,11 @@ class Collector(DataCollectorBase):
         return seeds[-1]
 
     def reset(self) -> None:
-        """Reset every env before the next step; ongoing trajectories end there."""
+        """Reset every env before the next step; ongoing trajectories end there.
+
+        Trajectories cut this way are not counted as completed; the envs start new ones
+        with new ids. TorchRL's ``reset_at_each_iter=True`` does this before every batch.
+        """
         self._on_engine(self._engine.request_reset)
 
     def _check_worker_ids(self, worker_ids: Any) -> None:
@@ -204,7 +274,15 @@ class Collector(DataCollectorBase):
             raise ValueError(f"worker_ids={worker_ids!r}: a Collector has a single worker, 0.")
 
     def state_dict(self) -> OrderedDict:
-        """``policy_state_dict``, ``env_state_dict`` (gymnasium envs have none), counters."""
+        """The collector's state, with TorchRL's keys, for a checkpoint.
+
+        Returns:
+            An ``OrderedDict``: ``policy_state_dict`` (a copy of the policy's weights, any
+            pending update applied first; only for a policy with weights), ``env_state_dict``
+            (empty: gymnasium envs have no state to save), ``frames`` and ``iter`` (frames
+            and batches delivered), and ``traj_pool`` (the next trajectory id and the
+            completed trajectories).
+        """
         state = OrderedDict()
         if self._policy.has_weights:
             state["policy_state_dict"] = self._policy.state_dict()
@@ -215,7 +293,22 @@ class Collector(DataCollectorBase):
         return state
 
     def load_state_dict(self, state_dict: dict, strict: bool = True) -> None:
-        """Restore what :meth:`state_dict` saved; the envs restart from a reset."""
+        """Restore what [`state_dict`][aiocollect.Collector.state_dict] saved; the envs restart from a reset.
+
+        The policy weights become a new policy version, as with
+        [`update_policy_weights_`][aiocollect.DataCollectorBase.update_policy_weights_]; the
+        frame and batch counters are restored (so ``total_frames`` counts on from them), and
+        trajectory ids go on after the saved counter, so none is ever reused.
+
+        Args:
+            state_dict: what ``state_dict()`` returned, here or in a collector built the
+                same way.
+            strict: raise if ``policy_state_dict`` is missing while the policy has weights.
+
+        Raises:
+            KeyError: ``strict`` and no ``policy_state_dict`` for a policy with weights, or
+                weights that lack an entry of the policy's.
+        """
         self._policy.load_state_dict(state_dict, strict)
 
         def apply():

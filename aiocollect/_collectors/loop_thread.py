@@ -26,7 +26,7 @@ except ImportError:  # pragma: no cover - Windows
 
 
 class LoopThread:
-    """An event loop running in a daemon thread until :meth:`stop`."""
+    """An event loop running in a daemon thread until ``stop()``."""
 
     def __init__(self) -> None:
         self._cm = start_blocking_portal("asyncio", backend_options=_BACKEND_OPTIONS, name="aiocollect-loop")

@@ -2,7 +2,7 @@
 
 Every constructor argument is checked here, up front, before an env is built or a
 process started; a bad value raises ``ValueError``/``TypeError`` naming the argument and
-saying what would be accepted. The result is a frozen :class:`CollectorOptions`.
+saying what would be accepted. The result is a frozen [`CollectorOptions`][aiocollect.CollectorOptions].
 """
 
 from __future__ import annotations
@@ -19,12 +19,26 @@ from tensordict.nn import InteractionType
 
 @dataclass(frozen=True)
 class CollectorOptions:
-    """The options shared by every collector, with TorchRL's names and meanings."""
+    """The options shared by every collector, with TorchRL's names and meanings.
+
+    Every collector takes these as keyword arguments (the distributed collectors take
+    the subset in their signature), checks them all before any env is built or process
+    started, and keeps the result, normalised, as ``collector.options``. A bad value
+    raises ``ValueError`` or ``TypeError`` naming the argument and saying what would be
+    accepted. Each field below is one argument; the defaults shown are the normalised
+    ones (``init_random_frames=None`` becomes 0, ``split_trajs=None`` becomes ``False``).
+
+    Examples:
+        >>> collector = Collector(make_env, policy, frames_per_batch=200, total_frames=10_000,
+        ...                       max_frames_per_traj=50, split_trajs=True)
+        >>> collector.options.max_frames_per_traj
+        50
+    """
 
     frames_per_batch: int
-    """Frames (env steps, summed over envs) in each batch."""
+    """Frames (env steps, summed over envs) in each batch; it must split evenly over the envs."""
     total_frames: int = -1
-    """Frames over the collector's life; ``-1``: endless."""
+    """Frames over the collector's life, a multiple of ``frames_per_batch``; ``-1``: endless."""
     device: torch.device | None = None
     """Fills any of the three devices below that is not given."""
     storing_device: torch.device | None = None
@@ -44,15 +58,19 @@ class CollectorOptions:
     postproc: Callable | None = None
     """Applied to each batch (after ``split_trajs``)."""
     split_trajs: bool = False
-    """Deliver batches split into zero-padded trajectories (see ``split_trajectories``)."""
+    """Deliver batches split into zero-padded trajectories (see
+    [`split_trajectories`][aiocollect.split_trajectories])."""
     exploration_type: InteractionType = InteractionType.RANDOM
-    """Interaction type set (tensordict's ``set_interaction_type``) around policy calls."""
+    """Interaction type set (tensordict's ``set_interaction_type``) around policy calls; an
+    ``InteractionType`` or its name (``"random"``, ``"mode"``, ``"mean"``...)."""
     return_same_td: bool = False
     """Reuse one TensorDict for every batch (its values are overwritten)."""
     reset_when_done: bool = True
-    """Reset an env as soon as it is done."""
+    """Reset an env as soon as it is done; if false, finished envs keep stepping and the
+    root done flags carry over (not for coroutine envs, which are always reset)."""
     interruptor: Any = None
-    """An object whose ``collection_stopped()`` cuts the current batch short."""
+    """An object whose ``collection_stopped()`` cuts the current batch short (see
+    [`Interruptor`][aiocollect.Interruptor])."""
     set_truncated: bool = False
     """Mark the last step of each batch as truncated."""
     replay_buffer: Any = None
@@ -223,16 +241,17 @@ def options_from(arguments: dict[str, Any]) -> CollectorOptions:
 
 @dataclass(frozen=True)
 class WorkerOptions:
-    """The options of the multi-process collectors, on top of :class:`CollectorOptions`."""
+    """The options of the multi-process collectors, on top of [`CollectorOptions`][aiocollect.CollectorOptions]."""
 
     cat_results: str | int = "stack"
     """MultiSync: ``"stack"`` the workers' batches along a new first dim, or an int:
-    concatenate them along that dim (TorchRL's meaning)."""
+    concatenate them along that dim (TorchRL's meaning). Checked but unused by MultiAsync."""
     preemptive_threshold: float | None = None
     """MultiSync: cut the batch once this fraction of workers has its share; the frames
     the others did not collect are masked out with ``("collector", "mask")``."""
     update_at_each_batch: bool = False
-    """Call ``update_policy_weights_()`` before each batch."""
+    """MultiSync: call ``update_policy_weights_()`` before each batch. Accepted but unused
+    by MultiAsync."""
     max_policy_lag: int | None = None
     """MultiAsync: no delivered frame was produced by a policy more than this many versions
     older than the newest published when the batch is delivered (``None``: no bound)."""
@@ -240,7 +259,7 @@ class WorkerOptions:
 
 def validate_worker_options(*, cat_results: Any, preemptive_threshold: Any, update_at_each_batch: Any,
                             num_threads: Any, num_sub_threads: Any, max_policy_lag: Any = None) -> WorkerOptions:
-    """Check the multi-process options; see :class:`WorkerOptions`."""
+    """Check the multi-process options; see ``WorkerOptions``."""
     if cat_results is None:
         cat_results = "stack"
     if isinstance(cat_results, bool) or not (cat_results == "stack" or isinstance(cat_results, int)):
@@ -272,7 +291,7 @@ def validate_worker_options(*, cat_results: Any, preemptive_threshold: Any, upda
 
 def validate_batching(*, max_batch_size: Any, min_batch_size: Any, batch_timeout: Any, step_timeout: Any,
                       coroutine: bool) -> Any:
-    """Check the coroutine-env knobs; returns a :class:`~aiocollect._engine.coroutines.Batching`.
+    """Check the coroutine-env knobs; returns a ``Batching``.
 
     The knobs only mean something for coroutine envs: given with other envs, they are an
     error rather than silently ignored.

@@ -43,14 +43,14 @@ class WorkerCollectorBase(DataCollectorBase):
             (several envs stepped one after the other in that worker). Entries travel to
             their worker with cloudpickle: lambdas and closures work, no
             ``if __name__ == "__main__"`` guard needed.
-        policy: as for :class:`~aiocollect.Collector`; it runs here, batched over every
+        policy: as for [`Collector`][aiocollect.Collector]; it runs here, batched over every
             ready worker's envs.
 
-    The other arguments are TorchRL's, see :class:`~aiocollect.CollectorOptions` and
-    :class:`~aiocollect._collectors.options.WorkerOptions` (``max_policy_lag``:
-    :class:`~aiocollect.MultiAsyncCollector` only). Entries that build coroutine envs
-    (:class:`~aiocollect.AsyncEnv`) run on the engine loop instead of in a process
-    (:mod:`.._workers.coroutine_worker`); ``step_timeout`` applies to them. ``num_threads`` and
+    The other arguments are TorchRL's, see [`CollectorOptions`][aiocollect.CollectorOptions] and
+    ``WorkerOptions`` (``max_policy_lag``:
+    [`MultiAsyncCollector`][aiocollect.MultiAsyncCollector] only). Entries that build coroutine envs
+    ([`AsyncEnv`][aiocollect.AsyncEnv]) run on the engine loop instead of in a process
+    (``_workers.coroutine_worker``); ``step_timeout`` applies to them. ``num_threads`` and
     ``num_sub_threads`` are accepted for compatibility: workers do not run torch.
     """
 
@@ -106,7 +106,9 @@ class WorkerCollectorBase(DataCollectorBase):
         self.worker_options = worker_options
         self._plan = plan
         self.num_workers = len(plan.workers)
+        """How many workers: ``len(create_env_fn)``."""
         self.num_envs = plan.num_envs
+        """How many envs, over all workers."""
         self.storing_device = options.storing_device
         self.policy_device = options.policy_device
         self.env_device = options.env_device or torch.device("cpu")
@@ -118,6 +120,9 @@ class WorkerCollectorBase(DataCollectorBase):
         self._policy = PolicySetup(policy, plan.action_space, [leaf.key for leaf in obs_leaves],
                                    device=self.policy_device, exploration_type=options.exploration_type)
         self.policy = self._policy.policy
+        """The policy the collector runs: its own copy of the one given if that has weights
+        (on ``policy_device``), the given object otherwise, a
+        [`RandomPolicy`][aiocollect.RandomPolicy] for ``policy=None``."""
         pool = WorkerPool(plan, layout, reset_when_done=options.reset_when_done, step_timeout=step_timeout)
         self._pool = pool
         res = self._resources
@@ -198,8 +203,19 @@ class WorkerCollectorBase(DataCollectorBase):
     def set_seed(self, seed: int, static_seed: bool = False) -> int:
         """Seed the envs: env ``k``, counted over all workers in order, uses ``seed + k``.
 
-        (``seed`` for all with ``static_seed``.) Every env is reset with its seed before
-        its next step; the random policy is reseeded with ``seed``. Returns the last seed.
+        Every env is reset with its seed before its next step (starting new trajectories),
+        and the random policy (``policy=None``, ``init_random_frames``) is reseeded with
+        ``seed``.
+
+        Args:
+            seed: the seed of env 0 of worker 0.
+            static_seed: give every env ``seed`` itself.
+
+        Returns:
+            The last seed used: ``seed + num_envs - 1``, or ``seed`` with ``static_seed``.
+
+        Raises:
+            TypeError: ``seed`` is not an int.
         """
         if isinstance(seed, bool) or not isinstance(seed, int):
             raise TypeError(f"seed must be an integer, got {seed!r}")
@@ -214,7 +230,11 @@ class WorkerCollectorBase(DataCollectorBase):
         return seeds[-1]
 
     def reset(self) -> None:
-        """Reset every env before its next step; ongoing trajectories end there."""
+        """Reset every env before its next step; ongoing trajectories end there.
+
+        Trajectories cut this way are not counted as completed; the envs start new ones
+        with new ids.
+        """
         self._check_usable()
 
         def apply():
@@ -228,7 +248,15 @@ class WorkerCollectorBase(DataCollectorBase):
         self._workers_of(worker_ids)
 
     def state_dict(self) -> OrderedDict:
-        """``policy_state_dict``, per-worker state (``worker0``...), counters, trajectory ids."""
+        """The collector's state, with TorchRL's keys, for a checkpoint.
+
+        Returns:
+            An ``OrderedDict``: ``policy_state_dict`` (a copy of the policy's weights, any
+            pending update applied first; only for a policy with weights), ``worker0``,
+            ``worker1``... (each with an empty ``env_state_dict``, its completed
+            trajectories and env steps), ``frames`` and ``iter`` (frames and batches
+            delivered), and ``traj_pool`` (the next trajectory id).
+        """
         state: OrderedDict = OrderedDict()
         if self._policy.has_weights:
             state["policy_state_dict"] = self._policy.state_dict()
@@ -243,7 +271,22 @@ class WorkerCollectorBase(DataCollectorBase):
         return state
 
     def load_state_dict(self, state_dict: dict, strict: bool = True) -> None:
-        """Restore what :meth:`state_dict` saved; the envs restart from a reset."""
+        """Restore what ``state_dict()`` saved; the envs restart from a reset.
+
+        The policy weights become a new policy version, as with
+        [`update_policy_weights_`][aiocollect.DataCollectorBase.update_policy_weights_]; the
+        frame and batch counters and each worker's completed trajectories are restored, and
+        trajectory ids go on after the saved counter, so none is ever reused.
+
+        Args:
+            state_dict: what ``state_dict()`` returned, here or in a collector built the
+                same way.
+            strict: raise if ``policy_state_dict`` is missing while the policy has weights.
+
+        Raises:
+            KeyError: ``strict`` and no ``policy_state_dict`` for a policy with weights, or
+                weights that lack an entry of the policy's.
+        """
         self._policy.load_state_dict(state_dict, strict)
         state = copy.deepcopy(dict(state_dict))
 
@@ -263,9 +306,16 @@ class WorkerCollectorBase(DataCollectorBase):
     # ------------------------------------------------------------------ lifecycle
 
     def shutdown(self, timeout: float | None = None, close_env: bool = True) -> None:
-        """Stop every worker (``CLOSE``, then ``SIGTERM``, then ``SIGKILL``) and the engine
-        thread. Idempotent and bounded: ``timeout`` (default 5 s) is the grace period
-        the workers get to close their envs and exit."""
+        """Stop every worker and the engine thread. Idempotent, bounded, safe from any thread.
+
+        Each worker is asked to close its envs and exit (``CLOSE``); one still running after
+        the grace period gets ``SIGTERM``, then ``SIGKILL``. No process and no shared
+        memory is left behind.
+
+        Args:
+            timeout: the workers' grace period in seconds (``None``: 5 s).
+            close_env: ignored: worker envs are always closed (they live in the workers).
+        """
         pool = getattr(self, "_pool", None)
         if pool is not None and timeout is not None:
             pool.stop_timeout = timeout

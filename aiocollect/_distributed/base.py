@@ -1,6 +1,6 @@
 """What the distributed collectors share; the transport (Ray, torch RPC) is a subclass's.
 
-A distributed collector drives ``num_collectors`` :class:`~.remote.RemoteCollector` s, each
+A distributed collector drives ``num_collectors`` ``RemoteCollector`` objects, each
 an aiocollect collector in another process, and offers them as one collector:
 
 * **sync** (``sync=True``): each remote collector is asked for ``frames_per_batch /
@@ -13,7 +13,7 @@ an aiocollect collector in another process, and offers them as one collector:
   the chosen remote collectors (``worker_ids``), loaded between two of their policy calls
   while they collect; frames carry the driver's version;
 * **faults**: a remote collector that raises or dies fails the iterator with a
-  :class:`~.remote.RemoteCollectorError` naming it.
+  [`RemoteCollectorError`][aiocollect.RemoteCollectorError] naming it.
 
 A transport implements ``_launch`` (start the remote collectors, return their ``info()``),
 ``_submit`` (call a method without waiting, from any thread), ``_on_done``, ``_result``
@@ -54,7 +54,7 @@ FORWARDED = ("device", "storing_device", "env_device", "policy_device", "max_fra
 
 
 def forwarded_options(arguments: dict) -> dict:
-    """The :data:`FORWARDED` options among a constructor's ``locals()``."""
+    """The ``FORWARDED`` options among a constructor's ``locals()``."""
     return {name: arguments[name] for name in FORWARDED}
 
 
@@ -242,16 +242,43 @@ class RemoteCollectorsBase(DataCollectorBase):
             self._acked[index] = max(self._acked[index], version)
 
     def update_policy_weights_(self, policy_or_weights: Any = None, *, worker_ids: Any = None) -> int:
-        """Send new weights to the remote collectors (``worker_ids``: which; default all).
+        """Send new weights to the remote collectors; returns without waiting for any of them.
 
-        One snapshot (a CPU state dict for torch weights), then a load request per remote
-        collector; returns the new version without waiting for any of them.
+        One snapshot (a CPU state dict for torch weights, a JAX params pytree as it is),
+        then a load request per chosen remote collector, which loads it between two policy
+        calls of its collector while it collects. Every frame's
+        ``("collector", "policy_version")`` is this driver's version, whichever remote
+        collectors each update went to.
+
+        Args:
+            policy_or_weights: a module, a TensorDict of parameters, a state dict, a JAX
+                params pytree, or ``None``: the weights of the policy object given at
+                construction (nothing is sent if that was ``None``).
+            worker_ids: the remote collectors to update: an int, a list of ints, or
+                ``None`` for all.
+
+        Returns:
+            The new policy version (the current one if nothing was sent).
+
+        Raises:
+            ValueError: ``worker_ids`` names no remote collector.
         """
         version, _ = self._send(policy_or_weights, worker_ids, wait=False)
         return version
 
     async def update_policy_weights(self, policy_or_weights: Any = None, *, worker_ids: Any = None) -> int:
-        """``update_policy_weights_``, then wait until every chosen remote collector has them in effect."""
+        """Send new weights, then wait until every chosen remote collector has them in effect.
+
+        Args:
+            policy_or_weights: as for ``update_policy_weights_``.
+            worker_ids: as for ``update_policy_weights_``.
+
+        Returns:
+            The new policy version.
+
+        Raises:
+            RemoteCollectorError: a remote collector failed to load them.
+        """
         version, handles = self._send(policy_or_weights, worker_ids, wait=True)
         await asyncio.gather(*(self._fetch(i, h) for i, h in handles))
         return version
@@ -259,7 +286,21 @@ class RemoteCollectorsBase(DataCollectorBase):
     # ------------------------------------------------------------------ control
 
     def set_seed(self, seed: int, static_seed: bool = False) -> int:
-        """Seed the remote collectors' envs: env ``k``, counted over all of them, uses ``seed + k``."""
+        """Seed the remote collectors' envs: env ``k``, counted over all of them, uses ``seed + k``.
+
+        Waits until every remote collector has taken its seeds; each resets its envs with
+        them before its next step.
+
+        Args:
+            seed: the seed of env 0 of remote collector 0.
+            static_seed: give every env ``seed`` itself.
+
+        Returns:
+            The last seed used: ``seed + num_envs - 1``, or ``seed`` with ``static_seed``.
+
+        Raises:
+            TypeError: ``seed`` is not an int.
+        """
         if isinstance(seed, bool) or not isinstance(seed, int):
             raise TypeError(f"seed must be an integer, got {seed!r}")
         offset, calls = 0, []

@@ -1,41 +1,9 @@
 """``RayCollector``: aiocollect collectors on Ray actors, gathered into one iterator.
 
->>> from aiocollect import RayCollector, Collector, GymEnv
->>> collector = RayCollector(create_env_fn=lambda: GymEnv("Pendulum-v1"), policy=policy,
-...                          frames_per_batch=400, total_frames=40_000, num_collectors=4,
-...                          sync=True, collector_class=Collector,
-...                          collector_kwargs={"max_frames_per_traj": 50},
-...                          remote_configs={"num_cpus": 1, "num_gpus": 0, "memory": 2 * 1024 ** 3},
-...                          update_after_each_batch=True)
->>> for data in collector:            # data.shape == (4, 100): one row per remote collector
-...     ...
->>> collector.shutdown()
-
-Each remote collector is a Ray actor holding an aiocollect collector (``collector_class``:
-``Collector``, ``MultiSyncCollector``, ``MultiAsyncCollector``, or "single" / "sync" /
-"async"); batches travel through Ray's object store. ``sync=True`` asks every actor for
-``frames_per_batch / num_collectors`` frames and stacks their batches, each collected
-entirely with the newest weights sent before it was asked for; ``sync=False`` yields
-each actor's ``frames_per_batch``-frame batch as soon as it is ready, and asks that actor
-for the next one at once.
-
-**The cluster.** With ``ray_init_config={"address": "ray://head-node:10001"}`` (or any
-``ray.init`` arguments) it joins that cluster; if Ray is already initialised in this
-process it uses that; otherwise it starts a local Ray instance, declaring at least as many
-logical CPUs as the actors ask for (so ``num_collectors=4`` with ``num_cpus=1`` each runs on
-a 2-core laptop), and stops it on ``shutdown()``. Actors that cannot be placed within
-``start_timeout`` seconds (the cluster lacks what ``remote_configs`` asks) are an error
-that says what was asked and what the cluster has.
-
-**Weights.** ``update_policy_weights_()`` puts one snapshot in the object store (a CPU state
-dict, or a JAX params pytree) and tells the chosen actors (``worker_ids``) to load it; it
-does not wait. The actors load it between two policy calls of their collector, while it
-collects. Every frame carries the driver's version in ``("collector", "policy_version")``.
-``await update_policy_weights(...)`` returns once every chosen actor has it in effect.
-
-**Faults.** An actor that dies (or whose collector raises) fails the iterator with a
-:class:`RemoteCollectorError` naming it, with the remote traceback; ``shutdown()`` kills
-every actor, and the Ray instance if it started one.
+The transport half of a distributed collector (``_distributed.base`` has the rest): each
+remote collector is a Ray actor holding a ``RemoteCollector``, batches come back through
+Ray's object store and weights go out with one ``ray.put`` per update. The class
+docstring says what users see.
 """
 
 from __future__ import annotations
@@ -64,26 +32,100 @@ def _import_ray():
 
 
 class RayCollector(RemoteCollectorsBase):
-    """Aiocollect collectors on Ray actors; see the module docstring.
+    """Runs aiocollect collectors on Ray actors and offers them as one collector.
+
+    TorchRL's ``distributed.RayCollector``, with its arguments. Each remote collector is a
+    Ray actor holding an aiocollect collector (``collector_class``); batches travel
+    through Ray's object store. Needs the ``ray`` extra (``pip install 'aiocollect[ray]'``).
+
+    **When to use it.** When the envs need more cores than one machine has, or you already
+    run a Ray cluster. Each remote collector runs its own copy of the policy. On one
+    machine, the multi-process collectors
+    ([`MultiSyncCollector`][aiocollect.MultiSyncCollector],
+    [`MultiAsyncCollector`][aiocollect.MultiAsyncCollector]) need no Ray and run one policy
+    call per step for all their workers; for a torchrun or SLURM launch without Ray, use
+    [`RPCCollector`][aiocollect.RPCCollector].
+
+    **Batches.** ``sync=True`` asks every actor for ``frames_per_batch / num_collectors``
+    frames, each collected entirely with the newest weights sent to it before it was asked
+    for (on-policy), and stacks their batches: ``[num_collectors, ...]``, e.g. ``[4, 100]``
+    for 4 single-env collectors and ``frames_per_batch=400``. ``sync=False`` (TorchRL's
+    default) keeps a request in flight at every actor, yields each actor's
+    ``frames_per_batch``-frame batch as soon as it is ready, and asks that actor for the
+    next one at once.
+
+    **The cluster.** With ``ray_init_config={"address": "ray://head-node:10001"}`` (or any
+    ``ray.init`` arguments) it joins that cluster; if Ray is already initialised in this
+    process it uses that; otherwise it starts a local Ray instance, declaring at least as
+    many logical CPUs as the actors ask for (so ``num_collectors=4`` with ``num_cpus=1`` each
+    runs on a 2-core laptop), and stops it on ``shutdown()``. Env factories and policies
+    travel with cloudpickle, and the driver's ``sys.path`` with them, so code from your own
+    modules imports on the actors (on a multi-node cluster, the files must exist on every
+    node, or ship them with Ray's ``runtime_env``).
+
+    **Weights.** ``update_policy_weights_()`` puts one snapshot in the object store (a CPU
+    state dict, or a JAX params pytree) and tells the chosen actors (``worker_ids``) to load
+    it; it does not wait. The actors load it between two policy calls of their collector,
+    while it collects. Every frame carries the driver's version in
+    ``("collector", "policy_version")``. ``await update_policy_weights(...)`` returns once
+    every chosen actor has it in effect.
+
+    **Faults.** An actor that dies (or whose collector raises) fails the iterator with a
+    [`RemoteCollectorError`][aiocollect.RemoteCollectorError] naming it, with the remote
+    error as its ``__cause__``; ``shutdown()`` kills every actor, and the Ray instance if it
+    started one.
 
     Args:
         create_env_fn: what each remote collector's ``collector_class`` takes as its
             ``create_env_fn`` (for a multi-process class, an env factory is repeated
-            ``num_workers_per_collector`` times), or a list of those, one per collector.
-        policy: the policy each remote collector runs (its own copy); ``None`` for random actions.
-        num_collectors: how many actors (default: the length of a ``create_env_fn`` list, or 1).
-        sync: stack one batch of every actor (``True``) or yield the first ready (``False``, TorchRL's default).
-        collector_class, collector_kwargs: the remote collectors' class and extra arguments
-            (a dict, or a list of dicts, one per collector).
-        remote_configs: ``ray.remote`` options of each actor (default ``{"num_cpus": 1}``).
+            ``num_workers_per_collector`` times), or, with ``collector_class="single"``, a
+            list of those, one per collector.
+        policy: the policy each remote collector runs (its own copy); ``None`` for random
+            actions.
+        num_collectors: how many actors (default: the length of a ``create_env_fn`` list
+            for ``collector_class="single"``, else 1).
+        sync: stack one batch of every actor (``True``) or yield the first ready
+            (``False``, TorchRL's default).
+        collector_class: the remote collectors' class: [`Collector`][aiocollect.Collector],
+            [`MultiSyncCollector`][aiocollect.MultiSyncCollector],
+            [`MultiAsyncCollector`][aiocollect.MultiAsyncCollector], or ``"single"`` (the
+            default), ``"sync"``, ``"async"``. TorchRL's classes are not accepted.
+        collector_kwargs: extra arguments of the remote collectors: a dict, or a list of
+            dicts, one per collector.
+        num_workers_per_collector: for a multi-process ``collector_class``, how many
+            workers each remote collector runs.
+        remote_configs: ``ray.remote`` options of each actor (default ``{"num_cpus": 1}``),
+            or a list of them, one per actor.
         ray_init_config: ``ray.init`` arguments, e.g. ``{"address": "ray://head:10001"}``.
         update_after_each_batch: send the policy's weights to every actor (sync) or to the
             actor that delivered (async) after each batch.
-        start_timeout: seconds the actors may take to be placed and to build their collectors.
+        start_timeout: seconds the actors may take to be placed and to build their
+            collectors; past it, an error says what ``remote_configs`` asks and what the
+            cluster has.
 
-    The other arguments are TorchRL's and go to every remote collector
-    (``max_frames_per_traj``, ``init_random_frames``, ``exploration_type``, devices...), except
-    ``postproc``, ``split_trajs`` and ``replay_buffer``, which apply here.
+    The other arguments are TorchRL's (see [`CollectorOptions`][aiocollect.CollectorOptions])
+    and go to every remote collector (``max_frames_per_traj``, ``init_random_frames``,
+    ``exploration_type``, ``reset_at_each_iter``, devices), except ``total_frames``,
+    ``postproc``, ``split_trajs``, ``replay_buffer`` and ``progress``, which apply here.
+
+    Raises:
+        ImportError: Ray is not installed.
+        ValueError: ``frames_per_batch`` does not split over ``num_collectors`` with
+            ``sync=True``, or ``collector_kwargs`` repeats one of this collector's own
+            arguments.
+        TimeoutError: the actors could not start within ``start_timeout``.
+
+    Examples:
+        >>> from aiocollect import RayCollector, Collector, GymEnv
+        >>> collector = RayCollector(create_env_fn=lambda: GymEnv("Pendulum-v1"), policy=policy,
+        ...                          frames_per_batch=400, total_frames=40_000, num_collectors=4,
+        ...                          sync=True, collector_class=Collector,
+        ...                          collector_kwargs={"max_frames_per_traj": 50},
+        ...                          remote_configs={"num_cpus": 1, "num_gpus": 0, "memory": 2 * 1024 ** 3},
+        ...                          update_after_each_batch=True)
+        >>> for data in collector:            # data.shape == (4, 100): one row per remote collector
+        ...     train(data)
+        >>> collector.shutdown()
     """
 
     def __init__(

@@ -1,7 +1,7 @@
 """The remote end of a distributed collector: an aiocollect collector in another process.
 
-:class:`RemoteCollector` is what a Ray actor (:mod:`.ray_collector`) or an RPC worker
-(:mod:`.rpc_collector`) holds: a local collector (``Collector``, ``MultiSyncCollector`` or
+``RemoteCollector`` is what a Ray actor (``_distributed.ray_collector``) or an RPC worker
+(``_distributed.rpc_collector``) holds: a local collector (``Collector``, ``MultiSyncCollector`` or
 ``MultiAsyncCollector``) built from cloudpickled arguments, stepped one batch per
 ``next_batch()`` call. The transport only moves batches out and weights in.
 
@@ -27,6 +27,10 @@ import torch
 
 class RemoteCollectorError(RuntimeError):
     """A remote collector failed: its collector raised, or its process (actor, RPC worker) died.
+
+    Raised from the iterator, ``await update_policy_weights(...)`` and ``set_seed()`` of
+    [`RayCollector`][aiocollect.RayCollector] and [`RPCCollector`][aiocollect.RPCCollector];
+    the remote error is its ``__cause__``.
 
     Attributes:
         index: the remote collector's index (0 .. num_collectors - 1).

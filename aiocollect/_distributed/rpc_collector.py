@@ -1,32 +1,9 @@
 """``RPCCollector``: aiocollect collectors on ``torch.distributed.rpc`` workers.
 
->>> from aiocollect import RPCCollector, GymEnv
->>> collector = RPCCollector(create_env_fn=lambda: GymEnv("Pendulum-v1"), policy=policy,
-...                          frames_per_batch=400, total_frames=100_000, num_collectors=4, sync=True)
->>> for data in collector:            # data.shape == (4, 100)
-...     collector.update_policy_weights_()
->>> collector.shutdown()
-
-The same interface as :class:`~aiocollect.RayCollector` over torch's RPC, for shops that
-launch with torchrun or SLURM and do not run Ray. Two ways to get a world:
-
-* **Launched here** (the default, when RPC is not initialised in this process): the
-  collector starts ``num_collectors`` worker processes on this machine
-  (``python -m aiocollect._distributed.rpc_worker``), joins them as rank 0 over TCP on
-  ``master_addr:master_port`` (a free port by default), and on ``shutdown()`` shuts the
-  world down and waits for the workers (terminating them if they do not exit), so no
-  process or port is left behind.
-* **Joined** (``worker_names=[...]``): the world was started by torchrun (or submitit)
-  and this process called ``rpc.init_rpc`` itself; ``worker_names`` names the ranks that
-  host the remote collectors, each of which only ran ``rpc.init_rpc(name, rank=...,
-  world_size=...)`` followed by ``rpc.shutdown()`` (see ``docs/distributed.md``). The
-  collector then neither starts nor stops the world; ``shutdown()`` closes its remote
-  collectors.
-
-Batches and weights travel as RPC messages (TensorPipe moves the tensors); weights are
-one CPU state dict per update, sent to the chosen workers without waiting. A worker process
-that dies fails the iterator within a fraction of a second with a
-:class:`~aiocollect.RemoteCollectorError` naming it.
+The transport half of a distributed collector (``_distributed.base`` has the rest): each
+remote collector is a ``RemoteCollector`` created on an RPC worker with ``rpc.remote``;
+batches and weights travel as RPC messages. A launched world puts the workers on ranks
+0..n-1 and the driver on the last rank. The class docstring says what users see.
 """
 
 from __future__ import annotations
@@ -66,16 +43,76 @@ def _remote_collector(payload: bytes, sys_path: list[str]) -> RemoteCollector:  
 
 
 class RPCCollector(RemoteCollectorsBase):
-    """Aiocollect collectors on torch RPC workers; see the module docstring.
+    """Runs aiocollect collectors on ``torch.distributed.rpc`` workers and offers them as one collector.
+
+    TorchRL's ``distributed.RPCCollector``, with the interface of
+    [`RayCollector`][aiocollect.RayCollector] (the same batches, ``sync`` modes, weight
+    updates, policy versions and faults) over torch's RPC (TensorPipe), for shops that
+    launch with torchrun or SLURM and do not run Ray. Batches and weights travel as RPC
+    messages; weights are one CPU state dict (or a JAX params pytree) per update, sent to
+    the chosen workers without waiting. Two ways to get a world:
+
+    * **Launched here** (the default, when RPC is not initialised in this process): the
+      collector starts ``num_collectors`` worker processes on this machine
+      (``python -m aiocollect._distributed.rpc_worker``) and meets them over TCP on
+      ``master_addr:master_port`` (a free port by default). The workers take ranks 0 to
+      n-1 and this process the last rank. ``shutdown()`` closes the remote collectors,
+      shuts the world down and waits for the workers (terminating them if they do not
+      exit), so no process or port is left behind. torch's RPC can be initialised only
+      once per process, so a process can launch one such world.
+    * **Joined** (``worker_names=[...]``): the world was started by torchrun (or submitit)
+      and this process called ``rpc.init_rpc`` itself; ``worker_names`` names the ranks that
+      host the remote collectors, each of which only runs ``rpc.init_rpc(name, rank=...,
+      world_size=...)`` followed by ``rpc.shutdown()``. The collector then neither starts
+      nor stops the world; ``shutdown()`` closes its remote collectors.
+
+    A worker process that dies fails the iterator within a fraction of a second with a
+    [`RemoteCollectorError`][aiocollect.RemoteCollectorError] naming it.
 
     Args:
-        worker_names: join a world started elsewhere: the RPC names of the workers that host
-            the remote collectors (one each). ``None``: launch the workers here.
-        master_addr, master_port: where the launched world meets (default 127.0.0.1, a free port).
+        create_env_fn: as for [`RayCollector`][aiocollect.RayCollector].
+        policy: the policy each remote collector runs (its own copy); ``None`` for random
+            actions.
+        num_collectors: how many remote collectors (with ``worker_names``: its length).
+        sync: stack one batch of every remote collector (``True``) or yield the first
+            ready (``False``, TorchRL's default).
+        collector_class: as for [`RayCollector`][aiocollect.RayCollector].
+        collector_kwargs: as for [`RayCollector`][aiocollect.RayCollector].
+        num_workers_per_collector: as for [`RayCollector`][aiocollect.RayCollector].
+        update_after_each_batch: as for [`RayCollector`][aiocollect.RayCollector].
+        worker_names: join a world started elsewhere: the RPC names of the workers that
+            host the remote collectors (one each). ``None``: launch the workers here.
+        master_addr: where a launched world meets (default ``127.0.0.1``).
+        master_port: the TCP port a launched world meets on (default: a free port; read
+            it back from [`master_port`][aiocollect.RPCCollector.master_port]).
         rpc_timeout: seconds an RPC call (a batch) may take.
-        start_timeout: seconds the launched workers may take to join and build their collectors.
+        start_timeout: seconds the remote collectors may take to be built (and, when
+            launched, the workers to join).
 
-    The other arguments are :class:`~aiocollect.RayCollector`'s.
+    The other arguments are TorchRL's, as for [`RayCollector`][aiocollect.RayCollector].
+
+    Raises:
+        RuntimeError: RPC is already initialised here without ``worker_names``, is not
+            initialised with ``worker_names``, or this process already launched a world.
+        ValueError: ``num_collectors`` disagrees with ``worker_names``, or
+            ``frames_per_batch`` does not split over ``num_collectors`` with ``sync=True``.
+
+    Examples:
+        >>> from aiocollect import RPCCollector, GymEnv
+        >>> collector = RPCCollector(create_env_fn=lambda: GymEnv("Pendulum-v1"), policy=policy,
+        ...                          frames_per_batch=400, total_frames=100_000, num_collectors=4,
+        ...                          sync=True)
+        >>> for data in collector:            # data.shape == (4, 100)
+        ...     train(data)
+        ...     collector.update_policy_weights_()
+        >>> collector.shutdown()
+
+        Joining a torchrun world, on the rank that trains (the other ranks only run
+        ``rpc.init_rpc(f"worker{rank}", ...)`` and ``rpc.shutdown()``):
+
+        >>> rpc.init_rpc("trainer", rank=0, world_size=world)
+        >>> collector = RPCCollector(make_env, policy, frames_per_batch=400, sync=True,
+        ...                          worker_names=[f"worker{r}" for r in range(1, world)])
     """
 
     def __init__(
@@ -155,7 +192,10 @@ class RPCCollector(RemoteCollectorsBase):
 
     @property
     def master_port(self) -> int | None:
-        """The TCP port the launched world met on (``None`` when joining a world)."""
+        """The TCP port the launched world met on (``None`` when joining a world).
+
+        Given as ``master_port``, or the free port picked at construction when it was not.
+        """
         return self._port if self._launched else None
 
     # ------------------------------------------------------------------ the transport

@@ -1,12 +1,14 @@
-"""An RPC worker process launched by :class:`~aiocollect.RPCCollector`.
+"""An RPC worker process launched by [`RPCCollector`][aiocollect.RPCCollector].
 
 ``python -m aiocollect._distributed.rpc_worker NAME RANK WORLD_SIZE INIT_METHOD`` joins the
 RPC world and serves until the driver shuts it down: the driver creates a
-:class:`~aiocollect._distributed.remote.RemoteCollector` here with ``rpc.remote`` and calls
-it. On a cluster started by torchrun, each worker rank runs the same two calls itself::
+``RemoteCollector`` here with ``rpc.remote`` and calls
+it. On a cluster started by torchrun, each worker rank runs the same two calls itself:
 
-    rpc.init_rpc(f"worker{rank}", rank=rank, world_size=world_size)
-    rpc.shutdown()          # serves the driver's calls until it shuts down too
+```python
+rpc.init_rpc(f"worker{rank}", rank=rank, world_size=world_size)
+rpc.shutdown()          # serves the driver's calls until it shuts down too
+```
 """
 
 from __future__ import annotations

@@ -1,11 +1,11 @@
 """The coroutine engine: every env steps as soon as its action is ready, no barrier.
 
-Coroutine envs (:mod:`.._envs.async_env`) wait on I/O for most of a step, each for its
+Coroutine envs (``_envs.async_env``) wait on I/O for most of a step, each for its
 own time. Stepping them in lockstep would make every step as slow as the slowest env; this
 engine instead keeps each env on its own timeline:
 
 * an env whose step (or reset) lands joins the **ready** set;
-* a **round** runs the policy once on the ready envs (batched; see :class:`Batching`),
+* a **round** runs the policy once on the ready envs (batched; see ``Batching``),
   writes their column ``t[i]`` (observations, ids, outputs, policy version) and starts
   each one's next step as a task;
 * landed steps are written to the buffer together at the next round, with whole-array
@@ -57,7 +57,7 @@ class Batching:
 
 
 class CoroutineEngine(TrajectoryBook):
-    """Steps a :class:`CoroutineGroup` without a barrier; see the module docstring."""
+    """Steps a ``CoroutineGroup`` without a barrier; see the module docstring."""
 
     def __init__(self, group: CoroutineGroup, *, max_frames_per_traj: int | None, batching: Batching,
                  ids: IdPool | None = None):

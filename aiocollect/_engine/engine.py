@@ -1,7 +1,7 @@
 """The engine: envs step, the policy runs once per step for all of them, frames are stored.
 
-One :class:`Engine` drives one env group. ``await engine.rollout(T)`` collects ``T``
-steps of every env into a fresh :class:`RolloutBuffer` and returns it. Per step it
+One ``Engine`` drives one env group. ``await engine.rollout(T)`` collects ``T``
+steps of every env into a fresh ``RolloutBuffer`` and returns it. Per step it
 
 1. resets the envs that finished at the previous step (the first observation of the new
    trajectory becomes the current one: no fake "reset step" transition ever),
@@ -20,8 +20,8 @@ a reset, pending seeds) is what lets trajectories continue across batch boundari
 ``rollout`` is the *lockstep* schedule: one group, every env stepped at every step. The
 per-step pieces it is made of (``write_before``, ``write_after``, the reset hand-off and
 ``finish``) are public, so that the scheduler of the multi-worker collectors
-(:mod:`.scheduler`) runs the very same bookkeeping on one engine per worker, each worker
-at its own pace. Engines that share an :class:`IdPool` never hand out the same
+(``_engine.scheduler``) runs the very same bookkeeping on one engine per worker, each worker
+at its own pace. Engines that share an ``IdPool`` never hand out the same
 trajectory id.
 """
 
@@ -56,7 +56,7 @@ class TrajectoryBook:
     """What every engine keeps per env between steps and batches: trajectory ids, step
     counts, which envs need a reset, the seeds for those resets, and counters.
 
-    Engines that share an :class:`IdPool` never hand out the same trajectory id.
+    Engines that share an ``IdPool`` never hand out the same trajectory id.
     """
 
     def __init__(self, num_envs: int, ids: IdPool | None):
@@ -205,7 +205,7 @@ class Engine(TrajectoryBook):
         return None
 
     def start_flags(self) -> np.ndarray:
-        """The root done flags the next batch starts with (see :meth:`finish`)."""
+        """The root done flags the next batch starts with (see ``finish()``)."""
         return self._root_flags.copy()
 
     def finish(self, buffer: RolloutBuffer, valid: int, start_flags: np.ndarray, set_truncated: bool) -> None:

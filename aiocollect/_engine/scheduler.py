@@ -1,12 +1,12 @@
 """The scheduler: many worker groups, each at its own pace, one policy call per round.
 
-Each worker is a *slot*: an :class:`~.engine.Engine` (trajectory ids, step counts,
+Each worker is a *slot*: an ``Engine`` (trajectory ids, step counts,
 resets: the same bookkeeping the lockstep collector uses) over the worker's rows of the
 shared-memory arrays, plus a cursor into the slot's current batch buffer. A slot is
 ``READY`` (its observations are fresh: it wants actions), ``STEPPING`` (its worker is
 stepping the envs) or ``RESETTING`` (its worker is resetting some envs).
 
-:meth:`Scheduler.pump` runs rounds until the caller's condition holds. Everything
+``Scheduler.pump()`` runs rounds until the caller's condition holds. Everything
 happens in the loop's callbacks, with no task switch per step:
 
 1. a worker's reply arrives (the socket's reader callback): a stepped slot writes its
@@ -131,7 +131,7 @@ class Slot:
 
 
 class Scheduler:
-    """Drives every worker of a :class:`~aiocollect._workers.pool.WorkerPool`; see the module docstring."""
+    """Drives every worker of a ``WorkerPool``; see the module docstring."""
 
     def __init__(self, pool: WorkerPool, *, max_frames_per_traj: int | None, reset_when_done: bool):
         plan, shared = pool.plan, pool.shared
@@ -164,7 +164,7 @@ class Scheduler:
         self._failed: Worker | None = None
         self._error: BaseException | None = None
         self.spin_s = pool.spin_s
-        """How long to spin for a completion before sleeping (0: never; see :mod:`..protocol`)."""
+        """How long to spin for a completion before sleeping (0: never; see ``_workers.protocol``)."""
         self.spin = False
         """Set by the collector while spinning is welcome: while its consumer waits for a
         batch, the engine thread has the GIL to itself. (Spinning while the user trains in
@@ -277,7 +277,7 @@ class Scheduler:
             slot.worker.control[protocol.E_ASLEEP] = flag
 
     def _arm_recheck(self) -> None:
-        """After spinning, a doorbell may be missed (see :mod:`..protocol`): look again soon."""
+        """After spinning, a doorbell may be missed (see ``_workers.protocol``): look again soon."""
         if not self._recheck_armed:
             self._recheck_armed = True
             asyncio.get_running_loop().call_later(_RECHECK_S, self._recheck)
@@ -306,7 +306,7 @@ class Scheduler:
                    on_full: Callable[[Slot], None] | None = None) -> None:
         """Run rounds until ``until()``; ``on_full(slot)`` when a slot's batch is complete.
 
-        A failed worker's :class:`~aiocollect.WorkerError`, or the policy's exception,
+        A failed worker's [`WorkerError`][aiocollect.WorkerError], or the policy's exception,
         is raised here.
         """
         if self._pumping is not None:

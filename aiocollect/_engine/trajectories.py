@@ -1,6 +1,6 @@
 """Splitting a batch into trajectories.
 
-:func:`split_trajectories` turns a ``[..., T]`` batch into ``[num_trajectories, max_len]``,
+[`split_trajectories`][aiocollect.split_trajectories] turns a ``[..., T]`` batch into ``[num_trajectories, max_len]``,
 one row per trajectory (in order of first appearance, env by env), zero-padded, with a
 boolean ``("collector", "mask")`` marking the real frames. It follows
 ``torchrl.collectors.utils.split_trajectories``, so code written for TorchRL's output
@@ -21,18 +21,23 @@ def split_trajectories(
 ) -> TensorDictBase:
     """Split ``batch`` along time into zero-padded trajectories.
 
+    One row per trajectory, in order of first appearance (env by env), padded with zeros
+    to the longest. The output follows ``torchrl.collectors.utils.split_trajectories``
+    (tested against it), so code written for TorchRL's output reads it the same way. A
+    collector's ``split_trajs=True`` applies it to every batch.
+
     Args:
         batch: a collected batch, ``[T]`` or ``[envs, T]`` (time last).
-        trajectory_key: where the trajectory ids are. When missing, trajectories are cut
-            after every ``done_key`` and numbered row by row.
-        done_key: the done flags used when there are no trajectory ids.
+        trajectory_key (tuple | str): where the trajectory ids are. When missing,
+            trajectories are cut after every ``done_key`` and numbered row by row.
+        done_key (tuple | str): the done flags used when there are no trajectory ids.
 
     Returns:
         A TensorDict ``[num_trajectories, max_len]`` with a ``mask`` entry next to the
         trajectory ids (``("collector", "mask")`` by default). Frames already masked out in
         ``batch`` (an interrupted batch) are dropped first.
 
-    Example:
+    Examples:
         >>> data = next(iter(collector))                # [4, 100]
         >>> trajs = split_trajectories(data)            # [k, longest]
         >>> returns = (trajs["next", "reward"] * trajs["collector", "mask"][..., None]).sum(1)

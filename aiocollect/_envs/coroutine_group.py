@@ -2,12 +2,12 @@
 
 Unlike the other groups, whose envs all step together, each env of a coroutine group is
 stepped on its own (``await group.step_one(i, action)``) as soon as its action is ready;
-:mod:`.._engine.coroutines` schedules them. The result arrays are those of every group
+``_engine.coroutines`` schedules them. The result arrays are those of every group
 (``obs``, ``reward``, ``terminated``, ``truncated``, one row per env); ``step_one`` fills
 row ``i``.
 
-Ordinary gymnasium envs may sit in the same group: :class:`SyncEnvAdapter` calls their
-``step`` inline (they block the loop while they compute), :class:`ThreadEnv` in a worker
+Ordinary gymnasium envs may sit in the same group: ``SyncEnvAdapter`` calls their
+``step`` inline (they block the loop while they compute), [`ThreadEnv`][aiocollect.ThreadEnv] in a worker
 thread (for envs that release the GIL: native physics, a blocking client).
 """
 
@@ -30,11 +30,28 @@ _timeout = getattr(asyncio, "timeout", None)  # Python >= 3.11
 
 
 class StepTimeoutError(TimeoutError):
-    """A coroutine env did not answer within ``step_timeout``."""
+    """A coroutine env did not answer ``reset()`` or ``step()`` within ``step_timeout`` seconds.
+
+    A [`Collector`][aiocollect.Collector] over coroutine envs raises it from the iterator,
+    and the collector is then failed; in the multi-process collectors, it is the
+    ``__cause__`` of the [`WorkerError`][aiocollect.WorkerError] that an entry of coroutine
+    envs raises. The message names the env, its class and the call, e.g.
+    ``coroutine env 3 (GameEnv) did not answer step() within 2.0 s (step_timeout)``; in a
+    ``Collector`` the pending steps of the other envs are cancelled. A subclass of the
+    built-in ``TimeoutError``.
+
+    Examples:
+        >>> collector = Collector([lambda: GameEnv(port)] * 64, policy, frames_per_batch=6400,
+        ...                       step_timeout=2.0)
+        >>> try:
+        ...     batch = collector.rollout()
+        ... except StepTimeoutError as exc:
+        ...     print(exc)
+    """
 
 
 async def timed(coro: Any, timeout: float | None, env: Any, where: str, what: str) -> Any:
-    """``await coro``, failing with :class:`StepTimeoutError` after ``timeout`` seconds.
+    """``await coro``, failing with [`StepTimeoutError`][aiocollect.StepTimeoutError] after ``timeout`` seconds.
 
     ``where`` names the env in the message ("coroutine env 3", "env 1 of worker 2").
     """
@@ -76,12 +93,16 @@ class ThreadEnv(AsyncEnv):
     client): while one waits in its thread, the loop steps the others. An env whose step
     is Python code gains nothing (the GIL serialises it) and pays a thread hand-off.
 
-    >>> Collector([lambda: ThreadEnv(gym.make("Ant-v5"))] * 8, policy, frames_per_batch=800)
-
     Args:
         env: a gymnasium env, or a callable returning one.
         limiter: an ``anyio.CapacityLimiter`` shared by envs that should not all run at
             once (default: anyio's default limiter, 40 threads).
+
+    Raises:
+        TypeError: ``env`` is not a gymnasium env or a factory of one.
+
+    Examples:
+        >>> Collector([lambda: ThreadEnv(gym.make("Ant-v5"))] * 8, policy, frames_per_batch=800)
     """
 
     def __init__(self, env: gym.Env | Any, limiter: anyio.CapacityLimiter | None = None):
@@ -93,13 +114,16 @@ class ThreadEnv(AsyncEnv):
         self.observation_space, self.action_space = env.observation_space, env.action_space
 
     async def reset(self, *, seed=None, options=None):
+        """The env's ``reset(seed=seed, options=options)``, run in a worker thread."""
         return await anyio.to_thread.run_sync(lambda: self.env.reset(seed=seed, options=options),
                                               limiter=self.limiter)
 
     async def step(self, action):
+        """The env's ``step(action)``, run in a worker thread."""
         return await anyio.to_thread.run_sync(self.env.step, action, limiter=self.limiter)
 
     async def close(self) -> None:
+        """The env's ``close()``, run in a worker thread."""
         await anyio.to_thread.run_sync(self.env.close, limiter=self.limiter)
 
     def __repr__(self) -> str:
@@ -160,4 +184,4 @@ class CoroutineGroup(_GroupBase):
                 tg.start_soon(close_one, env)
 
     def close(self) -> None:
-        """Coroutine envs are closed by :meth:`aclose`, on their loop."""
+        """Coroutine envs are closed by ``aclose()``, on their loop."""

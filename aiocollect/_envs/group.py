@@ -11,14 +11,14 @@ transition: the engine resets finished envs explicitly, so no batch ever contain
 
 Two groups live in this process:
 
-* :class:`InProcessGroup`, a list of gymnasium envs stepped in a tight loop;
-* :class:`VectorEnvGroup`, a gymnasium ``VectorEnv`` in any autoreset mode.
+* ``InProcessGroup``, a list of gymnasium envs stepped in a tight loop;
+* ``VectorEnvGroup``, a gymnasium ``VectorEnv`` in any autoreset mode.
 
-(A third, :class:`~.coroutine_group.CoroutineGroup`, holds coroutine envs, each stepped
+(A third, ``CoroutineGroup``, holds coroutine envs, each stepped
 on its own; ``make_group`` builds it when a factory returns one.)
 
 The same two classes run inside env worker processes, where their result arrays are
-views of shared memory (:meth:`_GroupBase.bind`) and they are driven synchronously
+views of shared memory (``_GroupBase.bind()``) and they are driven synchronously
 (``step_now`` / ``reset_now``). An exception raised by env ``i`` of a list carries
 ``env_index = i`` and a note saying so.
 """

@@ -1,6 +1,6 @@
 """From gymnasium spaces to tensor layouts.
 
-A gymnasium observation space becomes a flat list of :class:`Leaf` entries, one per
+A gymnasium observation space becomes a flat list of ``Leaf`` entries, one per
 tensor the batch will hold. The naming follows TorchRL's ``GymEnv`` with
 ``categorical_action_encoding=True``, so batches have the keys TorchRL users expect:
 

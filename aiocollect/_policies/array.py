@@ -1,10 +1,10 @@
-"""``ArrayPolicy``: the shape of a policy computed outside torch (JAX, see :mod:`aiocollect.jax`).
+"""``ArrayPolicy``: the shape of a policy computed outside torch (JAX, see [`aiocollect.jax`][aiocollect.jax]).
 
 The engine calls it with numpy arrays, one per ``in_keys`` entry, batch dim first, and
 takes back one array per ``out_keys`` entry. On the CPU both directions share memory:
 the observation buffers are handed over as they are and the outputs read in place.
 Weight updates go through the same versioned channel as torch policies
-(:mod:`.weights`): the policy says how to snapshot new weights and how to load one.
+(``_policies.weights``): the policy says how to snapshot new weights and how to load one.
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ class ArrayPolicy:
         raise NotImplementedError
 
     def load(self, snap: Any) -> None:
-        """Use ``snap`` (from :meth:`snapshot`) from the next call on."""
+        """Use ``snap`` (from ``snapshot()``) from the next call on."""
         raise NotImplementedError
 
     def copy(self) -> ArrayPolicy:

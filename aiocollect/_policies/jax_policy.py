@@ -1,4 +1,4 @@
-"""``JaxPolicy``: a JAX function as a collector's policy (imported by :mod:`aiocollect.jax`)."""
+"""``JaxPolicy``: a JAX function as a collector's policy (imported by [`aiocollect.jax`][aiocollect.jax])."""
 
 from __future__ import annotations
 
@@ -61,6 +61,10 @@ def _as_key(key: Any) -> Any:
 class JaxPolicy(ArrayPolicy):
     """A JAX policy: ``apply_fn(params, *inputs)`` returns the output(s), jitted once.
 
+    Use it as the ``policy`` of any collector to act with a JAX model (a pure function and
+    its params, or a flax module's ``apply`` and variables); batches go to a JAX learner
+    with [`to_jax`][aiocollect.jax.to_jax].
+
     Args:
         apply_fn: a pure function. Deterministic: ``apply_fn(params, *inputs)``;
             stochastic (``key`` given): ``apply_fn(params, key, *inputs)``. ``inputs`` are
@@ -78,7 +82,25 @@ class JaxPolicy(ArrayPolicy):
     In a collector the policy is called with the observation buffers themselves (on CPU,
     XLA reads them where they are: no copy) and its outputs are read in place. Update its
     weights with ``collector.update_policy_weights_(new_params)`` (a pytree like
-    ``params``): versioned and non-blocking as for torch policies.
+    ``params``): versioned and non-blocking as for torch policies. JAX's default integer is
+    int32, so discrete actions come out as int32 (TorchRL's are int64).
+
+    Raises:
+        TypeError: ``apply_fn`` is not callable.
+        ValueError: ``in_keys`` is empty, or ``out_keys`` has no ``"action"``.
+
+    Examples:
+        >>> import jax, jax.numpy as jnp
+        >>> from aiocollect.jax import JaxPolicy
+        >>> def apply(params, obs):                       # obs: [batch, 4]
+        ...     return jnp.argmax(obs @ params["w"] + params["b"], axis=-1)
+        >>> policy = JaxPolicy(apply, {"w": jnp.zeros((4, 2)), "b": jnp.zeros(2)})
+        >>> collector = Collector([lambda: gym.make("CartPole-v1")] * 4, policy, frames_per_batch=400)
+
+        A stochastic policy gets a fresh subkey at every call:
+
+        >>> policy = JaxPolicy(lambda p, key, obs: jax.random.categorical(key, obs @ p["w"]),
+        ...                    params, key=0)
     """
 
     def __init__(self, apply_fn: Callable[..., Any], params: Any, *, in_keys: Sequence = ("observation",),
@@ -91,10 +113,14 @@ class JaxPolicy(ArrayPolicy):
         if "action" not in self.out_keys:
             raise ValueError(f"out_keys={self.out_keys}: one output must be 'action'.")
         self.apply_fn = apply_fn
+        """The function given, unjitted."""
         self._host = _HostSnapshots() if jax.default_backend() == "cpu" else None
         self.params = self._copy(params)
+        """The params in use: a copy of those given, replaced at each weight update (on the
+        CPU, numpy buffers that the policy recycles)."""
         self._key = _as_key(key)
         self.stochastic = key is not None
+        """Whether ``apply_fn`` takes a PRNG key (``key`` was given)."""
         self._jitted = jax.jit(self._step)
 
     def _step(self, params: Any, key: Any, *inputs: Any) -> tuple[tuple, Any]:
@@ -106,7 +132,16 @@ class JaxPolicy(ArrayPolicy):
         return (tuple(out) if isinstance(out, (tuple, list)) else (out,)), key
 
     def __call__(self, *arrays: Any) -> tuple[np.ndarray, ...]:
-        """The outputs for a batch of inputs, as numpy arrays (read-only views of XLA's buffers)."""
+        """The outputs for a batch of inputs, as numpy arrays (read-only views of XLA's buffers).
+
+        A stochastic policy splits its key at each call, so each call draws fresh randomness.
+
+        Args:
+            *arrays: one array per ``in_keys`` entry, batch dim first.
+
+        Returns:
+            One array per ``out_keys`` entry, batch dim first.
+        """
         outs, self._key = self._jitted(self.params, self._key, *arrays)
         return tuple(np.asarray(o) for o in outs)
 
@@ -114,12 +149,28 @@ class JaxPolicy(ArrayPolicy):
 
     @property
     def weights(self) -> Any:
+        """The params in use (``params``): what ``update_policy_weights_()`` without an argument sends."""
         return self.params
 
     def _copy(self, params: Any) -> Any:
         return _copy_tree(params) if self._host is None else self._host.copy(params)
 
     def snapshot(self, weights: Any) -> Any:
+        """A copy of ``weights`` that later changes to them cannot reach (for ``load``).
+
+        Called by ``update_policy_weights_`` in the caller's thread; a jitted step may
+        then donate or change the caller's arrays freely.
+
+        Args:
+            weights: a params pytree with the structure and leaf shapes of ``params``, or
+                a ``JaxPolicy`` (its params).
+
+        Returns:
+            The copy.
+
+        Raises:
+            ValueError: the pytree structure or a leaf's shape differs from ``params``'.
+        """
         if isinstance(weights, JaxPolicy):
             weights = weights.params
         new, old = jax.tree.structure(weights), jax.tree.structure(self.params)
@@ -137,11 +188,26 @@ class JaxPolicy(ArrayPolicy):
         return self._copy(weights)
 
     def load(self, snap: Any) -> None:
+        """Use ``snap`` (from ``snapshot``) as ``params`` from the next call on.
+
+        Called by the collector between two policy calls.
+
+        Args:
+            snap: what ``snapshot`` returned.
+        """
         old, self.params = self.params, snap
         if self._host is not None:
             self._host.recycle(old)
 
     def copy(self) -> JaxPolicy:
+        """An independent policy with the same function and a copy of the params.
+
+        A collector runs such a copy (jitted anew), so changes to your ``JaxPolicy``'s
+        params reach it only through ``update_policy_weights_``.
+
+        Returns:
+            The new ``JaxPolicy``; a stochastic one starts from the same key.
+        """
         twin = object.__new__(JaxPolicy)
         twin.__dict__.update(self.__dict__)
         twin._host = _HostSnapshots() if self._host is not None else None

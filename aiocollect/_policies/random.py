@@ -20,9 +20,27 @@ from .._envs.spaces import ActionCheck
 class RandomPolicy(TensorDictModuleBase):
     """Samples uniformly from ``action_space`` for every env of a batch.
 
+    A ``TensorDictModuleBase`` that writes ``"action"``, so it drops in wherever a policy
+    does. Collectors use one when ``policy=None`` and for the first ``init_random_frames``
+    frames; there the engine asks it for actions directly (one numpy call per step for all
+    envs, drawn in blocks of about 4096 actions), without building a TensorDict. Its
+    generator is its own: ``RandomPolicy(space, seed=0)`` replays the same actions, and a
+    collector's ``set_seed(s)`` reseeds its random policy with ``s``.
+
+    ``Discrete`` and ``MultiDiscrete`` actions are int64 (``start`` included), ``MultiBinary``
+    int8, bounded float ``Box`` uniform in its bounds; unbounded or integer boxes use
+    gymnasium's own sampler.
+
     Args:
         action_space: the gymnasium space of *one* env's action.
         seed: seed of the policy's own generator (``None``: fresh entropy).
+
+    Examples:
+        >>> import gymnasium as gym
+        >>> from aiocollect import RandomPolicy
+        >>> policy = RandomPolicy(gym.spaces.Discrete(3), seed=0)
+        >>> policy.sample(4).shape
+        (4,)
     """
 
     def __init__(self, action_space: spaces.Space, seed: int | None = None):
@@ -34,15 +52,36 @@ class RandomPolicy(TensorDictModuleBase):
         self.seed(seed)
 
     def seed(self, seed: int | None) -> None:
-        """Restart the generator from ``seed``."""
+        """Restart the generator from ``seed``.
+
+        Args:
+            seed: the new seed (``None``: fresh entropy). The action space's own generator
+                is reseeded too.
+        """
         self.action_space.seed(seed)
         self._draws = _Draws(self.action_space, self._shape, np.random.default_rng(seed))
 
     def sample(self, num_envs: int) -> np.ndarray:
-        """A batch of ``num_envs`` actions, as a numpy array ``[num_envs, *action_shape]``."""
+        """A batch of random actions, one per env.
+
+        Args:
+            num_envs: how many actions.
+
+        Returns:
+            A numpy array ``[num_envs, *action_shape]``.
+        """
         return self._draws.next(num_envs)
 
     def forward(self, tensordict: TensorDictBase) -> TensorDictBase:
+        """Write a random ``"action"`` for every element of ``tensordict``'s batch.
+
+        Args:
+            tensordict: any TensorDict; its batch size sets how many actions are drawn.
+
+        Returns:
+            ``tensordict``, with ``"action"`` of shape ``[*batch_size, *action_shape]`` (on
+            its device, if it has one).
+        """
         batch = tensordict.batch_size
         n = int(np.prod(batch)) if len(batch) else 1
         action = torch.from_numpy(self.sample(n)).reshape(*batch, *self._shape)

@@ -1,26 +1,26 @@
 """Running a user policy on a batch of observations.
 
 Whatever the user passed as ``policy``, the engine sees one thing: a
-:class:`PolicyRunner`, called with the batched observations (tensors, one per observation
+``PolicyRunner``, called with the batched observations (tensors, one per observation
 key) and returning the batched outputs (``{"action": ..., other keys the policy wrote}``,
 on the CPU). How it calls the policy depends on what the policy is:
 
-* :class:`~aiocollect.RandomPolicy`: one batched numpy draw, no TensorDict at all;
+* [`RandomPolicy`][aiocollect.RandomPolicy]: one batched numpy draw, no TensorDict at all;
 * a plain ``TensorDictModule`` around an ``nn.Module``: the module is called on the
   observation tensors directly and its outputs mapped to ``out_keys`` exactly as
   ``TensorDictModule.forward`` would (this saves ~60 us per step, most of the cost of a
   small policy);
 * any other ``TensorDictModuleBase`` (``ProbabilisticActor``, ``TensorDictSequential``...):
   called on a fresh ``TensorDict`` of the observations; every new leaf it writes is kept;
-* an :class:`~aiocollect._policies.array.ArrayPolicy` (a JAX policy): called with numpy
+* an ``ArrayPolicy`` (a JAX policy): called with numpy
   views of the observations, its numpy outputs kept as they are;
 * any other callable: called with the observation tensor(s) (positional, in the order of
   the observation keys), its return value is the ``"action"``. A callable whose single
   argument is named ``tensordict``/``td`` or annotated as a ``TensorDictBase`` gets a
   TensorDict instead, as in TorchRL.
 
-With a weights channel (:mod:`.weights`), each call holds the channel's lock and first
-loads any pending weights: the call and the version it reports (:attr:`PolicyRunner.version`)
+With a weights channel (``_policies.weights``), each call holds the channel's lock and first
+loads any pending weights: the call and the version it reports (``PolicyRunner.version``)
 always agree. Every call happens under ``torch.no_grad()`` and tensordict's ``set_interaction_type``
 (the collector's ``exploration_type``), so stochastic modules sample or take their mode as
 asked.

@@ -1,15 +1,15 @@
 """The collector's side of a policy: its own copy, runners, versioned weights, state.
 
 Every collector keeps its policy in the main process (envs may live elsewhere), so the
-same :class:`PolicySetup` serves the in-process collector and the multi-worker ones:
+same ``PolicySetup`` serves the in-process collector and the multi-worker ones:
 
 * the collector runs **its own copy** of the policy (on ``policy_device``), so a trainer
   that goes on optimising the object it passed never changes the weights under a
   running collection: new weights reach the copy only through
-  ``update_policy_weights_``, whole and versioned (:mod:`.weights`);
+  ``update_policy_weights_``, whole and versioned (``_policies.weights``);
 * ``runner`` calls it batched; ``random_runner`` draws random actions for
   ``init_random_frames``;
-* :meth:`publish` snapshots whatever ``update_policy_weights_`` was given and returns
+* ``publish()`` snapshots whatever ``update_policy_weights_`` was given and returns
   the new version; the engine loads it before its next policy call.
 """
 

@@ -2,7 +2,7 @@
 
 The trainer and the engine live in different threads (or the same thread at different
 times), and the collector runs *its own copy* of the policy. A weight update goes through
-a :class:`WeightsChannel` in two halves:
+a ``WeightsChannel`` in two halves:
 
 * **publish** (the caller's thread, inside ``update_policy_weights_``): the new weights
   are copied into a *snapshot* right away, so the caller may change its own parameters
@@ -10,7 +10,7 @@ a :class:`WeightsChannel` in two halves:
   tagged with the next version number. Nothing waits for the engine: publishing takes a
   lock only long enough to swap a reference. A newer publish replaces a pending snapshot
   that was never applied (its version is skipped: no frame ever carries it).
-* **apply** (the engine, right before a policy call, under :attr:`WeightsChannel.lock`):
+* **apply** (the engine, right before a policy call, under ``WeightsChannel.lock``):
   the pending snapshot's weights are loaded into the policy and its version becomes the
   one *in effect*. Policy calls hold the same lock, so no action is ever computed from a
   mix of two versions.
@@ -18,10 +18,10 @@ a :class:`WeightsChannel` in two halves:
 Version 0 is the weights at construction; each publish adds one. The engine tags every
 frame with the version in effect when its action was computed.
 
-How a snapshot is taken and loaded depends on the policy: :class:`TorchWeights` copies
+How a snapshot is taken and loaded depends on the policy: ``TorchWeights`` copies
 tensors into preallocated buffers (recycled once applied: a 1M-parameter MLP costs two
 memcpy of 4 MB, ~60 us each, and no allocation); a JAX policy keeps immutable arrays and
-swaps them (:mod:`aiocollect.jax`).
+swaps them ([`aiocollect.jax`][aiocollect.jax]).
 """
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ class WeightsChannel:
         snapshot: ``snapshot(weights) -> snap`` copies ``weights`` (whatever the user
             passed) into a form the policy can load later; runs in the caller's thread.
         load: ``load(snap)`` puts a snapshot's weights into the policy; runs under
-            :attr:`lock`, between two policy calls.
+            ``lock``, between two policy calls.
         recycle: ``recycle(snap)`` gets back a snapshot that was applied or replaced.
     """
 
@@ -56,7 +56,7 @@ class WeightsChannel:
         self.latest = 0
         """The newest version published."""
         self.version = 0
-        """The version in effect: the one the next policy call uses (after :meth:`apply_pending`)."""
+        """The version in effect: the one the next policy call uses (after ``apply_pending()``)."""
 
     @property
     def has_pending(self) -> bool:
@@ -74,7 +74,7 @@ class WeightsChannel:
         return version
 
     def apply_pending(self) -> None:
-        """Load the pending snapshot, if any. The caller holds :attr:`lock`."""
+        """Load the pending snapshot, if any. The caller holds ``lock``."""
         with self._swap:
             pending, self._pending = self._pending, None
         if pending is None:

@@ -9,7 +9,7 @@ Its life:
 
 1. read the setup message (``sys.path``, the pickled env entry, the shared-memory layout,
    its rows), build the envs, check their spaces, answer ``("ready", pid)``;
-2. loop: wait for a command in its control line (:mod:`.protocol`), step or reset the
+2. loop: wait for a command in its control line (``_workers.protocol``), step or reset the
    envs, write its completion. After every step, envs that finished are reset right
    away (unless ``reset_when_done`` is off) and the first observation of their next
    episode is left in ``reset_obs``, so the engine's reset of those envs costs no round
@@ -119,7 +119,7 @@ class _Worker:
         self._np = np
 
     def serve(self, sock: socket.socket) -> int:
-        """Carry out commands until ``CLOSE`` or end-of-file (see :mod:`.protocol`)."""
+        """Carry out commands until ``CLOSE`` or end-of-file (see ``_workers.protocol``)."""
         from . import protocol
 
         np = self._np

@@ -2,7 +2,7 @@
 
 Coroutine envs wait on I/O; a process of their own would only add a hop. When an entry of
 a multi-process collector's ``create_env_fn`` builds coroutine envs
-(:class:`~aiocollect.AsyncEnv`), the pool gives it a :class:`CoroutineWorker` instead of a
+([`AsyncEnv`][aiocollect.AsyncEnv]), the pool gives it a ``CoroutineWorker`` instead of a
 process. To the scheduler it is a worker like any other (``post`` a command, learn of its
 completion through ``on_reply``, ``completed()``); its envs read their actions from and
 write their results to the same shared-memory rows a process would use, so the scheduler,
@@ -10,7 +10,7 @@ the batches and every option are the same. A command runs as a task on the engin
 a step awaits every env of the entry concurrently, then resets the ones that finished
 (leaving the next episode's first observation aside, as a process worker does).
 
-An env that raises fails the worker with a :class:`~aiocollect.WorkerError` whose
+An env that raises fails the worker with a [`WorkerError`][aiocollect.WorkerError] whose
 ``__cause__`` is the env's exception.
 """
 

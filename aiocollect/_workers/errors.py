@@ -6,6 +6,13 @@ from __future__ import annotations
 class WorkerError(RuntimeError):
     """An env worker process failed: an env raised, or the process died.
 
+    Raised from the iterator of [`MultiSyncCollector`][aiocollect.MultiSyncCollector],
+    [`MultiAsyncCollector`][aiocollect.MultiAsyncCollector] and
+    [`AsyncCollector`][aiocollect.AsyncCollector], with the worker's traceback in its
+    message; every worker is stopped at once and the collector is failed. For an entry of
+    coroutine envs (which runs in the main process) the env's own exception is its
+    ``__cause__``.
+
     Attributes:
         worker: the worker's index (its position in ``create_env_fn``).
         pid: its process id.

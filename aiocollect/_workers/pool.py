@@ -2,17 +2,17 @@
 
 Everything here runs on the collector's engine loop (its private uvloop thread):
 
-* :meth:`WorkerPool.run` is a long-lived task. It spawns every worker with
+* ``WorkerPool.run()`` is a long-lived task. It spawns every worker with
   ``anyio.open_process`` (a fresh interpreter: spawn-safe, nothing forked), hands each its
   end of a socket pair and the shared-memory file descriptor, sends the setup message,
   waits until each says it is ready, then watches the processes until it is told to stop
   (or cancelled). Its ``finally`` block always stops them: ``CLOSE``, then after a grace
   period ``SIGTERM``, then ``SIGKILL``.
-* a :class:`Worker` is the engine's end of one worker: ``post(STEP_CODE)`` and
-  ``completed()`` over its control line (:mod:`.protocol`), and a reader callback that
+* a ``Worker`` is the engine's end of one worker: ``post(STEP_CODE)`` and
+  ``completed()`` over its control line (``_workers.protocol``), and a reader callback that
   turns doorbells and error reports into ``on_reply(worker)`` calls. A worker that
   died (its socket closed, or its process exited) is reported the same way, with
-  ``worker.error`` set to the :class:`~aiocollect.WorkerError` to raise.
+  ``worker.error`` set to the [`WorkerError`][aiocollect.WorkerError] to raise.
 
 A dead main process takes its workers with it: their socket reads end-of-file, and on
 Linux they also get ``SIGKILL`` from ``PR_SET_PDEATHSIG``.
@@ -71,7 +71,7 @@ class Worker:
         self.on_reply: Callable[[Worker], None] = _ignore
         """Called from the reader callback when a doorbell or an error arrives."""
         self.control: np.ndarray | None = None
-        """This worker's control line in shared memory (see :mod:`.protocol`)."""
+        """This worker's control line in shared memory (see ``_workers.protocol``)."""
         self._posted = 0
         self._seen = 0
         self._inbox = bytearray()
@@ -167,7 +167,7 @@ class WorkerPool:
         self.shared = SharedArrays(layout, self.shm_fd)
         processes = sum(not spec.coroutine for spec in plan.workers)
         self.spin_s = protocol.spin_budget(processes) if processes else 0.0
-        """How long each side spins before blocking (0: never; see :mod:`.protocol`)."""
+        """How long each side spins before blocking (0: never; see ``_workers.protocol``)."""
         for worker, line in zip(self.workers, self.shared.control):
             worker.control = line
             line[protocol.E_ASLEEP] = 1
@@ -179,7 +179,7 @@ class WorkerPool:
     # ------------------------------------------------------------------ lifecycle
 
     async def run(self, *, task_status: anyio.abc.TaskStatus = anyio.TASK_STATUS_IGNORED) -> None:
-        """Start the workers, report ``started``, watch them until :meth:`stop`; always clean up."""
+        """Start the workers, report ``started``, watch them until ``stop()``; always clean up."""
         self._stop = anyio.Event()
         self._stopped = anyio.Event()
         if self._stopping:
@@ -204,7 +204,7 @@ class WorkerPool:
                 self._stopped.set()
 
     def stop(self) -> None:
-        """Ask :meth:`run` to stop the workers (call on the engine loop)."""
+        """Ask ``run()`` to stop the workers (call on the engine loop)."""
         self._stopping = True
         if self._stop is not None:
             self._stop.set()
@@ -313,7 +313,7 @@ class WorkerPool:
 
     def kill_leftovers(self) -> None:
         """Last resort, from any thread once the engine loop is gone: ``SIGKILL`` any worker
-        that was never seen to exit (the loop stopped before :meth:`run` could clean up)."""
+        that was never seen to exit (the loop stopped before ``run()`` could clean up)."""
         for w in self.workers:
             if w.process is not None and w.process.returncode is None:
                 try:

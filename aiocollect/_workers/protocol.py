@@ -20,7 +20,7 @@ then sets its ``*_ASLEEP`` word and blocks on the socket. The other side sends a
 *doorbell* byte only to a sleeper. This saves the two kernel wakeups of a round trip,
 which on virtual machines cost tens of microseconds, but it burns a core while it
 spins, so the pool only spins when every worker and the engine have a core of their
-own (see :func:`spin_budget`). Not spinning is the same protocol with both
+own (see ``spin_budget()``). Not spinning is the same protocol with both
 ``*_ASLEEP`` words always set: a doorbell every time, each side blocked on its socket.
 
 A one-word write is atomic and x86 keeps stores in order, so a reader that sees a new
@@ -60,7 +60,7 @@ _LEN = struct.Struct("<I")
 
 
 def spin_budget(num_workers: int) -> float:
-    """Seconds each side spins before blocking: :data:`SPIN_S` when the engine and every
+    """Seconds each side spins before blocking: ``SPIN_S`` when the engine and every
     worker can have a core to themselves on x86-64, else 0. ``AIOCOLLECT_SPIN=0`` or
     ``=1`` forces it off or on (on at your own risk off x86-64)."""
     forced = os.environ.get("AIOCOLLECT_SPIN")

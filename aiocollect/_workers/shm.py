@@ -22,7 +22,7 @@ field           meaning
 
 After the per-env fields comes the *control block*: one 64-byte line of ``int64`` per
 worker (not per env), through which commands and completions pass (see
-:mod:`.protocol`).
+``_workers.protocol``).
 
 The segment is anonymous (``memfd_create``): it has no name under ``/dev/shm``, is
 handed to the workers as an inherited file descriptor, and disappears when the last
