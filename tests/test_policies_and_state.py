@@ -249,3 +249,16 @@ def test_outputs_numpy_cannot_hold_are_stored_too(envs):
         (batch,) = list(c)
     assert batch["t"].dtype == torch.bfloat16
     assert torch.equal(batch["t"].float(), batch["observation"][..., 1])
+
+
+@pytest.mark.parametrize("close_env", [True, False])
+def test_shutdown_close_env_decides_only_about_the_envs(close_env):
+    env = CounterEnv()
+    collector = Collector(env, None, frames_per_batch=10, total_frames=20, progress=True)
+    next(iter(collector))
+    bar = collector._progress.bar
+    collector.shutdown(close_env=close_env)
+    assert env.closed is close_env
+    assert bar.disable  # the progress bar is closed either way (tqdm disables a closed bar)
+    with pytest.raises(RuntimeError, match="shut down"):
+        next(iter(collector))

@@ -74,9 +74,14 @@ def test_async_mode_and_weights_with_worker_ids(cluster):
             if i == 12:
                 break
         assert c.statistics().latest_policy_version == 1
+        pids = [w.pid for w in c.statistics().workers]
     finally:
-        c.shutdown()
+        c.shutdown(close_env=False)  # leaves envs of this process open, still stops the actors
     assert ray.is_initialized()  # it joined the cluster: it leaves it running
+    deadline = time.monotonic() + 10
+    while any(os.path.exists(f"/proc/{pid}") for pid in pids) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not any(os.path.exists(f"/proc/{pid}") for pid in pids)
 
 
 async def test_async_face_and_the_async_twin(cluster):

@@ -13,7 +13,7 @@ import time
 import gymnasium as gym
 import pytest
 
-from aiocollect import MultiAsyncCollector, MultiSyncCollector, WorkerError
+from aiocollect import Interruptor, MultiAsyncCollector, MultiSyncCollector, WorkerError
 from conftest import CounterEnv
 from workers_util import SleepyEnv, alive, children, open_fds, shm_entries, wait_until
 
@@ -220,7 +220,11 @@ def test_bad_input_rejected_before_any_process_starts(env_fn, kwargs, exc, match
 
 
 def test_multiasync_rejects_preemption_and_uneven_batches():
+    before = children()
     with pytest.raises(ValueError, match="preemptive_threshold"):
         MultiAsyncCollector([lambda: CounterEnv()], None, frames_per_batch=10, preemptive_threshold=0.5)
+    with pytest.raises(ValueError, match=r"interruptor: .* no batch to cut short; use MultiSyncCollector"):
+        MultiAsyncCollector([lambda: CounterEnv()], None, frames_per_batch=10, interruptor=Interruptor())
+    assert children() == before
     with pytest.raises(ValueError, match="split evenly"):
         MultiAsyncCollector([[lambda: CounterEnv()] * 3], None, frames_per_batch=10)

@@ -12,7 +12,7 @@ import torch
 import torch.nn as nn
 from tensordict.nn import TensorDictModule
 
-from aiocollect import AsyncCollector, GymEnv, MultiAsyncCollector, MultiSyncCollector
+from aiocollect import AsyncCollector, Collector, GymEnv, Interruptor, MultiAsyncCollector, MultiSyncCollector
 from conftest import CounterEnv, check_batch, check_continuity
 from workers_util import SleepyEnv, TorchProbeEnv, children
 
@@ -142,6 +142,25 @@ def test_preemptive_threshold_masks_what_stragglers_did_not_collect():
     assert (data["collector", "traj_ids"][2][~mask[2]] == -1).all()
     assert (data["next", "reward"][2][~mask[2]] == 0).all()
     check_batch(data)
+
+
+@pytest.mark.parametrize("cls", [Collector, MultiSyncCollector])
+def test_an_interruptor_stopped_before_the_batch_gives_one_step_per_batch(cls):
+    """As TorchRL's: a stopped interruptor cuts each batch after its first step, until restarted."""
+    interruptor = Interruptor()
+    interruptor.stop_collection()
+    with cls([lambda: CounterEnv()] * 2, None, frames_per_batch=40, total_frames=-1,
+             interruptor=interruptor) as collector:
+        it = iter(collector)
+        short = [next(it) for _ in range(2)]
+        for b in short:
+            mask = b["collector", "mask"]
+            assert mask.shape == (2, 20) and mask[:, 0].any() and not mask[:, 1:].any()
+        assert collector.statistics().frames == sum(int(b["collector", "mask"].sum()) for b in short)
+        interruptor.start_collection()
+        full = next(it)
+        assert full["collector", "mask"].all()
+        check_continuity(short[1][:, :1], full)
 
 
 def test_cat_results_int_and_vector_env_and_lists():

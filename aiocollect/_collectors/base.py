@@ -138,6 +138,8 @@ class _Resources:
     def __init__(self) -> None:
         self.loop: LoopThread | None = None
         self.closers: list[Callable[[], None]] = []
+        self.env_closers: list[Callable[[], None]] = []
+        """Close envs of this process; skipped by ``shutdown(close_env=False)``."""
         self.aclosers: list[Callable[[], Any]] = []
         """Coroutine functions run on the loop before it stops (closing coroutine envs)."""
 
@@ -146,7 +148,7 @@ class _Resources:
         if loop is not None:
             loop.stop()
 
-    def close(self) -> None:
+    def close(self, close_env: bool = True) -> None:
         aclosers, self.aclosers = self.aclosers, []
         loop = self.loop
         if aclosers and loop is not None:
@@ -158,7 +160,9 @@ class _Resources:
                 except Exception:  # cleanup goes on
                     logger.exception("aiocollect: error while closing coroutine envs")
         self.stop_loop()
-        closers, self.closers = self.closers, []
+        closers, self.closers, env_closers, self.env_closers = self.closers, [], self.env_closers, []
+        if close_env:
+            closers = env_closers + closers
         for close in reversed(closers):
             try:
                 close()
@@ -653,9 +657,7 @@ class DataCollectorBase:
         bg = self._background
         if bg is not None and not bg.done():
             bg.cancel()
-        if not close_env:
-            self._resources.closers.clear()
-        self._resources.close()
+        self._resources.close(close_env)
         self._finalizer.detach()
 
     # ------------------------------------------------------------------ accounting

@@ -148,7 +148,7 @@ class Collector(DataCollectorBase):
         super().__init__(options)
 
         group, self._batched = make_group(create_env_fn, options.create_env_kwargs)
-        self._resources.closers.append(group.close)
+        self._resources.env_closers.append(group.close)
         self.group = group
         self._coroutine = isinstance(group, CoroutineGroup)
         try:

@@ -10,14 +10,14 @@ class Interruptor:
 
     Pass it as ``interruptor=`` to a [`Collector`][aiocollect.Collector] or a
     [`MultiSyncCollector`][aiocollect.MultiSyncCollector] (a
-    [`MultiAsyncCollector`][aiocollect.MultiAsyncCollector] accepts one but never consults
-    it). A ``Collector`` checks it after every step, a ``MultiSyncCollector`` at every
-    round of policy calls: once it is stopped, the batch being collected ends at the
+    [`MultiAsyncCollector`][aiocollect.MultiAsyncCollector] has no batch to cut, and
+    rejects one). A ``Collector`` checks it after every step, a ``MultiSyncCollector`` at
+    every round of policy calls: once it is stopped, the batch being collected ends at the
     current step; the frames not collected are zeros, their trajectory id and policy
     version -1, and they are marked ``False`` in ``("collector", "mask")``. With an
-    interruptor every batch has that mask. The collector never restarts it: call
-    [`start_collection`][aiocollect.Interruptor.start_collection] before asking for the
-    next batch.
+    interruptor every batch has that mask. The collector never restarts it: until you call
+    [`start_collection`][aiocollect.Interruptor.start_collection], every batch ends after
+    its first step (as in TorchRL).
 
     Any object with a ``collection_stopped()`` method can play this role (TorchRL's
     ``_Interruptor`` included).

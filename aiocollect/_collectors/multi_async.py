@@ -82,12 +82,12 @@ class MultiAsyncCollector(WorkerCollectorBase):
         num_sub_threads: as ``num_threads``.
 
     The other arguments are the options every collector shares: see
-    [`CollectorOptions`][aiocollect.CollectorOptions]. An ``interruptor`` is accepted but
-    never consulted: batches are not cut, and their ``("collector", "mask")`` is all true.
+    [`CollectorOptions`][aiocollect.CollectorOptions], but for ``interruptor``: a batch is
+    one worker's, delivered as soon as it is full, so there is nothing to cut.
 
     Raises:
         ValueError: ``frames_per_batch`` does not split evenly over some worker's envs,
-            the workers' spaces differ, or ``preemptive_threshold`` is given.
+            the workers' spaces differ, or ``preemptive_threshold`` or ``interruptor`` is given.
         TypeError: ``create_env_fn`` is not a list, or an entry is an env instance or
             cannot be pickled.
 
@@ -111,6 +111,12 @@ class MultiAsyncCollector(WorkerCollectorBase):
                 f"that worker's envs, and some workers have {bad} envs; use a multiple of every "
                 "worker's env count."
             )
+        if options.interruptor is not None:
+            raise ValueError(
+                "interruptor: a MultiAsyncCollector delivers each worker's batch as soon as it is "
+                "full, so there is no batch to cut short; use MultiSyncCollector(interruptor=...) "
+                "or Collector(interruptor=...), or remove the argument."
+            )
         if worker_options.preemptive_threshold is not None:
             raise ValueError(
                 "preemptive_threshold: only MultiSyncCollector cuts batches early; a "
@@ -128,7 +134,7 @@ class MultiAsyncCollector(WorkerCollectorBase):
     def _begin(self, slot: Slot) -> None:
         if self.options.reset_at_each_iter:
             slot.engine.request_reset()
-        slot.begin(self._steps_per_env(slot), self.options.interruptor is not None)
+        slot.begin(self._steps_per_env(slot), False)
 
     def _stale_before(self) -> int | None:
         """The oldest policy version a delivered frame may come from (``None``: no bound)."""

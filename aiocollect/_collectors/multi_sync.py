@@ -154,7 +154,7 @@ class MultiSyncCollector(WorkerCollectorBase):
 
         def cut() -> bool:
             if interruptor is not None and interruptor.collection_stopped():
-                return True
+                return any(s.t for s in slots)  # as Collector (and TorchRL): every batch takes a step
             return sum(s.full for s in slots) >= need
 
         runner = self._runner()
