@@ -40,7 +40,7 @@ def _parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="aiocollect", description="Fast RL experience collection.")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
     c = sub.add_parser("collect", help="collect from a gymnasium env with random actions and save the frames")
-    c.add_argument("--env", required=True, help="a gymnasium env id, e.g. CartPole-v1")
+    c.add_argument("--env", required=True, help="a gymnasium env id, e.g. CartPole-v1 (or module:EnvId, importing module first)")
     c.add_argument("--workers", type=int, default=2, help="env worker processes (0: envs in this process)")
     c.add_argument("--envs-per-worker", type=int, default=8, help="envs stepped by each worker")
     c.add_argument("--frames", type=int, default=20_000, help="frames to collect (rounded up to whole batches)")
@@ -59,27 +59,55 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _check_collect(args: argparse.Namespace) -> None:
+def _check_collect(args: argparse.Namespace) -> Path:
+    """Every mistake of the command line, found before anything is collected; returns ``--out``."""
+    import importlib
+
     import gymnasium as gym
 
+    module, _, env_id = args.env.rpartition(":")  # "package.module:Env-v0" registers its envs on import
     try:
-        gym.spec(args.env)
+        if module:
+            importlib.import_module(module)
+        gym.spec(env_id)
+    except ImportError as exc:
+        raise UsageError(f"--env {args.env!r}: cannot import {module!r} ({exc})") from None
     except gym.error.Error as exc:
         raise UsageError(f"--env {args.env!r}: not a registered gymnasium env ({exc}); e.g. CartPole-v1") from None
+    try:
+        gym.make(args.env).close()
+    except Exception as exc:  # a registered env that cannot be built here (a missing dependency...)
+        raise UsageError(f"--env {args.env!r} cannot be built here: {type(exc).__name__}: {exc}") from None
     if args.workers < 0:
         raise UsageError(f"--workers must be >= 0, got {args.workers}")
-    for name in ("envs_per_worker", "frames"):
-        if getattr(args, name) < 1:
-            raise UsageError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
+    for name in ("envs_per_worker", "frames", "frames_per_batch", "max_frames_per_traj"):
+        value = getattr(args, name)
+        if value is not None and value < 1:
+            raise UsageError(f"--{name.replace('_', '-')} must be >= 1, got {value}")
     out = Path(args.out)
-    if out.exists() and (not out.is_dir() or any(out.iterdir())) and not args.overwrite:
-        raise UsageError(f"--out {out}: exists and is not an empty directory; pick another or pass --overwrite")
+    if out.exists() and not out.is_dir():
+        raise UsageError(f"--out {out}: is a file; give a directory (new, empty, or saved by aiocollect collect)")
+    if out.exists() and any(out.iterdir()):
+        if not args.overwrite:
+            raise UsageError(f"--out {out}: exists and is not an empty directory; pick another or pass --overwrite")
+        if not (out / "meta.json").exists():
+            raise UsageError(f"--out {out}: --overwrite replaces only a directory that aiocollect collect "
+                             "saved (it has a meta.json); this one holds something else")
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        probe = out / ".aiocollect-write-test"
+        probe.touch()
+        probe.unlink()
+    except OSError as exc:
+        raise UsageError(f"--out {out}: cannot write there ({exc.strerror or exc})") from None
+    return out
 
 
 def collect(args: argparse.Namespace) -> int:
-    _check_collect(args)
+    out = _check_collect(args)
+    import shutil
+
     import gymnasium as gym
-    import torch
 
     from . import Collector, MultiSyncCollector
 
@@ -92,9 +120,9 @@ def collect(args: argparse.Namespace) -> int:
     fpb = args.frames_per_batch or num_envs * 100
     if fpb % num_envs:
         raise UsageError(f"--frames-per-batch {fpb} does not split over {num_envs} envs; use a multiple of {num_envs}")
-    total = math.ceil(args.frames / fpb) * fpb
-    options = dict(frames_per_batch=fpb, total_frames=total, max_frames_per_traj=args.max_frames_per_traj,
-                   progress=True)
+    num_batches = math.ceil(args.frames / fpb)
+    options = {"frames_per_batch": fpb, "total_frames": num_batches * fpb,
+               "max_frames_per_traj": args.max_frames_per_traj, "progress": True}
     try:
         if args.workers == 0:
             collector = Collector([make_env] * args.envs_per_worker, None, **options)
@@ -102,26 +130,25 @@ def collect(args: argparse.Namespace) -> int:
             collector = MultiSyncCollector([[make_env] * args.envs_per_worker] * args.workers, None, **options)
     except (ValueError, TypeError) as exc:
         raise UsageError(str(exc)) from None
-    batches = []
     with collector:
         collector.set_seed(args.seed)
         start = time.perf_counter()
-        for batch in collector:
-            batches.append(batch)
+        saved = None
+        for i, batch in enumerate(collector):
+            if saved is None:  # the whole file, laid out on disk once: each batch is written and let go
+                steps = batch.shape[-1]
+                shutil.rmtree(out)
+                saved = batch[..., :1].expand(*batch.shape[:-1], steps * num_batches).memmap_like(prefix=str(out))
+            saved[..., i * steps:(i + 1) * steps] = batch
         elapsed = time.perf_counter() - start
         stats = collector.statistics()
-        returns = collector._progress.returns if collector._progress is not None else None
-    data = torch.cat(batches, dim=-1)
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    data.memmap(prefix=str(out), existsok=True)
-    mean = returns.mean if returns is not None else None
+    mean = stats.mean_episode_return
     print(f"collected {stats.frames:,} frames of {env_id} from {num_envs} envs "
           f"({args.workers} worker process{'es' if args.workers != 1 else ''}) in {elapsed:.2f} s: "
           f"{stats.frames / elapsed:,.0f} frames/s")
     print(f"{stats.completed_trajectories:,} episodes finished"
-          + (f", mean return of the last {len(returns.recent)}: {mean:.2f}" if mean is not None else ""))
-    print(f"saved {tuple(data.shape)} {data.names} to {out} (TensorDict.load_memmap({str(out)!r}))")
+          + (f", mean return of the last {min(stats.completed_trajectories, 100)}: {mean:.2f}" if mean is not None else ""))
+    print(f"saved {tuple(saved.shape)} to {out} (TensorDict.load_memmap({str(out)!r}))")
     return 0
 
 

@@ -10,7 +10,7 @@ It reads the JSON files the benchmark scripts write (``--json``), named after th
 
 ``aiocollect bench --results DIR`` does all of that in one go. Every file is optional: a
 panel is drawn for each scenario found. Bars show each contender's best run; aiocollect's
-bars are labelled with their ratio to the TorchRL row of the same panel. Needs matplotlib.
+bars are labelled with their ratio to the fastest TorchRL row of the same panel. Needs matplotlib.
 """
 
 from __future__ import annotations
@@ -128,7 +128,7 @@ def draw(panels: list[Panel], out: Path, subtitle: str = "") -> None:
             ax.xaxis.set_major_formatter(lambda value, _: _si(value))
         ax.set_title(panel.title, fontsize=10, loc="left")
         ax.grid(axis="x", which="major", alpha=0.3)
-        torchrl = next((b.fps for b in bars if b.kind == TORCHRL), None)
+        torchrl = max((b.fps for b in bars if b.kind == TORCHRL), default=None)  # the faster TorchRL row
         for y, b in enumerate(bars):
             text = f" {_si(b.fps)}"
             if b.kind == AIOCOLLECT and torchrl:

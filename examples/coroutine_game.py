@@ -32,18 +32,22 @@ async def play(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> No
     """A walker on a line: ``RESET seed`` starts it in [-3, 3], ``STEP a`` moves it by a - 1;
     the episode ends at |x| >= 5 (reward 1 at +5, -1 at -5). Replies come after 5-15 ms."""
     x = 0
-    while line := await reader.readline():
-        cmd, arg = line.decode().split()
-        await asyncio.sleep(random.uniform(0.005, 0.015))
-        if cmd == "RESET":
-            x = random.Random(None if arg == "-" else int(arg)).randint(-3, 3)
-            writer.write(f"{x} 0 0\n".encode())
-        else:
-            x += int(arg) - 1
-            done = abs(x) >= 5
-            writer.write(f"{x} {int(done) * (1 if x > 0 else -1)} {int(done)}\n".encode())
-        await writer.drain()
-    writer.close()
+    try:
+        while line := await reader.readline():
+            cmd, arg = line.decode().split()
+            await asyncio.sleep(random.uniform(0.005, 0.015))
+            if cmd == "RESET":
+                x = random.Random(None if arg == "-" else int(arg)).randint(-3, 3)
+                writer.write(f"{x} 0 0\n".encode())
+            else:
+                x += int(arg) - 1
+                done = abs(x) >= 5
+                writer.write(f"{x} {int(done) * (1 if x > 0 else -1)} {int(done)}\n".encode())
+            await writer.drain()
+    except ConnectionError:  # the client left with a step in flight (its collector shut down)
+        pass
+    finally:
+        writer.close()
 
 
 async def serve() -> None:

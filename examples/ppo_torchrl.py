@@ -104,10 +104,10 @@ def main() -> None:
         # synchronise the updated weights with the collector (returns at once)
         collector.update_policy_weights_()
     stats = collector.statistics()
-    mean = collector._progress.returns.mean if collector._progress is not None else float("nan")
     collector.shutdown()
+    mean = stats.mean_episode_return  # of the last 100 episodes; None if none finished
     print(f"done: {stats.frames:,} frames, {stats.frames_per_second:,.0f} frames/s collecting, "
-          f"mean episode return {mean:.1f}")
+          f"mean episode return {mean if mean is None else round(mean, 1)}")
 
 
 if __name__ == "__main__":

@@ -40,12 +40,39 @@ def test_collect_in_process_with_workers_0(tmp_path):
                "--frames-per-batch", "100", "--out", str(tmp_path / "o"))
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert TensorDict.load_memmap(tmp_path / "o").shape == (2, 150)
+    assert (tmp_path / "o" / "step_count.memmap").exists() is False
+    # --overwrite replaces a previous save whole: no file of the old one is left
+    proc = run("collect", "--env", "CartPole-v1", "--workers", "0", "--envs-per-worker", "2", "--frames", "100",
+               "--max-frames-per-traj", "5", "--out", str(tmp_path / "o"), "--overwrite")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    data = TensorDict.load_memmap(tmp_path / "o")
+    assert data.shape == (2, 100) and int(data["step_count"].max()) == 4
+    proc = run("collect", "--env", "CartPole-v1", "--workers", "0", "--envs-per-worker", "2", "--frames", "100",
+               "--out", str(tmp_path / "o"), "--overwrite")
+    assert proc.returncode == 0 and not (tmp_path / "o" / "step_count.memmap").exists()
 
 
-def test_bad_input_is_one_line_and_exit_code_2(tmp_path):
+def test_bad_input_is_one_line_and_exit_code_2(tmp_path, monkeypatch):
     (tmp_path / "full").mkdir()
     (tmp_path / "full" / "x").write_text("keep me")
+    (tmp_path / "afile").write_text("keep me too")
+    # a registered env that cannot be built (as one whose optional dependency is missing)
+    (tmp_path / "broken_envs.py").write_text(
+        "import gymnasium\n"
+        "def make():\n    raise gymnasium.error.DependencyNotInstalled('the physics engine is not installed')\n"
+        "gymnasium.register('Broken-v0', entry_point=make)\n")
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path))
     cases = [
+        (["collect", "--env", "broken_envs:Broken-v0", "--out", str(tmp_path / "e")],
+         "cannot be built here: DependencyNotInstalled: the physics engine is not installed"),
+        (["collect", "--env", "CartPole-v1", "--frames-per-batch", "0", "--out", str(tmp_path / "f")],
+         "--frames-per-batch must be >= 1"),
+        (["collect", "--env", "CartPole-v1", "--max-frames-per-traj", "-3", "--out", str(tmp_path / "g")],
+         "--max-frames-per-traj must be >= 1"),
+        (["collect", "--env", "CartPole-v1", "--out", str(tmp_path / "afile"), "--overwrite"], "is a file"),
+        (["collect", "--env", "CartPole-v1", "--out", str(tmp_path / "afile" / "sub")], "cannot write there"),
+        (["collect", "--env", "CartPole-v1", "--out", str(tmp_path / "full"), "--overwrite"],
+         "replaces only a directory that aiocollect collect saved"),
         (["collect", "--env", "NoSuchEnv-v0", "--out", str(tmp_path / "a")], "not a registered gymnasium env"),
         (["collect", "--env", "CartPole-v1", "--workers", "-1", "--out", str(tmp_path / "b")], "--workers"),
         (["collect", "--env", "CartPole-v1", "--frames", "lots", "--out", str(tmp_path / "c")], "--frames"),
@@ -61,6 +88,8 @@ def test_bad_input_is_one_line_and_exit_code_2(tmp_path):
         assert len(lines) == 1 and lines[0].startswith("aiocollect: error:") and expected in lines[0], (args, lines)
         assert "Traceback" not in proc.stderr
     assert (tmp_path / "full" / "x").read_text() == "keep me"
+    assert (tmp_path / "afile").read_text() == "keep me too"
+    assert not any((tmp_path / name).exists() for name in "efg")  # nothing collected, nothing saved
 
 
 def test_bench_runs_the_benchmarks_prints_the_table_and_draws_the_chart(tmp_path):

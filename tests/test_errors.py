@@ -15,6 +15,7 @@ import torch.nn as nn
 
 from aiocollect import Collector, GymEnv
 from conftest import CounterEnv, EnvRecorder, interrupt_script
+from workers_util import children
 
 pytestmark = pytest.mark.usefixtures("no_thread_leak")
 
@@ -215,8 +216,21 @@ def test_vector_env_without_partial_reset_gets_a_clear_error():
 
 def test_torchrl_env_gets_a_hint():
     torchrl_envs = pytest.importorskip("torchrl.envs")
+    from aiocollect import MultiSyncCollector
+
+    before = children()
     with pytest.raises(TypeError, match="instead of a TorchRL env"):
         Collector(lambda: torchrl_envs.GymEnv("CartPole-v1"), None, frames_per_batch=10)
+    env = torchrl_envs.GymEnv("CartPole-v1")  # an instance is callable: it must not pass for a factory
+    for make in (lambda: Collector(env, None, frames_per_batch=10),
+                 lambda: Collector([env, env], None, frames_per_batch=10),
+                 lambda: MultiSyncCollector([env], None, frames_per_batch=10),
+                 lambda: MultiSyncCollector([[env]], None, frames_per_batch=10),
+                 lambda: MultiSyncCollector([torchrl_envs.EnvCreator(lambda: torchrl_envs.GymEnv("CartPole-v1"))],
+                                            None, frames_per_batch=10)):
+        with pytest.raises(TypeError, match=r"create_env_fn(\[0\])* is a TorchRL object .* instead of a TorchRL env"):
+            make()
+    assert children() == before
 
 
 def test_mismatched_spaces_in_a_list():

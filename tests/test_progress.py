@@ -12,10 +12,25 @@ def test_episode_returns_are_summed_across_batches_and_workers():
     # SleepyEnv: reward 1 per step, truncated after `length` steps; batches of 20 steps split episodes
     with MultiAsyncCollector([lambda: SleepyEnv(length=30), lambda: SleepyEnv(length=45)], None,
                              frames_per_batch=20, total_frames=20 * 24) as c:
+        assert c.statistics().mean_episode_return is None
         for batch in c:
             returns.add(batch)
+        stats = c.statistics()
     assert returns.episodes >= 8
     assert set(returns.recent) == {30.0, 45.0}  # whole episodes, never a piece of one
+    # the collector keeps the same account, without a progress bar
+    assert stats.mean_episode_return == returns.mean
+
+
+async def test_statistics_report_the_mean_episode_return_on_the_async_face_and_with_a_replay_buffer():
+    from torchrl.data import LazyTensorStorage, ReplayBuffer
+
+    rb = ReplayBuffer(storage=LazyTensorStorage(1000))
+    async with Collector([lambda: SleepyEnv(length=7)] * 2, None, frames_per_batch=20, total_frames=100,
+                         replay_buffer=rb, postproc=lambda td: td.reshape(-1)) as c:
+        async for nothing in c:
+            assert nothing is None
+        assert c.statistics().mean_episode_return == 7.0 and len(rb) == 100
 
 
 def test_progress_bar_shows_frames_and_returns(capfd):

@@ -12,7 +12,7 @@ import torch.nn as nn
 from tensordict.nn import TensorDictModule
 
 from aiocollect import Collector, GymEnv, MultiSyncCollector, RayCollector, RemoteCollectorError
-from conftest import check_batch
+from conftest import CounterEnv, check_batch
 from test_weights import check_versions, linear
 from workers_util import IntObsEnv
 
@@ -112,6 +112,21 @@ def test_a_dead_actor_is_named_within_seconds(cluster):
                 c.rollout()
         assert time.monotonic() - start < 10
         assert info.value.index == 1 and info.value.pid == pid
+    finally:
+        c.shutdown()
+
+
+def test_an_env_error_comes_back_with_the_remote_traceback(cluster):
+    c = RayCollector(lambda: CounterEnv(fail_at=25), None, frames_per_batch=10, total_frames=-1)
+    try:
+        with pytest.raises(RemoteCollectorError, match=r"remote collector 0 \(Ray actor .* ValueError: CounterEnv "
+                                                       r"exploded on purpose") as info:
+            for _ in range(10):
+                c.rollout()
+        cause = info.value.__cause__
+        assert isinstance(cause, ValueError) and "exploded on purpose" in str(cause)
+        notes = "\n".join(getattr(cause, "__notes__", []))
+        assert "remote traceback:" in notes and "conftest.py" in notes and "in step" in notes
     finally:
         c.shutdown()
 

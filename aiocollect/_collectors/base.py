@@ -43,7 +43,7 @@ from tensordict import TensorDictBase
 from .._engine.trajectories import split_trajectories
 from .._policies.setup import PolicySetup
 from .loop_thread import LoopThread
-from .progress import ProgressBar
+from .progress import EpisodeReturns, ProgressBar
 from .options import CollectorOptions
 
 logger = logging.getLogger("aiocollect")
@@ -126,6 +126,10 @@ class CollectorStatistics:
     version that produced the batch's oldest frame."""
     stale_frames_dropped: int = 0
     """Frames collected again because they broke ``max_policy_lag`` (MultiAsync)."""
+    mean_episode_return: float | None = None
+    """The mean return of the last 100 episodes that finished in delivered batches (``None``
+    before the first). Rewards are summed per trajectory id, so an episode that spans
+    batches, or workers, counts once and whole; one cut by ``max_frames_per_traj`` counts."""
 
 
 class _Resources:
@@ -254,6 +258,7 @@ class DataCollectorBase:
         self._max_lag = 0
         self._stale_dropped = 0
         self._progress: ProgressBar | None = None
+        self._returns = EpisodeReturns()
 
     # ------------------------------------------------------------------ to implement
 
@@ -328,11 +333,12 @@ class DataCollectorBase:
         self._frames += frames
         self._batches += 1
         self._measure_lag(batch)
+        self._returns.add(batch)
         if self.options.progress:
             if self._progress is None:
-                self._progress = ProgressBar(self.options.total_frames, type(self).__name__)
+                self._progress = ProgressBar(self.options.total_frames, type(self).__name__, self._returns)
                 self._resources.closers.append(self._progress.close)
-            self._progress.update(batch, frames)
+            self._progress.update(frames)
         opts = self.options
         if opts.split_trajs:
             batch = split_trajectories(batch)
@@ -691,6 +697,7 @@ class DataCollectorBase:
             latest_policy_version=latest,
             max_policy_lag=self._max_lag,
             stale_frames_dropped=self._stale_dropped,
+            mean_episode_return=self._returns.mean,
         )
 
 

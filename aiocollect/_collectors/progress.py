@@ -1,4 +1,5 @@
-"""``progress=True``: a tqdm bar over a collector's frames, with frames/s and episode returns.
+"""Episode returns (``statistics().mean_episode_return``) and ``progress=True``: a tqdm bar
+over a collector's frames, with frames/s and the mean episode return.
 
 The bar counts delivered frames (against ``total_frames`` when the collector is finite)
 and shows the mean return of the episodes that finished in the last batches. Returns are
@@ -10,7 +11,6 @@ inside Jupyter and a text bar elsewhere.
 from __future__ import annotations
 
 from collections import deque
-from typing import Any
 
 import torch
 from tensordict import TensorDictBase
@@ -24,8 +24,8 @@ class EpisodeReturns:
         self.recent: deque[float] = deque(maxlen=window)
         self.episodes = 0
 
-    def add(self, batch: TensorDictBase) -> None:
-        ids = batch.get(("collector", "traj_ids"), None)
+    def add(self, batch: TensorDictBase | None) -> None:
+        ids = batch.get(("collector", "traj_ids"), None) if batch is not None else None
         if ids is None:
             return
         reward = batch.get(("next", "reward")).reshape(ids.shape)
@@ -54,16 +54,14 @@ class EpisodeReturns:
 class ProgressBar:
     """The bar of one collector (created at its first batch, closed at ``shutdown()``)."""
 
-    def __init__(self, total_frames: int, name: str):
+    def __init__(self, total_frames: int, name: str, returns: EpisodeReturns):
         from tqdm.auto import tqdm
 
         self.bar = tqdm(total=total_frames if total_frames > 0 else None, unit="frames", unit_scale=True,
                         desc=name, dynamic_ncols=True)
-        self.returns = EpisodeReturns()
+        self.returns = returns  # the collector's, fed before each update
 
-    def update(self, batch: Any, frames: int) -> None:
-        if batch is not None:
-            self.returns.add(batch)
+    def update(self, frames: int) -> None:
         mean = self.returns.mean
         if mean is not None:
             self.bar.set_postfix(episode_return=f"{mean:.1f}", episodes=self.returns.episodes, refresh=False)

@@ -161,13 +161,17 @@ class RemoteCollectorsBase(DataCollectorBase):
 
     def _error(self, index: int, exc: BaseException) -> RemoteCollectorError:
         pid = self._info[index][0] if index < len(self._info) else None
-        return RemoteCollectorError.wrap(index, self._where(index), pid, getattr(exc, "cause", None) or exc)
+        cause = getattr(exc, "cause", None)  # Ray: the remote exception, its traceback left in exc's text
+        if cause is not None and cause is not exc:
+            cause.add_note(f"remote traceback:\n{exc}")
+        return RemoteCollectorError.wrap(index, self._where(index), pid, cause or exc)
 
     async def _fetch(self, index: int, handle: Any) -> Any:
         try:
             return await self._result(index, handle)
         except Exception as exc:
-            raise self._error(index, exc) from None
+            error = self._error(index, exc)
+            raise error from error.__cause__  # the remote exception, with the remote traceback
 
     def _ask(self, index: int) -> Any:
         return self._submit(index, "next_batch", self._sent[index] if self.sync else 0)

@@ -212,15 +212,23 @@ def _describe(obj: Any) -> str:
     return f"{type(obj).__module__}.{type(obj).__qualname__}"
 
 
+_TORCHRL_HINT = ("aiocollect steps gymnasium envs directly: pass the gymnasium env (or its id, or "
+                 "aiocollect.GymEnv(id)) instead of a TorchRL env.")
+
+
+def check_not_torchrl(obj: Any, where: str) -> None:
+    """A TorchRL env (or ``EnvCreator``) where a gymnasium env or factory belongs: say what to pass.
+
+    TorchRL envs are callable, so without this check one would be taken for a factory and fail
+    deep inside TorchRL."""
+    if type(obj).__module__.startswith("torchrl"):
+        raise TypeError(f"{where} is a TorchRL object ({_describe(obj)}). {_TORCHRL_HINT}")
+
+
 def _check_env(env: Any, where: str) -> gym.Env | VectorEnv:
     if isinstance(env, (gym.Env, VectorEnv)) or is_async_env(env):
         return env
-    hint = ""
-    if type(env).__module__.startswith("torchrl"):
-        hint = (
-            " aiocollect steps gymnasium envs directly: pass the gymnasium env (or its id, "
-            "or aiocollect.GymEnv(id)) instead of a TorchRL env."
-        )
+    hint = f" {_TORCHRL_HINT}" if type(env).__module__.startswith("torchrl") else ""
     raise TypeError(f"create_env_fn: {where} gave {_describe(env)}, not a gymnasium env or a coroutine "
                     f"env (aiocollect.AsyncEnv).{hint}")
 
@@ -236,6 +244,7 @@ def _inner(env: gym.Env) -> gym.Env:
 
 def check_create_env_fn(create_env_fn: Any, create_env_kwargs: dict | None) -> None:
     """Validate ``create_env_fn`` without creating anything."""
+    check_not_torchrl(create_env_fn, "create_env_fn")
     if isinstance(create_env_fn, (str, gym.Env, VectorEnv)) or callable(create_env_fn):
         if create_env_kwargs and isinstance(create_env_fn, (gym.Env, VectorEnv)):
             raise ValueError(
@@ -247,6 +256,7 @@ def check_create_env_fn(create_env_fn: Any, create_env_kwargs: dict | None) -> N
         if not create_env_fn:
             raise ValueError("create_env_fn: the list of env factories is empty; give at least one.")
         for i, item in enumerate(create_env_fn):
+            check_not_torchrl(item, f"create_env_fn[{i}]")
             if not (callable(item) or isinstance(item, (str, gym.Env))):
                 raise TypeError(
                     f"create_env_fn[{i}]: expected a callable returning a gymnasium env (or an "

@@ -21,7 +21,7 @@ import cloudpickle
 import gymnasium as gym
 from gymnasium.vector import VectorEnv
 
-from .._envs.group import make_group
+from .._envs.group import check_not_torchrl, make_group
 
 
 @dataclass(frozen=True)
@@ -58,6 +58,7 @@ def _kind(item: Any) -> str:
 
 def _check_entry(i: int, entry: Any) -> None:
     where = f"create_env_fn[{i}]"
+    check_not_torchrl(entry, where)
     if isinstance(entry, (gym.Env, VectorEnv)):
         raise TypeError(
             f"{where} is an env instance ({_kind(entry)}); a worker builds its own envs: pass a "
@@ -67,6 +68,7 @@ def _check_entry(i: int, entry: Any) -> None:
         if not entry:
             raise ValueError(f"{where} is an empty list; give each worker at least one env factory.")
         for j, item in enumerate(entry):
+            check_not_torchrl(item, f"{where}[{j}]")
             if isinstance(item, (gym.Env, VectorEnv)) or not (callable(item) or isinstance(item, str)):
                 raise TypeError(
                     f"{where}[{j}]: expected an env factory or an env id, got {_kind(item)}."
