@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import contextlib
+import contextvars
 import logging
 import threading
 import time
@@ -49,6 +50,9 @@ from .options import CollectorOptions
 logger = logging.getLogger("aiocollect")
 
 _DONE = object()
+
+_BACKGROUND = contextvars.ContextVar("aiocollect_background", default=False)
+"""True inside ``start()``'s collection task: the one caller allowed while it runs."""
 
 
 @dataclass(frozen=True)
@@ -305,6 +309,11 @@ class DataCollectorBase:
     async def _guarded_collect(self) -> tuple[TensorDictBase, int]:
         """``_collect()``, one at a time, marking the collector failed if it raises."""
         self._check_usable()
+        if self.is_running() and not _BACKGROUND.get():
+            raise RuntimeError(
+                f"{type(self).__name__} is already collecting in the background (start()) into its "
+                "replay buffer: sample from the buffer, or call async_shutdown() before iterating."
+            )
         if self._busy:
             raise RuntimeError(
                 f"{type(self).__name__} is already collecting a batch: a collector yields one batch "
@@ -575,7 +584,11 @@ class DataCollectorBase:
         self._background.add_done_callback(self._background_done)
 
     async def _run_background(self) -> None:
+        _BACKGROUND.set(True)  # this task's context only
         while True:
+            # Let the loop run other callbacks between two batches: a batch of in-process envs
+            # may never suspend, and a cancellation (async_shutdown) is delivered only here.
+            await anyio.lowlevel.checkpoint()
             while self._pause_requested.is_set():
                 self._parked.set()
                 await anyio.sleep(0.002)
