@@ -59,13 +59,8 @@ class MultiAsyncCollector(WorkerCollectorBase):
     >= the number of workers keeps drops rare).
 
     Args:
-        create_env_fn: one entry per worker: an env factory (a callable returning a
-            gymnasium env, a coroutine env or a gymnasium ``VectorEnv``), an env id, or a
-            list of those (several envs stepped one after the other in that worker). Not
-            env instances: each worker builds its own envs. Entries travel with
-            cloudpickle: lambdas and closures work, no ``if __name__ == "__main__"``
-            guard needed. An entry that builds coroutine envs runs on the engine loop, in
-            this process, instead of in a worker process.
+        create_env_fn: one entry per worker, as for
+            [`MultiSyncCollector`][aiocollect.MultiSyncCollector].
         policy: as for [`Collector`][aiocollect.Collector]; it runs in this process,
             batched over every ready worker's envs.
         max_policy_lag: the bound described above, an int >= 0 (``None``: no bound).

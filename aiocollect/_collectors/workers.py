@@ -271,21 +271,14 @@ class WorkerCollectorBase(DataCollectorBase):
         return state
 
     def load_state_dict(self, state_dict: dict, strict: bool = True) -> None:
-        """Restore what ``state_dict()`` saved; the envs restart from a reset.
-
-        The policy weights become a new policy version, as with
-        [`update_policy_weights_`][aiocollect.DataCollectorBase.update_policy_weights_]; the
-        frame and batch counters and each worker's completed trajectories are restored, and
-        trajectory ids go on after the saved counter, so none is ever reused.
+        """Restore what ``state_dict()`` saved, as
+        [`Collector.load_state_dict`][aiocollect.Collector.load_state_dict] does; each
+        worker's count of completed trajectories is restored too.
 
         Args:
             state_dict: what ``state_dict()`` returned, here or in a collector built the
                 same way.
             strict: raise if ``policy_state_dict`` is missing while the policy has weights.
-
-        Raises:
-            KeyError: ``strict`` and no ``policy_state_dict`` for a policy with weights, or
-                weights that lack an entry of the policy's.
         """
         self._policy.load_state_dict(state_dict, strict)
         state = copy.deepcopy(dict(state_dict))
