@@ -73,8 +73,11 @@ def test_async_mode_and_weights_with_worker_ids(cluster):
                 assert c.update_policy_weights_(linear(1.0), worker_ids=[1]) == 1
             if i == 12:
                 break
-        assert c.statistics().latest_policy_version == 1
-        pids = [w.pid for w in c.statistics().workers]
+        stats = c.statistics()
+        assert stats.latest_policy_version == 1
+        # each remote collector's steps are its delivered frames, and they add up
+        assert sum(w.env_steps for w in stats.workers) == stats.env_steps == stats.frames == 13 * 30
+        pids = [w.pid for w in stats.workers]
     finally:
         c.shutdown(close_env=False)  # leaves envs of this process open, still stops the actors
     assert ray.is_initialized()  # it joined the cluster: it leaves it running
@@ -96,6 +99,8 @@ async def test_async_face_and_the_async_twin(cluster):
             assert (batch["collector", "policy_version"] == 1).all()
             check_versions(batch)
             break
+        stats = c.statistics()  # sync: each remote collector gave half of both batches
+        assert [w.env_steps for w in stats.workers] == [40, 40] and stats.env_steps == 80
     finally:
         c.shutdown()
 

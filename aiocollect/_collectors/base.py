@@ -78,8 +78,8 @@ class WorkerStatistics:
     num_envs: int
     """How many envs it steps."""
     env_steps: int
-    """Env steps it took (summed over its envs); always 0 for the remote collectors of the
-    distributed collectors, whose steps are not tracked per collector."""
+    """Env steps it took (summed over its envs); for a remote collector of the distributed
+    collectors, the valid frames of the batches it delivered."""
     alive: bool
     """Whether it still works: false once it failed or died, or the collector shut down."""
 

@@ -124,6 +124,7 @@ class RemoteCollectorsBase(DataCollectorBase):
         an asyncio future: the next batch may be awaited from another event loop)."""
         self._env_steps = 0
         self._completed = 0
+        self._remote_steps = [0] * self.num_collectors  # the valid frames each one delivered
         self._info: list[tuple[int, int]] = []
         self._resources.closers.append(self._stop)
 
@@ -183,6 +184,9 @@ class RemoteCollectorsBase(DataCollectorBase):
                 self.update_policy_weights_()
             batches = await asyncio.gather(*(self._fetch(i, self._ask(i)) for i in range(self.num_collectors)))
             batch = torch.stack(batches) if batches[0] is not None else None
+            if batch is not None:
+                for i, part in enumerate(batches):
+                    self._remote_steps[i] += _valid_frames(part)
         else:
             for i in range(self.num_collectors):
                 if i not in self._pending:
@@ -198,13 +202,14 @@ class RemoteCollectorsBase(DataCollectorBase):
             index = by_future[future]
             del self._pending[index]
             batch = future.result()
+            if batch is not None:
+                self._remote_steps[index] += _valid_frames(batch)
             if self.update_after_each_batch:
                 self.update_policy_weights_(worker_ids=[index])
             self._pending[index] = self._ask(index)
         if batch is None:  # the remote collectors feed a replay buffer of their own
             return batch, self.frames_per_batch
-        mask = batch.get(("collector", "mask"), None)
-        frames = int(mask.sum()) if mask is not None else batch.numel()
+        frames = _valid_frames(batch)
         self._env_steps += frames
         self._completed += int(batch.get(("next", "done")).sum())
         return batch, frames
@@ -214,7 +219,8 @@ class RemoteCollectorsBase(DataCollectorBase):
 
     def _worker_statistics(self) -> tuple[WorkerStatistics, ...]:
         alive = not self._closed and self._failed is None
-        return tuple(WorkerStatistics(i, pid, n, 0, alive) for i, (pid, n) in enumerate(self._info))
+        return tuple(WorkerStatistics(i, pid, n, steps, alive)
+                     for i, ((pid, n), steps) in enumerate(zip(self._info, self._remote_steps)))
 
     def _versions(self) -> tuple[int, int]:
         return min(self._acked), self._version
@@ -321,3 +327,9 @@ class RemoteCollectorsBase(DataCollectorBase):
     def __repr__(self) -> str:
         return (f"{type(self).__name__}(num_collectors={self.num_collectors}, sync={self.sync}, "
                 f"frames_per_batch={self.frames_per_batch}, total_frames={self.total_frames})")
+
+
+def _valid_frames(batch: TensorDictBase) -> int:
+    """The frames of a remote batch that were collected (not masked out)."""
+    mask = batch.get(("collector", "mask"), None)
+    return int(mask.sum()) if mask is not None else batch.numel()
