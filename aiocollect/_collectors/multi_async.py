@@ -35,9 +35,9 @@ class MultiAsyncCollector(WorkerCollectorBase):
 
     **When to use it.** Off-policy training (SAC, TD3, DQN), envs whose step time varies
     (stragglers), or a training step worth overlapping with collection. With 8 envs whose
-    step spins a lognormal ~1 ms of CPU, 2 workers collect 1.87x as fast as one process on
+    step spins a lognormal ~1 ms of CPU, 2 workers collect 1.89x as fast as one process on
     2 cores (``benchmarks/``), a little more than
-    [`MultiSyncCollector`][aiocollect.MultiSyncCollector] (1.78x), which is the choice for
+    [`MultiSyncCollector`][aiocollect.MultiSyncCollector] (1.84x), which is the choice for
     on-policy data. With a single worker, [`AsyncCollector`][aiocollect.AsyncCollector] takes
     its envs directly.
 
@@ -55,8 +55,8 @@ class MultiAsyncCollector(WorkerCollectorBase):
     while it waited is dropped whole, and collected anew. Dropped frames leave a gap in their envs'
     trajectories between two batches (each batch stays consistent on its own) and are
     counted in ``statistics().stale_frames_dropped``. ``k=0`` with an update after every
-    batch and several workers can drop most of the data: give the bound some slack (``k``
-    >= the number of workers keeps drops rare).
+    batch and several workers can drop most of the data: give the bound some slack
+    (``k`` at least the number of workers keeps drops rare).
 
     Args:
         create_env_fn: one entry per worker, as for
