@@ -1,7 +1,7 @@
 """JAX interop: JAX policies in any collector, and batches handed to JAX without a copy.
 
-Install the extra first: ``pip install 'aiocollect[jax]'``. ``import aiocollect`` never
-imports JAX; ``import aiocollect.jax`` without JAX raises an ``ImportError`` that names the
+Install JAX first: the ``jax`` extra (``pip install -e ".[jax]"`` in a checkout), or
+``pip install jax``. ``import aiocollect`` never imports JAX; ``import aiocollect.jax`` without JAX raises an ``ImportError`` that names the
 extra.
 
 A JAX policy is a pure function and its params:

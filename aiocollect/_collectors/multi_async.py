@@ -35,9 +35,9 @@ class MultiAsyncCollector(WorkerCollectorBase):
 
     **When to use it.** Off-policy training (SAC, TD3, DQN), envs whose step time varies
     (stragglers), or a training step worth overlapping with collection. With 8 envs whose
-    step spins a lognormal ~1 ms of CPU, 2 workers collect 1.89x as fast as one process on
+    step spins a lognormal ~1 ms of CPU, 2 workers collect 1.90x as fast as one process on
     2 cores (``benchmarks/``), a little more than
-    [`MultiSyncCollector`][aiocollect.MultiSyncCollector] (1.84x), which is the choice for
+    [`MultiSyncCollector`][aiocollect.MultiSyncCollector] (1.85x), which is the choice for
     on-policy data. With a single worker, [`AsyncCollector`][aiocollect.AsyncCollector] takes
     its envs directly.
 

@@ -29,7 +29,7 @@ class MultiSyncCollector(WorkerCollectorBase):
     **When to use it.** On-policy training (PPO, A2C) with envs whose step costs real CPU
     time: nothing is collected between batches, so every batch comes from the weights
     current when it was asked for. With 8 envs whose step spins ~1 ms of CPU, 2 workers
-    collect 1.84x as fast as one process on 2 cores (``benchmarks/``). For envs that cost
+    collect 1.85x as fast as one process on 2 cores (``benchmarks/``). For envs that cost
     microseconds per step, [`Collector`][aiocollect.Collector] is faster; to keep
     collecting while you train, or when a slow worker must not hold back the others, use
     [`MultiAsyncCollector`][aiocollect.MultiAsyncCollector].

@@ -36,7 +36,7 @@ class RayCollector(RemoteCollectorsBase):
 
     TorchRL's ``distributed.RayCollector``, with its arguments. Each remote collector is a
     Ray actor holding an aiocollect collector (``collector_class``); batches travel
-    through Ray's object store. Needs the ``ray`` extra (``pip install 'aiocollect[ray]'``).
+    through Ray's object store. Needs Ray: the ``ray`` extra (``pip install -e ".[ray]"`` in a checkout), or ``pip install ray``.
 
     **When to use it.** When the envs need more cores than one machine has, or you already
     run a Ray cluster. Each remote collector runs its own copy of the policy. On one

@@ -33,9 +33,9 @@ class RemoteCollectorError(RuntimeError):
     the remote error is its ``__cause__``.
 
     Attributes:
-        index: the remote collector's index (0 .. num_collectors - 1).
-        where: what ran it ("Ray actor 1f2e...", "RPC worker collector1").
-        pid: its process id, when known.
+        index (int): the remote collector's index (0 .. num_collectors - 1).
+        where (str): what ran it ("Ray actor 1f2e...", "RPC worker collector1").
+        pid (int | None): its process id, when known.
     """
 
     def __init__(self, message: str, *, index: int, where: str, pid: int | None):

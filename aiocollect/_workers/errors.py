@@ -14,12 +14,12 @@ class WorkerError(RuntimeError):
     ``__cause__``.
 
     Attributes:
-        worker: the worker's index (its position in ``create_env_fn``).
-        pid: its process id.
-        env: the index of the env that raised, within the worker (``None`` if unknown).
-        remote_type: the exception's class name in the worker (``None`` if it died).
-        remote_traceback: the traceback text from the worker ("" if it died).
-        exitcode: the process's exit code when it died (negative: killed by that signal).
+        worker (int): the worker's index (its position in ``create_env_fn``).
+        pid (int | None): its process id.
+        env (int | None): the index of the env that raised, within the worker (``None`` if unknown).
+        remote_type (str | None): the exception's class name in the worker (``None`` if it died).
+        remote_traceback (str): the traceback text from the worker ("" if it died).
+        exitcode (int | None): the process's exit code when it died (negative: killed by that signal).
     """
 
     def __init__(self, message: str, *, worker: int, pid: int | None, env: int | None = None,
