@@ -40,3 +40,17 @@ def test_progress_bar_shows_frames_and_returns(capfd):
             pass
     err = capfd.readouterr().err
     assert "Collector" in err and "200/200" in err and "episode_return=10.0" in err
+
+
+def test_unfinished_trajectories_are_not_kept_forever():
+    """reset_at_each_iter abandons every env's trajectory at each batch: they never finish."""
+    returns = EpisodeReturns(max_open=10)
+    with Collector([lambda: SleepyEnv(length=1000)] * 4, None, frames_per_batch=8, total_frames=8 * 30,
+                   reset_at_each_iter=True) as c:
+        for batch in c:
+            returns.add(batch)
+            assert len(returns._partial) <= 10
+        assert c.statistics().mean_episode_return is None  # none finished
+    assert returns.episodes == 0
+    newest = set(batch["collector", "traj_ids"].flatten().tolist())
+    assert newest <= set(returns._partial)  # the open ones are the ones kept

@@ -10,17 +10,23 @@ inside Jupyter and a text bar elsewhere.
 
 from __future__ import annotations
 
-from collections import deque
+from collections import OrderedDict, deque
 
 import torch
 from tensordict import TensorDictBase
 
 
 class EpisodeReturns:
-    """Sums rewards per trajectory id across batches; hands out the returns of finished episodes."""
+    """Sums rewards per trajectory id across batches; hands out the returns of finished episodes.
 
-    def __init__(self, window: int = 100):
-        self._partial: dict[int, float] = {}
+    Trajectories that never finish (abandoned by ``reset_at_each_iter``, or cut by dropped
+    stale frames) would pile up: at most ``max_open`` unfinished ones are kept, and the one
+    that has gone longest without a new frame is forgotten first.
+    """
+
+    def __init__(self, window: int = 100, max_open: int = 100_000):
+        self._partial: OrderedDict[int, float] = OrderedDict()  # least recently extended first
+        self._max_open = max_open
         self.recent: deque[float] = deque(maxlen=window)
         self.episodes = 0
 
@@ -45,6 +51,8 @@ class EpisodeReturns:
                 self.episodes += 1
             else:
                 self._partial[tid] = total
+        while len(self._partial) > self._max_open:
+            self._partial.popitem(last=False)
 
     @property
     def mean(self) -> float | None:
