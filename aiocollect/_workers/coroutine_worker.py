@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import traceback
 from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 import cloudpickle
@@ -119,26 +120,30 @@ class CoroutineWorker:
 
     async def _step(self) -> None:
         group, action = self.group, self.rows["action"]
-        await asyncio.gather(*(self._timed(group.step_one(i, action[i]), i, "step") for i in range(self.num_envs)))
+        await asyncio.gather(*(self._timed(partial(group.step_one, i, action[i]), i, "step")
+                               for i in range(self.num_envs)))
         if self.autoreset:
             done = np.flatnonzero(group.terminated | group.truncated)
             if len(done):
                 final = [a[done] for a in self.obs]
-                await asyncio.gather(*(self._timed(group.reset_one(int(i), None), int(i), "reset") for i in done))
+                await asyncio.gather(*(self._timed(partial(group.reset_one, int(i), None), int(i), "reset")
+                                       for i in done))
                 set_aside_resets(self.obs, self.reset_obs, self.rows["pre_reset"], done, final)
 
     async def _reset(self) -> None:
         rows = self.rows
         idx = np.flatnonzero(rows["reset_mask"])
         seeds = [int(rows["seed"][i]) if rows["seed_set"][i] else None for i in idx]
-        await asyncio.gather(*(self._timed(self.group.reset_one(int(i), s), int(i), "reset")
+        await asyncio.gather(*(self._timed(partial(self.group.reset_one, int(i), s), int(i), "reset")
                                for i, s in zip(idx, seeds)))
         rows["pre_reset"][idx] = False
 
-    async def _timed(self, coro: Any, i: int, what: str) -> None:
+    async def _timed(self, call: Callable[[], Any], i: int, what: str) -> None:
+        # The env's coroutine is created here, in the gathered task, not by the caller: a task
+        # cancelled before it starts would otherwise leave it never awaited (a RuntimeWarning).
         where = f"env {i} of worker {self.index}"
         try:
-            await timed(coro, self.step_timeout, self.group.envs[i], where, what)
+            await timed(call(), self.step_timeout, self.group.envs[i], where, what)
         except Exception as exc:
             if getattr(exc, "env_index", None) is None:
                 exc.env_index = i
