@@ -100,6 +100,10 @@ def test_the_benchmarks_page_shows_the_chart_the_benchmark_script_drew(site):
 
 def test_the_pages_with_examples_include_the_quick_start_and_every_collector():
     assert {"quickstart.md", "cli.md", "index.md", "collectors/ray.md", "collectors/rpc.md"} <= set(PAGES)
+    # the runner reads fences at the start of a line: an indented complete block would go unrun
+    for page in [ROOT / "README.md", *DOCS.rglob("*.md")]:
+        indented = re.findall(r"^[ \t]+```python$", page.read_text(), re.M)
+        assert not indented, f"{page}: an indented ```python block (fence fragments ```py)"
 
 
 @pytest.mark.parametrize("page", PAGES)
