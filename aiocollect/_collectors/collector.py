@@ -25,7 +25,7 @@ from .._envs.group import check_create_env_fn, make_group
 from .._policies.setup import PolicySetup, check_policy
 from .base import DataCollectorBase
 from .loop_thread import LoopThread
-from .options import options_from, validate_batching
+from .options import env_seeds, options_from, validate_batching
 
 
 class Collector(DataCollectorBase):
@@ -251,9 +251,7 @@ class Collector(DataCollectorBase):
         Raises:
             TypeError: ``seed`` is not an int.
         """
-        if isinstance(seed, bool) or not isinstance(seed, int):
-            raise TypeError(f"seed must be an integer, got {seed!r}")
-        seeds = [seed] * self.num_envs if static_seed else [seed + i for i in range(self.num_envs)]
+        seeds = env_seeds(seed, self.num_envs, static_seed)
 
         def apply():
             self._engine.request_reset(seeds)

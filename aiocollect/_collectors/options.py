@@ -214,6 +214,13 @@ def validate_options(
     )
 
 
+def env_seeds(seed: Any, num_envs: int, static_seed: bool) -> list[int]:
+    """``set_seed``'s seeds, env by env: ``seed + i`` (or ``seed`` for all with ``static_seed``)."""
+    if isinstance(seed, bool) or not isinstance(seed, int):
+        raise TypeError(f"seed must be an integer, got {seed!r}")
+    return [seed] * num_envs if static_seed else [seed + i for i in range(num_envs)]
+
+
 def worker_indices(worker_ids: Any, count: int, what: str) -> list[int]:
     """``worker_ids`` (``None``, an int or an iterable of ints) as a list of indices in
     ``0..count-1``; ``what`` names them in the error ("worker", "remote collector")."""

@@ -31,7 +31,7 @@ from .._workers.pool import WorkerPool
 from .._workers.shm import Layout
 from .base import DataCollectorBase, WorkerStatistics
 from .loop_thread import LoopThread
-from .options import WorkerOptions, options_from, validate_batching, validate_worker_options, worker_indices
+from .options import WorkerOptions, env_seeds, options_from, validate_batching, validate_worker_options, worker_indices
 
 
 class WorkerCollectorBase(DataCollectorBase):
@@ -217,9 +217,7 @@ class WorkerCollectorBase(DataCollectorBase):
         Raises:
             TypeError: ``seed`` is not an int.
         """
-        if isinstance(seed, bool) or not isinstance(seed, int):
-            raise TypeError(f"seed must be an integer, got {seed!r}")
-        seeds = [seed if static_seed else seed + k for k in range(self.num_envs)]
+        seeds = env_seeds(seed, self.num_envs, static_seed)
 
         def apply():
             for slot in self._scheduler.slots:

@@ -31,7 +31,7 @@ import torch
 from tensordict import TensorDictBase
 
 from .._collectors.base import DataCollectorBase, WorkerStatistics
-from .._collectors.options import CollectorOptions, worker_indices
+from .._collectors.options import CollectorOptions, env_seeds, worker_indices
 from .remote import RemoteCollectorError, portable_weights, resolve_collector_class
 
 _RESERVED = ("create_env_fn", "policy", "frames_per_batch", "total_frames", "replay_buffer")
@@ -311,18 +311,17 @@ class RemoteCollectorsBase(DataCollectorBase):
         Raises:
             TypeError: ``seed`` is not an int.
         """
-        if isinstance(seed, bool) or not isinstance(seed, int):
-            raise TypeError(f"seed must be an integer, got {seed!r}")
+        seeds = env_seeds(seed, sum(n for _, n in self._info), static_seed)
         offset, calls = 0, []
-        for i, (_, n) in enumerate(self._info):
-            calls.append((i, self._submit(i, "set_seed", seed if static_seed else seed + offset, static_seed)))
+        for i, (_, n) in enumerate(self._info):  # each remote collector seeds its envs from its first one's
+            calls.append((i, self._submit(i, "set_seed", seeds[offset], static_seed)))
             offset += n
 
         async def wait_all():
             await asyncio.gather(*(self._fetch(i, h) for i, h in calls))
 
         self._run_sync("set_seed()", wait_all)
-        return seed if static_seed else seed + offset - 1
+        return seeds[-1]
 
     def __repr__(self) -> str:
         return (f"{type(self).__name__}(num_collectors={self.num_collectors}, sync={self.sync}, "
