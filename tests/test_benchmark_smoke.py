@@ -12,6 +12,15 @@ from pathlib import Path
 BENCH = Path(__file__).parent.parent / "benchmarks" / "bench_collect.py"
 
 
+def run_quick(name: str, results_dir: Path) -> tuple[str, dict]:
+    """``benchmarks/bench_<name>.py --quick``: its table, and its JSON kept as ``<name>.json``."""
+    out = results_dir / f"{name}.json"
+    proc = subprocess.run([sys.executable, str(BENCH.parent / f"bench_{name}.py"), "--quick", "--json", str(out)],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return proc.stdout, json.loads(out.read_text())
+
+
 def chart_panels(results_dir: Path) -> list:
     """``benchmarks/chart.py`` run on ``results_dir``: the PNG it wrote is checked, its panels returned."""
     spec = importlib.util.spec_from_file_location("bench_chart", BENCH.parent / "chart.py")
@@ -25,16 +34,11 @@ def chart_panels(results_dir: Path) -> list:
 
 
 def test_workers_benchmark_quick_mode_reports_every_section(tmp_path):
-    out = tmp_path / "workers.json"
-    script = BENCH.parent / "bench_workers.py"
-    proc = subprocess.run([sys.executable, str(script), "--quick", "--json", str(out)],
-                          capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stderr[-2000:]
+    stdout, results = run_quick("workers", tmp_path)
     for row in ("MultiSyncCollector, 1 worker x 1 NullEnv", "aiocollect MultiAsyncCollector 2x4",
                 "TorchRL MultiSync 2x GymWrapper(SyncVec16)", "aiocollect worker (16 CartPole envs)",
                 "no child process left after the collectors' shutdown"):
-        assert row in proc.stdout, row
-    results = json.loads(out.read_text())
+        assert row in stdout, row
     assert results["leftover_processes"] == []
     assert all(r["best"] > 0 for r in results["results"] if not r["error"])
     panels = chart_panels(tmp_path)
@@ -44,15 +48,10 @@ def test_workers_benchmark_quick_mode_reports_every_section(tmp_path):
 
 
 def test_weights_benchmark_quick_mode_reports_every_section(tmp_path):
-    out = tmp_path / "weights.json"
-    script = BENCH.parent / "bench_weights.py"
-    proc = subprocess.run([sys.executable, str(script), "--quick", "--json", str(out)],
-                          capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stderr[-2000:]
+    stdout, results = run_quick("weights", tmp_path)
     for row in ("torch, idle", "torch, collecting", "jax, idle", "jax, collecting",
                 "collector-16-small", "multisync-2x8-1M", "collector-64", "multisync-2x32"):
-        assert row in proc.stdout, row
-    results = json.loads(out.read_text())
+        assert row in stdout, row
     assert set(results["update_call"]) == {"torch, idle", "torch, collecting", "jax, idle", "jax, collecting"}
     for section in ("with_updates", "jax"):
         for entry in results[section].values():
@@ -60,15 +59,10 @@ def test_weights_benchmark_quick_mode_reports_every_section(tmp_path):
 
 
 def test_coroutine_benchmark_quick_mode_reports_every_contender(tmp_path):
-    out = tmp_path / "coroutines.json"
-    script = BENCH.parent / "bench_coroutines.py"
-    proc = subprocess.run([sys.executable, str(script), "--quick", "--json", str(out)],
-                          capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stderr[-2000:]
+    stdout, results = run_quick("coroutines", tmp_path)
     for row in ("barrier: asyncio.gather", "aiocollect Collector, coroutine envs",
                 "TorchRL AsyncBatchedCollector, threading", "aiocollect / bound"):
-        assert row in proc.stdout, row
-    results = json.loads(out.read_text())
+        assert row in stdout, row
     assert results["bound"] == 25_600
     assert set(results["contenders"]) == {"barrier", "aiocollect", "torchrl"}
     [panel] = chart_panels(tmp_path)
@@ -76,15 +70,10 @@ def test_coroutine_benchmark_quick_mode_reports_every_contender(tmp_path):
 
 
 def test_ray_benchmark_quick_mode_reports_both_contenders(tmp_path):
-    out = tmp_path / "ray.json"
-    script = BENCH.parent / "bench_ray.py"
-    proc = subprocess.run([sys.executable, str(script), "--quick", "--json", str(out)],
-                          capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stderr[-2000:]
+    stdout, results = run_quick("ray", tmp_path)
     for row in ("aiocollect RayCollector (Collector)", "TorchRL RayCollector (Collector, SerialEnv)",
                 "aiocollect / TorchRL"):
-        assert row in proc.stdout, row
-    results = json.loads(out.read_text())
+        assert row in stdout, row
     assert set(results["contenders"]) == {"aiocollect", "torchrl"} and results["ratio"] > 0
     [panel] = chart_panels(tmp_path)
     assert [bar.kind for bar in panel.bars] == ["aiocollect", "TorchRL"]
