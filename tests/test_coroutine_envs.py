@@ -164,15 +164,20 @@ async def test_env_exception_names_the_env_and_cancelling_cancels_steps():
             await c.arollout()
         assert any("env 2" in note for note in getattr(info.value, "__notes__", []))
 
-    envs = [LatencyEnv(i, 0.05, 0.05) for i in range(4)]
+    # from their 3rd step on, the envs hang: once all four got there, each has a step pending
+    envs = [LatencyEnv(i, 0.01, 0.01, hang_at=3) for i in range(4)]
     async with Collector(factories(envs), None, frames_per_batch=400, total_frames=-1) as c:
         task = asyncio.ensure_future(c.arollout())
-        await asyncio.sleep(0.2)
+        deadline = time.monotonic() + 10
+        while not all(e.steps >= 3 for e in envs) and time.monotonic() < deadline:
+            await asyncio.sleep(0.01)
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await task
         await asyncio.sleep(0.05)
         assert sum(e.cancelled for e in envs) == 4  # every pending step
+        for e in envs:
+            e.hang_at = None
         batch = await c.arollout()  # the collector goes on, envs restart from a reset
         check_batch(batch)
 
