@@ -48,9 +48,14 @@ _EXPORTS = {
     "AsyncCollector": "._collectors.async_collector",
     "AsyncEnv": "._envs.async_env",
     "Collector": "._collectors.collector",
+    "CollectorBusyError": "._errors",
+    "CollectorClosedError": "._errors",
+    "CollectorError": "._errors",
+    "CollectorFailedError": "._errors",
     "CollectorOptions": "._collectors.options",
     "CollectorStatistics": "._collectors.base",
     "DataCollectorBase": "._collectors.base",
+    "EnvError": "._errors",
     "GymEnv": "._envs.gym",
     "Interruptor": "._collectors.interruptor",
     "MultiAsyncCollector": "._collectors.multi_async",
@@ -60,11 +65,11 @@ _EXPORTS = {
     "RPCCollector": "._distributed.rpc_collector",
     "RandomPolicy": "._policies.random",
     "RayCollector": "._distributed.ray_collector",
-    "RemoteCollectorError": "._distributed.remote",
-    "StepTimeoutError": "._envs.coroutine_group",
+    "RemoteCollectorError": "._errors",
+    "StepTimeoutError": "._errors",
     "SyncDataCollector": "._collectors.collector",
     "ThreadEnv": "._envs.coroutine_group",
-    "WorkerError": "._workers.errors",
+    "WorkerError": "._errors",
     "WorkerStatistics": "._collectors.base",
     "aSyncDataCollector": "._collectors.async_collector",
     "split_trajectories": "._engine.trajectories",
@@ -102,11 +107,16 @@ if _typing.TYPE_CHECKING:  # static tools see ordinary imports
     from ._collectors.options import CollectorOptions as CollectorOptions
     from ._distributed.ray_collector import RayCollector as RayCollector
     from ._distributed.rpc_collector import RPCCollector as RPCCollector
-    from ._distributed.remote import RemoteCollectorError as RemoteCollectorError
     from ._engine.trajectories import split_trajectories as split_trajectories
     from ._envs.async_env import AsyncEnv as AsyncEnv
-    from ._envs.coroutine_group import StepTimeoutError as StepTimeoutError
     from ._envs.coroutine_group import ThreadEnv as ThreadEnv
     from ._envs.gym import GymEnv as GymEnv
     from ._policies.random import RandomPolicy as RandomPolicy
-    from ._workers.errors import WorkerError as WorkerError
+    from ._errors import CollectorBusyError as CollectorBusyError
+    from ._errors import CollectorClosedError as CollectorClosedError
+    from ._errors import CollectorError as CollectorError
+    from ._errors import CollectorFailedError as CollectorFailedError
+    from ._errors import EnvError as EnvError
+    from ._errors import RemoteCollectorError as RemoteCollectorError
+    from ._errors import StepTimeoutError as StepTimeoutError
+    from ._errors import WorkerError as WorkerError

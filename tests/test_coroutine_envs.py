@@ -26,8 +26,9 @@ from aiocollect import (
     WorkerError,
     split_trajectories,
 )
-from conftest import check_batch, check_continuity, interrupt_script
-from coroutine_util import GameServer, LatencyEnv, PlainCounterEnv, SocketGameEnv
+from support.checks import check_batch, check_continuity
+from support.procs import interrupt_script
+from support.coroutine_envs import GameServer, LatencyEnv, PlainCounterEnv, SocketGameEnv
 
 
 def factories(envs):
@@ -350,7 +351,7 @@ CTRL_C_SCRIPT = textwrap.dedent(
     """
     import sys, threading
     sys.path.insert(0, {tests!r})
-    from coroutine_util import LatencyEnv
+    from support.coroutine_envs import LatencyEnv
     from aiocollect import Collector
 
     envs = [LatencyEnv(i, 0.01, 0.02) for i in range(16)]

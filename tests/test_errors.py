@@ -14,8 +14,9 @@ import torch
 import torch.nn as nn
 
 from aiocollect import Collector, GymEnv
-from conftest import CounterEnv, EnvRecorder, interrupt_script
-from workers_util import children
+from support.envs import CounterEnv, EnvRecorder
+from support.procs import interrupt_script
+from support.procs import children
 
 pytestmark = pytest.mark.usefixtures("no_thread_leak")
 
@@ -173,7 +174,7 @@ CTRL_C_SCRIPT = textwrap.dedent(
     """
     import sys, threading, time
     sys.path.insert(0, {tests!r})
-    from conftest import CounterEnv
+    from support.envs import CounterEnv
     from aiocollect import Collector
 
     class Slow(CounterEnv):

@@ -11,7 +11,8 @@ import pytest
 import torch
 
 from aiocollect import Collector, CollectorStatistics
-from conftest import CounterEnv, EnvRecorder, check_batch
+from support.checks import check_batch
+from support.envs import CounterEnv, EnvRecorder
 
 pytestmark = pytest.mark.usefixtures("no_thread_leak")
 

@@ -11,7 +11,8 @@ from gymnasium.vector import AutoresetMode
 from tensordict.nn import TensorDictModule
 
 from aiocollect import Collector, GymEnv, Interruptor
-from conftest import CounterEnv, DictEnv, check_batch, check_continuity, leaf_keys
+from support.checks import check_batch, check_continuity, leaf_keys
+from support.envs import CounterEnv, DictEnv
 
 
 def collect(collector, n):

@@ -16,8 +16,9 @@ from tensordict.nn import (
 )
 
 from aiocollect import Collector, GymEnv, RandomPolicy
-from conftest import CounterEnv, check_batch
-from coroutine_util import LatencyEnv, PlainCounterEnv
+from support.checks import check_batch
+from support.envs import CounterEnv
+from support.coroutine_envs import LatencyEnv, PlainCounterEnv
 
 
 def cartpole_policy(obs):

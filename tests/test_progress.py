@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from aiocollect import Collector, MultiAsyncCollector
 from aiocollect._collectors.progress import EpisodeReturns
-from workers_util import SleepyEnv
+from support.envs import SleepyEnv
 
 
 def test_episode_returns_are_summed_across_batches_and_workers():

@@ -12,8 +12,8 @@ from tensordict import TensorDict
 from tensordict.nn import TensorDictModule
 
 from aiocollect import AsyncCollector, Collector, MultiAsyncCollector, MultiSyncCollector
-from conftest import check_batch
-from workers_util import IntObsEnv
+from support.checks import check_batch
+from support.envs import IntObsEnv
 
 VARIANTS = {
     "Collector": lambda policy, **kw: Collector([IntObsEnv] * 3, policy, **kw),

@@ -14,8 +14,9 @@ import gymnasium as gym
 import pytest
 
 from aiocollect import Interruptor, MultiAsyncCollector, MultiSyncCollector, WorkerError
-from conftest import CounterEnv
-from workers_util import SleepyEnv, alive, children, open_fds, shm_entries, wait_until
+from support.envs import CounterEnv
+from support.envs import SleepyEnv
+from support.procs import alive, children, open_fds, shm_entries, wait_until
 
 
 @pytest.fixture
@@ -137,7 +138,7 @@ SCRIPT = textwrap.dedent(
     import os, sys, time
     sys.path.insert(0, {tests!r})
     from aiocollect import MultiSyncCollector
-    from workers_util import SleepyEnv
+    from support.envs import SleepyEnv
     c = MultiSyncCollector([lambda: SleepyEnv(0.001)] * 2, None, frames_per_batch=20, total_frames=-1)
     print(" ".join(str(w.pid) for w in c.statistics().workers), flush=True)
     {body}

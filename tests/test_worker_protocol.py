@@ -10,7 +10,8 @@ from aiocollect import MultiAsyncCollector, MultiSyncCollector
 from aiocollect._engine import scheduler as scheduler_module
 from aiocollect._workers import pool as pool_module
 from aiocollect._workers import protocol
-from conftest import CounterEnv, check_batch, check_continuity
+from support.checks import check_batch, check_continuity
+from support.envs import CounterEnv
 
 
 def test_spin_budget_follows_free_cores_and_the_override(monkeypatch):

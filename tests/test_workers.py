@@ -13,8 +13,10 @@ import torch.nn as nn
 from tensordict.nn import TensorDictModule
 
 from aiocollect import AsyncCollector, Collector, GymEnv, Interruptor, MultiAsyncCollector, MultiSyncCollector
-from conftest import CounterEnv, check_batch, check_continuity
-from workers_util import SleepyEnv, TorchProbeEnv, children
+from support.checks import check_batch, check_continuity
+from support.envs import CounterEnv
+from support.envs import SleepyEnv, TorchProbeEnv
+from support.procs import children
 
 
 def flat(td):

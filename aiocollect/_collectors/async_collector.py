@@ -45,7 +45,9 @@ class AsyncCollector(MultiAsyncCollector):
             [`MultiAsyncCollector`][aiocollect.MultiAsyncCollector].
         step_timeout: for coroutine envs (which then run on the engine loop in this
             process, not in a worker): a step or reset that takes longer, in seconds,
-            fails the collection.
+            fails the collection with a [`StepTimeoutError`][aiocollect.StepTimeoutError].
+        max_batch_size: not accepted, nor ``min_batch_size`` and ``batch_timeout``: see
+            [`MultiAsyncCollector`][aiocollect.MultiAsyncCollector].
         cat_results: checked for TorchRL compatibility; no effect (a batch is the worker's).
         preemptive_threshold: not accepted: ``ValueError``.
         update_at_each_batch: accepted for TorchRL compatibility; no effect here.

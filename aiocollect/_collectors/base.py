@@ -42,6 +42,7 @@ import anyio
 from tensordict import TensorDictBase
 
 from .._engine.trajectories import split_trajectories
+from .._errors import CollectorBusyError, CollectorClosedError, CollectorError, CollectorFailedError
 from .._policies.setup import PolicySetup
 from .loop_thread import LoopThread
 from .progress import EpisodeReturns, ProgressBar
@@ -216,12 +217,15 @@ class DataCollectorBase:
     [`CollectorOptions`][aiocollect.CollectorOptions]. Iteration ends once ``total_frames``
     frames were delivered (never with ``total_frames=-1``).
 
-    A collector yields one batch at a time: iterating it from two places at once, or while
-    ``start()`` runs, raises ``RuntimeError``. After an env or the policy raised, the
-    collector is *failed*: the original exception came out of the iterator, and every later
-    call raises ``RuntimeError`` saying so, instead of collecting from envs in an unknown
-    state. [`shutdown()`][aiocollect.DataCollectorBase.shutdown] releases everything; it also
-    runs on leaving ``with`` / ``async with``, when the collector is garbage collected, and
+    A collector yields one batch at a time: iterating it from two places at once, or
+    while ``start()`` runs, raises [`CollectorBusyError`][aiocollect.CollectorBusyError].
+    After a fault (an env raised: [`EnvError`][aiocollect.EnvError]; or the policy raised)
+    the collector is *failed*: the fault came out of the iterator, and every later call
+    raises [`CollectorFailedError`][aiocollect.CollectorFailedError] saying so, instead of
+    collecting from envs in an unknown state. Every fault aiocollect raises is a
+    [`CollectorError`][aiocollect.CollectorError]. [`shutdown()`][aiocollect.DataCollectorBase.shutdown]
+    releases everything; it also runs on leaving ``with`` / ``async with``, when the
+    collector is garbage collected, and
     when the interpreter exits.
 
     Examples:
@@ -299,9 +303,9 @@ class DataCollectorBase:
 
     def _check_usable(self) -> None:
         if self._closed:
-            raise RuntimeError(f"{type(self).__name__} is shut down; create a new collector.")
+            raise CollectorClosedError(f"{type(self).__name__} is shut down; create a new collector.")
         if self._failed is not None:
-            raise RuntimeError(
+            raise CollectorFailedError(
                 f"{type(self).__name__} failed earlier ({type(self._failed).__name__}: {self._failed}); "
                 "its envs are in an unknown state: shut it down and create a new collector."
             ) from self._failed
@@ -310,12 +314,12 @@ class DataCollectorBase:
         """``_collect()``, one at a time, marking the collector failed if it raises."""
         self._check_usable()
         if self.is_running() and not _BACKGROUND.get():
-            raise RuntimeError(
+            raise CollectorBusyError(
                 f"{type(self).__name__} is already collecting in the background (start()) into its "
                 "replay buffer: sample from the buffer, or call async_shutdown() before iterating."
             )
         if self._busy:
-            raise RuntimeError(
+            raise CollectorBusyError(
                 f"{type(self).__name__} is already collecting a batch: a collector yields one batch "
                 "at a time; don't iterate it from two places (or while start() runs) at once."
             )
@@ -470,7 +474,7 @@ class DataCollectorBase:
     def _check_sync_allowed(self, what: str) -> None:
         loop = self._resources.loop
         if loop is not None and loop.in_this_thread():
-            raise RuntimeError(
+            raise CollectorBusyError(
                 f"{what} was called from the collector's own event loop (from a policy, postproc "
                 "or replay-buffer callback?), where blocking would deadlock; use the async face "
                 "there: `async for batch in collector` or `await collector.arollout()`."
@@ -526,7 +530,7 @@ class DataCollectorBase:
             The batch, laid out as the collector's batches are.
 
         Raises:
-            RuntimeError: called from the collector's own event loop (a policy, ``postproc``
+            CollectorBusyError: called from the collector's own event loop (a policy, ``postproc``
                 or replay-buffer callback); use ``await collector.arollout()`` there.
         """
         return self._run_sync("rollout()", self.arollout)
@@ -555,7 +559,7 @@ class DataCollectorBase:
         ``pause()``.
 
         Raises:
-            RuntimeError: the collector has no ``replay_buffer``, already runs in the
+            CollectorError: the collector has no ``replay_buffer``, already runs in the
                 background, is shut down or failed, or this is called from its own loop.
 
         Examples:
@@ -570,11 +574,11 @@ class DataCollectorBase:
             >>> collector.async_shutdown()
         """
         if self.options.replay_buffer is None:
-            raise RuntimeError(
+            raise CollectorError(
                 "start() collects into a replay buffer: pass replay_buffer=... to the collector."
             )
         if self.is_running():
-            raise RuntimeError(f"{type(self).__name__} is already running in the background.")
+            raise CollectorBusyError(f"{type(self).__name__} is already running in the background.")
         self._check_sync_allowed("start()")
         self._check_usable()
         res = self._resources

@@ -9,6 +9,7 @@ class docstring.
 from __future__ import annotations
 
 import asyncio
+import os
 from collections import OrderedDict
 from typing import Any
 
@@ -22,6 +23,7 @@ from .._engine.coroutines import CoroutineEngine
 from .._engine.engine import Engine
 from .._envs.coroutine_group import CoroutineGroup
 from .._envs.group import check_create_env_fn, make_group
+from .._errors import CollectorError, EnvError, StepTimeoutError
 from .._policies.setup import PolicySetup, check_policy
 from .base import DataCollectorBase
 from .loop_thread import LoopThread
@@ -155,12 +157,7 @@ class Collector(DataCollectorBase):
         try:
             batching = validate_batching(max_batch_size=max_batch_size, min_batch_size=min_batch_size,
                                          batch_timeout=batch_timeout, step_timeout=step_timeout,
-                                         coroutine=self._coroutine)
-            if self._coroutine and not options.reset_when_done:
-                raise ValueError(
-                    "reset_when_done=False: coroutine envs are reset as soon as they finish; "
-                    "a finished coroutine env cannot be stepped on."
-                )
+                                         coroutine=self._coroutine, reset_when_done=options.reset_when_done)
         except BaseException:
             self.shutdown()
             raise
@@ -204,10 +201,17 @@ class Collector(DataCollectorBase):
 
     async def _collect(self) -> tuple[TensorDictBase, int]:
         loop = self._resources.loop
-        if self._coroutine and not loop.in_this_thread():
-            # the async face, from the user's loop: collect on the envs' loop
-            return await asyncio.wrap_future(loop.portal.start_task_soon(self._collect_here))
-        return await self._collect_here()
+        try:
+            if self._coroutine and not loop.in_this_thread():
+                # the async face, from the user's loop: collect on the envs' loop
+                return await asyncio.wrap_future(loop.portal.start_task_soon(self._collect_here))
+            return await self._collect_here()
+        except StepTimeoutError as exc:
+            raise exc.locate(0, os.getpid()) from None
+        except Exception as exc:
+            if isinstance(exc, CollectorError) or not hasattr(exc, "env_index"):
+                raise  # the policy's own exception, as it is
+            raise EnvError.of(exc, worker=0, pid=os.getpid(), in_process=True) from exc
 
     async def _collect_here(self) -> tuple[TensorDictBase, int]:
         opts = self.options

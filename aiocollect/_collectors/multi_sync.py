@@ -63,7 +63,12 @@ class MultiSyncCollector(WorkerCollectorBase):
             the weights of the policy object given at construction.
         step_timeout: for entries of coroutine envs: a step or reset that takes longer,
             in seconds, fails the collection with a
-            [`WorkerError`][aiocollect.WorkerError].
+            [`StepTimeoutError`][aiocollect.StepTimeoutError], as in a ``Collector``.
+        max_batch_size: not accepted (``ValueError``), nor ``min_batch_size`` and
+            ``batch_timeout``: they shape per-env policy calls over coroutine envs, and
+            here each entry's envs step together; step such envs in a
+            [`Collector`][aiocollect.Collector]. ``reset_when_done=False`` is refused for
+            coroutine envs, as in every collector.
         max_policy_lag: not accepted (``ValueError``): a batch is collected after you
             ask for it, so only updates made during that batch can age it. The bound is
             [`MultiAsyncCollector`][aiocollect.MultiAsyncCollector]'s.

@@ -297,11 +297,18 @@ def validate_worker_options(*, cat_results: Any, preemptive_threshold: Any, upda
 
 
 def validate_batching(*, max_batch_size: Any, min_batch_size: Any, batch_timeout: Any, step_timeout: Any,
-                      coroutine: bool) -> Any:
-    """Check the coroutine-env knobs; returns a ``Batching``.
+                      coroutine: bool, reset_when_done: bool = True, per_env: bool = True) -> Any:
+    """Check the coroutine-env knobs, and the rules coroutine envs impose; returns a ``Batching``.
 
-    The knobs only mean something for coroutine envs: given with other envs, they are an
-    error rather than silently ignored.
+    Every collector calls this with the same arguments, so coroutine envs follow the same
+    rules, with the same messages, whichever collector steps them:
+
+    * the four knobs only mean something for coroutine envs: given with other envs, they
+      are an error rather than silently ignored;
+    * a coroutine env is reset as soon as it finishes: ``reset_when_done=False`` is refused;
+    * ``max_batch_size``, ``min_batch_size`` and ``batch_timeout`` shape the policy calls
+      over envs that each step on their own (``per_env``: a ``Collector``); the worker
+      collectors step each entry's coroutine envs together, as one worker, and refuse them.
     """
     from .._engine.coroutines import Batching
 
@@ -312,6 +319,19 @@ def validate_batching(*, max_batch_size: Any, min_batch_size: Any, batch_timeout
         raise ValueError(
             f"{', '.join(given)}: these apply to coroutine envs (aiocollect.AsyncEnv), which step one "
             "at a time; these envs step together. Remove the argument(s)."
+        )
+    if coroutine and not reset_when_done:
+        raise ValueError(
+            "reset_when_done=False: coroutine envs (aiocollect.AsyncEnv) are reset as soon as they "
+            "finish; a finished coroutine env cannot be stepped on. Remove the argument."
+        )
+    per_call = [name for name in ("max_batch_size", "min_batch_size", "batch_timeout") if name in given]
+    if per_call and not per_env:
+        raise ValueError(
+            f"{', '.join(per_call)}: in a worker collector each entry of coroutine envs steps as one "
+            "worker, its envs together, so there is no per-env policy batch to shape. Step the coroutine "
+            "envs in a Collector (one list of factories), which batches them env by env, or remove "
+            "the argument(s)."
         )
     for name in ("max_batch_size", "min_batch_size"):
         value = given.get(name)

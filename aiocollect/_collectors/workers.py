@@ -87,6 +87,9 @@ class WorkerCollectorBase(DataCollectorBase):
         num_sub_threads: int = 1,
         max_policy_lag: int | None = None,
         step_timeout: float | None = None,
+        max_batch_size: int | None = None,
+        min_batch_size: int | None = None,
+        batch_timeout: float | None = None,
     ):
         options = options_from(locals())
         worker_options = validate_worker_options(
@@ -99,9 +102,10 @@ class WorkerCollectorBase(DataCollectorBase):
             raise TypeError("create_env_fn is required: a list with one env factory per worker.")
         plan = plan_workers(self._entries(create_env_fn), options.create_env_kwargs)
         self._check_plan(plan, options, worker_options)
-        step_timeout = validate_batching(max_batch_size=None, min_batch_size=None, batch_timeout=None,
-                                         step_timeout=step_timeout,
-                                         coroutine=any(w.coroutine for w in plan.workers)).step_timeout
+        step_timeout = validate_batching(max_batch_size=max_batch_size, min_batch_size=min_batch_size,
+                                         batch_timeout=batch_timeout, step_timeout=step_timeout,
+                                         coroutine=any(w.coroutine for w in plan.workers),
+                                         reset_when_done=options.reset_when_done, per_env=False).step_timeout
         super().__init__(options)
         self.worker_options = worker_options
         self._plan = plan

@@ -204,7 +204,8 @@ class RayCollector(RemoteCollectorsBase):
             try:
                 info.append(ray.get(ref))
             except Exception as exc:
-                raise self._error(i, exc) from None
+                error = self._error(i, exc)
+                raise error from error.__cause__
         return info
 
     def _submit(self, index: int, method: str, *args: Any) -> Any:

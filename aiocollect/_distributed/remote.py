@@ -25,30 +25,7 @@ from typing import Any
 import cloudpickle
 import torch
 
-class RemoteCollectorError(RuntimeError):
-    """A remote collector failed: its collector raised, or its process (actor, RPC worker) died.
-
-    Raised from the iterator, ``await update_policy_weights(...)`` and ``set_seed()`` of
-    [`RayCollector`][aiocollect.RayCollector] and [`RPCCollector`][aiocollect.RPCCollector];
-    the remote error is its ``__cause__``.
-
-    Attributes:
-        index (int): the remote collector's index (0 .. num_collectors - 1).
-        where (str): what ran it ("Ray actor 1f2e...", "RPC worker collector1").
-        pid (int | None): its process id, when known.
-    """
-
-    def __init__(self, message: str, *, index: int, where: str, pid: int | None):
-        super().__init__(message)
-        self.index, self.where, self.pid = index, where, pid
-
-    @classmethod
-    def wrap(cls, index: int, where: str, pid: int | None, exc: BaseException) -> RemoteCollectorError:
-        error = cls(f"remote collector {index} ({where}, pid {pid}) failed: {type(exc).__name__}: {exc}",
-                    index=index, where=where, pid=pid)
-        error.__cause__ = exc
-        return error
-
+from .._errors import RemoteCollectorError as RemoteCollectorError
 
 COLLECTOR_CLASSES = {"single": "Collector", "sync": "MultiSyncCollector", "async": "MultiAsyncCollector"}
 

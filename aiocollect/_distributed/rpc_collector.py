@@ -24,6 +24,7 @@ from tensordict.nn import InteractionType
 
 from .._collectors.options import options_from
 from .base import RemoteCollectorsBase, forwarded_options, plan_remotes
+from .._errors import CollectorError
 from .remote import RemoteCollector
 
 _PACKAGE_ROOT = str(Path(__file__).resolve().parents[2])
@@ -229,7 +230,8 @@ class RPCCollector(RemoteCollectorsBase):
             try:
                 info.append(handle.wait())
             except Exception as exc:
-                raise self._error(i, exc) from None
+                error = self._error(i, exc)
+                raise error from error.__cause__
         return info
 
     def _submit(self, index: int, method: str, *args: Any) -> Any:
@@ -271,7 +273,7 @@ class RPCCollector(RemoteCollectorsBase):
                 return result.result()
             proc = self._procs[index] if index < len(self._procs) else None
             if proc is not None and proc.poll() is not None:
-                raise RuntimeError(f"the RPC worker process exited with code {proc.returncode} (a negative "
+                raise CollectorError(f"the RPC worker process exited with code {proc.returncode} (a negative "
                                    "code is the signal that killed it)")
 
     def _where(self, index: int) -> str:

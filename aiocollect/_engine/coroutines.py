@@ -171,7 +171,7 @@ class CoroutineEngine(TrajectoryBook):
             self._batch.step_landed(i)
 
     async def _timed(self, coro: Any, i: int, what: str) -> None:
-        await timed(coro, self.batching.step_timeout, self.group.envs[i], f"coroutine env {i}", what)
+        await timed(coro, self.batching.step_timeout, self.group.envs[i], i, what)
 
     def _fail(self, exc: BaseException) -> None:
         if isinstance(exc, asyncio.CancelledError):

@@ -21,6 +21,7 @@ from typing import Any
 import anyio
 import gymnasium as gym
 
+from .._errors import StepTimeoutError
 from .async_env import AsyncEnv, check_async_env, is_async_env
 from .group import _blame, _GroupBase, check_same_spaces
 
@@ -29,32 +30,9 @@ logger = logging.getLogger("aiocollect")
 _timeout = getattr(asyncio, "timeout", None)  # Python >= 3.11
 
 
-class StepTimeoutError(TimeoutError):
-    """A coroutine env did not answer ``reset()`` or ``step()`` within ``step_timeout`` seconds.
-
-    A [`Collector`][aiocollect.Collector] over coroutine envs raises it from the iterator,
-    and the collector is then failed; in the multi-process collectors, it is the
-    ``__cause__`` of the [`WorkerError`][aiocollect.WorkerError] that an entry of coroutine
-    envs raises. The message names the env, its class and the call, e.g.
-    ``coroutine env 3 (GameEnv) did not answer step() within 2.0 s (step_timeout)``; in a
-    ``Collector`` the pending steps of the other envs are cancelled. A subclass of the
-    built-in ``TimeoutError``.
-
-    Examples:
-        >>> collector = Collector([lambda: GameEnv(port)] * 64, policy, frames_per_batch=6400,
-        ...                       step_timeout=2.0)
-        >>> try:
-        ...     batch = collector.rollout()
-        ... except StepTimeoutError as exc:
-        ...     print(exc)
-    """
-
-
-async def timed(coro: Any, timeout: float | None, env: Any, where: str, what: str) -> Any:
-    """``await coro``, failing with [`StepTimeoutError`][aiocollect.StepTimeoutError] after ``timeout`` seconds.
-
-    ``where`` names the env in the message ("coroutine env 3", "env 1 of worker 2").
-    """
+async def timed(coro: Any, timeout: float | None, env: Any, index: int, what: str) -> Any:
+    """``await coro``, failing with [`StepTimeoutError`][aiocollect.StepTimeoutError] after
+    ``timeout`` seconds; ``index`` is the env's within its group (the caller names the worker)."""
     if timeout is None:
         return await coro
     try:
@@ -63,10 +41,8 @@ async def timed(coro: Any, timeout: float | None, env: Any, where: str, what: st
                 return await coro
         return await asyncio.wait_for(coro, timeout)  # Python 3.10
     except TimeoutError:
-        raise StepTimeoutError(
-            f"{where} ({type(env).__qualname__}) did not answer {what}() within {timeout} s "
-            "(step_timeout); raise step_timeout if it is just slow."
-        ) from None
+        raise StepTimeoutError.late(env=index, env_type=type(env).__qualname__, call=what,
+                                    timeout=timeout) from None
 
 
 class SyncEnvAdapter(AsyncEnv):

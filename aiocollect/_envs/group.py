@@ -82,14 +82,18 @@ def check_same_spaces(envs: Sequence[Any]) -> None:
             )
 
 
-def _blame(exc: BaseException, i: int) -> None:
-    """Record on ``exc`` that env ``i`` raised it."""
-    if getattr(exc, "env_index", None) is None:
+def _blame(exc: BaseException, i: int | None) -> None:
+    """Record on ``exc`` that env ``i`` of the group raised it (``None``: one of a ``VectorEnv``'s).
+
+    The collectors turn an exception so marked into an [`EnvError`][aiocollect.EnvError].
+    """
+    if not hasattr(exc, "env_index"):
         try:
             exc.env_index = i
         except AttributeError:  # exceptions with __slots__
-            pass
-        exc.add_note(f"(raised by env {i} of the group)")
+            return
+        if i is not None:
+            exc.add_note(f"(raised by env {i} of the group)")
 
 
 class InProcessGroup(_GroupBase):
@@ -156,7 +160,11 @@ class VectorEnvGroup(_GroupBase):
         self._pending: dict[int, Any] = {}
 
     def step_now(self, action: np.ndarray) -> None:
-        obs, reward, terminated, truncated, info = self.venv.step(action)
+        try:
+            obs, reward, terminated, truncated, info = self.venv.step(action)
+        except Exception as exc:
+            _blame(exc, None)
+            raise
         self._writer.write_all(obs)
         self.reward[:] = reward
         self.terminated[:] = terminated
@@ -180,7 +188,11 @@ class VectorEnvGroup(_GroupBase):
         mask[idx] = True
         seed = None if seeds is None else list(seeds)
         if mask.all():
-            obs, _ = self.venv.reset(seed=seed)
+            try:
+                obs, _ = self.venv.reset(seed=seed)
+            except Exception as exc:
+                _blame(exc, None)
+                raise
             self._writer.write_all(obs)
             return
         try:

@@ -47,11 +47,14 @@ def _die_with_parent() -> None:
 
 
 def describe_exception(exc: BaseException) -> dict:
+    from .._errors import pickled_exception
+
     return {
         "type": type(exc).__name__,
         "message": str(exc),
         "traceback": "".join(traceback.format_exception(exc)),
         "env": getattr(exc, "env_index", None),
+        "pickled": pickled_exception(exc),
     }
 
 

@@ -10,14 +10,15 @@ the batches and every option are the same. A command runs as a task on the engin
 a step awaits every env of the entry concurrently, then resets the ones that finished
 (leaving the next episode's first observation aside, as a process worker does).
 
-An env that raises fails the worker with a [`WorkerError`][aiocollect.WorkerError] whose
-``__cause__`` is the env's exception.
+An env that raises fails the worker with an [`EnvError`][aiocollect.EnvError] whose
+``__cause__`` is the env's exception, as in every collector; a step over ``step_timeout`` with
+a [`StepTimeoutError`][aiocollect.StepTimeoutError].
 """
 
 from __future__ import annotations
 
 import asyncio
-import traceback
+import os
 from collections.abc import Callable
 from functools import partial
 from typing import Any
@@ -26,9 +27,9 @@ import cloudpickle
 import numpy as np
 
 from .._envs.coroutine_group import CoroutineGroup, timed
+from .._errors import EnvError, StepTimeoutError, WorkerError
 from .._envs.group import make_group
 from . import protocol
-from .errors import WorkerError
 from .plan import WorkerSpec
 from .shm import SharedArrays, set_aside_resets
 
@@ -102,18 +103,10 @@ class CoroutineWorker:
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # noqa: BLE001 - reported as this worker's failure
-            env = getattr(exc, "env_index", None)
-            where = f"worker {self.index} (coroutine envs, in the main process)"
-            if env is not None:
-                where += f", env {env}"
-            error = WorkerError(
-                f"{where} raised {type(exc).__name__}: {exc}\n\n"
-                f"Traceback:\n{''.join(traceback.format_exception(exc)).rstrip()}",
-                worker=self.index, pid=None, env=env, remote_type=type(exc).__name__,
-                remote_traceback="".join(traceback.format_exception(exc)),
-            )
-            error.__cause__ = exc
-            self.fail(error)
+            if isinstance(exc, StepTimeoutError):
+                self.fail(exc.locate(self.index, os.getpid()))
+            else:
+                self.fail(EnvError.of(exc, worker=self.index, pid=os.getpid(), in_process=True))
             return
         self._done = self._posted
         self.on_reply(self)
@@ -141,9 +134,8 @@ class CoroutineWorker:
     async def _timed(self, call: Callable[[], Any], i: int, what: str) -> None:
         # The env's coroutine is created here, in the gathered task, not by the caller: a task
         # cancelled before it starts would otherwise leave it never awaited (a RuntimeWarning).
-        where = f"env {i} of worker {self.index}"
         try:
-            await timed(call(), self.step_timeout, self.group.envs[i], where, what)
+            await timed(call(), self.step_timeout, self.group.envs[i], i, what)
         except Exception as exc:
             if getattr(exc, "env_index", None) is None:
                 exc.env_index = i

@@ -37,7 +37,7 @@ import numpy as np
 
 from . import protocol
 from .coroutine_worker import CoroutineWorker
-from .errors import WorkerError
+from .._errors import EnvError, WorkerError
 from .plan import WorkerPlan, WorkerSpec
 from .shm import Layout, SharedArrays, create_segment
 
@@ -134,7 +134,7 @@ class Worker:
             if parsed is None:
                 break  # the rest of the error report is on its way
             info, start = parsed
-            self.fail(WorkerError.from_remote(self.index, self.pid, info))
+            self.fail(EnvError.from_remote(self.index, self.pid, info))
         del inbox[:start]
         self.on_reply(self)
 
@@ -249,7 +249,7 @@ class WorkerPool:
         await loop.sock_sendall(parent, protocol.frame(setup))
         reply = await self._recv_frame(worker)
         if reply[0] == "error":
-            raise WorkerError.from_remote(spec.index, worker.pid, reply[1])
+            raise EnvError.from_remote(spec.index, worker.pid, reply[1])
         worker.start_reading()
 
     async def _recv_frame(self, worker: Worker):

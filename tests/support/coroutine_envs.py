@@ -172,3 +172,52 @@ class PlainCounterEnv:
                 return np.array([env_id, self.t, int(action)], np.float32), float(self.t), False, self.t >= length, {}
 
         return _Env()
+
+
+class AwaitingEnv(AsyncEnv):
+    """A gymnasium env behind ``async`` ``reset``/``step``: each call yields to the loop once,
+    then runs the env. The contract suite's coroutine variants step the same envs as the
+    others this way, so their batches can be compared."""
+
+    def __init__(self, env):
+        self.env = env
+        self.observation_space, self.action_space = env.observation_space, env.action_space
+
+    async def reset(self, *, seed=None, options=None):
+        await asyncio.sleep(0)
+        return self.env.reset(seed=seed, options=options)
+
+    async def step(self, action):
+        await asyncio.sleep(0)
+        return self.env.step(action)
+
+    async def close(self):
+        self.env.close()
+
+
+class HangingEnv(AsyncEnv):
+    """A coroutine env whose ``hang_at``-th step never answers."""
+
+    def __init__(self, hang_at: int = 3):
+        self.observation_space = spaces.Box(-1e9, 1e9, (3,), np.float32)
+        self.action_space = spaces.Discrete(3)
+        self.hang_at, self.steps = hang_at, 0
+
+    async def reset(self, *, seed=None, options=None):
+        return np.zeros(3, np.float32), {}
+
+    async def step(self, action):
+        self.steps += 1
+        if self.steps >= self.hang_at:
+            await asyncio.Event().wait()
+        return np.full(3, self.steps, np.float32), 0.0, False, False, {}
+
+
+class AsCoroutine:
+    """A picklable factory: ``AsCoroutine(make_env)()`` is ``AwaitingEnv(make_env())``."""
+
+    def __init__(self, make_env):
+        self.make_env = make_env
+
+    def __call__(self):
+        return AwaitingEnv(self.make_env())

@@ -16,7 +16,7 @@ import pytest
 
 import aiocollect
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 DOCS = ROOT / "docs"
 
 # Every ```python block of the docs and the README is a complete program, run in page order;

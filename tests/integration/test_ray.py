@@ -12,9 +12,10 @@ import torch.nn as nn
 from tensordict.nn import TensorDictModule
 
 from aiocollect import Collector, GymEnv, MultiSyncCollector, RayCollector, RemoteCollectorError
-from conftest import CounterEnv, check_batch
+from support.checks import check_batch
+from support.envs import CounterEnv
 from test_weights import check_versions, linear
-from workers_util import IntObsEnv
+from support.envs import IntObsEnv
 
 ray = pytest.importorskip("ray")
 

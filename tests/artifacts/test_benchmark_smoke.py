@@ -9,7 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-BENCH = Path(__file__).parent.parent / "benchmarks" / "bench_collect.py"
+BENCH = Path(__file__).resolve().parents[2] / "benchmarks" / "bench_collect.py"
 
 
 def run_quick(name: str, results_dir: Path) -> tuple[str, dict]:

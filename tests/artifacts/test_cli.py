@@ -10,7 +10,7 @@ from pathlib import Path
 
 from tensordict import TensorDict
 
-from conftest import check_batch
+from support.checks import check_batch
 
 SCRIPT = Path(sys.executable).parent / "aiocollect"
 

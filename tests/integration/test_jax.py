@@ -18,8 +18,8 @@ from tensordict.nn import TensorDictModule
 
 from aiocollect import AsyncCollector, Collector, MultiAsyncCollector, MultiSyncCollector
 from aiocollect.jax import JaxPolicy, from_jax, to_jax
-from conftest import check_batch
-from workers_util import IntObsEnv
+from support.checks import check_batch
+from support.envs import IntObsEnv
 
 
 def cartpole():

@@ -12,7 +12,7 @@ import subprocess
 import sys
 import textwrap
 
-TESTS = os.path.dirname(__file__)
+TESTS = os.path.dirname(os.path.dirname(__file__))  # tests/, where support/ is
 
 PRELUDE = f"""
 import faulthandler, json, os, signal, subprocess, sys, time
@@ -21,8 +21,8 @@ sys.path.insert(0, {TESTS!r})
 import torch, torch.nn as nn
 from tensordict.nn import TensorDictModule
 from aiocollect import RPCCollector, RemoteCollectorError, GymEnv
-from conftest import check_batch
-from workers_util import IntObsEnv
+from support.checks import check_batch
+from support.envs import IntObsEnv
 
 def linear(value):
     m = nn.Linear(3, 1)

@@ -1,0 +1,257 @@
+"""Every error aiocollect raises for a fault, in one hierarchy.
+
+```
+CollectorError                  a fault in collection; `except aiocollect.CollectorError` catches them all
+├── WorkerError                 an env worker failed: its process died (or, as EnvError, an env raised)
+│   └── EnvError                an env's reset() or step() raised: its exception is the __cause__
+│       └── StepTimeoutError    a coroutine env did not answer within step_timeout (also a TimeoutError)
+├── RemoteCollectorError        a remote collector (Ray actor, RPC worker) failed: the remote error is the __cause__
+├── CollectorClosedError        the collector was used after shutdown()
+├── CollectorFailedError        the collector was used after a fault: the fault is the __cause__
+└── CollectorBusyError          the collector is already collecting (iterated from two places, or while start() runs)
+```
+
+The same fault gives the same type in every collector: an env that raises is an
+[`EnvError`][aiocollect.EnvError] whether it ran in this process
+([`Collector`][aiocollect.Collector]), in a worker process or as a coroutine env, and names
+the env and the worker in its message and attributes. Bad arguments are not faults: they
+stay ``TypeError`` / ``ValueError``, raised before any env is built or process started. An
+exception raised by the policy, which runs in your process, comes out as it is.
+
+Every class is a ``RuntimeError``, as aiocollect's errors were before the hierarchy
+existed, so older ``except RuntimeError`` code still catches them.
+"""
+
+from __future__ import annotations
+
+import pickle
+import signal
+import traceback
+from typing import Any
+
+
+class CollectorError(RuntimeError):
+    """Base class of every error aiocollect raises for a fault in collection.
+
+    Catch it to handle any fault of any collector in one place; the subclasses say which
+    fault it was. Bad arguments are ``TypeError`` / ``ValueError`` instead.
+
+    Examples:
+        >>> try:
+        ...     for batch in collector:
+        ...         train(batch)
+        ... except aiocollect.CollectorError as exc:
+        ...     print(f"collection failed: {exc}")
+    """
+
+
+class WorkerError(CollectorError):
+    """An env worker failed: its process died, or (as [`EnvError`][aiocollect.EnvError]) an env raised.
+
+    Raised from the iterator of every collector; the worker collectors
+    ([`MultiSyncCollector`][aiocollect.MultiSyncCollector],
+    [`MultiAsyncCollector`][aiocollect.MultiAsyncCollector],
+    [`AsyncCollector`][aiocollect.AsyncCollector]) stop every worker at once. The collector
+    is then failed (later calls raise [`CollectorFailedError`][aiocollect.CollectorFailedError]).
+    A [`Collector`][aiocollect.Collector]'s envs are worker 0, in this process.
+
+    Attributes:
+        worker (int): the worker's index (its position in ``create_env_fn``; 0 for a ``Collector``).
+        pid (int | None): the process that ran the env.
+        env (int | None): the index of the env that raised, within the worker (``None`` if unknown).
+        remote_type (str | None): the class name of the exception the env raised (``None`` if the process died).
+        remote_traceback (str): that exception's traceback ("" if the process died).
+        exitcode (int | None): the process's exit code when it died (negative: killed by that signal).
+    """
+
+    def __init__(self, message: str, *, worker: int = 0, pid: int | None = None, env: int | None = None,
+                 remote_type: str | None = None, remote_traceback: str = "", exitcode: int | None = None):
+        super().__init__(message)
+        self.worker = worker
+        self.pid = pid
+        self.env = env
+        self.remote_type = remote_type
+        self.remote_traceback = remote_traceback
+        self.exitcode = exitcode
+
+    def __reduce__(self):
+        return (_rebuild, (type(self), str(self), self.__dict__))
+
+    @classmethod
+    def died(cls, worker: int, pid: int | None, exitcode: int | None) -> WorkerError:
+        """The error for a worker process that died (``exitcode`` as ``Popen.returncode``)."""
+        if exitcode is None:
+            how = "closed its control channel"
+        elif exitcode < 0:
+            try:
+                how = f"was killed by {signal.Signals(-exitcode).name}"
+            except ValueError:
+                how = f"was killed by signal {-exitcode}"
+        else:
+            how = f"exited with code {exitcode}"
+        message = (
+            f"worker {worker} (pid {pid}) {how} while the collector was using it (out of memory? "
+            "a crash in native env code?); the other workers were stopped."
+        )
+        return WorkerError(message, worker=worker, pid=pid, exitcode=exitcode)
+
+
+class EnvError(WorkerError):
+    """An env's ``reset()`` or ``step()`` raised (or its factory did, in a worker).
+
+    The same type from every collector, wherever the env ran: in this process, in a worker
+    process or as a coroutine env. The message names the env and its worker and carries
+    the env's traceback; ``__cause__`` is the env's own exception (for a worker process,
+    rebuilt here from the worker's copy when it can be pickled). See
+    [`WorkerError`][aiocollect.WorkerError] for the attributes.
+
+    Examples:
+        >>> try:
+        ...     batch = collector.rollout()
+        ... except aiocollect.EnvError as exc:
+        ...     print(exc.worker, exc.env, type(exc.__cause__).__name__)
+    """
+
+    @classmethod
+    def of(cls, exc: BaseException, *, worker: int, pid: int | None, in_process: bool = False) -> EnvError:
+        """Wrap ``exc``, raised by an env (``exc.env_index`` names it), as an ``EnvError``."""
+        env = getattr(exc, "env_index", None)
+        trace = "".join(traceback.format_exception(exc))
+        error = cls(
+            f"{_where(worker, pid, env, in_process)} raised {type(exc).__name__}: {exc}\n\n"
+            f"Traceback of the env:\n{trace.rstrip()}",
+            worker=worker, pid=pid, env=env, remote_type=type(exc).__name__, remote_traceback=trace,
+        )
+        error.__cause__ = exc
+        return error
+
+    @classmethod
+    def from_remote(cls, worker: int, pid: int | None, info: dict) -> EnvError:
+        """The error for an env that raised in worker process ``worker``; ``info`` is what
+        the worker sent (``_workers.child.describe_exception``)."""
+        env = info.get("env")
+        error = cls(
+            f"{_where(worker, pid, env, False)} raised {info['type']}: {info['message']}\n\n"
+            f"Traceback in the worker:\n{info['traceback'].rstrip()}",
+            worker=worker, pid=pid, env=env, remote_type=info["type"], remote_traceback=info["traceback"],
+        )
+        error.__cause__ = _unpickle(info.get("pickled"))
+        return error
+
+
+class StepTimeoutError(EnvError, TimeoutError):
+    """A coroutine env did not answer ``reset()`` or ``step()`` within ``step_timeout`` seconds.
+
+    Raised by every collector that steps coroutine envs ([`AsyncEnv`][aiocollect.AsyncEnv])
+    with a ``step_timeout``, in a [`Collector`][aiocollect.Collector] as in an entry of
+    coroutine envs of the worker collectors; the collector is then failed and the pending
+    steps of the other envs are cancelled. The message names the env, its class and the
+    call, e.g. ``env 3 of worker 0 (GameEnv) did not answer step() within 2.0 s
+    (step_timeout)``. It is also a built-in ``TimeoutError``; see
+    [`WorkerError`][aiocollect.WorkerError] for the attributes.
+
+    Examples:
+        >>> collector = Collector([lambda: GameEnv(port)] * 64, policy, frames_per_batch=6400,
+        ...                       step_timeout=2.0)
+        >>> try:
+        ...     batch = collector.rollout()
+        ... except StepTimeoutError as exc:
+        ...     print(exc.env, exc)
+    """
+
+    @classmethod
+    def late(cls, *, env: int, env_type: str, call: str, timeout: float) -> StepTimeoutError:
+        """The error for env ``env`` (a ``env_type``) whose ``call`` took over ``timeout`` s;
+        ``locate`` fills in its worker."""
+        return cls(f"env {env} ({env_type}) did not answer {call}() within {timeout} s (step_timeout); "
+                   "raise step_timeout if it is just slow.", env=env, remote_type="TimeoutError")
+
+    def locate(self, worker: int, pid: int | None) -> StepTimeoutError:
+        """Name the worker the env belongs to (in the message too); returns ``self``."""
+        self.worker, self.pid = worker, pid
+        message = str(self).replace(f"env {self.env} ", f"env {self.env} of worker {worker} ", 1)
+        self.args = (message,)
+        return self
+
+
+class RemoteCollectorError(CollectorError):
+    """A remote collector failed: its collector raised, or its process (actor, RPC worker) died.
+
+    Raised from the iterator, ``await update_policy_weights(...)`` and ``set_seed()`` of
+    [`RayCollector`][aiocollect.RayCollector] and [`RPCCollector`][aiocollect.RPCCollector];
+    the remote error is its ``__cause__`` (an [`EnvError`][aiocollect.EnvError] when a remote
+    env raised), with the remote traceback.
+
+    Attributes:
+        index (int): the remote collector's index (0 .. num_collectors - 1).
+        where (str): what ran it ("Ray actor 1f2e...", "RPC worker collector1").
+        pid (int | None): its process id, when known.
+    """
+
+    def __init__(self, message: str, *, index: int, where: str, pid: int | None):
+        super().__init__(message)
+        self.index, self.where, self.pid = index, where, pid
+
+    def __reduce__(self):
+        return (_rebuild, (type(self), str(self), self.__dict__))
+
+    @classmethod
+    def wrap(cls, index: int, where: str, pid: int | None, exc: BaseException) -> RemoteCollectorError:
+        error = cls(f"remote collector {index} ({where}, pid {pid}) failed: {type(exc).__name__}: {exc}",
+                    index=index, where=where, pid=pid)
+        error.__cause__ = exc
+        return error
+
+
+class CollectorClosedError(CollectorError):
+    """The collector was used after [`shutdown()`][aiocollect.DataCollectorBase.shutdown]: create a new one."""
+
+
+class CollectorFailedError(CollectorError):
+    """The collector was used after a fault: its envs are in an unknown state.
+
+    The fault (an [`EnvError`][aiocollect.EnvError], a policy's exception...) came out of
+    the call that met it and is this error's ``__cause__``; shut the collector down and
+    create a new one.
+    """
+
+
+class CollectorBusyError(CollectorError):
+    """The collector is already collecting: a collector yields one batch at a time.
+
+    Raised when it is iterated from two places at once, iterated while
+    [`start()`][aiocollect.DataCollectorBase.start] collects in the background, or started twice.
+    """
+
+
+def _where(worker: int, pid: int | None, env: int | None, in_process: bool) -> str:
+    place = f"worker {worker} (this process, pid {pid})" if in_process else f"worker {worker} (pid {pid})"
+    return place if env is None else f"env {env} of {place}"
+
+
+def _unpickle(data: bytes | None) -> BaseException | None:
+    """The worker's exception object, if it could be pickled there and unpickled here."""
+    if not data:
+        return None
+    try:
+        exc = pickle.loads(data)
+    except Exception:  # noqa: BLE001 - its class may not import here: the message has it all
+        return None
+    return exc if isinstance(exc, BaseException) else None
+
+
+def pickled_exception(exc: BaseException) -> bytes | None:
+    """``exc`` as bytes for the main process (``None`` if it cannot be pickled)."""
+    try:
+        import cloudpickle
+
+        return cloudpickle.dumps(exc)
+    except Exception:  # noqa: BLE001 - the text of the exception still travels
+        return None
+
+
+def _rebuild(cls: type, message: str, state: dict) -> Any:
+    err = cls.__new__(cls)
+    RuntimeError.__init__(err, message)
+    err.__dict__.update(state)
+    return err

@@ -1,0 +1,230 @@
+"""What every variant's batches hold: TorchRL's layout and the invariants, on both faces, under
+every batch option (total_frames, split_trajs, postproc, reset_at_each_iter,
+max_frames_per_traj, init_random_frames, replay_buffer and start()), set_seed and state_dict."""
+
+from __future__ import annotations
+
+import functools
+import time
+
+import torch
+
+from support.checks import check_batch, check_continuity, rows
+from support.envs import CounterEnv, DictEnv
+
+FPB = 40
+
+
+async def collect(collector, face: str, count: int | None = None) -> list:
+    """Batches from ``collector`` through ``face`` ("sync" or "async"), ``count`` at most."""
+    out = []
+    if face == "sync":
+        for batch in collector:
+            out.append(batch)
+            if len(out) == count:
+                break
+    else:
+        async for batch in collector:
+            out.append(batch)
+            if len(out) == count:
+                break
+    return out
+
+
+def constant(action: int):
+    def policy(observation):
+        return torch.full(observation.shape[:-1], action, dtype=torch.int64)
+    return policy
+
+
+def check_rows_continue(variant, batches) -> None:
+    """Consecutive batches continue each env's trajectories (for MultiAsync, a worker's batches
+    may interleave with the other's: checked where two consecutive batches are the same worker's)."""
+    for prev, cur in zip(batches, batches[1:]):
+        if variant.collects_ahead and variant.workers > 1:
+            continue
+        check_continuity(prev, cur)
+
+
+async def test_layout_and_invariants_on_both_faces(variant):
+    for face in ("sync", "async"):
+        collector = variant(frames_per_batch=FPB, total_frames=4 * FPB)
+        if face == "sync":
+            with collector:
+                batches = await collect(collector, "sync")
+        else:
+            async with collector:
+                batches = await collect(collector, "async")
+        assert len(batches) == 4, face
+        for batch in batches:
+            assert tuple(batch.shape) == variant.batch_shape(FPB), (face, batch.shape)
+            assert batch.names[-1] == "time"
+            check_batch(batch)
+            assert batch["action"].dtype == torch.int64
+        check_rows_continue(variant, batches)
+        ids = [set(rows(b)["collector", "traj_ids"].flatten().tolist()) for b in batches]
+        if variant.collects_ahead and variant.workers > 1:  # workers never share an id
+            assert ids[0] != ids[1] or len(ids[0]) > 0
+
+
+def test_nested_observations_and_multidiscrete_actions(variant):
+    with variant(DictEnv, frames_per_batch=FPB, total_frames=2 * FPB) as collector:
+        for batch in collector:
+            check_batch(batch)
+            assert batch["nest", "t"].shape == (*variant.batch_shape(FPB), 1)
+            assert batch["next", "nest", "t"].shape == (*variant.batch_shape(FPB), 1)
+            assert batch["pos"].dtype == torch.float64 and batch["cell"].dtype == torch.int64
+            assert batch["action"].shape == (*variant.batch_shape(FPB), 2)
+
+
+async def test_total_frames_len_and_statistics(variant):
+    collector = variant(frames_per_batch=FPB, total_frames=3 * FPB)
+    async with collector:
+        assert len(collector) == 3
+        before = collector.statistics()
+        batches = await collect(collector, "async")
+        assert len(batches) == 3
+        assert await collect(collector, "async") == []  # exhausted
+        stats = collector.statistics()
+    assert (before.frames, before.batches) == (0, 0)
+    assert (stats.frames, stats.batches) == (3 * FPB, 3)
+    assert stats.env_steps >= 3 * FPB
+    done = sum(int(b["next", "done"].sum()) for b in batches)
+    assert stats.completed_trajectories >= done
+    assert len(stats.workers) == (0 if variant.cls.__name__ == "Collector" else variant.workers)
+    assert stats.mean_episode_return is not None
+
+
+def test_split_trajs_gives_one_trajectory_per_row(variant):
+    with variant(frames_per_batch=FPB, total_frames=FPB, split_trajs=True) as collector:
+        batch = next(iter(collector))
+    mask = batch["collector", "mask"]
+    ids = batch["collector", "traj_ids"]
+    assert mask.shape == ids.shape and mask.any(-1).all()
+    for row_ids, row_mask in zip(ids, mask):
+        assert row_ids[row_mask].unique().numel() == 1
+        assert row_mask[: int(row_mask.sum())].all()  # left-aligned
+    assert int(mask.sum()) == FPB
+
+
+def test_postproc_is_applied_to_every_batch(variant):
+    def tag(td):
+        td.set("tagged", torch.ones(td.shape))
+        return td
+
+    with variant(frames_per_batch=FPB, total_frames=2 * FPB, postproc=tag) as collector:
+        for batch in collector:
+            assert batch["tagged"].all()
+
+
+def test_reset_at_each_iter_starts_every_batch_with_new_trajectories(variant):
+    with variant(frames_per_batch=FPB, total_frames=3 * FPB, reset_at_each_iter=True) as collector:
+        seen: set[int] = set()
+        for batch in collector:
+            b = rows(batch)
+            assert (b["observation"][:, 0, 0] == 0).all(), "a batch did not start from a reset"
+            first = set(b["collector", "traj_ids"][:, 0].tolist())
+            assert not first & seen, "a trajectory went on across reset_at_each_iter"
+            seen |= set(b["collector", "traj_ids"].flatten().tolist())
+            check_batch(batch)
+
+
+def test_max_frames_per_traj_truncates_and_counts_steps(variant):
+    env = functools.partial(CounterEnv, max_len=50)
+    with variant(env, frames_per_batch=FPB, total_frames=2 * FPB, max_frames_per_traj=3) as collector:
+        for batch in collector:
+            check_batch(batch, step_count=3)
+            b = rows(batch)
+            assert (b["next", "step_count"] <= 3).all()
+            assert b["next", "truncated"].any()
+
+
+def test_init_random_frames_come_from_the_random_policy(variant):
+    with variant(None, constant(2), frames_per_batch=FPB, total_frames=6 * FPB,
+                 init_random_frames=FPB) as collector:
+        batches = list(collector)
+    assert (batches[0]["action"] != 2).any(), "the first batch was not random"
+    assert (batches[-1]["action"] == 2).all(), "the policy never took over"
+
+
+def test_set_seed_reproduces_the_trajectories(variant):
+    def run():
+        policy = lambda observation: (observation[..., 1] % 3).to(torch.int64)  # noqa: E731 - deterministic
+        with variant(policy=policy, frames_per_batch=FPB, total_frames=4 * FPB) as collector:
+            assert collector.set_seed(7) == 7 + variant.num_envs - 1
+            return list(collector)
+
+    first, second = run(), run()
+    if not variant.collects_ahead or variant.workers == 1:
+        for a, b in zip(first, second):
+            assert torch.equal(a["observation"], b["observation"]) and torch.equal(a["action"], b["action"])
+        return
+    # MultiAsync: which worker fills a batch first is a race; each worker's rows are reproduced
+    def by_first_frame(batches):
+        return {rows(b)["observation"][i, 0].numpy().tobytes(): rows(b)["observation"][i]
+                for b in batches for i in range(rows(b).shape[0])}
+
+    a, b = by_first_frame(first), by_first_frame(second)
+    common = a.keys() & b.keys()
+    assert len(common) >= 2
+    assert all(torch.equal(a[k], b[k]) for k in common)
+
+
+def test_state_dict_round_trip_restores_counters_weights_and_ids(variant):
+    from support.weights import linear
+
+    from support.envs import IntObsEnv
+
+    with variant(IntObsEnv, linear(0.0), frames_per_batch=FPB, total_frames=4 * FPB) as first:
+        it = iter(first)
+        seen = set()
+        for _ in range(2):
+            seen |= set(next(it)["collector", "traj_ids"].flatten().tolist())
+        first.update_policy_weights_(linear(3.0))
+        state = first.state_dict()
+    assert state["frames"] == 2 * FPB and state["iter"] == 2
+    assert torch.equal(state["policy_state_dict"]["module.weight"], torch.full((1, 3), 3.0))
+    with variant(IntObsEnv, linear(0.0), frames_per_batch=FPB, total_frames=4 * FPB) as second:
+        second.load_state_dict(state)
+        assert second.statistics().frames == 2 * FPB
+        rest = list(second)
+        assert torch.equal(second.policy.module.weight, torch.full((1, 3), 3.0))
+    assert len(rest) == 2, "total_frames does not count on from the restored frames"
+    for batch in rest:
+        assert not set(batch["collector", "traj_ids"].flatten().tolist()) & seen, "a trajectory id was reused"
+        valid = batch["collector", "policy_version"] >= 0
+        assert torch.equal(batch["action"][..., 0][valid], (3.0 * (batch["observation"].sum(-1) + 1))[valid])
+
+
+class ListBuffer:
+    def __init__(self):
+        self.items = []
+
+    def extend(self, batch):
+        self.items.append(batch)
+
+
+def test_replay_buffer_iteration_and_background_collection(variant):
+    buffer = ListBuffer()
+    with variant(frames_per_batch=FPB, total_frames=2 * FPB, replay_buffer=buffer) as collector:
+        assert list(collector) == [None, None]
+    assert len(buffer.items) == 2
+
+    buffer = ListBuffer()
+    collector = variant(frames_per_batch=FPB, total_frames=-1, replay_buffer=buffer)
+    collector.start()
+    deadline = time.monotonic() + 20
+    while len(buffer.items) < 3 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert collector.is_running() and collector.statistics().running_in_background
+    with collector.pause():
+        count = len(buffer.items)
+        time.sleep(0.05)
+        assert len(buffer.items) == count, "the buffer changed during pause()"
+    t0 = time.monotonic()
+    collector.async_shutdown()
+    assert time.monotonic() - t0 < 5
+    assert not collector.is_running()
+    assert len(buffer.items) >= 3
+    for batch in buffer.items:
+        check_batch(batch)

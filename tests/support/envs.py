@@ -1,0 +1,152 @@
+"""Gymnasium envs for the tests, each built to make one property visible in the batches."""
+
+from __future__ import annotations
+
+import sys
+import time
+
+import gymnasium as gym
+import numpy as np
+from gymnasium import spaces
+
+
+class CounterEnv(gym.Env):
+    """A deterministic env whose observations say where they come from.
+
+    obs = [step within the episode, first value drawn at reset, last action]. Episodes
+    end (terminated) after a length drawn at reset from the env's RNG, so seeding shows
+    in the observations. ``closed`` records ``close()`` calls.
+    """
+
+    metadata = {"render_modes": []}
+
+    def __init__(self, max_len: int = 12, fail_at: int | None = None):
+        self.observation_space = spaces.Box(-1e6, 1e6, (3,), np.float32)
+        self.action_space = spaces.Discrete(3)
+        self.max_len = max_len
+        self.fail_at = fail_at
+        self.closed = False
+        self.total_steps = 0
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self.t = 0
+        self.start = float(self.np_random.integers(0, 1000))
+        self.length = int(self.np_random.integers(2, self.max_len))
+        return np.array([0, self.start, -1], np.float32), {}
+
+    def step(self, action):
+        assert self.action_space.contains(action), action
+        self.total_steps += 1
+        if self.fail_at is not None and self.total_steps >= self.fail_at:
+            raise ValueError("CounterEnv exploded on purpose")
+        self.t += 1
+        obs = np.array([self.t, self.start, int(action)], np.float32)
+        return obs, float(self.t), self.t >= self.length, False, {}
+
+    def close(self):
+        self.closed = True
+
+
+class EnvRecorder:
+    """An env factory that keeps every env it made (``recorder.envs``), to check closing."""
+
+    def __init__(self, **kwargs):
+        self.kwargs = kwargs
+        self.envs: list[CounterEnv] = []
+
+    def __call__(self) -> CounterEnv:
+        self.envs.append(CounterEnv(**self.kwargs))
+        return self.envs[-1]
+
+
+class DictEnv(gym.Env):
+    """Dict observations of every supported leaf type; MultiDiscrete actions."""
+
+    def __init__(self):
+        self.observation_space = spaces.Dict(
+            {
+                "pos": spaces.Box(-1, 1, (2,), np.float64),
+                "cell": spaces.Discrete(5),
+                "flags": spaces.MultiBinary(3),
+                "md": spaces.MultiDiscrete([2, 3]),
+                "nest": spaces.Dict({"t": spaces.Box(0, 1000, (1,), np.float32)}),
+            }
+        )
+        self.action_space = spaces.MultiDiscrete([3, 4])
+
+    def _obs(self):
+        o = self.observation_space.sample()
+        o["nest"]["t"] = np.array([self.t], np.float32)
+        return o
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self.observation_space.seed(seed)
+        self.t = 0
+        return self._obs(), {}
+
+    def step(self, action):
+        assert self.action_space.contains(np.asarray(action)), action
+        self.t += 1
+        return self._obs(), 0.5, False, self.t >= 7, {}
+
+
+class SleepyEnv(gym.Env):
+    """Box obs [env tag, step]; each step sleeps ``delay`` seconds."""
+
+    def __init__(self, delay: float = 0.0, tag: float = 0.0, length: int = 50):
+        self.observation_space = spaces.Box(-1e6, 1e6, (2,), np.float32)
+        self.action_space = spaces.Box(-1, 1, (1,), np.float32)
+        self.delay, self.tag, self.length = delay, tag, length
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self.t = 0
+        return np.array([self.tag, 0], np.float32), {}
+
+    def step(self, action):
+        if self.delay:
+            time.sleep(self.delay)
+        self.t += 1
+        return np.array([self.tag, self.t], np.float32), 1.0, False, self.t >= self.length, {}
+
+
+class TorchProbeEnv(gym.Env):
+    """Its observation says whether torch was imported in the process stepping it."""
+
+    def __init__(self):
+        self.observation_space = spaces.Box(0, 1, (1,), np.float32)
+        self.action_space = spaces.Discrete(2)
+
+    def _obs(self):
+        return np.array([float("torch" in sys.modules)], np.float32)
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        return self._obs(), {}
+
+    def step(self, action):
+        return self._obs(), 0.0, False, False, {}
+
+
+class IntObsEnv(gym.Env):
+    """Small integer observations (as float32) and an unbounded 1-d action: a linear
+    policy's action is then exact in float32, so it shows which weights computed it."""
+
+    def __init__(self, length: int = 30):
+        self.observation_space = spaces.Box(-1e6, 1e6, (3,), np.float32)
+        self.action_space = spaces.Box(-np.inf, np.inf, (1,), np.float32)
+        self.length = length
+
+    def _obs(self):
+        return self.np_random.integers(0, 10, 3).astype(np.float32)
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self.t = 0
+        return self._obs(), {}
+
+    def step(self, action):
+        self.t += 1
+        return self._obs(), float(action[0]), False, self.t >= self.length, {}

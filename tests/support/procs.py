@@ -1,0 +1,91 @@
+"""Process, thread and leak probes: what a collector leaves behind after it is gone."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+
+def children() -> set[int]:
+    """Pids of this process's live (non-zombie) env workers."""
+    me, out = os.getpid(), set()
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == me and fields[0] != "Z" and _is_worker(entry):
+            out.add(int(entry))
+    return out
+
+
+def _is_worker(pid: str) -> bool:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            cmdline = f.read()
+    except OSError:
+        return False
+    return b"aiocollect._workers.child" in cmdline or b"aiocollect._distributed.rpc_worker" in cmdline
+
+
+def alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def open_fds() -> set[str]:
+    return {os.readlink(f"/proc/self/fd/{fd}") for fd in os.listdir("/proc/self/fd")
+            if os.path.exists(f"/proc/self/fd/{fd}")}
+
+
+def aiocollect_threads() -> set[str]:
+    return {t.name for t in threading.enumerate() if t.name.startswith("aiocollect")}
+
+
+def snapshot() -> tuple[set[int], set[str], set[str]]:
+    """What this process holds that a collector could leak: its worker processes, its
+    aiocollect threads, its shared-memory fds (aiocollect's segments are memfds) and sockets.
+
+    Only this process and its children are looked at, so other programs on the machine
+    (another test run, a TorchRL job making /dev/shm segments) cannot fail a test."""
+    fds = {f for f in open_fds() if "memfd:aiocollect" in f or f.startswith("socket:")}
+    return children(), aiocollect_threads(), fds
+
+
+def leftovers(before: tuple[set[int], set[str], set[str]]) -> dict[str, set]:
+    """What ``snapshot()`` finds now that it did not find in ``before``; empty if nothing leaked."""
+    now = snapshot()
+    names = ("worker processes", "threads", "shared-memory fds and sockets")
+    return {name: new - old for name, new, old in zip(names, now, before) if new - old}
+
+
+def wait_until(cond, timeout: float = 5.0) -> bool:
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if cond():
+            return True
+        time.sleep(0.02)
+    return cond()
+
+
+def interrupt_script(script: str) -> tuple[str, str, int]:
+    """Run ``script`` in a fresh interpreter; once it prints "collecting", wait 0.5 s and
+    send SIGINT (Ctrl-C). Asserts it exits within 5 s; returns ``(stdout, stderr, returncode)``."""
+    proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert proc.stdout.readline().strip() == "collecting"
+    time.sleep(0.5)
+    t0 = time.monotonic()
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=20)
+    assert time.monotonic() - t0 < 5, "Ctrl-C took too long"
+    return out, err, proc.returncode

@@ -1,0 +1,410 @@
+"""Option checking, before any env or process exists: ``validate_options``,
+``validate_worker_options``, ``validate_batching``, ``parse_device``, ``env_seeds`` and
+``worker_indices`` (``aiocollect._collectors.options``).
+
+Every bad value must raise ``TypeError``/``ValueError`` with a message that names the
+argument and says what would be accepted; good values come back normalised.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+
+import numpy as np
+import pytest
+import torch
+from tensordict.nn import InteractionType
+
+from aiocollect._collectors.options import (
+    CollectorOptions,
+    WorkerOptions,
+    env_seeds,
+    options_from,
+    parse_device,
+    parse_exploration_type,
+    validate_batching,
+    validate_options,
+    validate_worker_options,
+    worker_indices,
+)
+from aiocollect._engine.coroutines import Batching
+
+
+class _Interruptor:
+    def collection_stopped(self) -> bool:
+        return False
+
+
+class _Buffer:
+    def __init__(self):
+        self.batches = []
+
+    def extend(self, batch) -> None:
+        self.batches.append(batch)
+
+
+# --------------------------------------------------------------------------- validate_options: bad values
+
+BAD_OPTIONS = [
+    # (kwargs on top of frames_per_batch=10, error type, substrings the message must contain)
+    (dict(frames_per_batch=0), ValueError, ["frames_per_batch must be positive", "got 0"]),
+    (dict(frames_per_batch=-4), ValueError, ["frames_per_batch must be positive", "got -4"]),
+    (dict(frames_per_batch=2.5), TypeError, ["frames_per_batch must be an integer", "positive number of frames"]),
+    (dict(frames_per_batch=True), TypeError, ["frames_per_batch must be an integer", "True"]),
+    (dict(frames_per_batch="10"), TypeError, ["frames_per_batch must be an integer", "'10'"]),
+    (dict(total_frames=0), ValueError, ["total_frames must be positive, or -1", "got 0"]),
+    (dict(total_frames=-2), ValueError, ["total_frames must be positive, or -1", "got -2"]),
+    (dict(total_frames=100.0), TypeError, ["total_frames must be an integer", "-1 for an endless collector"]),
+    (dict(total_frames=25), ValueError,
+     ["total_frames=25 is not a multiple of frames_per_batch=10", "use total_frames=30 or 20."]),
+    # below one batch there is no smaller multiple to suggest
+    (dict(total_frames=5), ValueError, ["total_frames=5 is not a multiple", "use total_frames=10."]),
+    (dict(device="nonsense"), ValueError, ["device='nonsense' is not a device", "use 'cpu'"]),
+    (dict(device=1.5), TypeError, ["device must be a device such as 'cpu'"]),
+    (dict(storing_device="nonsense"), ValueError, ["storing_device='nonsense' is not a device"]),
+    (dict(env_device=True), TypeError, ["env_device must be a device", "True"]),
+    (dict(policy_device=[0]), TypeError, ["policy_device must be a device", "[0]"]),
+    (dict(create_env_kwargs=[("a", 1)]), TypeError, ["create_env_kwargs must be a dict, got list"]),
+    (dict(create_env_kwargs="a=1"), TypeError, ["create_env_kwargs must be a dict, got str"]),
+    (dict(max_frames_per_traj=2.5), TypeError, ["max_frames_per_traj must be an integer", "or None"]),
+    (dict(max_frames_per_traj=True), TypeError, ["max_frames_per_traj must be an integer"]),
+    (dict(init_random_frames="100"), TypeError, ["init_random_frames must be an integer", "or None"]),
+    (dict(reset_at_each_iter=1), TypeError, ["reset_at_each_iter must be True or False, got 1"]),
+    (dict(return_same_td="yes"), TypeError, ["return_same_td must be True or False, got 'yes'"]),
+    (dict(reset_when_done=None), TypeError, ["reset_when_done must be True or False, got None"]),
+    (dict(set_truncated=0), TypeError, ["set_truncated must be True or False, got 0"]),
+    (dict(progress="tqdm"), TypeError, ["progress must be True or False, got 'tqdm'"]),
+    (dict(split_trajs="yes"), TypeError, ["split_trajs must be True or False, got 'yes'"]),
+    (dict(split_trajs=1), TypeError, ["split_trajs must be True or False, got 1"]),
+    (dict(postproc=3), TypeError, ["postproc must be a callable taking and returning a TensorDict", "got 3"]),
+    (dict(interruptor=object()), TypeError, ["interruptor must have a collection_stopped() method"]),
+    (dict(replay_buffer=object()), TypeError, ["replay_buffer must have an extend(batch) method", "got object"]),
+    (dict(exploration_type="greedy"), ValueError,
+     ["exploration_type must be an InteractionType or one of", "'random'", "'mode'", "got 'greedy'"]),
+    (dict(exploration_type=3), ValueError, ["exploration_type must be an InteractionType", "got 3"]),
+]
+
+
+@pytest.mark.parametrize(("kwargs", "error", "parts"), BAD_OPTIONS,
+                         ids=[f"{next(iter(k))}={k[next(iter(k))]!r}" for k, _, _ in BAD_OPTIONS])
+def test_validate_options_rejects_bad_values_naming_the_argument_and_the_fix(kwargs, error, parts):
+    with pytest.raises(error) as info:
+        validate_options(**{"frames_per_batch": 10, **kwargs})
+    assert type(info.value) is error
+    message = str(info.value)
+    for part in parts:
+        assert part in message, (part, message)
+
+
+def test_validate_options_requires_frames_per_batch():
+    with pytest.raises(TypeError, match="frames_per_batch"):
+        validate_options()  # type: ignore[call-arg]
+
+
+# --------------------------------------------------------------------------- validate_options: normalisation
+
+
+def test_defaults_are_normalised_to_the_documented_values():
+    opts = validate_options(frames_per_batch=10)
+    assert opts == CollectorOptions(frames_per_batch=10)
+    assert opts.total_frames == -1
+    assert opts.init_random_frames == 0
+    assert opts.max_frames_per_traj is None
+    assert opts.split_trajs is False
+    assert opts.exploration_type is InteractionType.RANDOM
+    assert opts.create_env_kwargs == {}
+    assert (opts.device, opts.storing_device, opts.env_device, opts.policy_device) == (None, None, None, None)
+    assert (opts.reset_at_each_iter, opts.return_same_td, opts.set_truncated, opts.progress) == (False,) * 4
+    assert opts.reset_when_done is True
+
+
+@pytest.mark.parametrize(("given", "expected"), [
+    (None, 0), (0, 0), (-7, 0), (1, 10), (10, 10), (11, 20), (25, 30), (30, 30),
+])
+def test_init_random_frames_is_rounded_up_to_whole_batches(given, expected):
+    assert validate_options(frames_per_batch=10, init_random_frames=given).init_random_frames == expected
+
+
+@pytest.mark.parametrize(("given", "expected"), [(None, None), (0, None), (-1, None), (-100, None), (1, 1), (50, 50)])
+def test_max_frames_per_traj_of_zero_or_less_means_never(given, expected):
+    assert validate_options(frames_per_batch=10, max_frames_per_traj=given).max_frames_per_traj == expected
+
+
+@pytest.mark.parametrize(("given", "expected"), [(None, False), (False, False), (True, True)])
+def test_split_trajs_none_means_false(given, expected):
+    assert validate_options(frames_per_batch=10, split_trajs=given).split_trajs is expected
+
+
+@pytest.mark.parametrize(("given", "expected"), [
+    ("random", InteractionType.RANDOM),
+    ("mode", InteractionType.MODE),
+    ("MEAN", InteractionType.MEAN),
+    ("Deterministic", InteractionType.DETERMINISTIC),
+    ("median", InteractionType.MEDIAN),
+    (InteractionType.MODE, InteractionType.MODE),
+])
+def test_exploration_type_accepts_its_names_in_any_case(given, expected):
+    assert validate_options(frames_per_batch=10, exploration_type=given).exploration_type is expected
+    assert parse_exploration_type(given) is expected
+
+
+def test_device_fills_in_the_devices_that_are_not_given():
+    opts = validate_options(frames_per_batch=10, device="cpu")
+    assert opts.device == torch.device("cpu")
+    assert opts.storing_device == opts.env_device == opts.policy_device == torch.device("cpu")
+    assert all(isinstance(d, torch.device) for d in (opts.storing_device, opts.env_device, opts.policy_device))
+
+
+def test_a_device_given_on_its_own_leaves_the_others_unset():
+    opts = validate_options(frames_per_batch=10, policy_device="cpu")
+    assert opts.policy_device == torch.device("cpu")
+    assert opts.device is None and opts.storing_device is None and opts.env_device is None
+
+
+def test_an_explicit_device_wins_over_device():
+    opts = validate_options(frames_per_batch=10, device="cpu", storing_device=torch.device("cpu", 0))
+    assert opts.storing_device == torch.device("cpu", 0)
+    assert opts.env_device == opts.policy_device == torch.device("cpu")
+
+
+def test_numpy_integers_and_matching_totals_are_accepted_as_plain_ints():
+    opts = validate_options(frames_per_batch=np.int64(20), total_frames=np.int32(100), max_frames_per_traj=np.int16(7))
+    assert (opts.frames_per_batch, opts.total_frames, opts.max_frames_per_traj) == (20, 100, 7)
+    assert type(opts.frames_per_batch) is int and type(opts.total_frames) is int
+
+
+def test_create_env_kwargs_is_copied():
+    kwargs = {"max_len": 5}
+    opts = validate_options(frames_per_batch=10, create_env_kwargs=kwargs)
+    kwargs["max_len"] = 6
+    assert opts.create_env_kwargs == {"max_len": 5}
+
+
+def test_objects_with_the_right_methods_are_kept_as_given():
+    interruptor, buffer = _Interruptor(), _Buffer()
+
+    def postproc(td):
+        return td
+
+    opts = validate_options(frames_per_batch=10, interruptor=interruptor, replay_buffer=buffer, postproc=postproc)
+    assert opts.interruptor is interruptor and opts.replay_buffer is buffer and opts.postproc is postproc
+
+
+def test_options_are_frozen():
+    opts = validate_options(frames_per_batch=10)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        opts.frames_per_batch = 20  # type: ignore[misc]
+
+
+def test_options_from_picks_the_options_among_a_constructors_locals():
+    arguments = {"self": object(), "create_env_fn": "CartPole-v1", "policy": None,
+                 "frames_per_batch": 8, "total_frames": 32, "split_trajs": None, "num_workers": 3}
+    opts = options_from(arguments)
+    assert (opts.frames_per_batch, opts.total_frames, opts.split_trajs) == (8, 32, False)
+    with pytest.raises(ValueError, match=r"total_frames=33 is not a multiple of frames_per_batch=8"):
+        options_from({**arguments, "total_frames": 33})
+
+
+# --------------------------------------------------------------------------- parse_device
+
+
+@pytest.mark.parametrize("value", ["cpu", "cpu:0", torch.device("cpu")])
+def test_parse_device_accepts_the_cpu(value):
+    device = parse_device("policy_device", value)
+    assert isinstance(device, torch.device) and device.type == "cpu"
+
+
+def test_parse_device_passes_none_through():
+    assert parse_device("policy_device", None) is None
+
+
+def test_parse_device_cuda_follows_what_this_machine_has():
+    if torch.cuda.is_available():
+        assert parse_device("policy_device", "cuda") == torch.device("cuda")
+    else:
+        with pytest.raises(ValueError, match=re.escape("policy_device='cuda': no cuda device is available here")):
+            parse_device("policy_device", "cuda")
+
+
+@pytest.mark.parametrize("value", ["cuda", "cuda:0", torch.device("cuda", 1)])
+def test_parse_device_rejects_cuda_without_a_gpu_naming_the_argument(value, monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(ValueError) as info:
+        parse_device("storing_device", value)
+    assert str(info.value) == f"storing_device={value!r}: no cuda device is available here; use 'cpu'."
+
+
+def test_parse_device_rejects_a_cuda_index_this_machine_lacks(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    assert parse_device("env_device", "cuda:1") == torch.device("cuda", 1)
+    with pytest.raises(ValueError) as info:
+        parse_device("env_device", "cuda:2")
+    assert str(info.value) == "env_device='cuda:2': this machine has 2 CUDA device(s)."
+
+
+@pytest.mark.parametrize(("value", "error", "message"), [
+    ("gpu", ValueError, "device='gpu' is not a device; use 'cpu', 'cuda', 'cuda:<index>' or a torch.device."),
+    ("cpu:x", ValueError, "device='cpu:x' is not a device; use 'cpu', 'cuda', 'cuda:<index>' or a torch.device."),
+    ("mps", ValueError, "device='mps': no mps device is available here; use 'cpu'."),
+    (2.0, TypeError, "device must be a device such as 'cpu' or 'cuda:0', got 2.0"),
+    (False, TypeError, "device must be a device such as 'cpu' or 'cuda:0', got False"),
+    ({"type": "cpu"}, TypeError, "device must be a device such as 'cpu' or 'cuda:0', got {'type': 'cpu'}"),
+])
+def test_parse_device_rejects_what_is_not_a_usable_device(value, error, message, monkeypatch):
+    monkeypatch.setattr(torch.backends.mps, "is_available", lambda: False)
+    with pytest.raises(error) as info:
+        parse_device("device", value)
+    assert type(info.value) is error and str(info.value) == message
+
+
+# --------------------------------------------------------------------------- validate_worker_options
+
+GOOD_WORKER = dict(cat_results="stack", preemptive_threshold=None, update_at_each_batch=False,
+                   num_threads=None, num_sub_threads=None, max_policy_lag=None)
+
+BAD_WORKER = [
+    (dict(cat_results="cat"), ValueError, ["cat_results='cat'", "use 'stack'", "integer dim"]),
+    (dict(cat_results=True), ValueError, ["cat_results=True", "use 'stack'"]),
+    (dict(cat_results=1.0), ValueError, ["cat_results=1.0", "use 'stack'"]),
+    (dict(preemptive_threshold=0), ValueError, ["preemptive_threshold=0", "(0, 1]"]),
+    (dict(preemptive_threshold=0.0), ValueError, ["preemptive_threshold=0.0", "(0, 1]"]),
+    (dict(preemptive_threshold=1.01), ValueError, ["preemptive_threshold=1.01", "or None"]),
+    (dict(preemptive_threshold=-0.5), ValueError, ["preemptive_threshold=-0.5"]),
+    (dict(preemptive_threshold=True), ValueError, ["preemptive_threshold=True"]),
+    (dict(preemptive_threshold="0.5"), ValueError, ["preemptive_threshold='0.5'"]),
+    (dict(update_at_each_batch=1), TypeError, ["update_at_each_batch must be True or False, got 1"]),
+    (dict(update_at_each_batch=None), TypeError, ["update_at_each_batch must be True or False, got None"]),
+    (dict(num_threads=0), ValueError, ["num_threads=0: give a positive number of threads, or None."]),
+    (dict(num_threads=True), ValueError, ["num_threads=True: give a positive number of threads"]),
+    (dict(num_threads=2.0), ValueError, ["num_threads=2.0"]),
+    (dict(num_sub_threads=-1), ValueError, ["num_sub_threads=-1: give a positive number of threads, or None."]),
+    (dict(max_policy_lag=-1), ValueError, ["max_policy_lag=-1", "an int >= 0", "or None for no bound"]),
+    (dict(max_policy_lag=True), ValueError, ["max_policy_lag=True"]),
+    (dict(max_policy_lag=1.5), ValueError, ["max_policy_lag=1.5"]),
+]
+
+
+@pytest.mark.parametrize(("kwargs", "error", "parts"), BAD_WORKER,
+                         ids=[f"{next(iter(k))}={k[next(iter(k))]!r}" for k, _, _ in BAD_WORKER])
+def test_validate_worker_options_rejects_bad_values_naming_the_argument(kwargs, error, parts):
+    with pytest.raises(error) as info:
+        validate_worker_options(**{**GOOD_WORKER, **kwargs})
+    assert type(info.value) is error
+    for part in parts:
+        assert part in str(info.value), (part, str(info.value))
+
+
+def test_validate_worker_options_defaults():
+    assert validate_worker_options(**{**GOOD_WORKER, "cat_results": None}) == WorkerOptions("stack", None, False, None)
+
+
+@pytest.mark.parametrize(("kwargs", "expected"), [
+    (dict(cat_results=0), WorkerOptions(0, None, False, None)),
+    (dict(cat_results=-1), WorkerOptions(-1, None, False, None)),
+    (dict(preemptive_threshold=1), WorkerOptions("stack", 1.0, False, None)),
+    (dict(preemptive_threshold=0.25), WorkerOptions("stack", 0.25, False, None)),
+    (dict(update_at_each_batch=True), WorkerOptions("stack", None, True, None)),
+    (dict(max_policy_lag=0), WorkerOptions("stack", None, False, 0)),
+    (dict(max_policy_lag=3, num_threads=1, num_sub_threads=4), WorkerOptions("stack", None, False, 3)),
+])
+def test_validate_worker_options_keeps_good_values(kwargs, expected):
+    opts = validate_worker_options(**{**GOOD_WORKER, **kwargs})
+    assert opts == expected
+    if opts.preemptive_threshold is not None:
+        assert type(opts.preemptive_threshold) is float
+
+
+# --------------------------------------------------------------------------- validate_batching
+
+NO_BATCHING = dict(max_batch_size=None, min_batch_size=None, batch_timeout=None, step_timeout=None)
+
+
+def test_validate_batching_defaults_match_batching():
+    for coroutine in (False, True):
+        assert validate_batching(**NO_BATCHING, coroutine=coroutine) == Batching()
+    assert Batching() == Batching(max_batch_size=None, min_batch_size=1, batch_timeout=0.005, step_timeout=None)
+
+
+@pytest.mark.parametrize("name", ["max_batch_size", "min_batch_size", "batch_timeout", "step_timeout"])
+def test_validate_batching_rejects_coroutine_knobs_for_other_envs(name):
+    with pytest.raises(ValueError) as info:
+        validate_batching(**{**NO_BATCHING, name: 2}, coroutine=False)
+    message = str(info.value)
+    assert message.startswith(f"{name}: these apply to coroutine envs (aiocollect.AsyncEnv)")
+    assert message.endswith("Remove the argument(s).")
+
+
+def test_validate_batching_names_every_knob_given_for_other_envs():
+    with pytest.raises(ValueError, match=r"^max_batch_size, step_timeout: these apply to coroutine envs"):
+        validate_batching(**{**NO_BATCHING, "max_batch_size": 4, "step_timeout": 1.0}, coroutine=False)
+
+
+BAD_BATCHING = [
+    (dict(max_batch_size=0), "max_batch_size=0: give a number of envs >= 1, or None."),
+    (dict(max_batch_size=True), "max_batch_size=True: give a number of envs >= 1, or None."),
+    (dict(max_batch_size=2.0), "max_batch_size=2.0: give a number of envs >= 1, or None."),
+    (dict(min_batch_size=-3), "min_batch_size=-3: give a number of envs >= 1, or None."),
+    (dict(min_batch_size=5, max_batch_size=4), "min_batch_size=5 is larger than max_batch_size=4."),
+    (dict(batch_timeout=0), "batch_timeout=0: give a positive number of seconds, or None."),
+    (dict(batch_timeout=-0.1), "batch_timeout=-0.1: give a positive number of seconds, or None."),
+    (dict(batch_timeout="1"), "batch_timeout='1': give a positive number of seconds, or None."),
+    (dict(step_timeout=True), "step_timeout=True: give a positive number of seconds, or None."),
+    (dict(step_timeout=0.0), "step_timeout=0.0: give a positive number of seconds, or None."),
+]
+
+
+@pytest.mark.parametrize(("kwargs", "message"), BAD_BATCHING, ids=[m.split(":")[0] for _, m in BAD_BATCHING])
+def test_validate_batching_rejects_bad_knobs_for_coroutine_envs(kwargs, message):
+    with pytest.raises(ValueError) as info:
+        validate_batching(**{**NO_BATCHING, **kwargs}, coroutine=True)
+    assert str(info.value) == message
+
+
+def test_validate_batching_keeps_good_knobs_and_makes_timeouts_floats():
+    b = validate_batching(max_batch_size=8, min_batch_size=8, batch_timeout=1, step_timeout=3, coroutine=True)
+    assert b == Batching(max_batch_size=8, min_batch_size=8, batch_timeout=1.0, step_timeout=3.0)
+    assert type(b.batch_timeout) is float and type(b.step_timeout) is float
+    only_min = validate_batching(**{**NO_BATCHING, "min_batch_size": 3}, coroutine=True)
+    assert only_min == Batching(max_batch_size=None, min_batch_size=3, batch_timeout=0.005, step_timeout=None)
+
+
+# --------------------------------------------------------------------------- env_seeds, worker_indices
+
+
+def test_env_seeds_count_up_from_the_seed_or_repeat_it():
+    assert env_seeds(7, 4, static_seed=False) == [7, 8, 9, 10]
+    assert env_seeds(7, 4, static_seed=True) == [7, 7, 7, 7]
+    assert env_seeds(0, 1, static_seed=False) == [0]
+    assert env_seeds(-2, 3, static_seed=False) == [-2, -1, 0]
+
+
+@pytest.mark.parametrize("seed", [True, 1.0, "1", None])
+def test_env_seeds_rejects_what_is_not_an_integer(seed):
+    with pytest.raises(TypeError) as info:
+        env_seeds(seed, 2, static_seed=False)
+    assert str(info.value) == f"seed must be an integer, got {seed!r}"
+
+
+@pytest.mark.parametrize(("worker_ids", "expected"), [
+    (None, [0, 1, 2]),
+    (0, [0]),
+    (2, [2]),
+    ([2, 0], [2, 0]),
+    ((1,), [1]),
+    (range(1, 3), [1, 2]),
+    ([], []),
+])
+def test_worker_indices_accepts_none_an_int_or_ints(worker_ids, expected):
+    assert worker_indices(worker_ids, 3, "worker") == expected
+
+
+@pytest.mark.parametrize("worker_ids", [3, -1, [0, 3], True, [True], 1.0, ["0"], "0"])
+def test_worker_indices_rejects_out_of_range_or_non_int_ids(worker_ids):
+    with pytest.raises(ValueError) as info:
+        worker_indices(worker_ids, 3, "remote collector")
+    assert str(info.value) == (
+        f"worker_ids={worker_ids!r}: give remote collector indices in 0..2 "
+        "(an int or a list of ints), or None for every remote collector."
+    )

@@ -1,0 +1,245 @@
+"""``plan_workers`` (``_workers.plan``): validating a multi-process collector's
+``create_env_fn`` and laying out its workers before any process starts.
+
+Each distinct entry is built once in this process to learn its spaces (and closed again);
+nothing here starts a worker.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import cloudpickle
+import gymnasium as gym
+import numpy as np
+import pytest
+from gymnasium import spaces
+from gymnasium.vector import SyncVectorEnv
+
+from aiocollect import AsyncEnv
+from aiocollect._workers.plan import WorkerSpec, plan_workers
+
+
+class BoxEnv(gym.Env):
+    """Box(size,) observations, Discrete(3) actions; records ``close()``."""
+
+    def __init__(self, size: int = 2):
+        self.observation_space = spaces.Box(-1, 1, (size,), np.float32)
+        self.action_space = spaces.Discrete(3)
+        self.size = size
+        self.closed = False
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        return np.zeros(self.size, np.float32), {}
+
+    def step(self, action):
+        return np.zeros(self.size, np.float32), 0.0, False, False, {}
+
+    def close(self):
+        self.closed = True
+
+
+class CoroEnv(AsyncEnv):
+    def __init__(self):
+        self.observation_space = spaces.Box(-1, 1, (2,), np.float32)
+        self.action_space = spaces.Discrete(3)
+
+    async def step(self, action):  # never awaited here
+        return np.zeros(2, np.float32), 0.0, False, False, {}
+
+
+class Recorder:
+    """A picklable factory that counts the envs it built in this process."""
+
+    def __init__(self, size: int = 2):
+        self.size = size
+        self.built: list[BoxEnv] = []
+
+    def __call__(self) -> BoxEnv:
+        self.built.append(BoxEnv(self.size))
+        return self.built[-1]
+
+
+def test_one_env_per_factory_entry_with_consecutive_rows():
+    make = Recorder()
+    plan = plan_workers([make] * 3, None)
+    assert [(w.index, w.num_envs, w.lo, w.hi, w.batched, w.coroutine) for w in plan.workers] == [
+        (0, 1, 0, 1, False, False),
+        (1, 1, 1, 2, False, False),
+        (2, 1, 2, 3, False, False),
+    ]
+    assert plan.num_envs == 3
+    assert plan.observation_space == spaces.Box(-1, 1, (2,), np.float32)
+    assert plan.action_space == spaces.Discrete(3)
+    assert plan.create_env_kwargs == {}
+    assert all(isinstance(w, WorkerSpec) for w in plan.workers)
+
+
+def test_a_repeated_entry_is_built_once_and_closed():
+    make = Recorder()
+    plan_workers([make] * 4, None)
+    assert len(make.built) == 1 and make.built[0].closed
+
+
+def test_distinct_entries_are_each_built_once():
+    a, b = Recorder(), Recorder()
+    plan_workers([a, b, a, b, b], None)
+    assert len(a.built) == 1 and len(b.built) == 1
+    assert a.built[0].closed and b.built[0].closed
+
+
+def test_lists_and_vector_envs_give_batched_workers_with_their_env_counts():
+    make = Recorder()
+    plan = plan_workers([[make, make], make, lambda: SyncVectorEnv([BoxEnv] * 3), (make, make, make)], None)
+    assert [(w.num_envs, w.lo, w.hi, w.batched) for w in plan.workers] == [
+        (2, 0, 2, True),
+        (1, 2, 3, False),
+        (3, 3, 6, True),
+        (3, 6, 9, True),
+    ]
+    assert plan.num_envs == 9
+    # the VectorEnv's single spaces are the workers' spaces
+    assert plan.observation_space == spaces.Box(-1, 1, (2,), np.float32)
+
+
+def test_an_env_id_is_an_entry():
+    plan = plan_workers(["CartPole-v1", "CartPole-v1"], None)
+    assert [(w.num_envs, w.batched) for w in plan.workers] == [(1, False), (1, False)]
+    assert plan.observation_space.shape == (4,) and plan.action_space == spaces.Discrete(2)
+
+
+def test_create_env_kwargs_reach_the_factories_and_are_kept():
+    def factory(size):
+        return BoxEnv(size)
+
+    kwargs = {"size": 5}
+    plan = plan_workers([factory, factory], kwargs)
+    assert plan.observation_space.shape == (5,)
+    assert plan.create_env_kwargs == {"size": 5} and plan.create_env_kwargs is not kwargs
+
+
+def test_each_entry_is_shipped_cloudpickled():
+    size = 4
+    plan = plan_workers([lambda: BoxEnv(size), (Recorder(4), Recorder(4))], None)
+    env = cloudpickle.loads(plan.workers[0].entry)()
+    assert isinstance(env, BoxEnv) and env.size == 4
+    entry = cloudpickle.loads(plan.workers[1].entry)
+    assert isinstance(entry, tuple) and len(entry) == 2
+    assert isinstance(entry[0], Recorder) and entry[0].size == 4 and entry[0].built == []
+
+
+def test_coroutine_entries_are_marked():
+    plan = plan_workers([CoroEnv, [CoroEnv, CoroEnv], Recorder()], None)
+    assert [(w.num_envs, w.batched, w.coroutine) for w in plan.workers] == [
+        (1, False, True),
+        (2, True, True),
+        (1, False, False),
+    ]
+
+
+@pytest.mark.parametrize("create_env_fn", ["CartPole-v1", BoxEnv, BoxEnv(), {"a": BoxEnv}, None],
+                         ids=["env-id", "factory", "env", "dict", "none"])
+def test_create_env_fn_must_be_a_list_of_worker_entries(create_env_fn):
+    with pytest.raises(TypeError) as info:
+        plan_workers(create_env_fn, None)
+    message = str(info.value)
+    assert message.startswith("create_env_fn: a multi-process collector takes a list with one entry per worker")
+    assert "`[make_env] * 4`" in message
+
+
+def test_an_empty_list_of_workers_is_rejected():
+    with pytest.raises(ValueError, match=r"^create_env_fn: the list of workers is empty; give at least one env"):
+        plan_workers([], None)
+
+
+BAD_ENTRIES = [
+    ([BoxEnv, BoxEnv()], TypeError,
+     "create_env_fn[1] is an env instance (test_plan.BoxEnv); a worker builds its own envs: pass a factory"),
+    ([BoxEnv, lambda: None, SyncVectorEnv([BoxEnv])], TypeError,
+     "create_env_fn[2] is an env instance (gymnasium.vector.sync_vector_env.SyncVectorEnv)"),
+    ([[]], ValueError, "create_env_fn[0] is an empty list; give each worker at least one env factory."),
+    ([BoxEnv, [BoxEnv, 3]], TypeError,
+     "create_env_fn[1][1]: expected an env factory or an env id, got builtins.int."),
+    ([[BoxEnv(), BoxEnv]], TypeError, "create_env_fn[0][0]: expected an env factory or an env id, got test_plan.BoxEnv."),
+    ([BoxEnv, 3.5], TypeError, "create_env_fn[1]: expected an env factory (a callable returning a gymnasium env"),
+]
+
+
+@pytest.mark.parametrize(("create_env_fn", "error", "message"), BAD_ENTRIES,
+                         ids=["env", "vector-env", "empty-list", "int-in-list", "env-in-list", "float"])
+def test_bad_entries_are_rejected_naming_the_entry(create_env_fn, error, message):
+    with pytest.raises(error) as info:
+        plan_workers(create_env_fn, None)
+    assert type(info.value) is error
+    assert message in str(info.value), str(info.value)
+
+
+def test_bad_entries_are_found_before_anything_is_built():
+    make = Recorder()
+    with pytest.raises(TypeError, match=r"create_env_fn\[1\]"):
+        plan_workers([make, BoxEnv()], None)
+    assert make.built == []
+
+
+def test_an_unpicklable_entry_is_rejected_naming_it_and_the_fix():
+    lock = threading.Lock()
+
+    def make_locked_env():
+        with lock:
+            return BoxEnv()
+
+    with pytest.raises(TypeError) as info:
+        plan_workers([BoxEnv, make_locked_env], None)
+    message = str(info.value)
+    assert message.startswith(
+        "create_env_fn[1] (test_an_unpicklable_entry_is_rejected_naming_it_and_the_fix.<locals>.make_locked_env) "
+        "cannot be pickled with cloudpickle"
+    )
+    assert "TypeError: cannot pickle '_thread.lock' object" in message
+    assert "no open files, locks, sockets or live envs" in message
+    assert isinstance(info.value.__cause__, TypeError)
+
+
+def test_entries_with_different_spaces_are_rejected_naming_both():
+    with pytest.raises(ValueError) as info:
+        plan_workers([Recorder(2), Recorder(2), Recorder(3)], None)
+    message = str(info.value)
+    assert message.startswith("create_env_fn[2] builds envs with spaces Box(-1.0, 1.0, (3,), float32) / Discrete(3)")
+    assert "but create_env_fn[0] has Box(-1.0, 1.0, (2,), float32) / Discrete(3)" in message
+    assert message.endswith("all workers of a collector must share their observation and action spaces.")
+
+
+def test_envs_of_one_list_entry_with_different_spaces_are_rejected():
+    with pytest.raises(ValueError, match=r"create_env_fn: env 1 has spaces .* env 0 has"):
+        plan_workers([[Recorder(2), Recorder(3)]], None)
+
+
+# The three tests below fail (see the report): when probing an entry, plan_workers calls
+# make_group(entry) without saying which worker entry it is, so make_group's errors name
+# "create_env_fn" or the position inside the entry's own list, never the worker entry.
+
+
+def test_a_factory_that_gives_no_env_is_rejected_naming_the_entry():
+    with pytest.raises(TypeError) as info:
+        plan_workers([BoxEnv, lambda: 3], None)
+    message = str(info.value)
+    assert "gave builtins.int, not a gymnasium env" in message
+    assert "create_env_fn[1]" in message, message
+
+
+def test_a_bad_factory_inside_a_list_entry_is_named_by_both_indices():
+    with pytest.raises(TypeError) as info:
+        plan_workers([[BoxEnv, lambda: 3], BoxEnv], None)
+    message = str(info.value)
+    assert "gave builtins.int, not a gymnasium env" in message
+    # the culprit is the second factory of worker 0, not worker 1 (a good entry)
+    assert "create_env_fn[0][1]" in message, message
+
+
+def test_a_vector_env_inside_a_list_entry_is_named_by_both_indices():
+    with pytest.raises(TypeError) as info:
+        plan_workers([[BoxEnv, lambda: SyncVectorEnv([BoxEnv])]], None)
+    message = str(info.value)
+    assert "gave a VectorEnv" in message
+    assert "create_env_fn[0][1]" in message, message

@@ -1,0 +1,165 @@
+"""``split_trajectories`` on hand-built batches: ``[T]`` and ``[N, T]``, with trajectory
+ids or only done flags, with a mask already set; exact padded values and masks."""
+
+from __future__ import annotations
+
+import torch
+from tensordict import TensorDict
+
+from aiocollect import split_trajectories
+
+
+def _batch(ids: list, *, done: list | None = None, mask: list | None = None, with_ids: bool = True) -> TensorDict:
+    """A batch shaped like ``ids`` whose ``obs`` is ``100 + flat frame index`` (so each frame
+    is recognisable after splitting) and ``("next", "reward")`` is ``obs / 10``."""
+    ids_t = torch.tensor(ids, dtype=torch.int64)
+    shape = ids_t.shape
+    obs = (100 + torch.arange(ids_t.numel(), dtype=torch.float32)).reshape(*shape, 1)
+    td = TensorDict(
+        {
+            "obs": obs,
+            "next": {
+                "reward": obs / 10,
+                "done": (torch.zeros(*shape, 1, dtype=torch.bool) if done is None
+                         else torch.tensor(done, dtype=torch.bool)[..., None]),
+            },
+            "collector": {},
+        },
+        batch_size=shape,
+    )
+    if with_ids:
+        td["collector", "traj_ids"] = ids_t
+    if mask is not None:
+        td["collector", "mask"] = torch.tensor(mask, dtype=torch.bool)
+    td.refine_names(*([None] * (len(shape) - 1)), "time")
+    return td
+
+
+def test_a_single_env_batch_is_cut_at_each_new_id_and_zero_padded():
+    batch = _batch([0, 0, 1, 1, 1, 2])
+    out = split_trajectories(batch)
+    assert out.batch_size == torch.Size([3, 3])
+    assert out.names == [None, "time"]
+    assert out["obs"][..., 0].tolist() == [[100, 101, 0], [102, 103, 104], [105, 0, 0]]
+    assert out["collector", "traj_ids"].tolist() == [[0, 0, 0], [1, 1, 1], [2, 0, 0]]
+    assert out["collector", "mask"].tolist() == [[True, True, False], [True, True, True], [True, False, False]]
+    assert out["collector", "mask"].dtype == torch.bool
+    assert torch.equal(out["next", "reward"], out["obs"] / 10)
+    assert out["next", "done"].shape == (3, 3, 1)
+
+
+def test_a_batch_of_envs_gives_one_row_per_trajectory_env_by_env():
+    batch = _batch([[7, 7, 8, 8], [3, 3, 3, 3], [9, 10, 10, 10]])
+    out = split_trajectories(batch)
+    assert out.batch_size == torch.Size([5, 4])
+    # order of first appearance, env by env (not sorted by id)
+    assert out["collector", "traj_ids"][:, 0].tolist() == [7, 8, 3, 9, 10]
+    assert out["obs"][..., 0].tolist() == [
+        [100, 101, 0, 0],
+        [102, 103, 0, 0],
+        [104, 105, 106, 107],
+        [108, 0, 0, 0],
+        [109, 110, 111, 0],
+    ]
+    assert out["collector", "mask"].sum(1).tolist() == [2, 2, 4, 1, 3]
+    assert out["collector", "mask"].tolist()[3] == [True, False, False, False]
+
+
+def test_real_frames_sum_to_the_input_and_padding_is_zero():
+    batch = _batch([[0, 0, 0, 1, 1], [2, 3, 3, 4, 4]])
+    out = split_trajectories(batch)
+    mask = out["collector", "mask"]
+    assert int(mask.sum()) == batch.numel()
+    assert torch.equal(out["obs"][mask].sort(0).values, batch["obs"].reshape(-1, 1))
+    assert (out["obs"][~mask] == 0).all() and (out["next", "reward"][~mask] == 0).all()
+
+
+def test_rows_that_are_each_one_whole_trajectory_come_back_as_they_are():
+    batch = _batch([[4, 4, 4], [5, 5, 5]])
+    out = split_trajectories(batch)
+    assert out.batch_size == torch.Size([2, 3])
+    assert out.names == [None, "time"]
+    assert out["obs"][..., 0].tolist() == [[100, 101, 102], [103, 104, 105]]
+    assert out["collector", "mask"].tolist() == [[True] * 3, [True] * 3]
+
+
+def test_a_single_env_batch_of_one_trajectory_gains_a_leading_dim():
+    out = split_trajectories(_batch([6, 6, 6, 6]))
+    assert out.batch_size == torch.Size([1, 4])
+    assert out.names == [None, "time"]
+    assert out["obs"][..., 0].tolist() == [[100, 101, 102, 103]]
+    assert out["collector", "mask"].tolist() == [[True] * 4]
+
+
+def test_frames_already_masked_out_are_dropped_first():
+    # an interrupted batch: the tails were blanked (ids -1) and masked out
+    batch = _batch([[0, 0, 1, -1], [2, 2, -1, -1]],
+                   mask=[[True, True, True, False], [True, True, False, False]])
+    out = split_trajectories(batch)
+    assert out.batch_size == torch.Size([3, 2])
+    assert out["collector", "traj_ids"].tolist() == [[0, 0], [1, 0], [2, 2]]
+    assert out["obs"][..., 0].tolist() == [[100, 101], [102, 0], [104, 105]]
+    assert out["collector", "mask"].tolist() == [[True, True], [True, False], [True, True]]
+
+
+def test_a_fully_valid_mask_still_splits_rows_of_whole_trajectories():
+    batch = _batch([[4, 4], [5, 5]], mask=[[True, True], [True, True]])
+    out = split_trajectories(batch)
+    assert out.batch_size == torch.Size([2, 2])
+    assert out["obs"][..., 0].tolist() == [[100, 101], [102, 103]]
+    assert out["collector", "mask"].all()
+
+
+def test_without_ids_trajectories_are_cut_after_each_done():
+    batch = _batch([0] * 5, done=[True, False, True, False, False], with_ids=False)
+    out = split_trajectories(batch)
+    assert out.batch_size == torch.Size([3, 2])
+    assert out["collector", "traj_ids"].tolist() == [[0, 0], [1, 1], [2, 2]]
+    assert out["obs"][..., 0].tolist() == [[100, 0], [101, 102], [103, 104]]
+    assert out["collector", "mask"].tolist() == [[True, False], [True, True], [True, True]]
+
+
+def test_without_ids_rows_are_numbered_one_after_the_other_and_never_share_a_trajectory():
+    batch = _batch([[0] * 4, [0] * 4], done=[[False, True, False, False], [False, False, False, True]],
+                   with_ids=False)
+    out = split_trajectories(batch)
+    assert out.batch_size == torch.Size([3, 4])
+    assert out["collector", "traj_ids"].tolist() == [[0, 0, 0, 0], [1, 1, 0, 0], [2, 2, 2, 2]]
+    assert out["obs"][..., 0].tolist() == [[100, 101, 0, 0], [102, 103, 0, 0], [104, 105, 106, 107]]
+    assert out["collector", "mask"].sum(1).tolist() == [2, 2, 4]
+
+
+def test_a_done_on_the_last_step_starts_no_empty_trajectory():
+    batch = _batch([[0] * 3, [0] * 3], done=[[False, False, True], [False, False, True]], with_ids=False)
+    out = split_trajectories(batch)
+    assert out.batch_size == torch.Size([2, 3])
+    assert out["collector", "traj_ids"].tolist() == [[0, 0, 0], [1, 1, 1]]
+    assert out["collector", "mask"].all()
+
+
+def test_custom_keys_put_the_mask_next_to_the_ids():
+    td = TensorDict({"traj": torch.tensor([1, 1, 2]), "x": torch.tensor([1.0, 2.0, 3.0])}, batch_size=[3])
+    out = split_trajectories(td, trajectory_key="traj")
+    assert out["mask"].tolist() == [[True, True], [True, False]]
+    assert out["x"].tolist() == [[1.0, 2.0], [3.0, 0.0]]
+
+    td = TensorDict({"ended": torch.tensor([False, True, False]), "x": torch.tensor([1.0, 2.0, 3.0])},
+                    batch_size=[3])
+    out = split_trajectories(td, trajectory_key=("meta", "tid"), done_key="ended")
+    assert out["meta", "tid"].tolist() == [[0, 0], [1, 0]]
+    assert out["meta", "mask"].tolist() == [[True, True], [True, False]]
+    assert out["x"].tolist() == [[1.0, 2.0], [3.0, 0.0]]
+
+
+def test_the_input_batch_is_not_modified():
+    batch = _batch([[0, 0, 1], [2, 2, 2]], done=[[False, True, False], [False, False, False]], with_ids=False)
+    before = batch.clone()
+    split_trajectories(batch)
+    assert ("collector", "traj_ids") not in batch.keys(True)
+    assert ("collector", "mask") not in batch.keys(True)
+    assert (batch == before).all()
+
+    batch = _batch([[0, 0, 1], [2, 2, 2]])
+    split_trajectories(batch)
+    assert ("collector", "mask") not in batch.keys(True)
+    assert batch["collector", "traj_ids"].tolist() == [[0, 0, 1], [2, 2, 2]]
