@@ -27,6 +27,7 @@ unknown state.
 
 from __future__ import annotations
 
+import asyncio
 import concurrent.futures
 import contextlib
 import contextvars
@@ -303,7 +304,7 @@ class DataCollectorBase:
 
     def _check_usable(self) -> None:
         if self._closed:
-            raise CollectorClosedError(f"{type(self).__name__} is shut down; create a new collector.")
+            raise self._closed_error()
         if self._failed is not None:
             raise CollectorFailedError(
                 f"{type(self).__name__} failed earlier ({type(self._failed).__name__}: {self._failed}); "
@@ -328,6 +329,9 @@ class DataCollectorBase:
         try:
             return await self._collect()
         except anyio.get_cancelled_exc_class():
+            task = asyncio.current_task()
+            if self._closed and task is not None and not getattr(task, "cancelling", lambda: 1)():
+                raise self._closed_error() from None  # shut down from another thread, not cancelled
             raise
         except Exception as exc:
             self._failed = exc
@@ -496,8 +500,22 @@ class DataCollectorBase:
                 res.stop_loop()
 
     def _run_sync(self, what: str, fn: Callable, *args: Any) -> Any:
-        with self._loop_thread(what) as loop:
+        with self._loop_thread(what) as loop, self._closed_meanwhile():
             return loop.call(fn, *args)
+
+    @contextlib.contextmanager
+    def _closed_meanwhile(self) -> Iterator[None]:
+        """A call that ``shutdown()`` (from another thread) cut short raises
+        [`CollectorClosedError`][aiocollect.CollectorClosedError], not a bare cancellation."""
+        try:
+            yield
+        except (concurrent.futures.CancelledError, asyncio.CancelledError, RuntimeError) as exc:
+            if self._closed and not isinstance(exc, CollectorError):
+                raise self._closed_error() from None
+            raise
+
+    def _closed_error(self) -> CollectorClosedError:
+        return CollectorClosedError(f"{type(self).__name__} is shut down; create a new collector.")
 
     def __iter__(self) -> Iterator[Any]:
         return self._sync_batches()
@@ -513,7 +531,8 @@ class DataCollectorBase:
     def _sync_batches(self) -> Iterator[Any]:
         with self._loop_thread("for batch in collector") as loop:
             while True:
-                batch = loop.call(self._next_batch)
+                with self._closed_meanwhile():
+                    batch = loop.call(self._next_batch)
                 if batch is _DONE:
                     return
                 yield batch
@@ -573,6 +592,7 @@ class DataCollectorBase:
             ...     collector.update_policy_weights_()
             >>> collector.async_shutdown()
         """
+        self._check_usable()
         if self.options.replay_buffer is None:
             raise CollectorError(
                 "start() collects into a replay buffer: pass replay_buffer=... to the collector."
@@ -580,7 +600,6 @@ class DataCollectorBase:
         if self.is_running():
             raise CollectorBusyError(f"{type(self).__name__} is already running in the background.")
         self._check_sync_allowed("start()")
-        self._check_usable()
         res = self._resources
         if res.loop is None:
             res.loop = LoopThread()

@@ -10,6 +10,7 @@ docstring says what users see.
 from __future__ import annotations
 
 import asyncio
+import weakref
 from collections import deque
 
 import anyio
@@ -159,22 +160,13 @@ class MultiAsyncCollector(WorkerCollectorBase):
         if self._arrived is not None:
             self._arrived.set()
 
-    async def _run_pump(self) -> None:
-        sched = self._scheduler
-        try:
-            for slot in sched.slots:
-                self._begin(slot)
-            await sched.pump(self._runner, lambda: False, self._on_full)
-        except BaseException as exc:
-            self._pump_error = exc
-            self._signal()
-            if isinstance(exc, Exception):
-                return  # raised again by _collect_here
-            raise
+    def _pump_failed(self, exc: BaseException) -> None:
+        self._pump_error = exc
+        self._signal()
 
     async def _collect_here(self) -> tuple[TensorDictBase, int]:
         if self._pump is None:
-            self._pump = asyncio.get_running_loop().create_task(self._run_pump())
+            self._pump = asyncio.get_running_loop().create_task(_run_pump(weakref.ref(self)))
         while True:
             while not self._outbox:
                 if self._pump_error is not None:
@@ -192,6 +184,36 @@ class MultiAsyncCollector(WorkerCollectorBase):
                 self._stale_dropped += frames  # went stale while it waited: collect anew
                 continue
             return td, frames
+
+
+async def _run_pump(ref: weakref.ref) -> None:
+    """The pump task: fill every worker's batches into the outbox until the collector is gone.
+
+    It holds the collector only weakly, through ``ref``: the engine loop's thread keeps the
+    task alive, and a strong reference would keep an abandoned collector (and its worker
+    processes) alive with it, out of reach of garbage collection and its cleanup."""
+    collector = ref()
+    sched = collector._scheduler
+    runner, on_full = weakref.WeakMethod(collector._runner), weakref.WeakMethod(collector._on_full)
+    for slot in sched.slots:
+        collector._begin(slot)
+    del collector
+
+    def call(method: weakref.WeakMethod, *args):
+        bound = method()
+        if bound is None:
+            raise asyncio.CancelledError  # the collector was garbage collected: stop
+        return bound(*args)
+
+    try:
+        await sched.pump(lambda: call(runner), lambda: False, lambda slot: call(on_full, slot))
+    except BaseException as exc:
+        collector = ref()
+        if collector is not None:
+            collector._pump_failed(exc)
+        if isinstance(exc, Exception):
+            return  # raised again by _collect_here
+        raise
 
 
 def _oldest_version(td: TensorDictBase) -> int:

@@ -241,7 +241,7 @@ def _check_env(env: Any, where: str) -> gym.Env | VectorEnv:
     if isinstance(env, (gym.Env, VectorEnv)) or is_async_env(env):
         return env
     hint = f" {_TORCHRL_HINT}" if type(env).__module__.startswith("torchrl") else ""
-    raise TypeError(f"create_env_fn: {where} gave {_describe(env)}, not a gymnasium env or a coroutine "
+    raise TypeError(f"{where} gave {_describe(env)}, not a gymnasium env or a coroutine "
                     f"env (aiocollect.AsyncEnv).{hint}")
 
 
@@ -289,21 +289,23 @@ def _build_one(item: Any, kwargs: dict, where: str) -> gym.Env | VectorEnv:
     return _check_env(item(**kwargs), where)
 
 
-def make_group(create_env_fn: Any, create_env_kwargs: dict | None) -> tuple[_GroupBase, bool]:
+def make_group(create_env_fn: Any, create_env_kwargs: dict | None,
+               where: str = "create_env_fn") -> tuple[_GroupBase, bool]:
     """Build the in-process group for ``create_env_fn``.
 
     Returns the group and whether it is *batched* (batches get an env dimension before
     ``time``): true for a list of factories and for a ``VectorEnv``, false for one env.
+    ``where`` names ``create_env_fn`` in errors (``create_env_fn[2]`` for a worker's entry).
     """
     kwargs = dict(create_env_kwargs or {})
     if isinstance(create_env_fn, (list, tuple)):
         envs = []
         try:
             for i, item in enumerate(create_env_fn):
-                env = _build_one(item, kwargs, f"create_env_fn[{i}]")
+                env = _build_one(item, kwargs, f"{where}[{i}]")
                 if isinstance(env, VectorEnv):
                     raise TypeError(
-                        f"create_env_fn[{i}] gave a VectorEnv; in a list, each entry makes one env "
+                        f"{where}[{i}] gave a VectorEnv; in a list, each entry makes one env "
                         "(pass the VectorEnv, or its factory, on its own)."
                     )
                 envs.append(env)
@@ -314,21 +316,21 @@ def make_group(create_env_fn: Any, create_env_kwargs: dict | None) -> tuple[_Gro
             raise
         devices = {_env_device(e) for e in envs} - {None}
         if any(is_async_env(e) for e in envs):
-            return _coroutine_group(envs), True
+            return _coroutine_group(envs, where), True
         return InProcessGroup([_inner(e) for e in envs], next(iter(devices), None)), True
-    env = _build_one(create_env_fn, kwargs, "create_env_fn")
+    env = _build_one(create_env_fn, kwargs, where)
     if isinstance(env, VectorEnv):
         return VectorEnvGroup(env), True
     if is_async_env(env):
-        return _coroutine_group([env]), False
+        return _coroutine_group([env], where), False
     return InProcessGroup([_inner(env)], _env_device(env)), False
 
 
-def _coroutine_group(envs: list) -> _GroupBase:
+def _coroutine_group(envs: list, where: str) -> _GroupBase:
     """Coroutine envs, with the gymnasium envs of the same list adapted to them."""
     from .coroutine_group import CoroutineGroup, as_coroutine_env
 
-    return CoroutineGroup([as_coroutine_env(e, f"create_env_fn[{i}]") for i, e in enumerate(envs)])
+    return CoroutineGroup([as_coroutine_env(e, f"{where}[{i}]") for i, e in enumerate(envs)])
 
 
 EnvGroup = InProcessGroup | VectorEnvGroup

@@ -115,7 +115,8 @@ def plan_workers(create_env_fn: Any, create_env_kwargs: dict | None) -> WorkerPl
     for i, entry in enumerate(create_env_fn):
         key = id(entry)
         if key not in probed:
-            group, batched = make_group(list(entry) if isinstance(entry, tuple) else entry, kwargs)
+            group, batched = make_group(list(entry) if isinstance(entry, tuple) else entry, kwargs,
+                                        f"create_env_fn[{i}]")
             try:
                 probed[key] = (group.observation_space, group.action_space, group.num_envs, batched,
                                isinstance(group, CoroutineGroup))

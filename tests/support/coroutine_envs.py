@@ -199,7 +199,7 @@ class HangingEnv(AsyncEnv):
     """A coroutine env whose ``hang_at``-th step never answers."""
 
     def __init__(self, hang_at: int = 3):
-        self.observation_space = spaces.Box(-1e9, 1e9, (3,), np.float32)
+        self.observation_space = spaces.Box(-1e6, 1e6, (3,), np.float32)  # CounterEnv's
         self.action_space = spaces.Discrete(3)
         self.hang_at, self.steps = hang_at, 0
 
@@ -214,10 +214,12 @@ class HangingEnv(AsyncEnv):
 
 
 class AsCoroutine:
-    """A picklable factory: ``AsCoroutine(make_env)()`` is ``AwaitingEnv(make_env())``."""
+    """A picklable factory: ``AsCoroutine(make_env)()`` is ``AwaitingEnv(make_env())`` (a coroutine
+    env made by ``make_env`` is left as it is)."""
 
     def __init__(self, make_env):
         self.make_env = make_env
 
     def __call__(self):
-        return AwaitingEnv(self.make_env())
+        env = self.make_env()
+        return env if isinstance(env, AsyncEnv) else AwaitingEnv(env)

@@ -78,14 +78,16 @@ def wait_until(cond, timeout: float = 5.0) -> bool:
     return cond()
 
 
-def interrupt_script(script: str) -> tuple[str, str, int]:
-    """Run ``script`` in a fresh interpreter; once it prints "collecting", wait 0.5 s and
-    send SIGINT (Ctrl-C). Asserts it exits within 5 s; returns ``(stdout, stderr, returncode)``."""
+def interrupt_script(script: str, preamble: int = 0) -> tuple[str, str, int]:
+    """Run ``script`` in a fresh interpreter; once it prints "collecting" (after ``preamble``
+    lines, which come back at the start of stdout), wait 0.5 s and send SIGINT (Ctrl-C).
+    Asserts it exits within 5 s; returns ``(stdout, stderr, returncode)``."""
     proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    first = "".join(proc.stdout.readline() for _ in range(preamble))
     assert proc.stdout.readline().strip() == "collecting"
     time.sleep(0.5)
     t0 = time.monotonic()
     proc.send_signal(signal.SIGINT)
     out, err = proc.communicate(timeout=20)
     assert time.monotonic() - t0 < 5, "Ctrl-C took too long"
-    return out, err, proc.returncode
+    return first + out, err, proc.returncode

@@ -12,9 +12,14 @@ EXPECTED = {
     "AsyncCollector",
     "AsyncEnv",
     "Collector",
+    "CollectorBusyError",
+    "CollectorClosedError",
+    "CollectorError",
+    "CollectorFailedError",
     "CollectorOptions",
     "CollectorStatistics",
     "DataCollectorBase",
+    "EnvError",
     "GymEnv",
     "Interruptor",
     "MultiAsyncCollector",
@@ -74,3 +79,29 @@ def test_the_library_never_imports_torchrl():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "ok"
+
+
+def test_every_fault_error_is_a_collector_error_and_a_runtime_error():
+    faults = [aiocollect.WorkerError, aiocollect.EnvError, aiocollect.StepTimeoutError,
+              aiocollect.RemoteCollectorError, aiocollect.CollectorClosedError,
+              aiocollect.CollectorFailedError, aiocollect.CollectorBusyError]
+    for cls in faults:
+        assert issubclass(cls, aiocollect.CollectorError) and issubclass(cls, RuntimeError), cls
+    assert issubclass(aiocollect.EnvError, aiocollect.WorkerError)
+    assert issubclass(aiocollect.StepTimeoutError, aiocollect.EnvError)
+    assert issubclass(aiocollect.StepTimeoutError, TimeoutError)
+    # every error class is defined in one module
+    assert {cls.__module__ for cls in [aiocollect.CollectorError, *faults]} == {"aiocollect._errors"}
+
+
+def test_errors_survive_pickling_with_their_attributes():
+    import pickle
+
+    err = aiocollect.EnvError("env 1 of worker 2 raised", worker=2, pid=7, env=1, remote_type="ValueError",
+                              remote_traceback="tb")
+    back = pickle.loads(pickle.dumps(err))
+    assert type(back) is aiocollect.EnvError and str(back) == str(err)
+    assert (back.worker, back.pid, back.env, back.remote_type, back.remote_traceback) == (2, 7, 1, "ValueError", "tb")
+    remote = aiocollect.RemoteCollectorError("remote collector 1 failed", index=1, where="Ray actor x", pid=9)
+    back = pickle.loads(pickle.dumps(remote))
+    assert type(back) is aiocollect.RemoteCollectorError and (back.index, back.where, back.pid) == (1, "Ray actor x", 9)

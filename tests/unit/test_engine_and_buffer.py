@@ -142,7 +142,7 @@ def test_dict_observations_become_nested_keys_under_root_and_next():
         assert td[(*prefix, "pos")].dtype == torch.float64 and td[(*prefix, "pos")].shape == (3, 4, 2)
         assert td[(*prefix, "cell")].dtype == torch.int64 and td[(*prefix, "cell")].shape == (3, 4)
         assert td[(*prefix, "nest", "bits")].dtype == torch.int8 and td[(*prefix, "nest", "bits")].shape == (3, 4, 4)
-    assert "observation" not in td.keys()
+    assert "observation" not in td
     assert td["action"].shape == (3, 4, 2)
 
 
@@ -413,7 +413,7 @@ def test_max_frames_per_traj_truncates_and_counts_steps():
 def test_without_max_frames_per_traj_no_step_count_is_kept():
     engine = make_engine(3)
     buffer, _ = run(engine, 2)
-    assert "step_count" not in buffer.to_tensordict(False, None).keys()
+    assert "step_count" not in buffer.to_tensordict(False, None)
 
 
 def test_request_reset_with_seeds_resets_every_env_with_its_seed():
@@ -539,10 +539,14 @@ def test_fits_only_a_buffer_of_the_same_frames_and_outputs():
 def test_make_group_of_a_list_is_batched_and_of_one_factory_is_not():
     group, batched = make_group([lambda: StepEnv(2), lambda: StepEnv(3)], None)
     assert isinstance(group, InProcessGroup) and batched is True and group.num_envs == 2
+    assert [env.length for env in group.envs] == [2, 3]
+    group.close()
     group, batched = make_group(StepEnv, {"length": 4})
     assert isinstance(group, InProcessGroup) and batched is False and group.envs[0].length == 4
+    group.close()
     group, batched = make_group("CartPole-v1", None)
     assert batched is False and group.obs["observation"].shape == (1, 4)
+    group.close()
 
 
 def test_make_group_of_a_vector_env_is_batched():
@@ -594,6 +598,20 @@ def test_in_process_group_blames_the_env_that_raised():
     assert "(raised by env 2 of the group)" in info.value.__notes__
     # the envs before it did step and wrote their rows
     assert group.obs["observation"][:, 0].tolist() == [1, 1, 0]
+
+
+def test_a_vector_env_error_is_marked_as_coming_from_the_group_without_an_index():
+    class Broken(StepEnv):
+        def step(self, action):
+            raise RuntimeError("vector boom")
+
+    group = VectorEnvGroup(SyncVectorEnv([StepEnv, Broken]))
+    group.reset_now(np.arange(2))
+    with pytest.raises(RuntimeError, match="vector boom") as info:
+        group.step_now(np.zeros(2, np.int64))
+    assert info.value.env_index is None
+    assert not getattr(info.value, "__notes__", [])
+    group.close()
 
 
 def test_in_process_group_resets_only_the_given_envs_with_their_seeds():

@@ -370,6 +370,36 @@ def test_validate_batching_keeps_good_knobs_and_makes_timeouts_floats():
     assert only_min == Batching(max_batch_size=None, min_batch_size=3, batch_timeout=0.005, step_timeout=None)
 
 
+def test_validate_batching_refuses_reset_when_done_false_for_coroutine_envs():
+    with pytest.raises(ValueError) as info:
+        validate_batching(**NO_BATCHING, coroutine=True, reset_when_done=False)
+    assert str(info.value) == (
+        "reset_when_done=False: coroutine envs (aiocollect.AsyncEnv) are reset as soon as they "
+        "finish; a finished coroutine env cannot be stepped on. Remove the argument."
+    )
+    # other envs may keep stepping once done
+    assert validate_batching(**NO_BATCHING, coroutine=False, reset_when_done=False) == Batching()
+
+
+@pytest.mark.parametrize(("kwargs", "names"), [
+    (dict(max_batch_size=4), "max_batch_size"),
+    (dict(min_batch_size=2), "min_batch_size"),
+    (dict(batch_timeout=0.1), "batch_timeout"),
+    (dict(max_batch_size=4, batch_timeout=0.1, step_timeout=1.0), "max_batch_size, batch_timeout"),
+])
+def test_validate_batching_refuses_per_call_knobs_where_envs_do_not_step_one_by_one(kwargs, names):
+    with pytest.raises(ValueError) as info:
+        validate_batching(**{**NO_BATCHING, **kwargs}, coroutine=True, per_env=False)
+    message = str(info.value)
+    assert message.startswith(f"{names}: in a worker collector each entry of coroutine envs steps as one worker")
+    assert "Step the coroutine envs in a Collector" in message
+
+
+def test_validate_batching_keeps_step_timeout_where_envs_do_not_step_one_by_one():
+    b = validate_batching(**{**NO_BATCHING, "step_timeout": 2}, coroutine=True, per_env=False)
+    assert b == Batching(step_timeout=2.0)
+
+
 # --------------------------------------------------------------------------- env_seeds, worker_indices
 
 

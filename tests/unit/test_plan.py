@@ -161,7 +161,8 @@ BAD_ENTRIES = [
     ([[]], ValueError, "create_env_fn[0] is an empty list; give each worker at least one env factory."),
     ([BoxEnv, [BoxEnv, 3]], TypeError,
      "create_env_fn[1][1]: expected an env factory or an env id, got builtins.int."),
-    ([[BoxEnv(), BoxEnv]], TypeError, "create_env_fn[0][0]: expected an env factory or an env id, got test_plan.BoxEnv."),
+    ([[BoxEnv(), BoxEnv]], TypeError,
+     "create_env_fn[0][0]: expected an env factory or an env id, got test_plan.BoxEnv."),
     ([BoxEnv, 3.5], TypeError, "create_env_fn[1]: expected an env factory (a callable returning a gymnasium env"),
 ]
 

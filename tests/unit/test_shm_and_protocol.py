@@ -69,7 +69,7 @@ def test_a_field_larger_than_a_line_takes_whole_lines():
     assert fields["action"].offset == 1152 and fields["action"].nbytes == 84
     assert fields["reward"].offset == 1280  # 84 bytes: two lines
     assert all(f.offset % 64 == 0 for f in layout.fields) and layout.control.offset % 64 == 0
-    for a, b in zip(layout.fields, layout.fields[1:]):
+    for a, b in zip(layout.fields[:-1], layout.fields[1:], strict=True):
         assert a.offset + a.nbytes <= b.offset
     assert layout.size == layout.control.offset + 3 * 64
 

@@ -1,0 +1,301 @@
+"""From gymnasium spaces to tensor layouts, and episode returns.
+
+``_envs.spaces``: ``flatten_space`` (keys, shapes and dtypes of every supported space,
+nested Dicts, the errors for the others), ``nest``/``get_path``, ``ObsWriter`` and
+``ActionCheck`` (which actions pass, which fail and what the error says).
+``_collectors.progress.EpisodeReturns``: returns summed per trajectory id across batches,
+the window of recent returns, and the cap on open trajectories.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from gymnasium import spaces
+from tensordict import TensorDict
+
+from aiocollect._collectors.progress import EpisodeReturns
+from aiocollect._envs.spaces import ActionCheck, Leaf, ObsWriter, flatten_space, get_path, nest
+
+# --------------------------------------------------------------------------- flatten_space
+
+
+@pytest.mark.parametrize(("space", "shape", "dtype"), [
+    (spaces.Box(-1, 1, (3,), np.float32), (3,), np.float32),
+    (spaces.Box(0, 255, (2, 4, 4), np.uint8), (2, 4, 4), np.uint8),
+    (spaces.Box(-1, 1, (), np.float64), (), np.float64),
+    (spaces.Discrete(5), (), np.int64),
+    (spaces.Discrete(3, start=-1), (), np.int64),
+    (spaces.MultiDiscrete([2, 3, 4]), (3,), np.int64),
+    (spaces.MultiDiscrete([[2, 3], [4, 5]]), (2, 2), np.int64),
+    (spaces.MultiBinary(6), (6,), np.int8),
+    (spaces.MultiBinary([2, 3]), (2, 3), np.int8),
+])
+def test_a_flat_space_is_one_leaf_under_the_default_key(space, shape, dtype):
+    leaves = flatten_space(space, "observation", "observation_space")
+    assert leaves == [Leaf((), "observation", shape, np.dtype(dtype), space)]
+    assert flatten_space(space, "action", "action_space")[0].key == "action"
+
+
+def test_a_nested_dict_becomes_nested_keys_in_the_dicts_order():
+    space = spaces.Dict({
+        "pos": spaces.Box(-1, 1, (2,), np.float64),
+        "cell": spaces.Discrete(5),
+        "nest": spaces.Dict({
+            "t": spaces.Box(0, 9, (1,), np.float32),
+            "deeper": spaces.Dict({"bits": spaces.MultiBinary(4), "md": spaces.MultiDiscrete([2, 3])}),
+        }),
+    })
+    leaves = flatten_space(space, "observation", "observation_space")
+    # gymnasium sorts a Dict's keys; the leaves follow that order, depth first
+    assert [(leaf.path, leaf.key, leaf.shape, leaf.dtype) for leaf in leaves] == [
+        (("cell",), "cell", (), np.dtype(np.int64)),
+        (("nest", "deeper", "bits"), ("nest", "deeper", "bits"), (4,), np.dtype(np.int8)),
+        (("nest", "deeper", "md"), ("nest", "deeper", "md"), (2,), np.dtype(np.int64)),
+        (("nest", "t"), ("nest", "t"), (1,), np.dtype(np.float32)),
+        (("pos",), "pos", (2,), np.dtype(np.float64)),
+    ]
+    assert leaves[0].space == spaces.Discrete(5)
+
+
+_HINT = ("is not supported; use Box, Discrete, MultiDiscrete, MultiBinary or a Dict of those (wrap the env "
+         "with gymnasium.wrappers.FlattenObservation to turn a Tuple space into a Box).")
+
+
+@pytest.mark.parametrize(("space", "message"), [
+    (spaces.Tuple([spaces.Discrete(2)]), f"observation_space: gymnasium space Tuple {_HINT}"),
+    (spaces.Text(5), f"observation_space: gymnasium space Text {_HINT}"),
+    (spaces.Dict({"a": spaces.Dict({"b": spaces.Tuple([spaces.Discrete(2)])})}),
+     f"observation_space['a']['b']: gymnasium space Tuple {_HINT}"),
+    (spaces.Dict({}), "observation_space is an empty Dict space; give the env at least one entry."),
+    (spaces.Dict({"x": spaces.Box(0, 1, (1,)), "y": spaces.Dict({})}),
+     "observation_space['y'] is an empty Dict space; give the env at least one entry."),
+    (3, "observation_space must be a gymnasium.spaces.Space, got int"),
+    ((spaces.Discrete(2),), "observation_space must be a gymnasium.spaces.Space, got tuple"),
+])
+def test_unsupported_spaces_are_rejected_naming_where_they_are(space, message):
+    with pytest.raises(TypeError) as info:
+        flatten_space(space, "observation", "observation_space")
+    assert str(info.value) == message
+
+
+def test_nest_and_get_path():
+    assert nest({("next", "obs"): 1, "a": 2, ("next", "x", "y"): 3, ("b",): 4}) == {
+        "next": {"obs": 1, "x": {"y": 3}}, "a": 2, "b": 4,
+    }
+    value = {"a": {"b": {"c": 7}}, "d": 1}
+    assert get_path(value, ("a", "b", "c")) == 7
+    assert get_path(value, ()) is value
+
+
+# --------------------------------------------------------------------------- ObsWriter
+
+
+def test_obs_writer_writes_a_flat_observation_per_env_and_batched():
+    leaves = flatten_space(spaces.Box(-1, 1, (2,), np.float32), "observation", "obs")
+    arrays = {"observation": np.zeros((3, 2), np.float32)}
+    writer = ObsWriter(leaves, arrays)
+    assert writer.flat and writer.flat_array is arrays["observation"]
+    writer.write_one(1, np.array([0.5, -0.5]))
+    assert arrays["observation"].tolist() == [[0, 0], [0.5, -0.5], [0, 0]]
+    writer.write_one(np.array([0, 2]), np.array([[1, 2], [3, 4]]))
+    assert arrays["observation"].tolist() == [[1, 2], [0.5, -0.5], [3, 4]]
+    writer.write_all(np.full((3, 2), 9.0))
+    assert (arrays["observation"] == 9).all()
+
+
+def test_obs_writer_writes_nested_dict_observations_into_their_leaves():
+    space = spaces.Dict({"pos": spaces.Box(-5, 5, (2,), np.float32),
+                         "nest": spaces.Dict({"cell": spaces.Discrete(4)})})
+    leaves = flatten_space(space, "observation", "obs")
+    arrays = {leaf.key: np.zeros((2, *leaf.shape), leaf.dtype) for leaf in leaves}
+    writer = ObsWriter(leaves, arrays)
+    assert not writer.flat
+    writer.write_one(1, {"pos": np.array([1.0, 2.0]), "nest": {"cell": 3}})
+    assert arrays["pos"].tolist() == [[0, 0], [1, 2]]
+    assert arrays[("nest", "cell")].tolist() == [0, 3]
+    writer.write_all({"pos": np.array([[3.0, 4.0], [5.0, 5.0]]), "nest": {"cell": np.array([2, 1])}})
+    assert arrays["pos"].tolist() == [[3, 4], [5, 5]]
+    assert arrays[("nest", "cell")].tolist() == [2, 1]
+
+
+def test_a_dict_with_one_entry_is_not_the_flat_case():
+    leaves = flatten_space(spaces.Dict({"x": spaces.Discrete(3)}), "observation", "obs")
+    arrays = {"x": np.zeros(2, np.int64)}
+    writer = ObsWriter(leaves, arrays)
+    assert not writer.flat
+    writer.write_one(0, {"x": 2})
+    assert arrays["x"].tolist() == [2, 0]
+
+
+# --------------------------------------------------------------------------- ActionCheck
+
+
+@pytest.mark.parametrize(("space", "action"), [
+    (spaces.Discrete(3), np.array([0, 2], np.int64)),
+    (spaces.Discrete(3, start=1), np.array([1, 3], np.int32)),
+    (spaces.Discrete(256), np.array([255, 0], np.uint8)),
+    (spaces.MultiDiscrete([3, 4]), np.array([[2, 3], [0, 0]], np.int64)),
+    (spaces.MultiDiscrete([3, 4], start=[1, -2]), np.array([[3, 1], [1, -2]], np.int64)),
+    (spaces.MultiBinary(3), np.array([[0, 1, 1], [1, 0, 0]], np.int8)),
+    (spaces.MultiBinary(3), np.array([[True, False, True], [False, False, False]])),
+    (spaces.Box(-1, 1, (2,), np.float32), np.array([[0.5, -0.5], [5.0, 0.0]], np.float32)),  # Box: no range check
+    (spaces.Box(-1, 1, (2,), np.float32), np.zeros((2, 2), np.float64)),
+])
+def test_actions_that_fit_the_space_pass(space, action):
+    ActionCheck.for_space(space)(action, 2)
+
+
+def test_for_space_records_the_bounds_of_each_kind_of_space():
+    check = ActionCheck.for_space(spaces.Discrete(4, start=2))
+    assert (check.shape, check.dtype, check.low, check.high) == ((), np.dtype(np.int64), 2, 5)
+    check = ActionCheck.for_space(spaces.MultiDiscrete([3, 4], start=[1, 0]))
+    assert check.low.tolist() == [1, 0] and check.high.tolist() == [3, 3] and check.shape == (2,)
+    check = ActionCheck.for_space(spaces.MultiBinary(2))
+    assert (check.low, check.high, check.dtype) == (0, 1, np.dtype(np.int8))
+    check = ActionCheck.for_space(spaces.Box(-1, 1, (3,), np.float32))
+    assert (check.low, check.high, check.shape) == (None, None, (3,))
+
+
+@pytest.mark.parametrize(("space", "action", "error", "message"), [
+    (spaces.Discrete(3), np.array([0, 1, 2], np.int64), ValueError,
+     "action: the policy returned shape [3] for 2 env(s), expected [2] for Discrete(3)."),
+    (spaces.Discrete(3), np.array([[0], [1]], np.int64), ValueError,
+     "action: the policy returned shape [2, 1] for 2 env(s), expected [2] for Discrete(3). Discrete actions "
+     "are int64 indices of shape [num_envs]: squeeze the last dim."),
+    (spaces.Box(-1, 1, (2,), np.float32), np.zeros(2, np.float32), ValueError,
+     "action: the policy returned shape [2] for 2 env(s), expected [2, 2] for Box(-1.0, 1.0, (2,), float32)."),
+    (spaces.Box(-1, 1, (2,), np.float32), np.zeros((2, 2), np.int64), TypeError,
+     "action: the policy returned dtype int64 for Box(-1.0, 1.0, (2,), float32); a Box action must be a "
+     "floating-point tensor."),
+    (spaces.Discrete(3), np.array([0.0, 1.0]), TypeError,
+     "action: the policy returned dtype float64 for Discrete(3); discrete actions must be integer tensors "
+     "of indices (use argmax or sample a Categorical, not one-hot or float values)."),
+    (spaces.Discrete(3), np.array([0, 3], np.int64), ValueError,
+     "action: the policy returned values outside Discrete(3) (min 0, max 3; allowed 0..2)."),
+    (spaces.Discrete(3, start=1), np.array([0, 1], np.int64), ValueError,
+     "action: the policy returned values outside Discrete(3, start=1) (min 0, max 1; allowed 1..3)."),
+    (spaces.Discrete(3), np.array([-1, 0], np.int64), ValueError,
+     "action: the policy returned values outside Discrete(3) (min -1, max 0; allowed 0..2)."),
+    (spaces.MultiDiscrete([3, 4]), np.array([[2, 4], [0, 0]], np.int64), ValueError,
+     "action: the policy returned values outside MultiDiscrete([3 4]) (min 0, max 4; allowed [0 0]..[2 3])."),
+    (spaces.MultiBinary(2), np.array([[0, 2], [1, 1]], np.int8), ValueError,
+     "action: the policy returned values outside MultiBinary(2) (min 0, max 2; allowed 0..1)."),
+])
+def test_actions_that_do_not_fit_are_rejected_with_a_clear_error(space, action, error, message):
+    with pytest.raises(error) as info:
+        ActionCheck.for_space(space)(action, 2)
+    assert type(info.value) is error
+    assert str(info.value) == message
+
+
+def test_a_multi_discrete_value_is_checked_against_its_own_column():
+    check = ActionCheck.for_space(spaces.MultiDiscrete([2, 5]))
+    check(np.array([[1, 4]]), 1)
+    with pytest.raises(ValueError, match="values outside"):
+        check(np.array([[2, 0]]), 1)  # 2 fits column 1's range but not column 0's
+
+
+def test_zero_envs_means_an_empty_action_passes():
+    ActionCheck.for_space(spaces.Discrete(3))(np.zeros(0, np.int64), 0)
+
+
+@pytest.mark.parametrize(("space", "message"), [
+    (spaces.Dict({"a": spaces.Discrete(2)}), "action_space: Dict action spaces are not supported yet"),
+    (spaces.Tuple([spaces.Discrete(2)]), "action_space: gymnasium space Tuple is not supported"),
+])
+def test_unsupported_action_spaces_are_rejected(space, message):
+    with pytest.raises(TypeError) as info:
+        ActionCheck.for_space(space)
+    assert str(info.value).startswith(message)
+
+
+# --------------------------------------------------------------------------- EpisodeReturns
+
+
+def _batch(ids, reward, done, mask=None) -> TensorDict:
+    ids = torch.tensor(ids, dtype=torch.int64)
+    td = TensorDict({
+        "collector": {"traj_ids": ids},
+        "next": {"reward": torch.tensor(reward, dtype=torch.float32).reshape(*ids.shape, 1),
+                 "done": torch.tensor(done, dtype=torch.bool).reshape(*ids.shape, 1)},
+    }, batch_size=ids.shape)
+    if mask is not None:
+        td["collector", "mask"] = torch.tensor(mask, dtype=torch.bool)
+    return td
+
+
+def test_no_returns_until_an_episode_finishes():
+    returns = EpisodeReturns()
+    assert returns.mean is None and returns.episodes == 0
+    returns.add(_batch([0, 0, 0], [1.0, 2.0, 3.0], [False, False, False]))
+    assert returns.mean is None and returns.episodes == 0
+    assert dict(returns._partial) == {0: 6.0}
+
+
+def test_an_episode_is_summed_across_batches():
+    returns = EpisodeReturns()
+    returns.add(_batch([[0, 0, 0], [1, 1, 2]], [[1, 2, 3], [10, 20, 5]], [[0, 0, 0], [0, 1, 0]]))
+    assert list(returns.recent) == [30.0] and returns.episodes == 1
+    returns.add(_batch([[0, 0, 3], [2, 2, 2]], [[4, 5, 7], [6, 7, 8]], [[0, 1, 0], [0, 0, 1]]))
+    assert list(returns.recent) == [30.0, 15.0, 26.0]  # ids 1, then 0 and 2 in id order
+    assert returns.episodes == 3
+    assert returns.mean == pytest.approx((30 + 15 + 26) / 3)
+    assert dict(returns._partial) == {3: 7.0}
+
+
+def test_batches_from_different_workers_arrive_in_any_order():
+    a, b = EpisodeReturns(), EpisodeReturns()
+    first = _batch([5, 5, 5], [1, 1, 1], [0, 0, 0])
+    last = _batch([5, 5, 6], [2, 2, 4], [0, 1, 0])
+    other = _batch([7, 7], [0.5, 0.5], [0, 1])
+    for batch in (first, other, last):
+        a.add(batch)
+    for batch in (other, first, last):
+        b.add(batch)
+    assert sorted(a.recent) == sorted(b.recent) == [1.0, 7.0]
+
+
+def test_masked_out_and_blank_frames_are_not_counted():
+    returns = EpisodeReturns()
+    # an interrupted batch: the tail is masked out, and blanked with id -1
+    returns.add(_batch([[0, 0, -1], [1, 1, 1]], [[1, 2, 99], [3, 4, 50]], [[0, 1, 1], [0, 0, 1]],
+                       mask=[[1, 1, 0], [1, 1, 0]]))
+    assert list(returns.recent) == [3.0]
+    assert dict(returns._partial) == {1: 7.0}
+    returns.add(_batch([-1, -1], [5, 5], [1, 1]))  # no mask, but ids -1: nothing real
+    assert list(returns.recent) == [3.0] and returns.episodes == 1
+
+
+def test_the_window_keeps_only_the_latest_returns():
+    returns = EpisodeReturns(window=2)
+    for tid, reward in enumerate([1.0, 2.0, 4.0]):
+        returns.add(_batch([tid], [reward], [True]))
+    assert list(returns.recent) == [2.0, 4.0]
+    assert returns.mean == 3.0
+    assert returns.episodes == 3
+
+
+def test_open_trajectories_are_capped_forgetting_the_least_recently_extended():
+    returns = EpisodeReturns(max_open=2)
+    returns.add(_batch([[1, 1], [2, 2]], [[1, 1], [1, 1]], [[0, 0], [0, 0]]))
+    returns.add(_batch([[1, 1], [3, 3]], [[1, 1], [1, 1]], [[0, 0], [0, 0]]))
+    assert list(returns._partial) == [1, 3]  # 2 went longest without a new frame
+    assert returns._partial[1] == 4.0
+    returns.add(_batch([2, 2], [5, 5], [0, 1]))  # its first frames were forgotten
+    assert list(returns.recent) == [10.0]
+
+
+def test_batches_without_trajectory_ids_or_none_are_ignored():
+    returns = EpisodeReturns()
+    returns.add(None)
+    returns.add(TensorDict({"next": {"reward": torch.ones(3, 1), "done": torch.ones(3, 1, dtype=torch.bool)}},
+                           batch_size=[3]))
+    assert returns.episodes == 0 and returns.mean is None and not returns._partial
+
+
+def test_rewards_are_summed_in_double_precision():
+    returns = EpisodeReturns()
+    returns.add(_batch([0] * 4, [1e8, 1.0, 1.0, 1.0], [0, 0, 0, 1]))
+    assert list(returns.recent) == [1e8 + 3]  # in float32 each +1 is lost: 1e8
