@@ -75,7 +75,7 @@ _EXPORTS = {
     "split_trajectories": "._engine.trajectories",
 }
 
-__all__ = sorted(_EXPORTS)
+__all__ = sorted(_EXPORTS)  # noqa: PLE0605 - lazy exports, one list
 
 
 def __getattr__(name: str) -> _typing.Any:
@@ -100,8 +100,8 @@ if _typing.TYPE_CHECKING:  # static tools see ordinary imports
     from ._collectors.collector import Collector as Collector
     from ._collectors.collector import SyncDataCollector as SyncDataCollector
     from ._collectors.interruptor import Interruptor as Interruptor
-    from ._collectors.multi_async import MultiaSyncDataCollector as MultiaSyncDataCollector
     from ._collectors.multi_async import MultiAsyncCollector as MultiAsyncCollector
+    from ._collectors.multi_async import MultiaSyncDataCollector as MultiaSyncDataCollector
     from ._collectors.multi_sync import MultiSyncCollector as MultiSyncCollector
     from ._collectors.multi_sync import MultiSyncDataCollector as MultiSyncDataCollector
     from ._collectors.options import CollectorOptions as CollectorOptions
@@ -111,7 +111,6 @@ if _typing.TYPE_CHECKING:  # static tools see ordinary imports
     from ._envs.async_env import AsyncEnv as AsyncEnv
     from ._envs.coroutine_group import ThreadEnv as ThreadEnv
     from ._envs.gym import GymEnv as GymEnv
-    from ._policies.random import RandomPolicy as RandomPolicy
     from ._errors import CollectorBusyError as CollectorBusyError
     from ._errors import CollectorClosedError as CollectorClosedError
     from ._errors import CollectorError as CollectorError
@@ -120,3 +119,4 @@ if _typing.TYPE_CHECKING:  # static tools see ordinary imports
     from ._errors import RemoteCollectorError as RemoteCollectorError
     from ._errors import StepTimeoutError as StepTimeoutError
     from ._errors import WorkerError as WorkerError
+    from ._policies.random import RandomPolicy as RandomPolicy

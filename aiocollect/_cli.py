@@ -40,7 +40,8 @@ def _parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="aiocollect", description="Fast RL experience collection.")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
     c = sub.add_parser("collect", help="collect from a gymnasium env with random actions and save the frames")
-    c.add_argument("--env", required=True, help="a gymnasium env id, e.g. CartPole-v1 (or module:EnvId, importing module first)")
+    c.add_argument("--env", required=True,
+                   help="a gymnasium env id, e.g. CartPole-v1 (or module:EnvId, importing module first)")
     c.add_argument("--workers", type=int, default=2, help="env worker processes (0: envs in this process)")
     c.add_argument("--envs-per-worker", type=int, default=8, help="envs stepped by each worker")
     c.add_argument("--frames", type=int, default=20_000, help="frames to collect (rounded up to whole batches)")
@@ -76,7 +77,7 @@ def _check_collect(args: argparse.Namespace) -> Path:
         raise UsageError(f"--env {args.env!r}: not a registered gymnasium env ({exc}); e.g. CartPole-v1") from None
     try:
         gym.make(args.env).close()
-    except Exception as exc:  # a registered env that cannot be built here (a missing dependency...)
+    except Exception as exc:  # noqa: BLE001 - a registered env that cannot be built here (a missing dependency...)
         raise UsageError(f"--env {args.env!r} cannot be built here: {type(exc).__name__}: {exc}") from None
     if args.workers < 0:
         raise UsageError(f"--workers must be >= 0, got {args.workers}")
@@ -146,8 +147,8 @@ def collect(args: argparse.Namespace) -> int:
     print(f"collected {stats.frames:,} frames of {env_id} from {num_envs} envs "
           f"({args.workers} worker process{'es' if args.workers != 1 else ''}) in {elapsed:.2f} s: "
           f"{stats.frames / elapsed:,.0f} frames/s")
-    print(f"{stats.completed_trajectories:,} episodes finished"
-          + (f", mean return of the last {min(stats.completed_trajectories, 100)}: {mean:.2f}" if mean is not None else ""))
+    last = f", mean return of the last {min(stats.completed_trajectories, 100)}: {mean:.2f}" if mean is not None else ""
+    print(f"{stats.completed_trajectories:,} episodes finished{last}")
     print(f"saved {tuple(saved.shape)} to {out} (TensorDict.load_memmap({str(out)!r}))")
     return 0
 

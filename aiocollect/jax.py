@@ -1,8 +1,8 @@
 """JAX interop: JAX policies in any collector, and batches handed to JAX without a copy.
 
 Install JAX first: the ``jax`` extra (``pip install -e ".[jax]"`` in a checkout), or
-``pip install jax``. ``import aiocollect`` never imports JAX; ``import aiocollect.jax`` without JAX raises an ``ImportError`` that names the
-extra.
+``pip install jax``. ``import aiocollect`` never imports JAX; ``import aiocollect.jax``
+without JAX raises an ``ImportError`` that names the extra.
 
 A JAX policy is a pure function and its params:
 
@@ -32,7 +32,8 @@ key=0)`` gets a fresh subkey at every step (see [`JaxPolicy`][aiocollect.jax.Jax
 **No copies on the CPU.** Observations reach the jitted function as the collector's own
 buffers (XLA reads an aligned numpy buffer in place; measured: the call costs the same for
 256 B and 256 MB of input), and the outputs are read as numpy views of XLA's buffers.
-[`to_jax`][aiocollect.jax.to_jax] and [`from_jax`][aiocollect.jax.from_jax] go through DLPack and share memory both ways.
+[`to_jax`][aiocollect.jax.to_jax] and [`from_jax`][aiocollect.jax.from_jax] go through DLPack and share
+memory both ways.
 
 **64-bit leaves.** With JAX's default ``jax_enable_x64=False`` JAX has no int64: the
 ``int64`` leaves of a batch (``("collector", "traj_ids")``, ``step_count``,

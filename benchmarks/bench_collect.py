@@ -69,13 +69,13 @@ _PROCESS_START = time.perf_counter()  # for the total time, heavy imports includ
 os.environ.setdefault("RL_WARNINGS", "0")
 os.environ.setdefault("RL_LOGGING_LEVEL", "ERROR")
 
-import gymnasium as gym  # noqa: E402
-import torch  # noqa: E402
-from _common import environment, parse_args  # noqa: E402
-from tensordict.nn import TensorDictModule  # noqa: E402
-from torch import nn  # noqa: E402
+import gymnasium as gym
+import torch
+from _common import environment, parse_args
+from tensordict.nn import TensorDictModule
+from torch import nn
 
-from aiocollect import Collector  # noqa: E402
+from aiocollect import Collector
 
 ENV_ID = "CartPole-v1"
 # Importing torchrl makes "spawn" the global start method, and a spawned worker re-imports

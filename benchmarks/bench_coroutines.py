@@ -40,15 +40,15 @@ import warnings
 os.environ.setdefault("RL_WARNINGS", "0")
 os.environ.setdefault("RL_LOGGING_LEVEL", "ERROR")
 
-import gymnasium as gym  # noqa: E402
-import numpy as np  # noqa: E402
-import torch  # noqa: E402
-from _common import environment, finish, parse_args  # noqa: E402
-from gymnasium import spaces  # noqa: E402
-from tensordict.nn import TensorDictModule  # noqa: E402
-from torch import nn  # noqa: E402
+import gymnasium as gym
+import numpy as np
+import torch
+from _common import environment, finish, parse_args
+from gymnasium import spaces
+from tensordict.nn import TensorDictModule
+from torch import nn
 
-from aiocollect import AsyncEnv, Collector  # noqa: E402
+from aiocollect import AsyncEnv, Collector
 
 NUM_ENVS = 256
 LOW, HIGH = 0.005, 0.015

@@ -34,10 +34,10 @@ os.environ.setdefault("RL_WARNINGS", "0")
 os.environ.setdefault("RL_LOGGING_LEVEL", "ERROR")
 os.environ.setdefault("RAY_DEDUP_LOGS", "0")
 
-import gymnasium as gym  # noqa: E402
-from _common import environment, finish, parse_args  # noqa: E402
+import gymnasium as gym
+from _common import environment, finish, parse_args
 
-import aiocollect  # noqa: E402
+import aiocollect
 
 ENV_ID = "CartPole-v1"
 ENVS = 8

@@ -5,8 +5,8 @@ What is measured
 * **U. The update call.** ``collector.update_policy_weights_(trainer)`` for a policy of
   986,754 parameters (an MLP 64-1024-896-2, 3.9 MB of float32), called while the
   collector is idle and while it collects in another thread (whose Python code then
-  competes for the GIL): median, 90th percentile and worst of 200 calls, in microseconds. The call snapshots the weights (one copy into a recycled
-  buffer) and returns; the engine loads them between two policy calls. The same for a
+  competes for the GIL): median, 90th percentile and worst of 200 calls, in microseconds.
+  The call snapshots the weights (one copy into a recycled buffer) and returns; the engine loads them between two policy calls. The same for a
   :class:`~aiocollect.jax.JaxPolicy` with the same parameter count (its snapshot is a
   device copy of the params pytree). Goal: < 1 ms.
 * **F. Collection with an update after every batch** vs without, on the same collector
@@ -39,23 +39,24 @@ JAX's default unless ``--jax-sync-dispatch`` is given.
 
 from __future__ import annotations
 
+import itertools
 import os
 
 os.environ.setdefault("XLA_FLAGS", "--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1")
 
-import statistics  # noqa: E402
-import sys  # noqa: E402
-import threading  # noqa: E402
-import time  # noqa: E402
-from collections.abc import Callable  # noqa: E402
+import statistics
+import sys
+import threading
+import time
+from collections.abc import Callable
 
-import gymnasium as gym  # noqa: E402
-import torch  # noqa: E402
-from _common import environment, finish, parse_args  # noqa: E402
-from tensordict.nn import TensorDictModule  # noqa: E402
-from torch import nn  # noqa: E402
+import gymnasium as gym
+import torch
+from _common import environment, finish, parse_args
+from tensordict.nn import TensorDictModule
+from torch import nn
 
-from aiocollect import Collector, MultiSyncCollector  # noqa: E402
+from aiocollect import Collector, MultiSyncCollector
 
 ENV_ID = "CartPole-v1"
 BIG = (64, 1024, 896, 2)  # 986,754 parameters
@@ -82,7 +83,7 @@ class ArgmaxMLP(nn.Module):
         super().__init__()
         torch.manual_seed(seed)
         layers: list[nn.Module] = [PadObs(sizes[0])] if sizes[0] != 4 else []
-        for i, (a, b) in enumerate(zip(sizes, sizes[1:])):
+        for i, (a, b) in enumerate(itertools.pairwise(sizes)):
             layers.append(nn.Linear(a, b))
             if i < len(sizes) - 2:
                 layers.append(nn.Tanh())

@@ -157,7 +157,8 @@ def _subtitle(directory: Path) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("results", type=Path, help="directory with collect.json, workers.json, coroutines.json, ray.json")
+    parser.add_argument("results", type=Path,
+                        help="directory with collect.json, workers.json, coroutines.json, ray.json")
     parser.add_argument("-o", "--out", type=Path, help="the PNG to write (default: RESULTS/benchmarks.png)")
     args = parser.parse_args(argv)
     panels = panels_from(args.results)

@@ -46,8 +46,8 @@ from .._engine.trajectories import split_trajectories
 from .._errors import CollectorBusyError, CollectorClosedError, CollectorError, CollectorFailedError
 from .._policies.setup import PolicySetup
 from .loop_thread import LoopThread
-from .progress import EpisodeReturns, ProgressBar
 from .options import CollectorOptions
+from .progress import EpisodeReturns, ProgressBar
 
 logger = logging.getLogger("aiocollect")
 
@@ -708,7 +708,7 @@ class DataCollectorBase:
         total = self.options.total_frames
         if total < 0:
             raise TypeError(f"{type(self).__name__} is endless (total_frames=-1) and has no length.")
-        return -(-total // self.options.frames_per_batch)
+        return -(-total // self.options.frames_per_batch)  # noqa: PLE0303 - total > 0 here
 
     def statistics(self) -> CollectorStatistics:
         """A frozen snapshot of the collector's counters.

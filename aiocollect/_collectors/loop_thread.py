@@ -52,7 +52,7 @@ class LoopThread:
                 future.cancel()
                 try:
                     self.portal.call(_noop)  # the cancellation has been delivered by now
-                except BaseException:
+                except BaseException:  # noqa: BLE001 - the first exception is the one to raise
                     pass
             raise
 

@@ -161,7 +161,8 @@ def validate_options(
     dev = parse_device("device", device)
     devices = {
         name: parse_device(name, value) or dev
-        for name, value in (("storing_device", storing_device), ("env_device", env_device), ("policy_device", policy_device))
+        for name, value in (("storing_device", storing_device), ("env_device", env_device),
+                            ("policy_device", policy_device))
     }
     if create_env_kwargs is not None and not isinstance(create_env_kwargs, dict):
         raise TypeError(f"create_env_kwargs must be a dict, got {type(create_env_kwargs).__name__}")

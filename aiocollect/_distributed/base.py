@@ -170,7 +170,7 @@ class RemoteCollectorsBase(DataCollectorBase):
     async def _fetch(self, index: int, handle: Any) -> Any:
         try:
             return await self._result(index, handle)
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 - any remote failure becomes a RemoteCollectorError
             error = self._error(index, exc)
             raise error from error.__cause__  # the remote exception, with the remote traceback
 

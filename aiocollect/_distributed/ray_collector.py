@@ -36,7 +36,8 @@ class RayCollector(RemoteCollectorsBase):
 
     TorchRL's ``distributed.RayCollector``, with its arguments. Each remote collector is a
     Ray actor holding an aiocollect collector (``collector_class``); batches travel
-    through Ray's object store. Needs Ray: the ``ray`` extra (``pip install -e ".[ray]"`` in a checkout), or ``pip install ray``.
+    through Ray's object store. Needs Ray: the ``ray`` extra (``pip install -e ".[ray]"`` in a
+    checkout), or ``pip install ray``.
 
     **When to use it.** When the envs need more cores than one machine has, or you already
     run a Ray cluster. Each remote collector runs its own copy of the policy. On one
@@ -203,7 +204,7 @@ class RayCollector(RemoteCollectorsBase):
         for i, ref in enumerate(refs):
             try:
                 info.append(ray.get(ref))
-            except Exception as exc:
+            except Exception as exc:  # noqa: BLE001 - any remote failure becomes a RemoteCollectorError
                 error = self._error(i, exc)
                 raise error from error.__cause__
         return info

@@ -23,8 +23,8 @@ from typing import Any
 from tensordict.nn import InteractionType
 
 from .._collectors.options import options_from
-from .base import RemoteCollectorsBase, forwarded_options, plan_remotes
 from .._errors import CollectorError
+from .base import RemoteCollectorsBase, forwarded_options, plan_remotes
 from .remote import RemoteCollector
 
 _PACKAGE_ROOT = str(Path(__file__).resolve().parents[2])
@@ -229,7 +229,7 @@ class RPCCollector(RemoteCollectorsBase):
         for i, handle in enumerate(handles):
             try:
                 info.append(handle.wait())
-            except Exception as exc:
+            except Exception as exc:  # noqa: BLE001 - any remote failure becomes a RemoteCollectorError
                 error = self._error(i, exc)
                 raise error from error.__cause__
         return info

@@ -126,7 +126,7 @@ class AsyncEnv:
 
 
 def is_async_env(env: Any) -> bool:
-    """Whether ``env`` follows the [`AsyncEnv`][aiocollect.AsyncEnv] protocol (``step`` and ``reset`` are coroutines)."""
+    """Whether ``env`` follows the [`AsyncEnv`][aiocollect.AsyncEnv] protocol (coroutine ``step`` and ``reset``)."""
     if isinstance(env, AsyncEnv):
         return True
     return (inspect.iscoroutinefunction(getattr(env, "step", None))

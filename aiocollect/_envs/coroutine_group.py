@@ -152,7 +152,7 @@ class CoroutineGroup(_GroupBase):
                 return
             try:
                 await close()
-            except Exception:  # noqa: BLE001 - the others still close
+            except Exception:
                 logger.exception("aiocollect: error while closing %r", env)
 
         async with anyio.create_task_group() as tg:

@@ -42,7 +42,7 @@ def _die_with_parent() -> None:
         libc = ctypes.CDLL(None, use_errno=True)
         pr_set_pdeathsig = 1
         libc.prctl(pr_set_pdeathsig, signal.SIGKILL, 0, 0, 0)
-    except Exception:  # pragma: no cover - best effort, the socket EOF still works
+    except Exception:  # noqa: BLE001 - best effort, the socket EOF still works
         pass
 
 

@@ -27,8 +27,8 @@ import cloudpickle
 import numpy as np
 
 from .._envs.coroutine_group import CoroutineGroup, timed
-from .._errors import EnvError, StepTimeoutError, WorkerError
 from .._envs.group import make_group
+from .._errors import EnvError, StepTimeoutError, WorkerError
 from . import protocol
 from .plan import WorkerSpec
 from .shm import SharedArrays, set_aside_resets

@@ -35,9 +35,9 @@ import anyio
 import anyio.abc
 import numpy as np
 
+from .._errors import EnvError, WorkerError
 from . import protocol
 from .coroutine_worker import CoroutineWorker
-from .._errors import EnvError, WorkerError
 from .plan import WorkerPlan, WorkerSpec
 from .shm import Layout, SharedArrays, create_segment
 
