@@ -6,7 +6,8 @@ What is measured
   986,754 parameters (an MLP 64-1024-896-2, 3.9 MB of float32), called while the
   collector is idle and while it collects in another thread (whose Python code then
   competes for the GIL): median, 90th percentile and worst of 200 calls, in microseconds.
-  The call snapshots the weights (one copy into a recycled buffer) and returns; the engine loads them between two policy calls. The same for a
+  The call snapshots the weights (one copy into a recycled buffer) and returns; the engine
+  loads them between two policy calls. The same for a
   :class:`~aiocollect.jax.JaxPolicy` with the same parameter count (its snapshot is a
   device copy of the params pytree). Goal: < 1 ms.
 * **F. Collection with an update after every batch** vs without, on the same collector
