@@ -75,7 +75,7 @@ class WorkerError(CollectorError):
         self.exitcode = exitcode
 
     def __reduce__(self):
-        return (_rebuild, (type(self), str(self), self.__dict__))
+        return (_rebuild, (type(self), str(self), self.__dict__, _portable(self.__cause__)))
 
     @classmethod
     def died(cls, worker: int, pid: int | None, exitcode: int | None) -> WorkerError:
@@ -193,7 +193,7 @@ class RemoteCollectorError(CollectorError):
         self.index, self.where, self.pid = index, where, pid
 
     def __reduce__(self):
-        return (_rebuild, (type(self), str(self), self.__dict__))
+        return (_rebuild, (type(self), str(self), self.__dict__, _portable(self.__cause__)))
 
     @classmethod
     def wrap(cls, index: int, where: str, pid: int | None, exc: BaseException) -> RemoteCollectorError:
@@ -250,8 +250,20 @@ def pickled_exception(exc: BaseException) -> bytes | None:
         return None
 
 
-def _rebuild(cls: type, message: str, state: dict) -> Any:
+def _portable(cause: BaseException | None) -> BaseException | None:
+    """``cause`` if it survives pickling (it travels with the error, e.g. from a Ray actor)."""
+    if cause is None:
+        return None
+    try:
+        pickle.dumps(cause)
+    except Exception:  # noqa: BLE001 - the message keeps its text and traceback
+        return None
+    return cause
+
+
+def _rebuild(cls: type, message: str, state: dict, cause: BaseException | None = None) -> Any:
     err = cls.__new__(cls)
     RuntimeError.__init__(err, message)
     err.__dict__.update(state)
+    err.__cause__ = cause
     return err

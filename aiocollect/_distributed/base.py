@@ -32,7 +32,7 @@ from tensordict import TensorDictBase
 
 from .._collectors.base import DataCollectorBase, WorkerStatistics
 from .._collectors.options import CollectorOptions, env_seeds, worker_indices
-from .remote import RemoteCollectorError, portable_weights, resolve_collector_class
+from .remote import RemoteCollectorError, RemoteFailure, portable_weights, resolve_collector_class
 
 _RESERVED = ("create_env_fn", "policy", "frames_per_batch", "total_frames", "replay_buffer")
 
@@ -160,8 +160,11 @@ class RemoteCollectorsBase(DataCollectorBase):
             self.shutdown()
             raise
 
+    def _pid(self, index: int) -> int | None:
+        return self._info[index][0] if index < len(self._info) else None
+
     def _error(self, index: int, exc: BaseException) -> RemoteCollectorError:
-        pid = self._info[index][0] if index < len(self._info) else None
+        pid = self._pid(index)
         cause = getattr(exc, "cause", None)  # Ray: the remote exception, its traceback left in exc's text
         if cause is not None and cause is not exc:
             cause.add_note(f"remote traceback:\n{exc}")
@@ -169,10 +172,14 @@ class RemoteCollectorsBase(DataCollectorBase):
 
     async def _fetch(self, index: int, handle: Any) -> Any:
         try:
-            return await self._result(index, handle)
+            batch = await self._result(index, handle)
         except Exception as exc:  # noqa: BLE001 - any remote failure becomes a RemoteCollectorError
             error = self._error(index, exc)
             raise error from error.__cause__  # the remote exception, with the remote traceback
+        if isinstance(batch, RemoteFailure):
+            error = RemoteCollectorError.wrap(index, self._where(index), self._pid(index), batch.exception())
+            raise error from error.__cause__
+        return _global_traj_ids(batch, index, self.num_collectors)
 
     def _ask(self, index: int) -> Any:
         return self._submit(index, "next_batch", self._sent[index] if self.sync else 0)
@@ -332,3 +339,13 @@ def _valid_frames(batch: TensorDictBase) -> int:
     """The frames of a remote batch that were collected (not masked out)."""
     mask = batch.get(("collector", "mask"), None)
     return int(mask.sum()) if mask is not None else batch.numel()
+
+
+def _global_traj_ids(batch: Any, index: int, count: int) -> Any:
+    """Remote collector ``index`` of ``count`` numbers its trajectories from 0, as every one
+    does: id ``k`` becomes ``k * count + index``, so no two remote collectors share an id and
+    each one's ids still grow. -1 (masked-out frames) stays -1."""
+    ids = None if batch is None else batch.get(("collector", "traj_ids"), None)
+    if ids is not None and count > 1:
+        batch.set(("collector", "traj_ids"), torch.where(ids >= 0, ids * count + index, ids))
+    return batch

@@ -20,6 +20,7 @@ from __future__ import annotations
 import sys
 import threading
 import time
+import traceback
 from typing import Any
 
 import cloudpickle
@@ -66,6 +67,38 @@ def portable_weights(weights: Any) -> Any:
     return weights
 
 
+class RemoteFailure:
+    """The exception a remote collector raised, sent back as a value rather than raised.
+
+    Ray re-raises a remote exception as its own type, but ``torch.distributed.rpc`` turns
+    every one into a ``RuntimeError`` with the text; as a value, the exception travels
+    pickled and the driver raises it as it was, with the remote traceback as a note, under
+    the same [`RemoteCollectorError`][aiocollect.RemoteCollectorError] on either transport."""
+
+    def __init__(self, exc: BaseException):
+        self.text = f"{type(exc).__name__}: {exc}"
+        self.traceback = "".join(traceback.format_exception(exc))
+        try:
+            self.data = cloudpickle.dumps(exc)
+        except Exception:  # noqa: BLE001 - the text still travels
+            self.data = None
+
+    def exception(self) -> BaseException:
+        """The remote exception (a ``CollectorError`` with its text if it could not travel)."""
+        from .._errors import CollectorError
+
+        exc = None
+        if self.data is not None:
+            try:
+                exc = cloudpickle.loads(self.data)
+            except Exception:  # noqa: BLE001 - its class may not import here
+                exc = None
+        if not isinstance(exc, BaseException):
+            exc = CollectorError(self.text)
+        exc.add_note(f"remote traceback:\n{self.traceback}")
+        return exc
+
+
 class RemoteCollector:
     """A local aiocollect collector, driven from another process; see the module docstring."""
 
@@ -99,7 +132,12 @@ class RemoteCollector:
         deadline = time.monotonic() + 60
         while self._published < min_version and time.monotonic() < deadline:
             time.sleep(0.0002)  # the load runs in the actor's other thread
-        batch = next(self._iter)
+        try:
+            batch = next(self._iter)
+        except StopIteration:
+            raise
+        except Exception as exc:  # noqa: BLE001 - returned, so that every transport keeps its type
+            return RemoteFailure(exc)
         if batch is not None and ("collector", "policy_version") in batch.keys(True):
             versions = batch.get(("collector", "policy_version"))
             table = torch.tensor([-1, *self._global], dtype=torch.int64)  # -1 stays -1

@@ -150,3 +150,16 @@ class IntObsEnv(gym.Env):
     def step(self, action):
         self.t += 1
         return self._obs(), float(action[0]), False, self.t >= self.length, {}
+
+
+class TaggedIntObsEnv(IntObsEnv):
+    """``IntObsEnv`` whose first observation entry is always ``tag``: says which collector a frame came from."""
+
+    def __init__(self, tag: int, length: int = 30):
+        super().__init__(length)
+        self.tag = tag
+
+    def _obs(self):
+        obs = super()._obs()
+        obs[0] = self.tag
+        return obs

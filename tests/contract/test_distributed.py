@@ -1,0 +1,158 @@
+"""The contract, where it makes sense, for the distributed collectors: RayCollector on a local Ray
+instance (module-scoped) and RPCCollector in a fresh interpreter (an RPC world is one per
+process). Layout on both faces, total_frames, weights routed by ``worker_ids`` to the right
+remote collector, the same error types (a remote env's ``EnvError`` is the ``__cause__`` of a
+``RemoteCollectorError``), use after shutdown, bad input before any actor starts."""
+
+from __future__ import annotations
+
+import functools
+import gc
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from aiocollect import CollectorClosedError, CollectorError, EnvError, RemoteCollectorError
+from support.checks import check_batch
+from support.envs import CounterEnv, TaggedIntObsEnv
+from support.procs import leftovers, snapshot, wait_until
+from support.weights import check_versions, linear
+
+ray = pytest.importorskip("ray")
+TESTS = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+@pytest.fixture(autouse=True)
+def leak_check():
+    """The contract's leak check without sockets: the Ray driver keeps its connections to the
+    module's cluster open between tests (the RPC cases run in their own interpreter)."""
+    before = snapshot()
+    yield
+    gc.collect()
+    assert wait_until(lambda: not {k: v for k, v in leftovers(before).items() if "sockets" not in k})
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    ray.init(num_cpus=2, include_dashboard=False)
+    yield
+    ray.shutdown()
+
+
+def tagged(tag):
+    return functools.partial(TaggedIntObsEnv, tag)
+
+
+async def test_ray_layout_on_both_faces_and_total_frames(cluster):
+    from aiocollect import RayCollector
+
+    with RayCollector(CounterEnv, None, frames_per_batch=40, total_frames=120, num_collectors=2, sync=True,
+                      collector_class="single") as c:
+        assert len(c) == 3
+        batches = list(c)
+        assert c.statistics().frames == 120
+    assert [tuple(b.shape) for b in batches] == [(2, 20)] * 3
+    for b in batches:
+        check_batch(b)
+    async with RayCollector(CounterEnv, None, frames_per_batch=40, total_frames=80, num_collectors=2,
+                            sync=False, collector_class="single") as c:
+        batches = [b async for b in c]
+    assert len(batches) == 2 and all(tuple(b.shape) == (40,) for b in batches)
+    for b in batches:
+        check_batch(b)
+
+
+def test_ray_worker_ids_route_weights_to_the_named_remote_collector(cluster):
+    from aiocollect import RayCollector
+
+    c = RayCollector([tagged(100), tagged(200)], linear(0.0), frames_per_batch=30, total_frames=-1,
+                     collector_class="single", sync=False)
+    try:
+        versions = {100: set(), 200: set()}
+        updated = False
+        for i, batch in enumerate(c):
+            check_versions(batch)
+            tag = int(batch["observation"][0, 0])
+            versions[tag] |= set(batch["collector", "policy_version"].unique().tolist())
+            if i == 2:
+                assert c.update_policy_weights_(linear(1.0), worker_ids=[1]) == 1
+                updated = True
+            if updated and 1 in versions[200] and i > 12:
+                break
+            assert i < 200, "remote collector 1 never used the weights sent to it"
+        assert versions[100] == {0}, "weights sent to remote collector 1 reached remote collector 0"
+        assert 1 in versions[200]
+    finally:
+        c.shutdown()
+
+
+def test_ray_errors_have_the_same_types(cluster):
+    from aiocollect import RayCollector
+
+    c = RayCollector(functools.partial(CounterEnv, fail_at=25), None, frames_per_batch=10, total_frames=-1)
+    with pytest.raises(RemoteCollectorError) as info:
+        for _ in range(10):
+            c.rollout()
+    err = info.value
+    assert isinstance(err, CollectorError) and err.index == 0
+    cause = err.__cause__
+    assert isinstance(cause, EnvError) and (cause.worker, cause.env) == (0, 0)
+    assert isinstance(cause.__cause__, ValueError) and "exploded on purpose" in str(cause.__cause__)
+    c.shutdown()
+    c.shutdown()
+    with pytest.raises(CollectorClosedError):
+        c.rollout()
+
+
+def test_ray_bad_input_before_any_actor_starts():
+    from aiocollect import RayCollector
+
+    with pytest.raises(ValueError, match="frames_per_batch must be positive"):
+        RayCollector(CounterEnv, None, frames_per_batch=0)
+    with pytest.raises(ValueError, match="does not split over 3"):
+        RayCollector(CounterEnv, None, frames_per_batch=10, num_collectors=3, sync=True)
+
+
+RPC = textwrap.dedent(
+    """
+    import functools, json, sys
+    sys.path.insert(0, {tests!r})
+    from aiocollect import CollectorClosedError, EnvError, RPCCollector, RemoteCollectorError
+    from support.checks import check_batch
+    from support.envs import CounterEnv
+    out = {{}}
+    c = RPCCollector([CounterEnv, functools.partial(CounterEnv, fail_at=30)], None, frames_per_batch=20,
+                     total_frames=-1, sync=True)
+    batch = c.rollout()
+    check_batch(batch)
+    out["shape"] = list(batch.shape)
+    try:
+        for _ in range(20):
+            c.rollout()
+    except RemoteCollectorError as err:
+        out["error"] = [err.index, type(err.__cause__).__name__, isinstance(err.__cause__, EnvError)]
+    c.shutdown()
+    c.shutdown()
+    try:
+        c.rollout()
+    except CollectorClosedError:
+        out["closed"] = True
+    try:
+        RPCCollector(CounterEnv, None, frames_per_batch=0)
+    except ValueError as err:
+        out["bad"] = "frames_per_batch" in str(err)
+    print(json.dumps(out))
+    """
+)
+
+
+def test_rpc_the_same_contract_in_a_fresh_interpreter():
+    proc = subprocess.run([sys.executable, "-c", RPC.format(tests=TESTS)], capture_output=True, text=True,
+                          timeout=110)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert out == {"shape": [2, 10], "error": [1, "EnvError", True], "closed": True, "bad": True}
