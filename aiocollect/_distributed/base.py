@@ -179,7 +179,7 @@ class RemoteCollectorsBase(DataCollectorBase):
         if isinstance(batch, RemoteFailure):
             error = RemoteCollectorError.wrap(index, self._where(index), self._pid(index), batch.exception())
             raise error from error.__cause__
-        return _global_traj_ids(batch, index, self.num_collectors)
+        return batch
 
     def _ask(self, index: int) -> Any:
         return self._submit(index, "next_batch", self._sent[index] if self.sync else 0)
@@ -190,6 +190,7 @@ class RemoteCollectorsBase(DataCollectorBase):
             if self.update_after_each_batch and self._batches:
                 self.update_policy_weights_()
             batches = await asyncio.gather(*(self._fetch(i, self._ask(i)) for i in range(self.num_collectors)))
+            batches = [_global_traj_ids(b, i, self.num_collectors) for i, b in enumerate(batches)]
             batch = torch.stack(batches) if batches[0] is not None else None
             if batch is not None:
                 for i, part in enumerate(batches):
@@ -208,7 +209,7 @@ class RemoteCollectorsBase(DataCollectorBase):
             future = next(iter(done))
             index = by_future[future]
             del self._pending[index]
-            batch = future.result()
+            batch = _global_traj_ids(future.result(), index, self.num_collectors)
             if batch is not None:
                 self._remote_steps[index] += _valid_frames(batch)
             if self.update_after_each_batch:
@@ -345,7 +346,7 @@ def _global_traj_ids(batch: Any, index: int, count: int) -> Any:
     """Remote collector ``index`` of ``count`` numbers its trajectories from 0, as every one
     does: id ``k`` becomes ``k * count + index``, so no two remote collectors share an id and
     each one's ids still grow. -1 (masked-out frames) stays -1."""
-    ids = None if batch is None else batch.get(("collector", "traj_ids"), None)
+    ids = batch.get(("collector", "traj_ids"), None) if isinstance(batch, TensorDictBase) else None
     if ids is not None and count > 1:
         batch.set(("collector", "traj_ids"), torch.where(ids >= 0, ids * count + index, ids))
     return batch
