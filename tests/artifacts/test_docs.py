@@ -109,7 +109,7 @@ def test_the_pages_with_examples_include_the_quick_start_and_every_collector():
 @pytest.mark.parametrize("page", PAGES)
 def test_the_examples_of_the_page_run(page, tmp_path):
     path = (DOCS / page).resolve()
-    proc = subprocess.run([sys.executable, "-c", RUNNER, str(path), str(page in RUN_SHELL)], cwd=tmp_path, capture_output=True,
-                          text=True, timeout=110, env={**os.environ, "PATH": f"{Path(sys.executable).parent}"
-                                                                           f"{os.pathsep}{os.environ['PATH']}"})
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
+    proc = subprocess.run([sys.executable, "-c", RUNNER, str(path), str(page in RUN_SHELL)], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=110, env=env)
     assert proc.returncode == 0, f"{page}:\n{proc.stdout[-2000:]}\n{proc.stderr[-3000:]}"

@@ -5,6 +5,7 @@ max_frames_per_traj, init_random_frames, replay_buffer and start()), set_seed an
 from __future__ import annotations
 
 import functools
+import itertools
 import time
 
 import torch
@@ -40,7 +41,7 @@ def constant(action: int):
 def check_rows_continue(variant, batches) -> None:
     """Consecutive batches continue each env's trajectories (for MultiAsync, a worker's batches
     may interleave with the other's: checked where two consecutive batches are the same worker's)."""
-    for prev, cur in zip(batches, batches[1:]):
+    for prev, cur in itertools.pairwise(batches):
         if variant.collects_ahead and variant.workers > 1:
             continue
         check_continuity(prev, cur)
@@ -149,7 +150,7 @@ def test_init_random_frames_come_from_the_random_policy(variant):
 
 def test_set_seed_reproduces_the_trajectories(variant):
     def run():
-        policy = lambda observation: (observation[..., 1] % 3).to(torch.int64)  # noqa: E731 - deterministic
+        policy = lambda observation: (observation[..., 1] % 3).to(torch.int64)
         with variant(policy=policy, frames_per_batch=FPB, total_frames=4 * FPB) as collector:
             assert collector.set_seed(7) == 7 + variant.num_envs - 1
             return list(collector)
@@ -171,9 +172,8 @@ def test_set_seed_reproduces_the_trajectories(variant):
 
 
 def test_state_dict_round_trip_restores_counters_weights_and_ids(variant):
-    from support.weights import linear
-
     from support.envs import IntObsEnv
+    from support.weights import linear
 
     with variant(IntObsEnv, linear(0.0), frames_per_batch=FPB, total_frames=4 * FPB) as first:
         it = iter(first)

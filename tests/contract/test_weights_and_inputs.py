@@ -65,7 +65,8 @@ BAD = [
 ]
 
 
-@pytest.mark.parametrize(("kwargs", "exc", "match"), BAD, ids=[next(iter(k)) + str(i) for i, (k, _, _) in enumerate(BAD)])
+@pytest.mark.parametrize(("kwargs", "exc", "match"), BAD,
+                         ids=[next(iter(k)) + str(i) for i, (k, _, _) in enumerate(BAD)])
 def test_bad_arguments_are_refused_before_anything_starts(variant, kwargs, exc, match):
     before = children()
     with pytest.raises(exc, match=match):

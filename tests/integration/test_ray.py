@@ -6,6 +6,7 @@ import os
 import signal
 import subprocess
 import time
+from pathlib import Path
 
 import pytest
 import torch.nn as nn
@@ -50,7 +51,7 @@ def test_seed_example_starts_a_local_cluster_and_stops_it():
     time.sleep(1)
     assert not ray_processes()
     for pid in pids:
-        assert not os.path.exists(f"/proc/{pid}") or "Z" in open(f"/proc/{pid}/stat").read().split()[2]
+        assert not os.path.exists(f"/proc/{pid}") or "Z" in Path(f"/proc/{pid}/stat").read_text().split()[2]
 
 
 @pytest.fixture(scope="module")

@@ -117,7 +117,8 @@ def test_joins_a_world_started_elsewhere_as_torchrun_would():
             "rpc.shutdown()\\n"
         )
         procs = [subprocess.Popen([sys.executable, "-c", worker, f"worker{r}", str(r), init]) for r in (1, 2)]
-        rpc.init_rpc("trainer", rank=0, world_size=3, rpc_backend_options=rpc.TensorPipeRpcBackendOptions(init_method=init))
+        options = rpc.TensorPipeRpcBackendOptions(init_method=init)
+        rpc.init_rpc("trainer", rank=0, world_size=3, rpc_backend_options=options)
         c = RPCCollector(lambda: IntObsEnv(), None, frames_per_batch=40, total_frames=120, sync=True,
                          worker_names=["worker1", "worker2"])
         shapes = [list(b.shape) for b in c]

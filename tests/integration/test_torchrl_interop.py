@@ -161,7 +161,7 @@ OUR_EXTRA_KEYS = {("collector", "policy_version")}
 
 def assert_same_layout(ours, theirs, what):
     ours_layout, theirs_layout = leaf_layout(ours), leaf_layout(theirs)
-    assert OUR_EXTRA_KEYS <= set(ours_layout)
+    assert set(ours_layout) >= OUR_EXTRA_KEYS
     assert ours_layout[("collector", "policy_version")] == (torch.int64, tuple(ours.batch_size))
     ours_layout = {k: v for k, v in ours_layout.items() if k not in OUR_EXTRA_KEYS}
     assert set(ours_layout) == set(theirs_layout), (

@@ -581,7 +581,7 @@ def test_make_group_closes_the_envs_it_built_when_a_later_one_fails():
 def test_in_process_group_rejects_envs_with_different_spaces():
     other = StepEnv()
     other.action_space = spaces.Discrete(5)
-    with pytest.raises(ValueError, match="create_env_fn: env 1 has spaces .* env 0 has"):
+    with pytest.raises(ValueError, match=r"create_env_fn: env 1 has spaces .* env 0 has"):
         InProcessGroup([StepEnv(), other])
 
 

@@ -1,4 +1,6 @@
-"""The sync and async faces, context managers, background collection and statistics."""
+"""Collector only: its sync and async faces (a running loop, a thread, uvloop), context managers,
+background collection, statistics snapshots, and the checks of what it is given (factories,
+actions, vector envs without partial resets, TorchRL envs)."""
 
 from __future__ import annotations
 
@@ -7,12 +9,15 @@ import dataclasses
 import threading
 import time
 
+import gymnasium as gym
 import pytest
 import torch
+import torch.nn as nn
 
-from aiocollect import Collector, CollectorStatistics
+from aiocollect import Collector, CollectorStatistics, EnvError, GymEnv
 from support.checks import check_batch
 from support.envs import CounterEnv, EnvRecorder
+from support.procs import children
 
 pytestmark = pytest.mark.usefixtures("no_thread_leak")
 
@@ -23,22 +28,12 @@ def make(**kw):
     return Collector([lambda: CounterEnv()] * 2, None, **kw)
 
 
-def test_sync_for_stops_at_total_frames_and_len():
-    c = make()
-    assert len(c) == 5
-    batches = list(c)
-    assert len(batches) == 5 and all(b.shape == (2, 10) for b in batches)
-    assert list(c) == []  # exhausted: a new loop yields nothing
-    c.shutdown()
-
-
 def test_sync_with_shuts_down_also_on_error():
     factory = EnvRecorder()
 
-    with pytest.raises(ZeroDivisionError):
-        with Collector(factory, None, frames_per_batch=10, total_frames=-1) as c:
-            for _ in c:
-                1 / 0
+    with pytest.raises(ZeroDivisionError), Collector(factory, None, frames_per_batch=10, total_frames=-1) as c:
+        for _ in c:
+            raise ZeroDivisionError
     assert factory.envs[0].closed
     with pytest.raises(RuntimeError, match="shut down"):
         next(iter(c))
@@ -73,7 +68,7 @@ def test_sync_for_in_a_thread():
 
 def test_break_out_of_loop_leaves_no_thread_and_continues():
     c = make(total_frames=-1)
-    for b in c:
+    for b in c:  # noqa: B007 - the batch the loop broke on
         break
     assert not [t for t in threading.enumerate() if t.name.startswith("aiocollect")]
     first = b
@@ -94,33 +89,6 @@ def test_sync_face_from_the_collectors_own_loop_points_to_async_for():
     with pytest.raises(RuntimeError, match="async for"):
         next(iter(c))
     c.shutdown()
-
-
-def test_concurrent_iteration_is_refused():
-    gate = threading.Event()
-
-    class Slow(CounterEnv):
-        def step(self, action):
-            gate.wait(5)
-            return super().step(action)
-
-    c = Collector(Slow, None, frames_per_batch=5, total_frames=-1)
-    errors = []
-    t = threading.Thread(target=lambda: next(iter(c)))
-    t.start()
-    time.sleep(0.2)
-
-    async def second():
-        try:
-            await c.arollout()
-        except RuntimeError as exc:
-            errors.append(str(exc))
-
-    asyncio.run(second())
-    gate.set()
-    t.join(10)
-    c.shutdown()
-    assert errors and "already collecting" in errors[0]
 
 
 def test_statistics_is_an_immutable_snapshot():
@@ -147,15 +115,6 @@ def test_endless_collector_has_no_len():
     c.shutdown()
 
 
-def test_shutdown_is_idempotent_and_bounded():
-    c = make()
-    next(iter(c))
-    t0 = time.perf_counter()
-    c.shutdown()
-    c.shutdown()
-    assert time.perf_counter() - t0 < 2
-
-
 class ListBuffer:
     def __init__(self):
         self.items = []
@@ -168,40 +127,6 @@ class ListBuffer:
     def __len__(self):
         with self.lock:
             return sum(td.numel() for td in self.items)
-
-
-def test_replay_buffer_iteration_yields_none_and_fills_buffer():
-    rb = ListBuffer()
-    c = make(replay_buffer=rb)
-    out = list(c)
-    c.shutdown()
-    assert out == [None] * 5 and len(rb) == 100
-    for td in rb.items:
-        check_batch(td)
-
-
-def test_start_collects_in_background_then_async_shutdown():
-    rb = ListBuffer()
-    c = make(replay_buffer=rb, total_frames=-1)
-    c.start()
-    assert c.is_running()
-    deadline = time.monotonic() + 10
-    while len(rb) < 200 and time.monotonic() < deadline:
-        time.sleep(0.01)
-    assert len(rb) >= 200
-    with pytest.raises(RuntimeError, match="already collecting|background"):
-        next(iter(c))
-    with c.pause():
-        n = len(rb)
-        time.sleep(0.1)
-        assert len(rb) == n  # nothing is written while paused
-    started = time.monotonic()
-    c.async_shutdown(timeout=5)
-    # the cancellation reaches a hot in-process collection between two batches, not at the timeout
-    assert time.monotonic() - started < 2.0
-    assert not c.is_running()
-    for td in rb.items[:5]:
-        check_batch(td)
 
 
 def test_start_stops_by_itself_at_total_frames():
@@ -223,8 +148,9 @@ def test_background_error_surfaces_at_async_shutdown():
     while c.is_running() and time.monotonic() < deadline:
         time.sleep(0.01)
     assert not c.is_running()
-    with pytest.raises(ValueError, match="exploded on purpose"):
+    with pytest.raises(EnvError, match="exploded on purpose") as info:
         c.async_shutdown()
+    assert isinstance(info.value.__cause__, ValueError)
 
 
 def test_start_requires_replay_buffer():
@@ -268,9 +194,129 @@ async def test_async_face_applies_split_postproc_and_replay_buffer():
     assert all(torch.equal(td["seen"], td["collector", "mask"]) for td in rb.items)
 
 
-async def test_async_face_statistics_and_len():
-    async with make(max_frames_per_traj=3) as c:
-        assert len(c) == 5
-        n = sum([b.numel() async for b in c])
-        stats = c.statistics()
-    assert n == stats.frames == 100 and stats.batches == 5
+# --------------------------------------------------------------------------- what it is given
+
+
+built = []
+
+
+def counting_factory():
+    built.append(1)
+    return CounterEnv()
+
+
+@pytest.mark.parametrize(
+    ("env_fn", "exc", "match"),
+    [
+        (42, TypeError, "create_env_fn: expected a callable"),
+        ([], ValueError, "list of env factories is empty"),
+        ([counting_factory, 3], TypeError, r"create_env_fn\[1\]"),
+        (None, TypeError, "create_env_fn is required"),
+    ],
+)
+def test_bad_create_env_fn(env_fn, exc, match):
+    built.clear()
+    with pytest.raises(exc, match=match):
+        Collector(env_fn, None, frames_per_batch=10)
+    assert built == []
+
+
+def test_frames_per_batch_not_divisible_by_envs_says_what_would():
+    factory = EnvRecorder()
+
+    with pytest.raises(ValueError, match=r"frames_per_batch=10 does not split evenly over 3 envs.*9 or 12"):
+        Collector([factory] * 3, None, frames_per_batch=10)
+    assert all(e.closed for e in factory.envs)
+
+
+@pytest.mark.parametrize(
+    ("policy", "exc", "match"),
+    [
+        (lambda obs: torch.zeros(obs.shape[0], 1, dtype=torch.int64), ValueError, "action: .*squeeze"),
+        (lambda obs: torch.zeros(obs.shape[0]), TypeError, "action: .*integer"),
+        (lambda obs: torch.full((obs.shape[0],), 3), ValueError, "action: .*outside"),
+        (lambda obs: torch.full((obs.shape[0],), -1), ValueError, "action: .*outside"),
+        (lambda obs: (torch.zeros(obs.shape[0]),), TypeError, "policy: a plain callable"),
+    ],
+)
+def test_action_that_does_not_fit_names_action(policy, exc, match):
+    c = Collector([lambda: CounterEnv()] * 2, policy, frames_per_batch=10)
+    with pytest.raises(exc, match=match):
+        next(iter(c))
+    c.shutdown()
+
+
+def test_box_action_shape_checked():
+    c = Collector(lambda: GymEnv("Pendulum-v1"), lambda obs: torch.zeros(obs.shape[0], 2), frames_per_batch=10)
+    with pytest.raises(ValueError, match=r"action: .*\[1, 2\].*expected \[1, 1\]"):
+        next(iter(c))
+    c.shutdown()
+
+
+def test_shutdown_while_collecting_in_background_is_bounded():
+    class Buf:
+        def extend(self, td):
+            pass
+
+    class Slow(CounterEnv):
+        def step(self, action):
+            time.sleep(0.001)
+            return super().step(action)
+
+    c = Collector(Slow, None, frames_per_batch=1000, total_frames=-1, replay_buffer=Buf())
+    c.start()
+    time.sleep(0.1)
+    t0 = time.perf_counter()
+    c.shutdown()
+    assert time.perf_counter() - t0 < 2
+    assert not c.is_running()
+
+
+def test_vector_env_without_partial_reset_gets_a_clear_error():
+    class NoMask(gym.vector.SyncVectorEnv):
+        def reset(self, *, seed=None, options=None):
+            if options and "reset_mask" in options:
+                raise NotImplementedError("no partial resets here")
+            return super().reset(seed=seed, options=options)
+
+    venv = NoMask([lambda: CounterEnv()] * 2)
+    c = Collector(venv, None, frames_per_batch=40)
+    c.set_seed(0)  # seeded, the two envs' episodes end apart (unseeded, they all ended together ~1 run in 100)
+    with pytest.raises(RuntimeError, match="cannot reset a subset"):
+        next(iter(c))
+    c.shutdown()
+
+
+def test_torchrl_env_gets_a_hint():
+    torchrl_envs = pytest.importorskip("torchrl.envs")
+    from aiocollect import MultiSyncCollector
+
+    before = children()
+    with pytest.raises(TypeError, match="instead of a TorchRL env"):
+        Collector(lambda: torchrl_envs.GymEnv("CartPole-v1"), None, frames_per_batch=10)
+    env = torchrl_envs.GymEnv("CartPole-v1")  # an instance is callable: it must not pass for a factory
+    for make in (lambda: Collector(env, None, frames_per_batch=10),
+                 lambda: Collector([env, env], None, frames_per_batch=10),
+                 lambda: MultiSyncCollector([env], None, frames_per_batch=10),
+                 lambda: MultiSyncCollector([[env]], None, frames_per_batch=10),
+                 lambda: MultiSyncCollector([torchrl_envs.EnvCreator(lambda: torchrl_envs.GymEnv("CartPole-v1"))],
+                                            None, frames_per_batch=10)):
+        with pytest.raises(TypeError, match=r"create_env_fn(\[0\])* is a TorchRL object .* instead of a TorchRL env"):
+            make()
+    assert children() == before
+
+
+def test_mismatched_spaces_in_a_list():
+    with pytest.raises(ValueError, match="share their observation and action spaces"):
+        Collector([lambda: gym.make("CartPole-v1"), lambda: gym.make("Pendulum-v1")], None, frames_per_batch=10)
+
+
+def test_policy_returning_nothing_named_action():
+    from tensordict.nn import TensorDictModule
+
+    policy = TensorDictModule(nn.Linear(3, 1), in_keys=["observation"], out_keys=["act"])
+    policy_seq = __import__("tensordict").nn.TensorDictSequential(policy)
+    c = Collector(lambda: CounterEnv(), policy_seq, frames_per_batch=10)
+    with pytest.raises(KeyError, match="action: the policy wrote"):
+        next(iter(c))
+    c.shutdown()

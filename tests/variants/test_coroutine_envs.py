@@ -1,8 +1,11 @@
-"""Coroutine envs: stepped concurrently on the collector's loop, no barrier, batched policy."""
+"""Coroutine envs: stepped concurrently on the collector's loop, no barrier, the batching knobs,
+cancellation of pending steps, a TCP game, mixing with gymnasium and thread envs, and coroutine
+entries of the worker collectors mixed with process workers."""
 
 from __future__ import annotations
 
 import asyncio
+import itertools
 import os
 import textwrap
 import threading
@@ -15,20 +18,21 @@ import torch
 from gymnasium import spaces
 
 from aiocollect import (
-    AsyncCollector,
     AsyncEnv,
     Collector,
+    EnvError,
     Interruptor,
     MultiAsyncCollector,
     MultiSyncCollector,
     StepTimeoutError,
     ThreadEnv,
-    WorkerError,
     split_trajectories,
 )
 from support.checks import check_batch, check_continuity
-from support.procs import interrupt_script
 from support.coroutine_envs import GameServer, LatencyEnv, PlainCounterEnv, SocketGameEnv
+from support.procs import interrupt_script
+
+TESTS = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def factories(envs):
@@ -63,7 +67,7 @@ def test_batches_keep_the_layout_and_invariants_sync_face():
         # row i holds env i, and its actions came from its own observations
         assert torch.equal(b["observation"][:, :, 0], torch.arange(12.0)[:, None].expand(12, 10))
         assert torch.equal(b["action"], (b["observation"][:, :, 1] % 3).long())
-    for prev, cur in zip(batches, batches[1:]):
+    for prev, cur in itertools.pairwise(batches):
         check_continuity(prev, cur)
     assert all(e.closed for e in envs)  # shutdown() closed them
     assert len({i for e in envs for i in e.loop_ids}) == 1  # one loop for their whole life
@@ -148,7 +152,8 @@ def test_step_timeout_names_the_env_and_cancels_every_pending_step():
     envs[3].hang_at = 4
     c = Collector(factories(envs), None, frames_per_batch=50, total_frames=-1, step_timeout=0.3)
     start = time.perf_counter()
-    with pytest.raises(StepTimeoutError, match=r"coroutine env 3 \(LatencyEnv\).*step_timeout"):
+    late = r"env 3 of worker 0 \(LatencyEnv\) did not answer step\(\).*step_timeout"
+    with pytest.raises(StepTimeoutError, match=late):
         c.rollout()
     assert time.perf_counter() - start < 3
     time.sleep(0.05)
@@ -161,9 +166,10 @@ async def test_env_exception_names_the_env_and_cancelling_cancels_steps():
     envs = [LatencyEnv(i, 0.01, 0.01) for i in range(4)]
     envs[2].fail_at = 3
     async with Collector(factories(envs), None, frames_per_batch=40, total_frames=-1) as c:
-        with pytest.raises(RuntimeError, match="env 2 broke") as info:
+        with pytest.raises(EnvError, match="env 2 broke") as info:
             await c.arollout()
-        assert any("env 2" in note for note in getattr(info.value, "__notes__", []))
+        assert info.value.env == 2 and "env 2 of worker 0" in str(info.value)
+        assert isinstance(info.value.__cause__, RuntimeError)
 
     # from their 3rd step on, the envs hang: once all four got there, each has a step pending
     envs = [LatencyEnv(i, 0.01, 0.01, hang_at=3) for i in range(4)]
@@ -186,13 +192,13 @@ async def test_env_exception_names_the_env_and_cancelling_cancels_steps():
 def test_a_game_over_a_real_tcp_socket():
     with GameServer() as server:
         envs = [SocketGameEnv(server.port) for _ in range(8)]
-        policy = lambda obs: torch.full((obs.shape[0],), 2)  # noqa: E731 - always move right
+        policy = lambda obs: torch.full((obs.shape[0],), 2)
         with Collector(factories(envs), policy, frames_per_batch=8 * 12, total_frames=8 * 24) as c:
             c.set_seed(0)
             batches = list(c)
         assert server.clients == 8
     assert all(e.closed for e in envs)
-    for prev, cur in zip(batches, batches[1:]):
+    for prev, cur in itertools.pairwise(batches):
         check_continuity(prev, cur)
     for b in batches:
         check_batch(b)
@@ -267,14 +273,10 @@ def test_bad_input():
 
     with pytest.raises(TypeError, match="async def close"):
         Collector([SyncClose], None, frames_per_batch=10)
-    with pytest.raises(ValueError, match="max_batch_size.*coroutine envs"):
-        Collector(lambda: gym.make("CartPole-v1"), None, frames_per_batch=10, max_batch_size=4)
     with pytest.raises(ValueError, match="min_batch_size=9 is larger"):
         Collector([LatencyEnv] * 2, None, frames_per_batch=10, max_batch_size=4, min_batch_size=9)
     with pytest.raises(ValueError, match="step_timeout"):
         Collector([LatencyEnv] * 2, None, frames_per_batch=10, step_timeout=0)
-    with pytest.raises(ValueError, match="reset_when_done"):
-        Collector([LatencyEnv] * 2, None, frames_per_batch=10, reset_when_done=False)
 
 
 def test_split_trajectories_of_a_coroutine_batch_matches_the_lengths():
@@ -305,7 +307,7 @@ def test_multisync_mixes_coroutine_entries_with_process_workers():
         for part in b.unbind(0):
             check_batch(part, step_count=6)
         assert (b["observation"][1, :, :, 0] == 7).all() and (b["observation"][2, :, :, 0] == 99).all()
-    for prev, cur in zip(batches, batches[1:]):
+    for prev, cur in itertools.pairwise(batches):
         for p, q in zip(prev.unbind(0), cur.unbind(0)):
             check_continuity(p, q)
     assert len(stepped()) == 4 and all(e.closed for e in stepped())
@@ -320,31 +322,6 @@ def test_multiasync_a_slow_coroutine_entry_does_not_hold_back_a_fast_one():
     for b in batches:
         check_batch(b)
     assert ids.count(0) >= 5, ids  # the fast env's batches kept coming
-
-
-def test_async_collector_and_background_collection_with_coroutine_envs():
-    from test_weights import ListBuffer
-
-    rb = ListBuffer()
-    c = AsyncCollector([LatencyEnv] * 4, None, frames_per_batch=40, total_frames=-1, replay_buffer=rb)
-    try:
-        c.start()
-        time.sleep(0.5)
-    finally:
-        c.async_shutdown(timeout=5)
-    assert len(rb.batches) >= 2
-    for b in rb.batches:
-        assert b.shape == (4, 10)
-        check_batch(b)
-
-
-def test_a_failing_coroutine_entry_is_a_worker_error():
-    make = [[LatencyEnv] * 2, [lambda: LatencyEnv(5, fail_at=3)] * 2]
-    c = MultiSyncCollector(make, None, frames_per_batch=40, total_frames=-1)
-    with pytest.raises(WorkerError, match=r"worker 1 \(coroutine envs.*env 0 raised RuntimeError") as info:
-        c.rollout()
-    assert isinstance(info.value.__cause__, RuntimeError) and info.value.worker == 1
-    c.shutdown()
 
 
 CTRL_C_SCRIPT = textwrap.dedent(
@@ -369,21 +346,10 @@ CTRL_C_SCRIPT = textwrap.dedent(
 
 
 def test_ctrl_c_cancels_pending_steps_closes_envs_and_stops_the_loop():
-    out, err, returncode = interrupt_script(CTRL_C_SCRIPT.format(tests=os.path.dirname(__file__)))
+    out, err, returncode = interrupt_script(CTRL_C_SCRIPT.format(tests=TESTS))
     words = out.split()
     assert words[0] == "interrupted" and words[1] == "[]", out  # no loop thread left
     assert int(words[2]) >= 1 and words[3] == "True", out  # pending steps cancelled, every env closed
     assert "KeyboardInterrupt" in err and returncode != 0
 
 
-def test_step_timeout_in_a_worker_collector_names_worker_and_env():
-    make = [[LatencyEnv] * 2, [lambda: LatencyEnv(5, hang_at=2)] * 2]
-    c = MultiAsyncCollector(make, None, frames_per_batch=20, total_frames=-1, step_timeout=0.3)
-    start = time.perf_counter()
-    with pytest.raises(WorkerError, match=r"worker 1 .*env 0 of worker 1 \(LatencyEnv\) did not answer step\(\)"):
-        for _ in c:
-            pass
-    assert time.perf_counter() - start < 3
-    c.shutdown()
-    with pytest.raises(ValueError, match="step_timeout.*coroutine envs"):
-        MultiSyncCollector([PlainCounterEnv] * 2, None, frames_per_batch=20, step_timeout=1.0)

@@ -1,6 +1,10 @@
-"""Policies of every kind, exploration type, seeding, weights and state."""
+"""Policies of every kind, exploration type, seeding against a hand-written gymnasium loop,
+the forms a weight update takes, and weight updates during background collection."""
 
 from __future__ import annotations
+
+import threading
+import time
 
 import gymnasium as gym
 import numpy as np
@@ -15,10 +19,11 @@ from tensordict.nn import (
     TensorDictSequential,
 )
 
-from aiocollect import Collector, GymEnv, RandomPolicy
+from aiocollect import Collector, GymEnv, MultiAsyncCollector, MultiSyncCollector, RandomPolicy
 from support.checks import check_batch
-from support.envs import CounterEnv
 from support.coroutine_envs import LatencyEnv, PlainCounterEnv
+from support.envs import CounterEnv, IntObsEnv
+from support.weights import check_versions, linear
 
 
 def cartpole_policy(obs):
@@ -33,7 +38,7 @@ def hand_written_rollout(seed, steps):
     for _ in range(steps):
         out.append(obs)
         a = int(cartpole_policy(torch.as_tensor(obs)))
-        obs, r, term, trunc, _ = env.step(a)
+        obs, _r, term, trunc, _ = env.step(a)
         if term or trunc:
             obs, _ = env.reset()
     return np.stack(out)
@@ -159,7 +164,7 @@ async def test_exploration_type_is_honoured(face):
         if face == "sync":
             (b,) = list(c)
         else:
-            b = [x async for x in c][0]
+            (b,) = [x async for x in c]
         c.shutdown()
         return b
 
@@ -167,7 +172,7 @@ async def test_exploration_type_is_honoured(face):
     assert torch.equal(mode["action"], mode["logits"].argmax(-1))
     random = await batch("random")
     assert not torch.equal(random["action"], random["logits"].argmax(-1))
-    log_prob_keys = [k for k in random.keys() if "log_prob" in str(k)]
+    log_prob_keys = [k for k in random.keys() if "log_prob" in str(k)]  # noqa: SIM118 - a TensorDict
     assert log_prob_keys, random
     check_batch(random, policy_keys=("action", "logits", *log_prob_keys))
 
@@ -196,32 +201,6 @@ def test_update_policy_weights_copies_a_snapshot():
     with pytest.raises(ValueError, match="worker_ids"):
         c.update_policy_weights_(worker_ids=[3])
     c.shutdown()
-
-
-def test_state_dict_round_trip_never_reuses_trajectory_ids():
-    policy = TensorDictModule(nn.Linear(3, 1), in_keys=["observation"], out_keys=["action"])
-    c = Collector(lambda: GymEnv("Pendulum-v1"), policy, frames_per_batch=50, total_frames=500,
-                  max_frames_per_traj=20)
-    it = iter(c)
-    first = next(it)
-    state = c.state_dict()
-    assert set(state) >= {"policy_state_dict", "env_state_dict", "frames", "iter"}
-    assert state["frames"] == 50
-    c.shutdown()
-
-    fresh_policy = TensorDictModule(nn.Linear(3, 1), in_keys=["observation"], out_keys=["action"])
-    c2 = Collector(lambda: GymEnv("Pendulum-v1"), fresh_policy, frames_per_batch=50, total_frames=500,
-                   max_frames_per_traj=20)
-    c2.load_state_dict(state)
-    loaded = c2.state_dict()["policy_state_dict"]
-    assert torch.equal(loaded["module.weight"], state["policy_state_dict"]["module.weight"])
-    assert torch.equal(loaded["module.weight"], policy.module.weight)
-    assert c2.statistics().frames == 50
-    batches = list(c2)
-    c2.shutdown()
-    assert len(batches) == 9
-    later = torch.cat([b["collector", "traj_ids"] for b in batches])
-    assert later.min() > first["collector", "traj_ids"].max()
 
 
 def test_random_policy_as_a_module():
@@ -263,3 +242,92 @@ def test_shutdown_close_env_decides_only_about_the_envs(close_env):
     assert bar.disable  # the progress bar is closed either way (tqdm disables a closed bar)
     with pytest.raises(RuntimeError, match="shut down"):
         next(iter(collector))
+
+
+# --------------------------------------------------------------------------- weight updates
+
+BACKGROUND = {
+    "Collector": lambda policy, **kw: Collector([IntObsEnv] * 3, policy, **kw),
+    "MultiAsync": lambda policy, **kw: MultiAsyncCollector([[IntObsEnv] * 3] * 2, policy, **kw),
+}
+
+
+def test_update_forms_and_versions():
+    trainer = linear(2.0)
+    with Collector([IntObsEnv] * 2, linear(0.0), frames_per_batch=8, total_frames=-1) as c:
+        assert c.update_policy_weights_(trainer) == 1
+        assert c.update_policy_weights_(TensorDict.from_module(trainer)) == 2
+        assert c.update_policy_weights_(trainer.state_dict()) == 3
+        # only the newest pending snapshot is applied: versions 1 and 2 are never used
+        batch = c.rollout()
+        assert (batch["collector", "policy_version"] == 3).all()
+        assert torch.equal(batch["action"][..., 0], 2.0 * (batch["observation"].sum(-1) + 1))
+        with pytest.raises(KeyError, match="missing"):
+            c.update_policy_weights_({"module.weight": torch.zeros(1, 3)})
+        with pytest.raises(KeyError, match="unexpected"):
+            c.update_policy_weights_({**trainer.state_dict(), "extra": torch.zeros(1)})
+        with pytest.raises(ValueError, match="shape"):
+            c.update_policy_weights_({"module.weight": torch.zeros(2, 3), "module.bias": torch.zeros(1)})
+        with pytest.raises(TypeError, match="expected a module"):
+            c.update_policy_weights_(42)
+        assert c.statistics().latest_policy_version == 3  # failed calls publish nothing
+
+
+def test_none_takes_the_construction_policy_and_the_collector_owns_a_copy():
+    policy = linear(0.0)
+    with MultiSyncCollector([IntObsEnv] * 2, policy, frames_per_batch=20, total_frames=-1) as c:
+        assert c.policy is not policy
+        with torch.no_grad():
+            for p in policy.parameters():
+                p.fill_(3.0)  # an optimiser step on the user's object...
+        batch = c.rollout()
+        assert (batch["collector", "policy_version"] == 0).all()
+        assert torch.equal(batch["action"], torch.zeros_like(batch["action"]))  # ...does not leak in
+        assert c.update_policy_weights_() == 1  # TorchRL's usual call: take the given policy's weights
+        batch = c.rollout()
+        assert (batch["collector", "policy_version"] == 1).all()
+        assert torch.equal(batch["action"][..., 0], 3.0 * (batch["observation"].sum(-1) + 1))
+
+
+def test_random_policy_has_no_weights():
+    with Collector([IntObsEnv], None, frames_per_batch=4, total_frames=-1) as c:
+        assert c.update_policy_weights_() == 0
+        with pytest.raises(TypeError, match="no weights"):
+            c.update_policy_weights_(linear(1.0))
+        assert (c.rollout()["collector", "policy_version"] == 0).all()
+
+
+class ListBuffer:
+    """The smallest replay buffer: keeps every batch it is given."""
+
+    def __init__(self):
+        self.batches, self.lock = [], threading.Lock()
+
+    def extend(self, batch):
+        with self.lock:
+            self.batches.append(batch)
+
+
+@pytest.mark.parametrize("variant", ["Collector", "MultiAsync"])
+def test_updates_while_collecting_in_the_background(variant):
+    rb = ListBuffer()
+    collector = BACKGROUND[variant](linear(0.0), frames_per_batch=30, total_frames=-1, replay_buffer=rb)
+    trainer = linear(0.0)
+    versions = []
+    try:
+        collector.start()
+        for k in range(1, 30):  # the training loop: sample, step, send the weights
+            time.sleep(0.01)
+            with torch.no_grad():
+                for p in trainer.parameters():
+                    p.fill_(k)
+            versions.append(collector.update_policy_weights_(trainer))
+    finally:
+        collector.async_shutdown(timeout=5)
+    assert versions == list(range(1, 30))
+    seen = set()
+    with rb.lock:
+        assert len(rb.batches) >= 5
+        for batch in rb.batches:
+            seen |= check_versions(batch)
+    assert len(seen) >= 3, seen

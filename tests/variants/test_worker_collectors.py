@@ -1,22 +1,18 @@
-"""The multi-process collectors: layout, faces, scheduling, seeds, state."""
+"""MultiSyncCollector and the worker collectors' own features: the seed examples in both spin
+modes, preemptive_threshold, an interruptor, cat_results, ids and seeds over all workers,
+workers that never import torch, weights and state by worker, and lambdas without a main guard."""
 
 from __future__ import annotations
 
-import threading
-import time
-
 import gymnasium as gym
-import numpy as np
 import pytest
 import torch
 import torch.nn as nn
 from tensordict.nn import TensorDictModule
 
-from aiocollect import AsyncCollector, Collector, GymEnv, Interruptor, MultiAsyncCollector, MultiSyncCollector
+from aiocollect import Collector, GymEnv, Interruptor, MultiSyncCollector
 from support.checks import check_batch, check_continuity
-from support.envs import CounterEnv
-from support.envs import SleepyEnv, TorchProbeEnv
-from support.procs import children
+from support.envs import CounterEnv, SleepyEnv, TorchProbeEnv
 
 
 def flat(td):
@@ -30,19 +26,6 @@ def pendulum():
 
 def linear_policy():
     return TensorDictModule(nn.Linear(3, 1), in_keys=["observation"], out_keys=["action"])
-
-
-@pytest.fixture(autouse=True)
-def no_leftover_workers():
-    before = children()
-    yield
-    for _ in range(250):
-        left = children() - before
-        if not left:
-            break
-        time.sleep(0.02)
-    assert not left, f"worker processes left behind: {left}"
-    assert not [t for t in threading.enumerate() if t.name.startswith("aiocollect")]
 
 
 def test_seed_example_multisync_stack():
@@ -81,59 +64,9 @@ async def test_seed_example_async_for_and_async_with():
 
 
 @pytest.mark.usefixtures("spin_mode")
-def test_multiasync_each_batch_is_one_workers():
-    seen = []
-    with MultiAsyncCollector([lambda: CounterEnv(max_len=8)] * 3, None, frames_per_batch=40,
-                             total_frames=600) as collector:
-        for data in collector:
-            assert data.shape == (40,)
-            check_batch(data)
-            seen.append(data)
-    assert len(seen) == 15
-    ids = [set(d["collector", "traj_ids"].tolist()) for d in seen]
-    # different workers never share trajectory ids; each batch continues one worker's envs
-    owners = {}
-    for k, batch_ids in enumerate(ids):
-        for other in range(k):
-            common = batch_ids & ids[other]
-            if common:
-                owners.setdefault(k, set()).add(other)
-    assert sum(d.numel() for d in seen) == 600
-
-
-@pytest.mark.usefixtures("spin_mode")
-async def test_multiasync_async_for():
-    got = 0
-    async with MultiAsyncCollector([lambda: CounterEnv()] * 2, None, frames_per_batch=30,
-                                   total_frames=300) as collector:
-        async for data in collector:
-            check_batch(data)
-            got += data.numel()
-    assert got == 300
-
-
-@pytest.mark.usefixtures("spin_mode")
-def test_slow_worker_never_holds_back_a_fast_one():
-    fast = lambda: SleepyEnv(delay=0.002, tag=0.0)  # noqa: E731
-    slow = lambda: SleepyEnv(delay=0.02, tag=1.0)  # noqa: E731
-    with MultiAsyncCollector([fast, slow], None, frames_per_batch=20, total_frames=-1) as collector:
-        tags, stamps = [], []
-        for data in collector:
-            tags.append(int(data["observation"][0, 0]))
-            stamps.append(time.perf_counter())
-            if len(tags) == 12:
-                break
-    # the slow worker needs ~0.4 s per batch, the fast one ~0.04 s
-    assert tags.count(0) >= 9, tags
-    fast_times = [t for t, tag in zip(stamps, tags) if tag == 0]
-    gaps = np.diff(fast_times)
-    assert np.median(gaps) < 0.2, gaps  # the fast worker's pace, not the slow one's
-
-
-@pytest.mark.usefixtures("spin_mode")
 def test_preemptive_threshold_masks_what_stragglers_did_not_collect():
-    fast = lambda: SleepyEnv(delay=0.0, tag=0.0)  # noqa: E731
-    slow = lambda: SleepyEnv(delay=0.05, tag=1.0)  # noqa: E731
+    fast = lambda: SleepyEnv(delay=0.0, tag=0.0)
+    slow = lambda: SleepyEnv(delay=0.05, tag=1.0)
     with MultiSyncCollector([fast, fast, slow], None, frames_per_batch=150, total_frames=-1,
                             preemptive_threshold=0.6) as collector:
         data = collector.rollout()
@@ -166,7 +99,7 @@ def test_an_interruptor_stopped_before_the_batch_gives_one_step_per_batch(cls):
 
 
 def test_cat_results_int_and_vector_env_and_lists():
-    make = lambda: gym.make("CartPole-v1")  # noqa: E731
+    make = lambda: gym.make("CartPole-v1")
     with MultiSyncCollector([[make] * 3] * 2, None, frames_per_batch=60, total_frames=120,
                             cat_results=0) as c:
         for data in c:
@@ -244,36 +177,6 @@ def test_update_weights_state_dict_and_worker_ids():
             c2.shutdown()
     finally:
         c.shutdown()
-
-
-def test_async_collector_background_into_replay_buffer():
-    from torchrl.data import LazyTensorStorage, ReplayBuffer
-
-    rb = ReplayBuffer(storage=LazyTensorStorage(10_000))
-    c = AsyncCollector(lambda: CounterEnv(), None, frames_per_batch=50, total_frames=-1, replay_buffer=rb)
-    c.start()
-    assert c.is_running()
-    deadline = time.monotonic() + 10
-    while len(rb) < 200 and time.monotonic() < deadline:
-        time.sleep(0.01)
-    with c.pause():
-        n = len(rb)
-        time.sleep(0.1)
-        assert len(rb) == n  # nothing lands while paused
-    assert len(rb) >= 200
-    c.async_shutdown(timeout=5)
-    assert not c.is_running()
-    sample = rb.sample(32)
-    assert sample.shape == (32,)
-
-
-@pytest.mark.usefixtures("spin_mode")
-def test_async_collector_iterates_in_background():
-    with AsyncCollector([lambda: CounterEnv()] * 2, None, frames_per_batch=40, total_frames=400) as c:
-        batches = list(c)
-    assert len(batches) == 10 and all(b.shape == (2, 20) for b in batches)
-    for b in batches:
-        check_batch(b)
 
 
 def test_lambdas_and_main_classes_without_main_guard(tmp_path):

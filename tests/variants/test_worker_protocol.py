@@ -14,20 +14,6 @@ from support.checks import check_batch, check_continuity
 from support.envs import CounterEnv
 
 
-def test_spin_budget_follows_free_cores_and_the_override(monkeypatch):
-    monkeypatch.delenv("AIOCOLLECT_SPIN", raising=False)
-    monkeypatch.setattr(protocol.platform, "machine", lambda: "x86_64")
-    monkeypatch.setattr(protocol.os, "sched_getaffinity", lambda pid: {0, 1, 2, 3}, raising=False)
-    assert protocol.spin_budget(3) == protocol.SPIN_S  # 3 workers + the engine on 4 cores
-    assert protocol.spin_budget(4) == 0.0  # one process too many: spinning would steal a core
-    monkeypatch.setattr(protocol.platform, "machine", lambda: "arm64")
-    assert protocol.spin_budget(1) == 0.0  # weaker memory ordering: never by default
-    monkeypatch.setenv("AIOCOLLECT_SPIN", "1")
-    assert protocol.spin_budget(16) == protocol.SPIN_S
-    monkeypatch.setenv("AIOCOLLECT_SPIN", "0")
-    assert protocol.spin_budget(1) == 0.0
-
-
 @pytest.mark.parametrize("cls", [MultiSyncCollector, MultiAsyncCollector])
 def test_collection_goes_on_when_every_doorbell_is_missed(cls, monkeypatch):
     """Spinning sides may miss a doorbell (store-buffer race); their timers must cover it.
