@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import gc
 import threading
 
 import pytest
+
+from support.procs import leftovers, snapshot, wait_until
 
 
 @pytest.fixture
@@ -25,3 +28,15 @@ def spin_mode(request, monkeypatch):
     spinning on shared memory, and sleeping on the socket (see aiocollect._workers.protocol)."""
     monkeypatch.setenv("AIOCOLLECT_SPIN", "1" if request.param == "spin" else "0")
     return request.param
+
+
+@pytest.fixture
+def leak_check():
+    """Nothing a collector created outlives the test: no worker process, no aiocollect thread,
+    no shared-memory fd or socket (``support.procs.leftovers``). Only this process and its
+    children are looked at, never all of /dev/shm, so other programs cannot fail a test.
+    ``contract/`` and ``variants/`` use it for every test."""
+    before = snapshot()
+    yield
+    gc.collect()
+    assert wait_until(lambda: not leftovers(before)), f"left behind: {leftovers(before)}"

@@ -65,14 +65,9 @@ class MultiAsyncCollector(WorkerCollectorBase):
         policy: as for [`Collector`][aiocollect.Collector]; it runs in this process,
             batched over every ready worker's envs.
         max_policy_lag: the bound described above, an int >= 0 (``None``: no bound).
-        step_timeout: for entries of coroutine envs: a step or reset that takes longer,
-            in seconds, fails the collection with a
-            [`StepTimeoutError`][aiocollect.StepTimeoutError], as in a ``Collector``.
-        max_batch_size: not accepted (``ValueError``), nor ``min_batch_size`` and
-            ``batch_timeout``: they shape per-env policy calls over coroutine envs, and
-            here each entry's envs step together; step such envs in a
-            [`Collector`][aiocollect.Collector]. ``reset_when_done=False`` is refused for
-            coroutine envs, as in every collector.
+        step_timeout: as for [`MultiSyncCollector`][aiocollect.MultiSyncCollector].
+        max_batch_size: not accepted, nor ``min_batch_size`` and ``batch_timeout``: see
+            [`MultiSyncCollector`][aiocollect.MultiSyncCollector].
         cat_results: checked for TorchRL compatibility; no effect (a batch is one worker's).
         preemptive_threshold: not accepted (``ValueError``): no batch waits for a slow
             worker anyway.
