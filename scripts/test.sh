@@ -4,4 +4,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh dev,jax,ray
 .venv/bin/ruff check .          # the linter, configured in pyproject.toml
-.venv/bin/python -m pytest "$@"
+# two test processes: most tests wait on worker processes and subprocesses, and the 2-core CI
+# machine finishes in about two thirds of the time; tests that start Ray share one process
+# (xdist_group "ray"), so one Ray instance runs at a time
+.venv/bin/python -m pytest -n 2 --dist loadgroup "$@"

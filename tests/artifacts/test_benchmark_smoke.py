@@ -9,6 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 BENCH = Path(__file__).resolve().parents[2] / "benchmarks" / "bench_collect.py"
 
 
@@ -69,6 +71,7 @@ def test_coroutine_benchmark_quick_mode_reports_every_contender(tmp_path):
     assert [bar.kind for bar in panel.bars] == ["baseline", "aiocollect", "TorchRL"] and panel.bound == 25_600
 
 
+@pytest.mark.xdist_group("ray")  # one Ray instance at a time (scripts/test.sh runs pytest -n 2)
 def test_ray_benchmark_quick_mode_reports_both_contenders(tmp_path):
     stdout, results = run_quick("ray", tmp_path)
     for row in ("aiocollect RayCollector (Collector)", "TorchRL RayCollector (Collector, SerialEnv)",

@@ -106,7 +106,9 @@ def test_the_pages_with_examples_include_the_quick_start_and_every_collector():
         assert not indented, f"{page}: an indented ```python block (fence fragments ```py)"
 
 
-@pytest.mark.parametrize("page", PAGES)
+@pytest.mark.parametrize("page", [
+    pytest.param(page, marks=pytest.mark.xdist_group("ray")) if "RayCollector(" in (DOCS / page).read_text() else page
+    for page in PAGES])  # pages that start Ray run where the other Ray tests run, one instance at a time
 def test_the_examples_of_the_page_run(page, tmp_path):
     path = (DOCS / page).resolve()
     env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}

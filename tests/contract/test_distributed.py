@@ -23,6 +23,7 @@ from support.procs import leftovers, snapshot, wait_until
 from support.weights import check_versions, linear
 
 ray = pytest.importorskip("ray")
+pytestmark = pytest.mark.xdist_group("ray")  # one Ray instance at a time (scripts/test.sh runs pytest -n 2)
 TESTS = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 

@@ -155,7 +155,7 @@ def test_garbage_collection_releases_everything(variant):
 
 def test_two_iterations_at_once_are_refused(variant):
     slow = functools.partial(SleepyEnv, 0.005)
-    collector = variant(slow, None, frames_per_batch=400, total_frames=-1)
+    collector = variant(slow, None, frames_per_batch=80, total_frames=-1)
     first = threading.Thread(target=lambda: next(iter(collector), None))
     first.start()
     deadline = time.monotonic() + 5

@@ -15,9 +15,11 @@ from tensordict.nn import TensorDictModule
 from aiocollect import Collector, EnvError, GymEnv, MultiSyncCollector, RayCollector, RemoteCollectorError
 from support.checks import check_batch
 from support.envs import CounterEnv, IntObsEnv
+from support.procs import wait_until
 from support.weights import check_versions, linear
 
 ray = pytest.importorskip("ray")
+pytestmark = pytest.mark.xdist_group("ray")  # one Ray instance at a time (scripts/test.sh runs pytest -n 2)
 
 
 def ray_processes() -> list[str]:
@@ -48,8 +50,9 @@ def test_seed_example_starts_a_local_cluster_and_stops_it():
     pids = [w.pid for w in collector.statistics().workers]
     collector.shutdown()
     assert not ray.is_initialized()  # it stopped the instance it started
-    time.sleep(1)
-    assert not ray_processes()
+    # (a Ray instance another module of this test process shut down just before may take a
+    # few seconds more to go, hence the wait)
+    assert wait_until(lambda: not ray_processes(), timeout=20), ray_processes()
     for pid in pids:
         assert not os.path.exists(f"/proc/{pid}") or "Z" in Path(f"/proc/{pid}/stat").read_text().split()[2]
 

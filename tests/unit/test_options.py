@@ -46,6 +46,13 @@ class _Buffer:
 
 # --------------------------------------------------------------------------- validate_options: bad values
 
+def _case_id(kwargs: dict) -> str:
+    """``name=value`` for a test id; the same in every process (pytest -n 2 compares them)."""
+    name, value = next(iter(kwargs.items()))
+    text = repr(value)
+    return f"{name}={type(value).__name__ if ' at 0x' in text else text}"
+
+
 BAD_OPTIONS = [
     # (kwargs on top of frames_per_batch=10, error type, substrings the message must contain)
     (dict(frames_per_batch=0), ValueError, ["frames_per_batch must be positive", "got 0"]),
@@ -87,7 +94,7 @@ BAD_OPTIONS = [
 
 
 @pytest.mark.parametrize(("kwargs", "error", "parts"), BAD_OPTIONS,
-                         ids=[f"{next(iter(k))}={k[next(iter(k))]!r}" for k, _, _ in BAD_OPTIONS])
+                         ids=[_case_id(k) for k, _, _ in BAD_OPTIONS])
 def test_validate_options_rejects_bad_values_naming_the_argument_and_the_fix(kwargs, error, parts):
     with pytest.raises(error) as info:
         validate_options(**{"frames_per_batch": 10, **kwargs})
@@ -287,7 +294,7 @@ BAD_WORKER = [
 
 
 @pytest.mark.parametrize(("kwargs", "error", "parts"), BAD_WORKER,
-                         ids=[f"{next(iter(k))}={k[next(iter(k))]!r}" for k, _, _ in BAD_WORKER])
+                         ids=[_case_id(k) for k, _, _ in BAD_WORKER])
 def test_validate_worker_options_rejects_bad_values_naming_the_argument(kwargs, error, parts):
     with pytest.raises(error) as info:
         validate_worker_options(**{**GOOD_WORKER, **kwargs})
