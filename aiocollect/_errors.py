@@ -135,7 +135,7 @@ class EnvError(WorkerError):
             f"Traceback in the worker:\n{info['traceback'].rstrip()}",
             worker=worker, pid=pid, env=env, remote_type=info["type"], remote_traceback=info["traceback"],
         )
-        error.__cause__ = _unpickle(info.get("pickled"))
+        error.__cause__ = unpickled_exception(info.get("pickled"))
         return error
 
 
@@ -229,8 +229,8 @@ def _where(worker: int, pid: int | None, env: int | None, in_process: bool) -> s
     return place if env is None else f"env {env} of {place}"
 
 
-def _unpickle(data: bytes | None) -> BaseException | None:
-    """The worker's exception object, if it could be pickled there and unpickled here."""
+def unpickled_exception(data: bytes | None) -> BaseException | None:
+    """The exception ``pickled_exception`` made bytes of, if it unpickles here (else ``None``)."""
     if not data:
         return None
     try:
@@ -241,7 +241,7 @@ def _unpickle(data: bytes | None) -> BaseException | None:
 
 
 def pickled_exception(exc: BaseException) -> bytes | None:
-    """``exc`` as bytes for the main process (``None`` if it cannot be pickled)."""
+    """``exc`` as bytes for another process (``None`` if it cannot be pickled)."""
     try:
         import cloudpickle
 

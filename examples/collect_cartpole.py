@@ -25,7 +25,7 @@ def main() -> None:
     parser.add_argument("--frames-per-batch", type=int, default=1_000, help="frames per batch")
     args = parser.parse_args()
 
-    make_env = lambda: gym.make("CartPole-v1")
+    make_env = lambda: gym.make("CartPole-v1")  # lambdas are fine factories
     with Collector([make_env] * args.envs, None, frames_per_batch=args.frames_per_batch,
                    total_frames=args.frames) as collector:
         collector.set_seed(0)

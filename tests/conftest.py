@@ -40,3 +40,12 @@ def leak_check():
     yield
     gc.collect()
     assert wait_until(lambda: not leftovers(before)), f"left behind: {leftovers(before)}"
+
+
+@pytest.fixture(scope="module")
+def ray_cluster():
+    """A local Ray instance for the module's tests (2 CPUs, no dashboard), stopped after them."""
+    ray = pytest.importorskip("ray")
+    ray.init(num_cpus=2, include_dashboard=False)
+    yield ray
+    ray.shutdown()

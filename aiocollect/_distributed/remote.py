@@ -26,6 +26,7 @@ from typing import Any
 import cloudpickle
 import torch
 
+from .._errors import CollectorError, pickled_exception, unpickled_exception
 from .._errors import RemoteCollectorError as RemoteCollectorError
 
 COLLECTOR_CLASSES = {"single": "Collector", "sync": "MultiSyncCollector", "async": "MultiAsyncCollector"}
@@ -78,23 +79,11 @@ class RemoteFailure:
     def __init__(self, exc: BaseException):
         self.text = f"{type(exc).__name__}: {exc}"
         self.traceback = "".join(traceback.format_exception(exc))
-        try:
-            self.data = cloudpickle.dumps(exc)
-        except Exception:  # noqa: BLE001 - the text still travels
-            self.data = None
+        self.data = pickled_exception(exc)
 
     def exception(self) -> BaseException:
         """The remote exception (a ``CollectorError`` with its text if it could not travel)."""
-        from .._errors import CollectorError
-
-        exc = None
-        if self.data is not None:
-            try:
-                exc = cloudpickle.loads(self.data)
-            except Exception:  # noqa: BLE001 - its class may not import here
-                exc = None
-        if not isinstance(exc, BaseException):
-            exc = CollectorError(self.text)
+        exc = unpickled_exception(self.data) or CollectorError(self.text)
         exc.add_note(f"remote traceback:\n{self.traceback}")
         return exc
 

@@ -152,7 +152,7 @@ class CoroutineGroup(_GroupBase):
                 return
             try:
                 await close()
-            except Exception:
+            except Exception:  # the others still close
                 logger.exception("aiocollect: error while closing %r", env)
 
         async with anyio.create_task_group() as tg:

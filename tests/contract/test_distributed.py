@@ -37,18 +37,11 @@ def leak_check():
     assert wait_until(lambda: not {k: v for k, v in leftovers(before).items() if "sockets" not in k})
 
 
-@pytest.fixture(scope="module")
-def cluster():
-    ray.init(num_cpus=2, include_dashboard=False)
-    yield
-    ray.shutdown()
-
-
 def tagged(tag):
     return functools.partial(TaggedIntObsEnv, tag)
 
 
-async def test_ray_layout_on_both_faces_and_total_frames(cluster):
+async def test_ray_layout_on_both_faces_and_total_frames(ray_cluster):
     from aiocollect import RayCollector
 
     with RayCollector(CounterEnv, None, frames_per_batch=40, total_frames=120, num_collectors=2, sync=True,
@@ -67,7 +60,7 @@ async def test_ray_layout_on_both_faces_and_total_frames(cluster):
         check_batch(b)
 
 
-def test_ray_worker_ids_route_weights_to_the_named_remote_collector(cluster):
+def test_ray_worker_ids_route_weights_to_the_named_remote_collector(ray_cluster):
     from aiocollect import RayCollector
 
     c = RayCollector([tagged(100), tagged(200)], linear(0.0), frames_per_batch=30, total_frames=-1,
@@ -91,7 +84,7 @@ def test_ray_worker_ids_route_weights_to_the_named_remote_collector(cluster):
         c.shutdown()
 
 
-def test_ray_errors_have_the_same_types(cluster):
+def test_ray_errors_have_the_same_types(ray_cluster):
     from aiocollect import RayCollector
 
     c = RayCollector(functools.partial(CounterEnv, fail_at=25), None, frames_per_batch=10, total_frames=-1)

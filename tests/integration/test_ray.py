@@ -57,14 +57,7 @@ def test_seed_example_starts_a_local_cluster_and_stops_it():
         assert not os.path.exists(f"/proc/{pid}") or "Z" in Path(f"/proc/{pid}/stat").read_text().split()[2]
 
 
-@pytest.fixture(scope="module")
-def cluster():
-    ray.init(num_cpus=2, include_dashboard=False)
-    yield
-    ray.shutdown()
-
-
-def test_async_mode_counts_each_remote_collectors_steps_and_leaves_a_joined_cluster_running(cluster):
+def test_async_mode_counts_each_remote_collectors_steps_and_leaves_a_joined_cluster_running(ray_cluster):
     # which remote collector gets weights sent with worker_ids: tests/contract/test_distributed.py
     c = RayCollector([lambda: IntObsEnv()] * 2, linear(0.0), frames_per_batch=30, total_frames=-1,
                      collector_class="single", sync=False)
@@ -90,7 +83,7 @@ def test_async_mode_counts_each_remote_collectors_steps_and_leaves_a_joined_clus
     assert not any(os.path.exists(f"/proc/{pid}") for pid in pids)
 
 
-async def test_async_face_and_the_async_twin(cluster):
+async def test_async_face_and_the_async_twin(ray_cluster):
     c = RayCollector(lambda: IntObsEnv(), linear(0.0), frames_per_batch=40, total_frames=-1, num_collectors=2,
                      sync=True, collector_class="sync", num_workers_per_collector=2)
     try:
@@ -108,7 +101,7 @@ async def test_async_face_and_the_async_twin(cluster):
         c.shutdown()
 
 
-def test_a_dead_actor_is_named_within_seconds(cluster):
+def test_a_dead_actor_is_named_within_seconds(ray_cluster):
     c = RayCollector(lambda: IntObsEnv(), None, frames_per_batch=20, total_frames=-1, num_collectors=2, sync=True)
     try:
         c.rollout()
@@ -124,7 +117,7 @@ def test_a_dead_actor_is_named_within_seconds(cluster):
         c.shutdown()
 
 
-def test_an_env_error_comes_back_with_the_remote_traceback(cluster):
+def test_an_env_error_comes_back_with_the_remote_traceback(ray_cluster):
     c = RayCollector(lambda: CounterEnv(fail_at=25), None, frames_per_batch=10, total_frames=-1)
     try:
         with pytest.raises(RemoteCollectorError, match=r"remote collector 0 \(Ray actor .* ValueError: CounterEnv "

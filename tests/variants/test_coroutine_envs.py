@@ -192,7 +192,7 @@ async def test_env_exception_names_the_env_and_cancelling_cancels_steps():
 def test_a_game_over_a_real_tcp_socket():
     with GameServer() as server:
         envs = [SocketGameEnv(server.port) for _ in range(8)]
-        policy = lambda obs: torch.full((obs.shape[0],), 2)
+        policy = lambda obs: torch.full((obs.shape[0],), 2)  # always move right
         with Collector(factories(envs), policy, frames_per_batch=8 * 12, total_frames=8 * 24) as c:
             c.set_seed(0)
             batches = list(c)
