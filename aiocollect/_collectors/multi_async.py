@@ -1,9 +1,10 @@
 """``MultiAsyncCollector``: envs in worker processes, each batch from whichever worker is done.
 
 The collection runs as one task on the engine loop (the *pump*): a worker whose batch is
-full puts it in the outbox and starts the next one while fewer than two of its batches
-wait there; ``_collect_here`` takes the oldest batch from the outbox, and enforces
-``max_policy_lag`` both while batches fill and when they are delivered. The class
+full seals it (it stays in the storage) and puts it in the outbox, and starts the next
+one in its other storage slot while fewer than two of its batches wait there;
+``_collect_here`` takes the oldest batch from the outbox, copies it out (which frees its
+slot), and enforces ``max_policy_lag`` both while batches fill and when they are delivered. The class
 docstring says what users see.
 """
 
@@ -16,7 +17,7 @@ from collections import deque
 import anyio
 from tensordict import TensorDictBase
 
-from .._engine.scheduler import Slot
+from .._engine.scheduler import Lane, Sealed
 from .._workers.plan import WorkerPlan
 from .options import WorkerOptions
 from .workers import WorkerCollectorBase
@@ -118,38 +119,36 @@ class MultiAsyncCollector(WorkerCollectorBase):
                 "preemptive_threshold: only MultiSyncCollector cuts batches early; a "
                 "MultiAsyncCollector never waits for a slow worker anyway. Remove the argument."
             )
-        self._outbox: deque[tuple[int, TensorDictBase, int]] = deque()
-        self._pending = [0] * len(plan.workers)  # finished batches waiting, per worker
+        self._outbox: deque[Sealed] = deque()
         self._pump: asyncio.Task | None = None
         self._pump_error: BaseException | None = None
         self._arrived: anyio.Event | None = None
 
-    def _steps_per_env(self, slot: Slot) -> int:
-        return self.options.frames_per_batch // slot.num_envs
+    def _steps_per_env(self, num_envs: int) -> int:
+        return self.options.frames_per_batch // num_envs
 
-    def _begin(self, slot: Slot) -> None:
+    def _begin(self, lane: Lane) -> None:
         if self.options.reset_at_each_iter:
-            slot.engine.request_reset()
-        slot.begin(self._steps_per_env(slot), False)
+            self._scheduler.timelines.request_reset(None, lane.lo, lane.hi)
+        self._scheduler.begin(lane, self._steps_per_env(lane.num_envs), False)
 
     def _stale_before(self) -> int | None:
         """The oldest policy version a delivered frame may come from (``None``: no bound)."""
         lag = self.worker_options.max_policy_lag
         return None if lag is None else self._policy.latest - lag
 
-    def _on_full(self, slot: Slot) -> None:
+    def _on_full(self, lane: Lane) -> None:
+        sched = self._scheduler
         oldest = self._stale_before()
         if oldest is not None:
-            dropped = slot.drop_older_than(oldest)
+            dropped = sched.drop_older_than(lane, oldest)
             if dropped:
                 self._stale_dropped += dropped
                 return  # not full any more: it goes on stepping
-        td, frames = self._slot_batch(slot)
-        self._outbox.append((slot.index, td, frames))
-        self._pending[slot.index] += 1
+        self._outbox.append(sched.seal(lane, self.options.set_truncated))
         self._signal()
-        if self._pending[slot.index] < 2:  # fill the next one while this one waits
-            self._begin(slot)
+        if len(lane.reserved) < 2:  # fill the next one while this one waits
+            self._begin(lane)
 
     def _signal(self) -> None:
         if self._arrived is not None:
@@ -162,23 +161,32 @@ class MultiAsyncCollector(WorkerCollectorBase):
     async def _collect_here(self) -> tuple[TensorDictBase, int]:
         if self._pump is None:
             self._pump = asyncio.get_running_loop().create_task(_run_pump(weakref.ref(self)))
+        sched = self._scheduler
         while True:
             while not self._outbox:
                 if self._pump_error is not None:
                     raise self._pump_error
                 self._arrived = anyio.Event()
                 await self._arrived.wait()
-            index, td, frames = self._outbox.popleft()
-            self._pending[index] -= 1
-            slot = self._scheduler.slots[index]
-            if slot.held and slot.buffer is None and not slot.in_flight and self._pending[index] < 2:
-                self._begin(slot)  # it was waiting for room
-                self._scheduler.poke()
+            sealed = self._outbox.popleft()
+            lane = sealed.lane
             oldest = self._stale_before()
-            if oldest is not None and _oldest_version(td) < oldest:
-                self._stale_dropped += frames  # went stale while it waited: collect anew
+            stale = oldest is not None and sealed.oldest_version(sched.storage) < oldest
+            td = None
+            if not stale:
+                tensors = sched.batch(sealed)
+                batched = self._plan.workers[lane.index].batched
+                if not batched:
+                    tensors = {k: v[0] for k, v in tensors.items()}
+                td = self._tensordict(tensors, [lane.num_envs, sealed.frames] if batched else [sealed.frames])
+            sched.release(sealed)
+            if lane.held and not lane.in_flight and len(lane.reserved) < 2 and lane.full:
+                self._begin(lane)  # it was waiting for room
+                sched.poke()
+            if stale:
+                self._stale_dropped += sealed.valid * lane.num_envs  # went stale while it waited: collect anew
                 continue
-            return td, frames
+            return td, sealed.valid * lane.num_envs
 
 
 async def _run_pump(ref: weakref.ref) -> None:
@@ -190,8 +198,8 @@ async def _run_pump(ref: weakref.ref) -> None:
     collector = ref()
     sched = collector._scheduler
     runner, on_full = weakref.WeakMethod(collector._runner), weakref.WeakMethod(collector._on_full)
-    for slot in sched.slots:
-        collector._begin(slot)
+    for lane in sched.lanes:
+        collector._begin(lane)
     del collector
 
     def call(method: weakref.WeakMethod, *args):
@@ -201,7 +209,7 @@ async def _run_pump(ref: weakref.ref) -> None:
         return bound(*args)
 
     try:
-        await sched.pump(lambda: call(runner), lambda: False, lambda slot: call(on_full, slot))
+        await sched.pump(lambda: call(runner), lambda: False, lambda lane: call(on_full, lane))
     except BaseException as exc:
         collector = ref()
         if collector is not None:
@@ -209,12 +217,6 @@ async def _run_pump(ref: weakref.ref) -> None:
         if isinstance(exc, Exception):
             return  # raised again by _collect_here
         raise
-
-
-def _oldest_version(td: TensorDictBase) -> int:
-    versions = td.get(("collector", "policy_version"))
-    versions = versions[versions >= 0]
-    return int(versions.min()) if versions.numel() else 1 << 62
 
 
 MultiaSyncDataCollector = MultiAsyncCollector

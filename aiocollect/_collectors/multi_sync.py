@@ -10,7 +10,6 @@ from __future__ import annotations
 import torch
 from tensordict import TensorDictBase
 
-from .._engine.scheduler import Slot
 from .._workers.plan import WorkerPlan
 from .options import WorkerOptions
 from .workers import WorkerCollectorBase
@@ -137,45 +136,68 @@ class MultiSyncCollector(WorkerCollectorBase):
             )
         self._mask = options.interruptor is not None or worker_options.preemptive_threshold is not None
 
-    def _steps_per_env(self, slot: Slot) -> int:
+    def _steps_per_env(self, num_envs: int) -> int:
         return self.options.frames_per_batch // self.num_envs
 
     async def _collect_here(self) -> tuple[TensorDictBase, int]:
         opts, wopts = self.options, self.worker_options
         sched = self._scheduler
-        slots = sched.slots
+        lanes = sched.lanes
         if wopts.update_at_each_batch:
             self.update_policy_weights_()
-        if all(s.held for s in slots):  # not resuming a batch an earlier call left midway
+        if all(lane.held for lane in lanes):  # not resuming a batch an earlier call left midway
             await sched.settle()
-            for s in slots:
-                if opts.reset_at_each_iter:
-                    s.engine.request_reset()
-                s.begin(self._steps_per_env(s), self._mask)
-        need = len(slots)
+            if opts.reset_at_each_iter:
+                sched.timelines.request_reset()
+            steps = self._steps_per_env(0)
+            for lane in lanes:
+                sched.begin(lane, steps, self._mask)
+        need = len(lanes)
         if wopts.preemptive_threshold is not None:
-            need = max(1, min(need, int(-(-wopts.preemptive_threshold * len(slots) // 1))))
+            need = max(1, min(need, int(-(-wopts.preemptive_threshold * len(lanes) // 1))))
         interruptor = opts.interruptor
 
         def cut() -> bool:
             if interruptor is not None and interruptor.collection_stopped():
-                return any(s.t for s in slots)  # as Collector (and TorchRL): every batch takes a step
-            return sum(s.full for s in slots) >= need
+                return any(lane.t for lane in lanes)  # as Collector (and TorchRL): every batch takes a step
+            return sum(lane.full for lane in lanes) >= need
 
         runner = self._runner()
         await sched.pump(lambda: runner, cut)
-        if not all(s.full for s in slots):
+        if not all(lane.full for lane in lanes):
             await sched.settle()  # the stragglers finish the step they are taking
-        like = next((s.buffer for s in slots if s.buffer is not None), None)
-        parts = [self._slot_batch(s, like) for s in slots]
-        frames = sum(f for _, f in parts)
-        tds = [td for td, _ in parts]
-        if wopts.cat_results == "stack":
-            out = torch.stack(tds, 0)
-        else:
-            out = torch.cat(tds, wopts.cat_results)
+        sealed = [sched.seal(lane, opts.set_truncated) for lane in lanes]
+        try:
+            tensors = sched.batch_all(sealed)
+        finally:
+            for b in sealed:
+                sched.release(b)
+        frames = sum(b.valid * b.lane.num_envs for b in sealed)
+        return self._join(tensors, sealed[0].frames), frames
+
+    def _join(self, tensors: dict, steps: int) -> TensorDictBase:
+        """The ``[num_envs, T]`` tensors of every worker joined as ``cat_results`` says."""
+        workers = self._plan.workers
+        n, w = self.num_envs, len(workers)
+        cat = self.worker_options.cat_results
+        batched = workers[0].batched
+        if not batched:  # one env per worker: each worker's batch is [T]
+            if cat == "stack":
+                return self._tensordict(tensors, [w, steps])
+            return self._tensordict({k: v.reshape(w * steps, *v.shape[2:]) for k, v in tensors.items()}, [w * steps])
+        if cat == "stack":
+            e = n // w
+            return self._tensordict({k: v.reshape(w, e, *v.shape[1:]) for k, v in tensors.items()}, [w, e, steps])
+        if cat in (0, -2):
+            return self._tensordict(tensors, [n, steps])
+        # along time: [envs, workers * T], each worker's [envs, T] side by side
+        parts, lo = [], 0
+        for spec in workers:
+            parts.append(self._tensordict({k: v[lo:spec.hi] for k, v in tensors.items()}, [spec.num_envs, steps]))
+            lo = spec.hi
+        out = torch.cat(parts, cat)
         out.refine_names(*([None] * (out.ndim - 1)), "time")
-        return out, frames
+        return out
 
 
 MultiSyncDataCollector = MultiSyncCollector

@@ -20,11 +20,11 @@ from collections import OrderedDict
 from typing import Any
 
 import torch
-from tensordict import TensorDictBase
+from tensordict import TensorDict, TensorDictBase
 from tensordict.nn import InteractionType
 
-from .._engine.scheduler import Scheduler, Slot
-from .._envs.spaces import ActionCheck, flatten_space
+from .._engine.scheduler import Scheduler
+from .._envs.spaces import ActionCheck, flatten_space, nest
 from .._policies.setup import PolicySetup, check_policy
 from .._workers.plan import WorkerPlan, plan_workers
 from .._workers.pool import WorkerPool
@@ -119,20 +119,22 @@ class WorkerCollectorBase(DataCollectorBase):
 
         obs_leaves = flatten_space(plan.observation_space, "observation", "observation_space")
         action = ActionCheck.for_space(plan.action_space)
+        columns = max(self._steps_per_env(w.num_envs) for w in plan.workers)
         layout = Layout.plan([(leaf.dtype, leaf.shape) for leaf in obs_leaves], (action.dtype, action.shape),
-                             plan.num_envs, len(plan.workers))
+                             plan.num_envs, len(plan.workers), columns=columns)
         self._policy = PolicySetup(policy, plan.action_space, [leaf.key for leaf in obs_leaves],
                                    device=self.policy_device, exploration_type=options.exploration_type)
         self.policy = self._policy.policy
         """The policy the collector runs: its own copy of the one given if that has weights
         (on ``policy_device``), the given object otherwise, a
         [`RandomPolicy`][aiocollect.RandomPolicy] for ``policy=None``."""
-        pool = WorkerPool(plan, layout, reset_when_done=options.reset_when_done, step_timeout=step_timeout)
+        pool = WorkerPool(plan, layout, reset_when_done=options.reset_when_done,
+                          max_frames_per_traj=options.max_frames_per_traj, step_timeout=step_timeout)
         self._pool = pool
         res = self._resources
         res.closers.append(pool.kill_leftovers)
         try:
-            self._scheduler = Scheduler(pool, max_frames_per_traj=options.max_frames_per_traj,
+            self._scheduler = Scheduler(pool, obs_leaves, action, step_count=options.max_frames_per_traj is not None,
                                         reset_when_done=options.reset_when_done)
             res.loop = LoopThread()
             self._pool_task, _ = res.loop.portal.start_task(pool.run)
@@ -149,7 +151,8 @@ class WorkerCollectorBase(DataCollectorBase):
     def _check_plan(self, plan: WorkerPlan, options, worker_options: WorkerOptions) -> None:
         """Raise before any process starts if ``frames_per_batch`` does not fit the envs."""
 
-    def _steps_per_env(self, slot: Slot) -> int:
+    def _steps_per_env(self, num_envs: int) -> int:
+        """Steps per env in a batch of a worker with ``num_envs`` envs."""
         raise NotImplementedError
 
     # ------------------------------------------------------------------ collection
@@ -184,15 +187,14 @@ class WorkerCollectorBase(DataCollectorBase):
         opts = self.options
         return self._policy.random_runner if self._frames < opts.init_random_frames else self._policy.runner
 
-    def _slot_batch(self, slot: Slot, like=None) -> tuple[TensorDictBase, int]:
-        """Close ``slot``'s batch: its TensorDict and its valid frames."""
-        buffer, valid = slot.finish(self.options.set_truncated, like)
-        td = buffer.to_tensordict(self._plan.workers[slot.index].batched, self.storing_device)
-        return td, valid * slot.num_envs
+    def _tensordict(self, tensors: dict, shape: list[int]) -> TensorDictBase:
+        td = TensorDict(nest(tensors), batch_size=shape, device=self.storing_device)
+        td.refine_names(*([None] * (len(shape) - 1)), "time")
+        return td
 
     def _counters(self) -> tuple[int, int]:
-        engines = [s.engine for s in self._scheduler.slots]
-        return sum(e.env_steps for e in engines), sum(e.completed_trajectories for e in engines)
+        tl = self._scheduler.timelines
+        return tl.env_steps, tl.completed_trajectories
 
     def _worker_statistics(self) -> tuple[WorkerStatistics, ...]:
         return tuple(
@@ -224,8 +226,7 @@ class WorkerCollectorBase(DataCollectorBase):
         seeds = env_seeds(seed, self.num_envs, static_seed)
 
         def apply():
-            for slot in self._scheduler.slots:
-                slot.engine.request_reset(seeds[slot.lo:slot.hi])
+            self._scheduler.timelines.request_reset(seeds)
             self._policy.random.seed(seed)
 
         self._on_engine(apply)
@@ -239,11 +240,7 @@ class WorkerCollectorBase(DataCollectorBase):
         """
         self._check_usable()
 
-        def apply():
-            for slot in self._scheduler.slots:
-                slot.engine.request_reset()
-
-        self._on_engine(apply)
+        self._on_engine(self._scheduler.timelines.request_reset)
 
     def _check_worker_ids(self, worker_ids: Any) -> None:
         # the policy runs in this process for every worker: one copy serves them all
@@ -262,10 +259,10 @@ class WorkerCollectorBase(DataCollectorBase):
         state: OrderedDict = OrderedDict()
         if self._policy.has_weights:
             state["policy_state_dict"] = self._policy.state_dict()
-        for slot in self._scheduler.slots:
-            state[f"worker{slot.index}"] = OrderedDict(
-                env_state_dict=OrderedDict(), completed_trajectories=slot.engine.completed_trajectories,
-                env_steps=slot.worker.env_steps,
+        for lane in self._scheduler.lanes:
+            state[f"worker{lane.index}"] = OrderedDict(
+                env_state_dict=OrderedDict(), completed_trajectories=lane.completed_trajectories,
+                env_steps=lane.worker.env_steps,
             )
         state["frames"] = self._frames
         state["iter"] = self._batches
@@ -289,12 +286,12 @@ class WorkerCollectorBase(DataCollectorBase):
             self._frames = int(state.get("frames", self._frames))
             self._batches = int(state.get("iter", self._batches))
             next_id = int(state.get("traj_pool", {}).get("next_traj_id", 0))
-            for slot in self._scheduler.slots:
-                worker = state.get(f"worker{slot.index}", {})
-                slot.engine.load_state_dict({
-                    "next_traj_id": next_id,
-                    "completed_trajectories": worker.get("completed_trajectories", 0),
-                })
+            completed = 0
+            for lane in self._scheduler.lanes:
+                worker = state.get(f"worker{lane.index}", {})
+                lane.completed_trajectories = int(worker.get("completed_trajectories", 0))
+                completed += lane.completed_trajectories
+            self._scheduler.timelines.load_state_dict({"next_traj_id": next_id, "completed_trajectories": completed})
 
         self._on_engine(apply)
 

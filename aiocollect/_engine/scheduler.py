@@ -1,46 +1,50 @@
-"""The scheduler: many worker groups, each at its own pace, one policy call per round.
+"""The scheduler: many workers, each at its own pace, one policy call per round.
 
-Each worker is a *slot*: an ``Engine`` (trajectory ids, step counts,
-resets: the same bookkeeping the lockstep collector uses) over the worker's rows of the
-shared-memory arrays, plus a cursor into the slot's current batch buffer. A slot is
-``READY`` (its observations are fresh: it wants actions), ``STEPPING`` (its worker is
-stepping the envs) or ``RESETTING`` (its worker is resetting some envs).
+Each worker is a *lane*: its rows ``lo:hi`` of the rollout storage (``_engine.storage``,
+shared with the workers), the slot and column its next step writes, and its state:
+``READY`` (the observations its next step starts from are in the storage: it wants
+actions), ``STEPPING`` or ``RESETTING`` (its worker is on it). Per-env bookkeeping
+(trajectory ids, step counts, pending resets) is one ``Timelines`` over all rows.
 
 ``Scheduler.pump()`` runs rounds until the caller's condition holds. Everything
 happens in the loop's callbacks, with no task switch per step:
 
-1. a worker's reply arrives (the socket's reader callback): a stepped slot writes its
-   column at once and moves its cursor;
+1. a worker's completion arrives: the lane's rows are booked (``Timelines.stepped``,
+   vectorised over the worker's envs; the worker wrote the observations, rewards and flags
+   itself, and already reset the envs that finished) and its column moves on;
 2. a round starts right away if no other worker is in flight, else on the next loop
-   pass, so that replies landing together share a round;
-3. the round resets the ready slots that need it (envs the worker already reset after
-   they finished just swap in the observation it left aside; anything else, seeds or
-   truncation by ``max_frames_per_traj``, is a ``RESET`` round trip), runs the policy
-   **once** on the observations of every ready slot (a view of shared memory when they
-   are all ready, a concatenation otherwise), writes the actions into shared memory and
-   sends each of those workers one ``STEP`` byte.
+   pass, so that completions landing together share a round;
+3. the round sends a ``RESET`` to the ready lanes that need one (``reset()``, seeds,
+   ``set_truncated``), runs the policy **once** on the observations of every other ready
+   lane (a view of the storage when they sit side by side at the same column, as in a
+   lockstep round; a concatenation otherwise), writes the outputs, ids and version per
+   block of rows, the actions into shared memory, and posts each of those workers one
+   ``STEP`` with its slot and column.
 
 So inference is batched over whatever is ready, and a slow worker never holds back a
 fast one. *When* a batch is cut is the collector's business: ``until``, ``on_full`` and
-``hold`` are its levers.
+``hold`` are its levers, and ``seal``/``batch``/``release`` turn a lane's full (or cut)
+batch into tensors.
 """
 
 from __future__ import annotations
 
 import asyncio
+import os
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import anyio
 import numpy as np
 import torch
 
-from .._envs.group import _GroupBase
+from .._envs.spaces import ActionCheck
 from .._policies.runner import PolicyRunner
 from .._workers import protocol
 from .._workers.pool import Worker, WorkerPool
-from .buffer import RolloutBuffer
-from .engine import Engine, IdPool
+from .storage import RolloutStorage
+from .timelines import Timelines
 
 READY, STEPPING, RESETTING = "ready", "stepping", "resetting"  # compared with ``is``
 
@@ -50,29 +54,46 @@ _RECHECK_S = 0.002
 """After spinning: how soon to look again for a completion whose doorbell was missed."""
 
 
-class Slot:
+@dataclass
+class Sealed:
+    """A lane's finished (or cut) batch, still in the storage until ``release``."""
+
+    lane: Lane
+    slot: int
+    frames: int
+    valid: int
+    keys: tuple
+    start_flags: np.ndarray | None
+    mask: bool
+
+    def oldest_version(self, storage: RolloutStorage) -> int:
+        if not self.valid:
+            return 1 << 62
+        return int(storage.policy_version[self.slot, : self.valid, self.lane.lo : self.lane.hi].min())
+
+
+class Lane:
     """One worker as the scheduler sees it."""
 
-    def __init__(self, worker: Worker, engine: Engine, rows: dict[str, np.ndarray], num_obs: int):
+    def __init__(self, worker: Worker):
         self.worker = worker
         self.index = worker.index
-        self.engine = engine
-        self.num_envs = engine.num_envs
         self.lo, self.hi = worker.lo, worker.hi
-        self.obs = [rows[f"obs{i}"] for i in range(num_obs)]
-        self.reset_obs = [rows[f"reset_obs{i}"] for i in range(num_obs)]
-        self.pre_reset = rows["pre_reset"]
-        self.reset_mask = rows["reset_mask"]
-        self.seed, self.seed_set = rows["seed"], rows["seed_set"]
-        self.action = rows["action"]
+        self.num_envs = worker.num_envs
         self.state = READY
         self.held = True
-        """No new steps while held (between batches, or while its last batch waits)."""
-        self.buffer: RolloutBuffer | None = None
-        self.frames = 0
+        """No new steps while held (between batches, or while its batches wait)."""
+        self.slot = 0
         self.t = 0
+        """The column of the next step; the observations it starts from are at ``t``."""
+        self.frames = 0
         self.mask = False
-        self.start_flags = engine.start_flags()
+        self.keys: tuple | None = None
+        """The policy outputs of this batch (known after its first step)."""
+        self.start_flags: np.ndarray | None = None
+        self.completed_trajectories = 0
+        self.reserved: list[int] = []
+        """Slots holding this lane's sealed batches, not yet released."""
         self._resetting: np.ndarray | None = None
 
     @property
@@ -83,80 +104,22 @@ class Slot:
     def in_flight(self) -> bool:
         return self.state is not READY
 
-    def swap_in_resets(self, finished: np.ndarray) -> None:
-        """Envs that just finished and that the worker already reset: their next
-        episode's first observation, left aside in ``reset_obs``, becomes current now."""
-        if not self.engine.has_seeds and self.pre_reset[finished].all():
-            self.take_worker_resets(finished)
-        # else a reset round trip will do it
-
-    def take_worker_resets(self, idx: np.ndarray) -> None:
-        """Envs ``idx``, which the worker reset on its own, start their next episode."""
-        for obs, fresh in zip(self.obs, self.reset_obs):
-            obs[idx] = fresh[idx]
-        self.pre_reset[idx] = False
-        self.engine.resets_done(idx)
-
-    def drop_older_than(self, version: int) -> int:
-        """Drop the steps of the batch in progress whose actions came from a policy older
-        than ``version`` (a prefix: versions only grow); returns the frames dropped."""
-        buffer = self.buffer
-        if buffer is None or self.t == 0:
-            return 0
-        count = int(np.searchsorted(buffer.policy_version[0, : self.t], version))
-        if count == 0:
-            return 0
-        term, trunc = buffer.terminated[:, count - 1], buffer.truncated[:, count - 1]
-        self.start_flags = np.stack([term | trunc, term, trunc])  # the kept part's first root flags
-        buffer.drop_first(count, self.t)
-        self.t -= count
-        return count * self.num_envs
-
-    def begin(self, frames: int, mask: bool) -> None:
-        """Start a new batch of ``frames`` steps per env (its buffer comes with the first step)."""
-        self.buffer, self.frames, self.t, self.mask = None, frames, 0, mask
-        self.start_flags = self.engine.start_flags()
-        self.held = False
-
-    def finish(self, set_truncated: bool, like: RolloutBuffer | None = None) -> tuple[RolloutBuffer, int]:
-        """Close the batch: ``(buffer, valid steps)``. ``like`` lends its layout to a slot
-        that never stepped (a preempted straggler)."""
-        if self.buffer is None:
-            self.buffer = self.engine.new_buffer(like.outputs, self.frames, self.mask)
-        valid = self.t
-        self.engine.finish(self.buffer, valid, self.start_flags, set_truncated)
-        buffer, self.buffer = self.buffer, None
-        self.held = True
-        return buffer, valid
-
 
 class Scheduler:
     """Drives every worker of a ``WorkerPool``; see the module docstring."""
 
-    def __init__(self, pool: WorkerPool, *, max_frames_per_traj: int | None, reset_when_done: bool):
-        plan, shared = pool.plan, pool.shared
-        self.ids = IdPool()
-        self.slots: list[Slot] = []
-        num_obs = shared.layout.num_obs
-        template = _GroupBase(plan.observation_space, plan.action_space, 1, None)
-        self.obs_leaves = template.obs_leaves
-        self.check_action = template.check_action
+    def __init__(self, pool: WorkerPool, obs_leaves, action_check: ActionCheck, *, step_count: bool,
+                 reset_when_done: bool):
+        self.storage = RolloutStorage(pool.shared, obs_leaves, step_count=step_count)
+        self.timelines = Timelines(pool.plan.num_envs, reset_when_done=reset_when_done)
+        self.reset_when_done = reset_when_done
+        self.check_action = action_check
+        self.lanes = [Lane(w) for w in pool.workers]
         for worker in pool.workers:
-            rows = shared.rows(worker.lo, worker.hi)
-            group = _GroupBase(plan.observation_space, plan.action_space, worker.num_envs, None)
-            group.bind({leaf.key: rows[f"obs{i}"] for i, leaf in enumerate(group.obs_leaves)},
-                       rows["reward"], rows["terminated"], rows["truncated"])
-            engine = Engine(group, max_frames_per_traj=max_frames_per_traj,
-                            reset_when_done=reset_when_done, ids=self.ids)
-            self.slots.append(Slot(worker, engine, rows, num_obs))
             worker.on_reply = self._on_reply
-        self.num_envs = plan.num_envs
-        self._all_obs = {
-            leaf.key: torch.from_numpy(shared.arrays[f"obs{i}"]) for i, leaf in enumerate(self.obs_leaves)
-        }
-        self._action = shared.arrays["action"]
+        self.num_envs = pool.plan.num_envs
         self._pumping: tuple[Callable[[], PolicyRunner], Callable[[], bool]] | None = None
-        self._on_full: Callable[[Slot], None] | None = None
+        self._on_full: Callable[[Lane], None] | None = None
         self._waiter: asyncio.Future | None = None
         self._advance_soon = False
         self._recheck_armed = False
@@ -169,6 +132,80 @@ class Scheduler:
         """Set by the collector while spinning is welcome: while its consumer waits for a
         batch, the engine thread has the GIL to itself. (Spinning while the user trains in
         another thread would take the GIL away from the training.)"""
+
+    @property
+    def ids(self):
+        return self.timelines.ids
+
+    # ------------------------------------------------------------------ batches
+
+    def begin(self, lane: Lane, frames: int, mask: bool) -> None:
+        """Start a new batch of ``frames`` steps per env for ``lane``, in a free slot."""
+        slot = next(k for k in range(self.storage.slots) if k not in lane.reserved)
+        if (slot, 0) != (lane.slot, lane.t):  # the observations the next step starts from
+            for x in self.storage.obs:
+                x[slot, 0, lane.lo : lane.hi] = x[lane.slot, lane.t, lane.lo : lane.hi]
+        lane.slot, lane.t, lane.frames, lane.mask, lane.keys = slot, 0, frames, mask, None
+        lane.start_flags = None if self.reset_when_done else self.timelines.root_flags[:, lane.lo : lane.hi].copy()
+        lane.held = False
+
+    def seal(self, lane: Lane, set_truncated: bool) -> Sealed:
+        """Close ``lane``'s batch; its slot stays reserved until ``release``."""
+        valid = lane.t
+        if set_truncated and valid:
+            st = self.storage
+            last = valid - 1
+            rows = slice(lane.lo, lane.hi)
+            ongoing = ~(st.terminated[lane.slot, last, rows] | st.truncated[lane.slot, last, rows])
+            st.truncated[lane.slot, last, rows] = True
+            before = self.timelines.completed_trajectories
+            self.timelines.truncate(np.flatnonzero(ongoing) + lane.lo)
+            lane.completed_trajectories += self.timelines.completed_trajectories - before
+        sealed = Sealed(lane, lane.slot, lane.frames, valid, lane.keys or (), lane.start_flags, lane.mask)
+        lane.reserved.append(lane.slot)
+        lane.held = True
+        return sealed
+
+    def batch(self, sealed: Sealed, keys: tuple | None = None) -> dict:
+        """The tensors of a sealed batch, ``[envs, frames]`` (``keys``: the policy outputs
+        to include, for a lane cut before its first step)."""
+        lane = sealed.lane
+        valid = np.full(lane.num_envs, sealed.valid, dtype=np.int64)
+        return self.storage.batch(sealed.slot, lane.lo, lane.hi, sealed.frames, valid, keys or sealed.keys,
+                                  sealed.start_flags, sealed.mask)
+
+    def batch_all(self, sealed: list[Sealed]) -> dict:
+        """The tensors of every lane's sealed batch at once, ``[num_envs, frames]``: one
+        copy per field when the lanes share their slot (as a ``MultiSync`` batch does)."""
+        first = sealed[0]
+        keys = next((b.keys for b in sealed if b.keys), ())
+        valid = np.concatenate([np.full(b.lane.num_envs, b.valid, dtype=np.int64) for b in sealed])
+        flags = None if first.start_flags is None else np.concatenate([b.start_flags for b in sealed], axis=1)
+        if all(b.slot == first.slot for b in sealed):
+            return self.storage.batch(first.slot, 0, self.num_envs, first.frames, valid, keys, flags, first.mask)
+        parts = [self.batch(b, keys) for b in sealed]
+        return {k: torch.cat([p[k] for p in parts]) for k in parts[0]}
+
+    def release(self, sealed: Sealed) -> None:
+        """The batch was copied out: its slot may be filled again."""
+        sealed.lane.reserved.remove(sealed.slot)
+
+    def drop_older_than(self, lane: Lane, version: int) -> int:
+        """Drop the steps of ``lane``'s batch in progress whose actions came from a policy
+        older than ``version`` (a prefix: versions only grow); returns the frames dropped."""
+        if lane.t == 0:
+            return 0
+        st = self.storage
+        count = int(np.searchsorted(st.policy_version[lane.slot, : lane.t, lane.lo], version))
+        if count == 0:
+            return 0
+        if lane.start_flags is not None:  # the kept part's first root flags
+            rows = slice(lane.lo, lane.hi)
+            term, trunc = st.terminated[lane.slot, count - 1, rows], st.truncated[lane.slot, count - 1, rows]
+            lane.start_flags = np.stack([term | trunc, term, trunc])
+        st.shift(lane.slot, lane.lo, lane.hi, count, lane.t)
+        lane.t -= count
+        return count * lane.num_envs
 
     # ------------------------------------------------------------------ events
     #
@@ -197,26 +234,11 @@ class Scheduler:
     def _harvest(self) -> bool:
         """Take in every completed command; ``True`` if there was one."""
         got = False
-        for slot in self.slots:
-            if slot.state is not READY and slot.worker.completed():
-                self._take(slot)
+        for lane in self.lanes:
+            if lane.state is not READY and lane.worker.completed():
+                self._take(lane)
                 got = True
         return got
-
-    def _take(self, slot: Slot) -> None:
-        if slot.state is STEPPING:
-            finished = slot.engine.write_after(slot.buffer, slot.t)
-            if finished is not None:
-                slot.swap_in_resets(finished)
-            slot.worker.env_steps += slot.num_envs
-            slot.t += 1
-            slot.state = READY
-            if slot.t >= slot.frames and self._on_full is not None:
-                self._on_full(slot)
-                self._delivered = True
-        else:
-            slot.engine.resets_done(slot._resetting)
-            slot.state = READY
 
     def poke(self) -> None:
         """Run a round on the next loop pass (a reply arrived, or the collector released a slot)."""
@@ -245,7 +267,7 @@ class Scheduler:
             self._wake()
 
     def _spin_rounds(self, runner: Callable[[], PolicyRunner], until: Callable[[], bool]) -> None:
-        clock, spin_s = time.perf_counter, self.spin_s
+        clock, spin_s, yield_ = time.perf_counter, self.spin_s, os.sched_yield
         give_back = clock() + _SLICE_S  # let the loop run its other callbacks now and then
         self._delivered = False
         self._engine_asleep(0)
@@ -261,6 +283,7 @@ class Scheduler:
                 while not self._harvest():
                     if clock() > end:
                         return
+                    yield_()  # our core to any process that wants it (see _workers.protocol)
                 if self._delivered or clock() > give_back:  # a batch to hand over, or time's up
                     self._delivered = False
                     self.poke()
@@ -273,8 +296,8 @@ class Scheduler:
                 self._arm_recheck()
 
     def _engine_asleep(self, flag: int) -> None:
-        for slot in self.slots:
-            slot.worker.control[protocol.E_ASLEEP] = flag
+        for lane in self.lanes:
+            lane.worker.control[protocol.E_ASLEEP] = flag
 
     def _arm_recheck(self) -> None:
         """After spinning, a doorbell may be missed (see ``_workers.protocol``): look again soon."""
@@ -300,11 +323,11 @@ class Scheduler:
 
     def idle(self) -> bool:
         """No worker is stepping or resetting."""
-        return all(s.state is READY for s in self.slots)
+        return all(lane.state is READY for lane in self.lanes)
 
     async def pump(self, runner: Callable[[], PolicyRunner], until: Callable[[], bool],
-                   on_full: Callable[[Slot], None] | None = None) -> None:
-        """Run rounds until ``until()``; ``on_full(slot)`` when a slot's batch is complete.
+                   on_full: Callable[[Lane], None] | None = None) -> None:
+        """Run rounds until ``until()``; ``on_full(lane)`` when a lane's batch is complete.
 
         A failed worker's [`WorkerError`][aiocollect.WorkerError], or the policy's exception,
         is raised here.
@@ -342,83 +365,91 @@ class Scheduler:
         raise error
 
     def _round(self, runner: PolicyRunner) -> None:
-        ready = [s for s in self.slots if s.state is READY and not s.held and s.t < s.frames]
+        ready = [lane for lane in self.lanes if lane.state is READY and not lane.held and lane.t < lane.frames]
         if not ready:
             return
-        ready = [s for s in ready if not s.engine.any_reset or self._reset(s)]
-        if not ready:
-            return
-        whole = len(ready) == len(self.slots)
-        if len(ready) == 1:
-            slot = ready[0]
-            out = runner(self._all_obs if whole else slot.engine.obs_tensors, slot.num_envs)
-            action = self._actions_of(runner, out, slot.num_envs)
-            self._before_step(slot, out, runner.version)
-            slot.action[...] = action
-            slot.state = STEPPING
-            slot.worker.post(protocol.STEP_CODE)
-            return
-        n = sum(s.num_envs for s in ready)
-        if whole:
-            obs = self._all_obs
+        tl = self.timelines
+        if tl.any_reset:
+            ready = [lane for lane in ready if not (tl.wants_reset(lane.lo, lane.hi) and self._reset(lane))]
+            if not ready:
+                return
+        first, last = ready[0], ready[-1]
+        s, t = first.slot, first.t
+        side_by_side = all(
+            lane.slot == s and lane.t == t and (i == 0 or ready[i - 1].hi == lane.lo) for i, lane in enumerate(ready)
+        )
+        st = self.storage
+        if side_by_side:  # one block of rows at one column: a view
+            lo, hi = first.lo, last.hi
+            obs = st.policy_input(s, t, lo, hi)
         else:
-            obs = {
-                leaf.key: torch.from_numpy(np.concatenate([s.obs[i] for s in ready]))
-                for i, leaf in enumerate(self.obs_leaves)
-            }
+            lo = hi = None
+            parts = [st.policy_input(lane.slot, lane.t, lane.lo, lane.hi) for lane in ready]
+            obs = {k: torch.cat([p[k] for p in parts]) for k in parts[0]}
+        n = sum(lane.num_envs for lane in ready)
         out = runner(obs, n)
-        action = self._actions_of(runner, out, n)
-        if whole:
-            self._action[...] = action
-        start = 0
-        for s in ready:
-            stop = start + s.num_envs
-            self._before_step(s, {k: v[start:stop] for k, v in out.items()}, runner.version)
-            if not whole:
-                s.action[...] = action[start:stop]
-            start = stop
-        for s in ready:
-            s.state = STEPPING
-            s.worker.post(protocol.STEP_CODE)
-
-    def _actions_of(self, runner: PolicyRunner, out: dict, n: int) -> np.ndarray:
         action = out["action"]
         if not isinstance(action, np.ndarray):
             action = action.numpy(force=True)
         if runner.kind != "random":
             self.check_action(action, n)
-        return action
-
-    @staticmethod
-    def _before_step(slot: Slot, out: dict, version: int) -> None:
-        """Write column ``t`` of the slot's batch: observations, ids, the policy's outputs
-        and the policy ``version`` that computed them."""
-        if slot.buffer is None:
-            slot.buffer = slot.engine.new_buffer(out, slot.frames, slot.mask)
-        slot.engine.write_before(slot.buffer, slot.t)
-        slot.buffer.write_outputs(slot.t, out, version)
-
-    def _reset(self, slot: Slot) -> bool:
-        """Reset what ``slot`` needs; ``True`` if done here, ``False`` if its worker is on it."""
-        idx, seeds = slot.engine.take_resets()
-        if seeds is None and slot.pre_reset[idx].all():
-            slot.take_worker_resets(idx)
-            return True
-        slot.reset_mask[:] = False
-        slot.reset_mask[idx] = True
-        if seeds is None:
-            slot.seed_set[:] = False
+        version = runner.version
+        keys = tuple(out)
+        for lane in ready:
+            if lane.keys is None:
+                lane.keys = keys
+            elif lane.keys != keys:
+                st.check_outputs(out, lane.keys)
+        if side_by_side:
+            st.write(s, t, lo, hi, out, 0, version, tl.traj_ids, tl.step_count)
+            st.action[lo:hi] = action
         else:
-            slot.seed[:] = seeds
-            slot.seed_set[:] = True
-        slot._resetting = idx
-        slot.state = RESETTING
-        slot.worker.post(protocol.RESET_CODE)
-        return False
+            start = 0
+            for lane in ready:
+                st.write(lane.slot, lane.t, lane.lo, lane.hi, out, start, version, tl.traj_ids, tl.step_count)
+                st.action[lane.lo : lane.hi] = action[start : start + lane.num_envs]
+                start += lane.num_envs
+        for lane in ready:
+            lane.state = STEPPING
+            lane.worker.post(protocol.STEP_CODE, lane.slot, lane.t)
+
+    def _take(self, lane: Lane) -> None:
+        if lane.state is STEPPING:
+            st, s, t, lo, hi = self.storage, lane.slot, lane.t, lane.lo, lane.hi
+            nsc = st.next_step_count[s, t, lo:hi] if st.next_step_count is not None else None
+            tl = self.timelines
+            before = tl.completed_trajectories
+            tl.stepped(lo, hi, st.terminated[s, t, lo:hi], st.truncated[s, t, lo:hi], nsc)
+            lane.completed_trajectories += tl.completed_trajectories - before
+            lane.worker.env_steps += lane.num_envs
+            lane.t = t + 1
+            lane.state = READY
+            if lane.t >= lane.frames and self._on_full is not None:
+                self._on_full(lane)
+                self._delivered = True
+        else:
+            self.timelines.resets_done(lane.lo, lane._resetting)
+            lane.state = READY
+
+    def _reset(self, lane: Lane) -> bool:
+        """Send ``lane`` a ``RESET`` for the envs that need one; ``True`` (it is busy now)."""
+        st, lo, hi = self.storage, lane.lo, lane.hi
+        idx, seeds = self.timelines.take_resets(lo, hi)
+        st.reset_mask[lo:hi] = False
+        st.reset_mask[idx + lo] = True
+        if seeds is None:
+            st.seed_set[lo:hi] = False
+        else:
+            st.seed_set[lo:hi] = [v is not None for v in seeds]
+            st.seed[lo:hi] = [0 if v is None else v for v in seeds]
+        lane._resetting = idx
+        lane.state = RESETTING
+        lane.worker.post(protocol.RESET_CODE, lane.slot, lane.t)
+        return True
 
     async def settle(self) -> None:
-        """Hold every slot and let in-flight steps and resets land."""
-        for s in self.slots:
-            s.held = True
+        """Hold every lane and let in-flight steps and resets land."""
+        for lane in self.lanes:
+            lane.held = True
         if not self.idle():
             await self.pump(lambda: None, self.idle)

@@ -10,10 +10,13 @@ Its life:
 1. read the setup message (``sys.path``, the pickled env entry, the shared-memory layout,
    its rows), build the envs, check their spaces, answer ``("ready", pid)``;
 2. loop: wait for a command in its control line (``_workers.protocol``), step or reset the
-   envs, write its completion. After every step, envs that finished are reset right
-   away (unless ``reset_when_done`` is off) and the first observation of their next
-   episode is left in ``reset_obs``, so the engine's reset of those envs costs no round
-   trip;
+   envs, write its completion. A step writes straight into the rollout storage
+   (``_workers.shm``) at the slot and column it was given: what the envs returned at
+   column ``t``, and the observations the next step starts from at ``t + 1``. Envs that
+   finished are reset right away (unless ``reset_when_done`` is off), their next
+   episode's first observation going to ``t + 1``, so the engine's reset of those envs
+   costs no round trip. ``max_frames_per_traj`` is applied here too (the worker counts
+   its envs' steps), for the same reason;
 3. on ``CLOSE``, or when the engine's end of the socket closes (the main process died),
    close the envs and exit at once (``os._exit``: no interpreter teardown, no ``atexit``
    hooks; ``env.close()`` is where envs release what they hold).
@@ -87,10 +90,10 @@ def main(argv: list[str]) -> int:
 class _Worker:
     def __init__(self, setup: dict, shm_fd: int):
         import cloudpickle
-        import numpy as np
 
         from .._envs.group import make_group
-        from .shm import SharedArrays, set_aside_resets
+        from .rows import WorkerRows
+        from .shm import SharedArrays
 
         entry = cloudpickle.loads(setup["entry"])
         self.group, _ = make_group(entry, setup["kwargs"])
@@ -106,36 +109,38 @@ class _Worker:
         if hi - lo != g.num_envs:
             raise ValueError(f"this worker built {g.num_envs} envs, the collector planned {hi - lo}.")
         self.shared = SharedArrays(setup["layout"], shm_fd)
-        rows = self.shared.rows(lo, hi)
-        self.obs = self.shared.obs(rows)
-        self.reset_obs = self.shared.obs(rows, "reset_obs")
-        self._set_aside = set_aside_resets
-        obs = {leaf.key: a for leaf, a in zip(g.obs_leaves, self.obs)}
-        g.bind(obs, rows["reward"], rows["terminated"], rows["truncated"])
-        self.rows = rows
+        self.rows = WorkerRows(self.shared, lo, hi, [leaf.key for leaf in g.obs_leaves],
+                               max_frames_per_traj=setup["max_frames_per_traj"],
+                               reset_when_done=setup["reset_when_done"])
         self.control = self.shared.control[setup["index"]]
         self.spin_s = setup["spin_s"]
         self._inbox = bytearray(64)
-        self.action = rows["action"]
-        self.autoreset = setup["reset_when_done"]
-        self._done = np.zeros(g.num_envs, dtype=bool)
-        self._np = np
+
+    def step(self, s: int, t: int) -> None:
+        rows, group = self.rows, self.group
+        rows.bind(group, s, t, True)
+        group.step_now(rows.action)
+        finished = rows.stepped(s, t)
+        if finished is not None:
+            rows.bind(group, s, t + 1, False)
+            group.reset_now(finished, None)
+            rows.were_reset(finished)
+
+    def reset(self, s: int, t: int) -> None:
+        rows = self.rows
+        idx, seeds = rows.resets()
+        rows.bind(self.group, s, t, False)
+        self.group.reset_now(idx, seeds)
+        rows.were_reset(idx)
 
     def serve(self, sock: socket.socket) -> int:
         """Carry out commands until ``CLOSE`` or end-of-file (see ``_workers.protocol``)."""
         from . import protocol
 
-        np = self._np
-        count_nonzero = np.count_nonzero
-        group, rows, ctl = self.group, self.rows, self.control
-        step, reset = group.step_now, group.reset_now
-        action, done = self.action, self._done
-        terminated, truncated = rows["terminated"], rows["truncated"]
-        pre_reset, reset_mask = rows["pre_reset"], rows["reset_mask"]
-        seed, seed_set = rows["seed"], rows["seed_set"]
-        autoreset = self.autoreset
-        step_code, reset_code = protocol.STEP_CODE, protocol.RESET_CODE
-        CMD, DONE, E_ASLEEP = protocol.CMD, protocol.DONE, protocol.E_ASLEEP
+        ctl = self.control
+        step, reset = self.step, self.reset
+        step_code = protocol.STEP_CODE
+        CMD, DONE, E_ASLEEP, SLOT, COL = protocol.CMD, protocol.DONE, protocol.E_ASLEEP, protocol.SLOT, protocol.COL
         doorbell = protocol.OK
         if not self.spin_s:
             ctl[protocol.W_ASLEEP] = 1  # never spinning: always ring
@@ -149,18 +154,9 @@ class _Worker:
             last, code = word >> 2, word & 3
             try:
                 if code == step_code:
-                    step(action)
-                    # count_nonzero: a third of the cost of .any() on small arrays
-                    if autoreset and (count_nonzero(terminated) or count_nonzero(truncated)):
-                        np.logical_or(terminated, truncated, out=done)
-                        self._reset_finished(np.flatnonzero(done))
-                elif code == reset_code:
-                    idx = np.flatnonzero(reset_mask)
-                    seeds = None
-                    if seed_set[idx].any():
-                        seeds = [int(s) if f else None for s, f in zip(seed, seed_set)]
-                    reset(idx, seeds)
-                    pre_reset[idx] = False
+                    step(int(ctl[SLOT]), int(ctl[COL]))
+                else:
+                    reset(int(ctl[SLOT]), int(ctl[COL]))
             except Exception as exc:  # noqa: BLE001 - reported to the engine
                 sock.settimeout(None)  # however long the report, it must get through
                 sock.sendall(protocol.ERROR + protocol.frame(describe_exception(exc)))
@@ -176,12 +172,13 @@ class _Worker:
         ctl, CMD = self.control, protocol.CMD
         spin_s = self.spin_s
         if spin_s:
-            clock = time.perf_counter
+            clock, yield_ = time.perf_counter, os.sched_yield
             end = clock() + spin_s
             while clock() < end:
                 word = int(ctl[CMD])
                 if word >> 2 != last:
                     return word
+                yield_()
             ctl[protocol.W_ASLEEP] = 1
             timeout = 0.001  # a doorbell might be missed (see the protocol): look again
         else:
@@ -203,12 +200,6 @@ class _Worker:
         finally:
             if spin_s:
                 ctl[protocol.W_ASLEEP] = 0
-
-    def _reset_finished(self, idx) -> None:
-        """Reset finished envs now; keep their final obs in ``obs``, the new one aside."""
-        final = [a[idx] for a in self.obs]  # fancy indexing copies
-        self.group.reset_now(idx, None)
-        self._set_aside(self.obs, self.reset_obs, self.rows["pre_reset"], idx, final)
 
     def close(self) -> None:
         try:

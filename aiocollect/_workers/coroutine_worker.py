@@ -5,10 +5,11 @@ a multi-process collector's ``create_env_fn`` builds coroutine envs
 ([`AsyncEnv`][aiocollect.AsyncEnv]), the pool gives it a ``CoroutineWorker`` instead of a
 process. To the scheduler it is a worker like any other (``post`` a command, learn of its
 completion through ``on_reply``, ``completed()``); its envs read their actions from and
-write their results to the same shared-memory rows a process would use, so the scheduler,
-the batches and every option are the same. A command runs as a task on the engine loop:
-a step awaits every env of the entry concurrently, then resets the ones that finished
-(leaving the next episode's first observation aside, as a process worker does).
+write their results to the same rows of the rollout storage a process would use
+(``_workers.rows``), so the scheduler, the batches and every option are the same. A
+command runs as a task on the engine loop: a step awaits every env of the entry
+concurrently, then resets the ones that finished (their next episode's first observation
+going to the next column, as a process worker does).
 
 An env that raises fails the worker with an [`EnvError`][aiocollect.EnvError] whose
 ``__cause__`` is the env's exception, as in every collector; a step over ``step_timeout`` with
@@ -31,7 +32,8 @@ from .._envs.group import make_group
 from .._errors import EnvError, StepTimeoutError, WorkerError
 from . import protocol
 from .plan import WorkerSpec
-from .shm import SharedArrays, set_aside_resets
+from .rows import WorkerRows
+from .shm import SharedArrays
 
 
 def _ignore(worker: Any) -> None:
@@ -65,23 +67,22 @@ class CoroutineWorker:
     def alive(self) -> bool:
         return self.error is None and self.group is not None and not self._closed
 
-    def build(self, shared: SharedArrays, create_env_kwargs: dict, reset_when_done: bool) -> None:
+    def build(self, shared: SharedArrays, create_env_kwargs: dict, reset_when_done: bool,
+              max_frames_per_traj: int | None) -> None:
         """Build the entry's envs here and bind their results to this worker's rows."""
         group, _ = make_group(cloudpickle.loads(self.spec.entry), create_env_kwargs)
         if not isinstance(group, CoroutineGroup):  # pragma: no cover - the plan said so
             raise TypeError(f"create_env_fn[{self.index}] no longer builds coroutine envs")
-        rows = shared.rows(self.lo, self.hi)
-        obs = {leaf.key: rows[f"obs{i}"] for i, leaf in enumerate(group.obs_leaves)}
-        group.bind(obs, rows["reward"], rows["terminated"], rows["truncated"])
-        self.group, self.rows, self.autoreset = group, rows, reset_when_done
-        self.obs = [rows[f"obs{i}"] for i in range(len(group.obs_leaves))]
-        self.reset_obs = [rows[f"reset_obs{i}"] for i in range(len(group.obs_leaves))]
+        self.group = group
+        self.rows = WorkerRows(shared, self.lo, self.hi, [leaf.key for leaf in group.obs_leaves],
+                               max_frames_per_traj=max_frames_per_traj, reset_when_done=reset_when_done)
 
     # ------------------------------------------------------------------ the worker interface
 
-    def post(self, code: int) -> None:
+    def post(self, code: int, slot: int, col: int) -> None:
         self._posted += 1
-        self._task = asyncio.get_running_loop().create_task(self._run(code))
+
+        self._task = asyncio.get_running_loop().create_task(self._run(code, slot, col))
 
     def completed(self) -> bool:
         if self._seen != self._done and self._done == self._posted:
@@ -94,12 +95,12 @@ class CoroutineWorker:
             self.error = error
             self.on_reply(self)
 
-    async def _run(self, code: int) -> None:
+    async def _run(self, code: int, s: int, t: int) -> None:
         try:
             if code == protocol.STEP_CODE:
-                await self._step()
+                await self._step(s, t)
             else:
-                await self._reset()
+                await self._reset(s, t)
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # noqa: BLE001 - reported as this worker's failure
@@ -111,25 +112,26 @@ class CoroutineWorker:
         self._done = self._posted
         self.on_reply(self)
 
-    async def _step(self) -> None:
-        group, action = self.group, self.rows["action"]
+    async def _step(self, s: int, t: int) -> None:
+        group, rows = self.group, self.rows
+        action = rows.action
+        rows.bind(group, s, t, True)
         await asyncio.gather(*(self._timed(partial(group.step_one, i, action[i]), i, "step")
                                for i in range(self.num_envs)))
-        if self.autoreset:
-            done = np.flatnonzero(group.terminated | group.truncated)
-            if len(done):
-                final = [a[done] for a in self.obs]
-                await asyncio.gather(*(self._timed(partial(group.reset_one, int(i), None), int(i), "reset")
-                                       for i in done))
-                set_aside_resets(self.obs, self.reset_obs, self.rows["pre_reset"], done, final)
+        finished = rows.stepped(s, t)
+        if finished is not None:
+            rows.bind(group, s, t + 1, False)
+            await asyncio.gather(*(self._timed(partial(group.reset_one, int(i), None), int(i), "reset")
+                                   for i in finished))
+            rows.were_reset(finished)
 
-    async def _reset(self) -> None:
+    async def _reset(self, s: int, t: int) -> None:
         rows = self.rows
-        idx = np.flatnonzero(rows["reset_mask"])
-        seeds = [int(rows["seed"][i]) if rows["seed_set"][i] else None for i in idx]
-        await asyncio.gather(*(self._timed(partial(self.group.reset_one, int(i), s), int(i), "reset")
-                               for i, s in zip(idx, seeds)))
-        rows["pre_reset"][idx] = False
+        idx, seeds = rows.resets()
+        rows.bind(self.group, s, t, False)
+        await asyncio.gather(*(self._timed(partial(self.group.reset_one, int(i), None if seeds is None else seeds[i]),
+                                           int(i), "reset") for i in idx))
+        rows.were_reset(idx)
 
     async def _timed(self, call: Callable[[], Any], i: int, what: str) -> None:
         # The env's coroutine is created here, in the gathered task, not by the caller: a task

@@ -81,11 +81,14 @@ class Worker:
     def alive(self) -> bool:
         return self.error is None and self.process is not None and self.process.returncode is None
 
-    def post(self, code: int) -> None:
-        """Ask for ``protocol.STEP_CODE`` or ``RESET_CODE``; ring if the worker sleeps."""
+    def post(self, code: int, slot: int, col: int) -> None:
+        """Ask for ``protocol.STEP_CODE`` or ``RESET_CODE`` at ``slot``, ``col`` of the
+        storage; ring if the worker sleeps."""
         self._posted += 1
         ctl = self.control
-        ctl[protocol.CMD] = self._posted * 4 + code
+        ctl[protocol.SLOT] = slot
+        ctl[protocol.COL] = col
+        ctl[protocol.CMD] = self._posted * 4 + code  # last: the worker acts once it sees it
         if ctl[protocol.W_ASLEEP]:
             try:
                 self.sock.send(protocol.OK)
@@ -155,10 +158,11 @@ class WorkerPool:
     """Starts, watches and stops the workers of one collector; see the module docstring."""
 
     def __init__(self, plan: WorkerPlan, layout: Layout, *, reset_when_done: bool,
-                 step_timeout: float | None = None):
+                 max_frames_per_traj: int | None = None, step_timeout: float | None = None):
         self.plan = plan
         self.layout = layout
         self.reset_when_done = reset_when_done
+        self.max_frames_per_traj = max_frames_per_traj
         self.workers = [CoroutineWorker(spec) if spec.coroutine else Worker(spec) for spec in plan.workers]
         for worker in self.workers:
             if isinstance(worker, CoroutineWorker):
@@ -166,7 +170,7 @@ class WorkerPool:
         self.shm_fd = create_segment(layout.size)
         self.shared = SharedArrays(layout, self.shm_fd)
         processes = sum(not spec.coroutine for spec in plan.workers)
-        self.spin_s = protocol.spin_budget(processes) if processes else 0.0
+        self.spin_s = protocol.spin_budget() if processes else 0.0
         """How long each side spins before blocking (0: never; see ``_workers.protocol``)."""
         for worker, line in zip(self.workers, self.shared.control):
             worker.control = line
@@ -217,7 +221,7 @@ class WorkerPool:
 
     async def _start(self, worker: Worker | CoroutineWorker) -> None:
         if isinstance(worker, CoroutineWorker):
-            worker.build(self.shared, self.plan.create_env_kwargs, self.reset_when_done)
+            worker.build(self.shared, self.plan.create_env_kwargs, self.reset_when_done, self.max_frames_per_traj)
             return
         parent, child = socket.socketpair()
         try:
@@ -244,6 +248,7 @@ class WorkerPool:
             "layout": self.layout,
             "rows": (spec.lo, spec.hi),
             "reset_when_done": self.reset_when_done,
+            "max_frames_per_traj": self.max_frames_per_traj,
             "spin_s": self.spin_s,
         }
         await loop.sock_sendall(parent, protocol.frame(setup))

@@ -1,34 +1,41 @@
-"""Shared memory laid out from the spaces: where env results and actions cross processes.
+"""Shared memory laid out from the spaces: the rollout storage that workers write into.
 
-One segment serves every worker of a collector. It holds, for each field, one array with
-a row per env (all workers' envs, worker ``k`` owning rows ``lo_k:hi_k``):
+One segment serves every worker of a collector. Its *storage* fields hold whole batches,
+laid out time-major, ``[K, T, N, ...]``: ``K`` batch slots (two, so that the next batch
+fills while the last one waits to be delivered), ``T`` columns (steps per env of the
+longest batch), ``N`` rows (all workers' envs, worker ``k`` owning rows ``lo_k:hi_k``).
+A worker told to step column ``t`` of slot ``s`` writes what its envs return straight
+into ``[s, t, lo:hi]``; column ``t`` of every env of a round is one contiguous block,
+which is what the policy reads (a view, no copy).
 
-==============  ==========================================================================
-field           meaning
-==============  ==========================================================================
-``obs{i}``      observation leaf ``i``: the latest result (a *final* observation for an
-                env that just finished)
-``reset_obs{i}``  the first observation of the next episode, for envs the worker already
-                reset on its own (``pre_reset`` set)
-``action``      the actions the engine wants the worker to take
-``reward``,     the latest step's results
-``terminated``,
+==================  ==========================================================================
+field               meaning
+==================  ==========================================================================
+``obs{i}``          ``[K, T + 1, N, ...]`` observation leaf ``i`` *before* each step: column
+                    ``t + 1`` is written by the step of column ``t`` (the reset observation
+                    for an env the worker reset after it finished); column ``T`` carries
+                    the current observation over to the next batch
+``next_obs{i}``     ``[K, T, N, ...]`` what each step returned (a *final* observation for an
+                    env that just finished)
+``reward``,         ``[K, T, N]`` each step's results (``truncated`` includes truncation by
+``terminated``,     ``max_frames_per_traj``, which the worker applies)
 ``truncated``
-``pre_reset``   the worker reset this env after it finished; ``reset_obs`` holds the result
-``reset_mask``  which envs a ``RESET`` command resets
-``seed``,       per-env seeds for that reset (``seed_set`` false: no seed)
+``action``          ``[N, ...]`` the actions of the step a worker is asked to take
+``reset_mask``      ``[N]`` which envs a ``RESET`` command resets
+``seed``,           ``[N]`` per-env seeds for that reset (``seed_set`` false: no seed)
 ``seed_set``
-==============  ==========================================================================
+==================  ==========================================================================
 
-After the per-env fields comes the *control block*: one 64-byte line of ``int64`` per
-worker (not per env), through which commands and completions pass (see
+After the fields comes the *control block*: one 64-byte line of ``int64`` per worker (not
+per env), through which commands, their slot and column, and completions pass (see
 ``_workers.protocol``).
 
 The segment is anonymous (``memfd_create``): it has no name under ``/dev/shm``, is
 handed to the workers as an inherited file descriptor, and disappears when the last
 process that maps it exits, so nothing can leak, not even after ``SIGKILL``. Where
 ``memfd_create`` is missing (macOS), a POSIX segment is created and unlinked at once,
-which gives the same guarantee.
+which gives the same guarantee. Pages are only backed once written, so columns a short
+batch never uses cost nothing.
 """
 
 from __future__ import annotations
@@ -49,7 +56,7 @@ class Field:
     name: str
     dtype: str
     shape: tuple[int, ...]
-    """Full shape, rows first."""
+    """Full shape."""
     offset: int
 
     @property
@@ -66,32 +73,35 @@ class Layout:
     num_obs: int
     control: Field
     """``(workers, CONTROL_WORDS)`` int64: each worker's control line."""
+    slots: int = 2
+    columns: int = 1
 
     @classmethod
     def plan(cls, obs: list[tuple[np.dtype, tuple[int, ...]]], action: tuple[np.dtype, tuple[int, ...]],
-             num_envs: int, num_workers: int) -> Layout:
-        """``obs``: (dtype, per-env shape) of each observation leaf; ``action`` likewise."""
+             num_envs: int, num_workers: int, columns: int = 1, slots: int = 2) -> Layout:
+        """``obs``: (dtype, per-env shape) of each observation leaf; ``action`` likewise;
+        ``columns``: steps per env of the longest batch; ``slots``: batches held at once."""
+        k, t, n = slots, columns, num_envs
         specs: list[tuple[str, np.dtype, tuple[int, ...]]] = []
         for i, (dtype, shape) in enumerate(obs):
-            specs.append((f"obs{i}", dtype, shape))
-            specs.append((f"reset_obs{i}", dtype, shape))
+            specs.append((f"obs{i}", dtype, (k, t + 1, n, *shape)))
+            specs.append((f"next_obs{i}", dtype, (k, t, n, *shape)))
         specs += [
-            ("action", action[0], action[1]),
-            ("reward", np.dtype(np.float32), ()),
-            ("terminated", np.dtype(bool), ()),
-            ("truncated", np.dtype(bool), ()),
-            ("pre_reset", np.dtype(bool), ()),
-            ("reset_mask", np.dtype(bool), ()),
-            ("seed", np.dtype(np.int64), ()),
-            ("seed_set", np.dtype(bool), ()),
+            ("reward", np.dtype(np.float32), (k, t, n)),
+            ("terminated", np.dtype(bool), (k, t, n)),
+            ("truncated", np.dtype(bool), (k, t, n)),
+            ("action", action[0], (n, *action[1])),
+            ("reset_mask", np.dtype(bool), (n,)),
+            ("seed", np.dtype(np.int64), (n,)),
+            ("seed_set", np.dtype(bool), (n,)),
         ]
         fields, offset = [], 0
         for name, dtype, shape in specs:
-            field = Field(name, np.dtype(dtype).str, (num_envs, *shape), offset)
+            field = Field(name, np.dtype(dtype).str, shape, offset)
             fields.append(field)
             offset += -(-max(field.nbytes, 1) // _ALIGN) * _ALIGN
         control = Field("control", np.dtype(np.int64).str, (num_workers, CONTROL_WORDS), offset)
-        return cls(tuple(fields), offset + control.nbytes, len(obs), control)
+        return cls(tuple(fields), offset + control.nbytes, len(obs), control, k, t)
 
 
 def create_segment(size: int) -> int:
@@ -115,7 +125,7 @@ def create_segment(size: int) -> int:
 
 
 class SharedArrays:
-    """Numpy views of every field of a mapped segment (``arrays[name]``, rows first).
+    """Numpy views of every field of a mapped segment (``arrays[name]``, shaped as the layout says).
 
     The mapping stays alive as long as any view (or tensor made from one) does.
     """
@@ -131,20 +141,6 @@ class SharedArrays:
         self.control = np.frombuffer(self._map, c.dtype, c.shape[0] * c.shape[1], c.offset).reshape(c.shape)
         """Row ``k``: worker ``k``'s control line."""
 
-    def rows(self, lo: int, hi: int) -> dict[str, np.ndarray]:
-        """Every field restricted to rows ``lo:hi`` (views)."""
-        return {name: a[lo:hi] for name, a in self.arrays.items()}
-
-    def obs(self, rows: dict[str, np.ndarray], prefix: str = "obs") -> list[np.ndarray]:
-        return [rows[f"{prefix}{i}"] for i in range(self.layout.num_obs)]
-
-
-def set_aside_resets(obs: list[np.ndarray], reset_obs: list[np.ndarray], pre_reset: np.ndarray,
-                     idx: np.ndarray, final: list[np.ndarray]) -> None:
-    """After a worker reset finished envs ``idx`` on its own: their fresh observations move
-    to ``reset_obs``, ``obs`` gets back their ``final`` ones (taken before the reset, with
-    ``[a[idx] for a in obs]``), and ``pre_reset`` tells the engine so."""
-    for a, r, f in zip(obs, reset_obs, final):
-        r[idx] = a[idx]
-        a[idx] = f
-    pre_reset[idx] = True
+    def obs(self, prefix: str = "obs") -> list[np.ndarray]:
+        """The arrays of every observation leaf (``"obs"`` or ``"next_obs"``), in leaf order."""
+        return [self.arrays[f"{prefix}{i}"] for i in range(self.layout.num_obs)]

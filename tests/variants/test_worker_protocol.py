@@ -22,14 +22,16 @@ def test_collection_goes_on_when_every_doorbell_is_missed(cls, monkeypatch):
     monkeypatch.setenv("AIOCOLLECT_SPIN", "1")
     rung = []
 
-    def post_without_ringing(self, code):
+    def post_without_ringing(self, code, slot, col):
         self._posted += 1
+        self.control[protocol.SLOT] = slot
+        self.control[protocol.COL] = col
         self.control[protocol.CMD] = self._posted * 4 + code
         rung.append(code)
 
     def never_asleep(self, flag):
-        for slot in self.slots:
-            slot.worker.control[protocol.E_ASLEEP] = 0
+        for lane in self.lanes:
+            lane.worker.control[protocol.E_ASLEEP] = 0
 
     monkeypatch.setattr(pool_module.Worker, "post", post_without_ringing)
     monkeypatch.setattr(scheduler_module.Scheduler, "_engine_asleep", never_asleep)

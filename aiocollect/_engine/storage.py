@@ -1,0 +1,169 @@
+"""The main process's side of the rollout storage: policy inputs, what it writes, batches out.
+
+Workers write observations, rewards and flags into the shared storage
+(``_workers.shm``, time-major ``[K, T, N, ...]``). This side
+
+* hands the policy its input: column ``t`` of slot ``s`` for a block of rows is one
+  contiguous block of shared memory, so the input is a view, never a copy;
+* writes what the main process owns, once per round and per block of rows, never per
+  env: the policy's outputs (the action included, with the policy's own dtype), the
+  policy version, trajectory ids and step counts. These live in private arrays of the
+  same shape (the workers never read them);
+* turns a finished batch into the user's tensors with one bulk copy per field (the
+  transpose to TorchRL's ``[envs, time]`` layout), after which the slot is free again.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+
+from .._envs.spaces import Leaf, NestedKey
+from .._workers.shm import SharedArrays
+from .buffer import OutputSpec
+
+
+def _as_numpy(t: torch.Tensor) -> np.ndarray | None:
+    try:
+        return t.numpy()
+    except TypeError:  # dtypes numpy lacks (bfloat16...)
+        return None
+
+
+class RolloutStorage:
+    """See the module docstring. ``step_count``: keep ``step_count`` entries (TorchRL does
+    when ``max_frames_per_traj`` is set)."""
+
+    def __init__(self, shared: SharedArrays, obs_leaves: list[Leaf], *, step_count: bool):
+        layout = shared.layout
+        k, t, n = layout.slots, layout.columns, shared.arrays["reward"].shape[2]
+        self.slots, self.columns, self.num_envs = k, t, n
+        self.keys = [leaf.key for leaf in obs_leaves]
+        a = shared.arrays
+        self.obs = shared.obs("obs")
+        self.next_obs = shared.obs("next_obs")
+        self._obs_t = [torch.from_numpy(x) for x in self.obs]
+        self.reward, self.terminated, self.truncated = a["reward"], a["terminated"], a["truncated"]
+        self.action = a["action"]
+        self.reset_mask, self.seed, self.seed_set = a["reset_mask"], a["seed"], a["seed_set"]
+        self.traj_ids = np.full((k, t, n), -1, dtype=np.int64)
+        self.policy_version = np.full((k, t, n), -1, dtype=np.int64)
+        self.step_count = np.zeros((k, t, n), dtype=np.int64) if step_count else None
+        self.next_step_count = np.zeros((k, t, n), dtype=np.int64) if step_count else None
+        self.specs: dict[NestedKey, OutputSpec] = {}
+        self._out_t: dict[NestedKey, torch.Tensor] = {}
+        self._out_np: dict[NestedKey, np.ndarray | None] = {}
+
+    # ------------------------------------------------------------------ rounds
+
+    def policy_input(self, s: int, t: int, lo: int, hi: int) -> dict[NestedKey, torch.Tensor]:
+        """The observations of envs ``lo:hi`` at column ``t`` of slot ``s``: views."""
+        return {k: x[s, t, lo:hi] for k, x in zip(self.keys, self._obs_t)}
+
+    def write(self, s: int, t: int, lo: int, hi: int, out: dict[NestedKey, Any], start: int, version: int,
+              traj_ids: np.ndarray, step_count: np.ndarray) -> None:
+        """Column ``t`` of slot ``s`` for envs ``lo:hi``: the policy's outputs (rows
+        ``start:start + hi - lo`` of each value in ``out``), its version, ids, step counts."""
+        stop = start + hi - lo
+        self.policy_version[s, t, lo:hi] = version
+        self.traj_ids[s, t, lo:hi] = traj_ids[lo:hi]
+        if self.step_count is not None:
+            self.step_count[s, t, lo:hi] = step_count[lo:hi]
+        for key, value in out.items():
+            dst = self._out_np.get(key, False)
+            if dst is False:
+                dst = self._allocate(key, value)
+            if dst is None:
+                self._out_t[key][s, t, lo:hi] = torch.as_tensor(value[start:stop])
+            elif isinstance(value, np.ndarray):
+                dst[s, t, lo:hi] = value[start:stop]
+            else:
+                dst[s, t, lo:hi] = value[start:stop].numpy(force=True)
+
+    def _allocate(self, key: NestedKey, value: Any) -> np.ndarray | None:
+        spec = OutputSpec.of(value)
+        self.specs[key] = spec
+        tensor = torch.zeros((self.slots, self.columns, self.num_envs, *spec.shape), dtype=spec.dtype)
+        self._out_t[key] = tensor
+        self._out_np[key] = _as_numpy(tensor)
+        return self._out_np[key]
+
+    def check_outputs(self, out: dict[NestedKey, Any], keys: tuple) -> None:
+        """The policy wrote the same keys, shapes and dtypes as on the batch's first step."""
+        if tuple(out) != keys:
+            new = [k for k in out if k not in keys]
+            raise KeyError(
+                f"policy: wrote {new or list(out)!r} at this step but {list(keys)!r} on the batch's "
+                "first step; a policy must write the same keys at every step."
+            )
+
+    # ------------------------------------------------------------------ batches
+
+    def shift(self, s: int, lo: int, hi: int, count: int, filled: int) -> None:
+        """Forget the first ``count`` of the ``filled`` columns of envs ``lo:hi``: the
+        others (and the observation the next step starts from) move to the front."""
+        rows = slice(lo, hi)
+        for x in self.obs:
+            x[s, : filled + 1 - count, rows] = x[s, count : filled + 1, rows].copy()
+        fields = [*self.next_obs, self.reward, self.terminated, self.truncated, self.traj_ids,
+                  self.policy_version, *(x for x in (self.step_count, self.next_step_count) if x is not None)]
+        fields += [x if x is not None else self._out_t[k] for k, x in self._out_np.items()]
+        for x in fields:
+            part = x[s, count:filled, rows]
+            x[s, : filled - count, rows] = part.clone() if isinstance(part, torch.Tensor) else part.copy()
+
+    def batch(self, s: int, lo: int, hi: int, frames: int, valid: np.ndarray, keys: tuple,
+              start_flags: np.ndarray | None, mask: bool) -> dict[NestedKey | tuple, torch.Tensor]:
+        """The tensors of envs ``lo:hi``, ``[envs, frames, ...]``, copied out of slot ``s``.
+
+        ``valid[i]``: the columns env ``lo + i`` filled (the rest is blanked: zeros, ids
+        and versions -1); ``keys``: the policy outputs written; ``start_flags``: the root
+        done flags of the first column, when ``reset_when_done`` is off (``None``: all false).
+        """
+        cols = slice(0, frames)
+        rows = slice(lo, hi)
+
+        def take(x: np.ndarray | torch.Tensor) -> torch.Tensor:
+            part = x[s, cols, rows]
+            if isinstance(part, np.ndarray):
+                part = torch.from_numpy(part)
+            return part.transpose(0, 1).clone(memory_format=torch.contiguous_format)  # always a copy
+
+        out: dict[NestedKey | tuple, torch.Tensor] = {}
+        for key, x, nx in zip(self.keys, self.obs, self.next_obs):
+            out[key] = take(x)
+            out[("next", key)] = take(nx)
+        for key in keys:
+            out[key] = take(self._out_t[key])
+        terminated, truncated = take(self.terminated), take(self.truncated)
+        done = terminated | truncated
+        out[("next", "reward")] = take(self.reward).unsqueeze(-1)
+        out[("next", "done")] = done.unsqueeze(-1)
+        out[("next", "terminated")] = terminated.unsqueeze(-1)
+        out[("next", "truncated")] = truncated.unsqueeze(-1)
+        if start_flags is None:
+            for flag in ("done", "terminated", "truncated"):
+                out[flag] = torch.zeros_like(done).unsqueeze(-1)
+        else:
+            following = (done, terminated, truncated)
+            for flag, first, nxt in zip(("done", "terminated", "truncated"), start_flags, following):
+                root = torch.empty_like(nxt)
+                root[:, 0] = torch.from_numpy(first)
+                root[:, 1:] = nxt[:, :-1]
+                out[flag] = root.unsqueeze(-1)
+        out[("collector", "traj_ids")] = take(self.traj_ids)
+        out[("collector", "policy_version")] = take(self.policy_version)
+        if self.step_count is not None:
+            out["step_count"] = take(self.step_count).unsqueeze(-1)
+            out[("next", "step_count")] = take(self.next_step_count).unsqueeze(-1)
+        short = valid < frames
+        if short.any():
+            for i in np.flatnonzero(short).tolist():
+                v = int(valid[i])
+                for key, tensor in out.items():
+                    tensor[i, v:] = -1 if key in (("collector", "traj_ids"), ("collector", "policy_version")) else 0
+        if mask:
+            out[("collector", "mask")] = torch.from_numpy(np.arange(frames)[None, :] < valid[:, None])
+        return out

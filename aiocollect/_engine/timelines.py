@@ -1,0 +1,131 @@
+"""Timelines: what the main process keeps per env between steps and batches.
+
+Pure bookkeeping, no loop, no process, no storage: trajectory ids, step counts, which
+envs need a reset (and with which seeds), the root done flags of ``reset_when_done=False``,
+and counters. The scheduler calls it once per completed command with the rows of that
+worker (``lo:hi``), every operation vectorised over those rows.
+
+Finished envs need no reset from here: their worker resets them on its own right after
+the step (``_workers.rows``), so a finished env only gets a new trajectory id. A reset
+*is* needed after ``reset()``, ``set_seed()``, ``load_state_dict()`` and ``set_truncated``
+(the worker did not end those trajectories); ``take_resets`` hands those out.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from .engine import IdPool
+
+
+class Timelines:
+    """Per-env trajectory ids, step counts and pending resets of ``num_envs`` envs."""
+
+    def __init__(self, num_envs: int, *, reset_when_done: bool, ids: IdPool | None = None):
+        self.num_envs = num_envs
+        self.reset_when_done = reset_when_done
+        self.ids = ids if ids is not None else IdPool()
+        self.traj_ids = self.ids.take(num_envs)
+        self.step_count = np.zeros(num_envs, dtype=np.int64)
+        self.needs_reset = np.ones(num_envs, dtype=bool)
+        self.any_reset = True
+        """Some env needs a reset (a quick test before looking at rows)."""
+        self.seed = np.zeros(num_envs, dtype=np.int64)
+        self.seed_set = np.zeros(num_envs, dtype=bool)
+        self.root_flags = np.zeros((3, num_envs), dtype=bool)
+        """Done, terminated, truncated of each env's current step: only ever set when
+        ``reset_when_done`` is off (a finished env that is not reset stays done)."""
+        self.completed_trajectories = 0
+        self.env_steps = 0
+
+    # ------------------------------------------------------------------ steps
+
+    def stepped(self, lo: int, hi: int, terminated: np.ndarray, truncated: np.ndarray,
+                next_step_count: np.ndarray | None = None) -> None:
+        """Envs ``lo:hi`` took a step that ended with these flags (their worker already
+        reset the finished ones). ``next_step_count`` receives their step counts."""
+        count = self.step_count[lo:hi]
+        count += 1
+        if next_step_count is not None:
+            next_step_count[...] = count
+        self.env_steps += hi - lo
+        if not self.reset_when_done:
+            flags = self.root_flags[:, lo:hi]
+            np.logical_or(terminated, truncated, out=flags[0])
+            flags[1] = terminated
+            flags[2] = truncated
+        elif np.count_nonzero(terminated) or np.count_nonzero(truncated):  # cheaper than .any()
+            self._new_trajectories(np.flatnonzero(terminated | truncated) + lo)
+
+    def truncate(self, rows: np.ndarray) -> None:
+        """``set_truncated`` ended the trajectories of envs ``rows``: new ids, and a reset
+        before their next step."""
+        if self.reset_when_done:
+            if len(rows):
+                self._new_trajectories(rows)
+                self._mark(rows)
+        else:
+            self.root_flags[0, rows] = True
+            self.root_flags[2, rows] = True
+
+    # ------------------------------------------------------------------ resets
+
+    def request_reset(self, seeds: list[int] | None = None, lo: int = 0, hi: int | None = None) -> None:
+        """Reset envs ``lo:hi`` (all by default) before their next step, with these
+        seeds (one per env of ``lo:hi``) if given. Envs midway through a trajectory start
+        a new one, with a new id, not counted as completed."""
+        hi = self.num_envs if hi is None else hi
+        midway = np.flatnonzero(~self.needs_reset[lo:hi]) + lo
+        if len(midway):
+            self._new_trajectories(midway, completed=False)
+        self._mark(np.arange(lo, hi))
+        if seeds is not None:
+            self.seed[lo:hi] = seeds
+            self.seed_set[lo:hi] = True
+
+    def wants_reset(self, lo: int, hi: int) -> bool:
+        return self.any_reset and bool(self.needs_reset[lo:hi].any())
+
+    def take_resets(self, lo: int, hi: int) -> tuple[np.ndarray, list[int | None] | None]:
+        """Envs of ``lo:hi`` to reset now (indices from ``lo``) and their seeds (one per
+        env of ``lo:hi``, ``None`` for no seed; ``None`` for none at all): each seed is used once."""
+        idx = np.flatnonzero(self.needs_reset[lo:hi])
+        seeds = None
+        if self.seed_set[lo:hi].any():
+            seeds = [int(v) if f else None for v, f in zip(self.seed[lo:hi], self.seed_set[lo:hi])]
+            self.seed_set[lo:hi] = False
+        return idx, seeds
+
+    def resets_done(self, lo: int, idx: np.ndarray) -> None:
+        """Envs ``lo + idx`` were reset: they start new episodes."""
+        rows = idx + lo
+        self.needs_reset[rows] = False
+        self.step_count[rows] = 0
+        self.root_flags[:, rows] = False
+        self.any_reset = bool(np.count_nonzero(self.needs_reset))
+
+    # ------------------------------------------------------------------ checkpoints
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"next_traj_id": self.ids.next, "completed_trajectories": self.completed_trajectories}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        # trajectory ids must never be reused: continue after the saved counter
+        self.ids.next = max(self.ids.next, int(state["next_traj_id"]))
+        self.completed_trajectories = int(state["completed_trajectories"])
+        self._mark(np.arange(self.num_envs))
+        self._new_trajectories(np.arange(self.num_envs), completed=False)
+
+    # ------------------------------------------------------------------ internals
+
+    def _mark(self, rows: np.ndarray) -> None:
+        self.needs_reset[rows] = True
+        self.any_reset = True
+
+    def _new_trajectories(self, rows: np.ndarray, *, completed: bool = True) -> None:
+        self.traj_ids[rows] = self.ids.take(len(rows))
+        self.step_count[rows] = 0
+        if completed:
+            self.completed_trajectories += len(rows)
