@@ -17,12 +17,11 @@ which keeps it cancellable without paying a loop round trip per step.
 The engine's state between batches (current trajectory ids, step counts, which envs need
 a reset, pending seeds) is what lets trajectories continue across batch boundaries.
 
-``rollout`` is the *lockstep* schedule: one group, every env stepped at every step. The
-per-step pieces it is made of (``write_before``, ``write_after``, the reset hand-off and
-``finish``) are public, so that the scheduler of the multi-worker collectors
-(``_engine.scheduler``) runs the very same bookkeeping on one engine per worker, each worker
-at its own pace. Engines that share an ``IdPool`` never hand out the same
-trajectory id.
+``rollout`` is the *lockstep* schedule of ``Collector``: one group in this process, every
+env stepped at every step, a private ``RolloutBuffer``. The worker collectors have their
+own schedule over shared rollout storage (``_engine.scheduler``, with ``_engine.timelines``
+for the bookkeeping); bringing ``Collector`` and the coroutine engine onto that one
+scheduler is the next step of the engine's second version.
 """
 
 from __future__ import annotations

@@ -102,16 +102,16 @@ class _Draws:
 
     def __init__(self, space: spaces.Space, shape: tuple[int, ...], rng: np.random.Generator):
         self.space, self.shape, self.rng = space, shape, rng
-        self.pool: np.ndarray | None = None
-        self.i = 0
+        self.pools: dict[int, list] = {}
+        """Per batch size (a scheduler's rounds alternate between a few): [draws, next index]."""
 
     def next(self, num_envs: int) -> np.ndarray:
-        pool = self.pool
-        if pool is None or self.i == len(pool) or pool.shape[1] != num_envs:
-            pool = self.pool = self._draw(max(1, 4096 // max(num_envs, 1)), num_envs)
-            self.i = 0
-        self.i += 1
-        return pool[self.i - 1]
+        entry = self.pools.get(num_envs)
+        if entry is None or entry[1] == len(entry[0]):
+            entry = self.pools[num_envs] = [self._draw(max(1, 4096 // max(num_envs, 1)), num_envs), 0]
+        i = entry[1]
+        entry[1] = i + 1
+        return entry[0][i]
 
     def _draw(self, blocks: int, num_envs: int) -> np.ndarray:
         space, rng, size = self.space, self.rng, (blocks, num_envs, *self.shape)
