@@ -138,11 +138,6 @@ class RolloutBuffer:
         if self.mask is not None:
             self.mask[...] = np.arange(self.frames)[None, :] < valid[:, None]
 
-    def drop_first(self, count: int, filled: int) -> None:
-        """Forget the first ``count`` of the ``filled`` columns: the others move to the front."""
-        for tensor in self.tensors.values():
-            tensor[:, : filled - count] = tensor[:, count:filled].clone()
-
     def finish(self, valid: int) -> None:
         """Derive ``("next", "done")`` and blank the unfilled tail of an interrupted batch."""
         np.logical_or(self.terminated, self.truncated, out=self.next_done)

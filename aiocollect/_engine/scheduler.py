@@ -223,7 +223,12 @@ class Scheduler:
                 self._failed = worker
             self._wake()
             return
-        self._harvest()
+        try:
+            self._harvest()  # (it may call the collector's on_full)
+        except BaseException as exc:  # noqa: BLE001 - the pump raises it; a callback must not
+            self._error = exc
+            self._wake()
+            return
         if self._pumping is None:
             self._wake()  # nobody pumping: let a settle() see it
         elif self.idle():
@@ -309,7 +314,13 @@ class Scheduler:
         self._recheck_armed = False
         if self._pumping is None or self.idle():
             return
-        if self._harvest():
+        try:
+            got = self._harvest()
+        except BaseException as exc:  # noqa: BLE001 - as in _on_reply
+            self._error = exc
+            self._wake()
+            return
+        if got:
             self.poke()
         else:
             self._arm_recheck()

@@ -68,6 +68,28 @@ async def test_layout_and_invariants_on_both_faces(variant):
             assert ids[0] != ids[1] or len(ids[0]) > 0
 
 
+def test_a_batch_is_the_users_own_later_collection_never_changes_it(variant):
+    """Batches are copied out of the collector's storage (shared memory for the worker
+    collectors, reused batch after batch): one kept while collection goes on stays as it was,
+    and writing into it changes nothing the collector delivers later."""
+    with variant(frames_per_batch=FPB, total_frames=8 * FPB) as collector:
+        it = iter(collector)
+        first = next(it)
+        kept = first.clone()
+        first["observation"].fill_(-7.0)  # the user scribbles on their batch
+        first["next", "observation"].fill_(-7.0)
+        first["next", "reward"].fill_(-7.0)
+        first["collector", "traj_ids"].fill_(-7)
+        later = list(it)
+    assert len(later) == 7
+    assert (first["observation"] == -7).all()  # still theirs: not overwritten by later batches
+    for batch in later:
+        check_batch(batch)
+        assert not (batch["observation"] == -7).any()
+        assert not (batch["collector", "traj_ids"] == -7).any()
+    check_batch(kept)
+
+
 def test_nested_observations_and_multidiscrete_actions(variant):
     with variant(DictEnv, frames_per_batch=FPB, total_frames=2 * FPB) as collector:
         for batch in collector:

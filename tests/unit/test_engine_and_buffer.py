@@ -1,7 +1,7 @@
 """The rollout buffer and the engine's bookkeeping, driven by hand without an event loop.
 
 ``RolloutBuffer`` (``_engine.buffer``): TorchRL's layout (keys, dtypes, shapes, the
-``"time"`` dim), policy outputs, ``finish``/``finish_rows`` on short batches, ``drop_first``.
+``"time"`` dim), policy outputs, ``finish``/``finish_rows`` on short batches.
 ``IdPool``/``TrajectoryBook``/``Engine`` (``_engine.engine``): trajectory ids, step counts,
 resets and seeds, ``state_dict``. The engine is stepped exactly as ``Engine.rollout`` does
 it, but synchronously: ``take_resets`` -> ``group.reset_now`` -> ``resets_done``,
@@ -280,17 +280,6 @@ def test_finish_rows_with_every_row_full_is_finish():
     assert td["collector", "mask"].all()
     assert td["collector", "traj_ids"].tolist() == [[1, 2, 3, 4]] * 2
     assert td["next", "done"][..., 0].tolist() == [[False, True, False, False], [True, False, False, False]]
-
-
-def test_drop_first_moves_the_remaining_columns_to_the_front():
-    buf = _filled_buffer(frames=5)
-    buf.drop_first(2, filled=4)
-    td = buf.to_tensordict(batched=True, device=None)
-    # columns 2, 3 move to 0, 1; columns 2.. keep what they held
-    assert td["collector", "traj_ids"].tolist() == [[3, 4, 3, 4, 5]] * 2
-    assert td["observation"][..., 2].tolist() == [[3, 4, 3, 4, 5]] * 2
-    assert td["next", "terminated"][..., 0].tolist() == [[False] * 5] * 2
-    assert td["next", "truncated"][..., 0].tolist() == [[False] * 5] * 2
 
 
 # --------------------------------------------------------------------------- IdPool, TrajectoryBook
