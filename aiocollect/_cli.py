@@ -23,7 +23,8 @@ import sys
 import time
 from pathlib import Path
 
-BENCHMARKS = ("bench_collect.py", "bench_workers.py", "bench_weights.py", "bench_coroutines.py", "bench_ray.py")
+BENCHMARKS = ("bench_collect.py", "bench_workers.py", "bench_engine.py", "bench_weights.py", "bench_coroutines.py",
+              "bench_ray.py")
 
 
 class UsageError(Exception):
