@@ -170,7 +170,7 @@ class WorkerPool:
         self.shm_fd = create_segment(layout.size)
         self.shared = SharedArrays(layout, self.shm_fd)
         processes = sum(not spec.coroutine for spec in plan.workers)
-        self.spin_s = protocol.spin_budget() if processes else 0.0
+        self.spin_s = protocol.spin_budget(processes) if processes else 0.0
         """How long each side spins before blocking (0: never; see ``_workers.protocol``)."""
         for worker, line in zip(self.workers, self.shared.control):
             worker.control = line

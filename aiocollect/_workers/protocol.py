@@ -60,13 +60,13 @@ ERROR = b"e"
 STEP_CODE, RESET_CODE = 1, 2
 CMD, DONE, W_ASLEEP, E_ASLEEP, SLOT, COL = 0, 1, 2, 3, 4, 5
 
-SPIN_S = 1e-3
+SPIN_S = 100e-6
 """How long each side spins (yielding its core between looks) before it blocks."""
 
 _LEN = struct.Struct("<I")
 
 
-def spin_budget() -> float:
+def spin_budget(num_workers: int = 0) -> float:
     """Seconds each side spins before blocking: ``SPIN_S`` on x86-64 (see the module
     docstring), else 0. ``AIOCOLLECT_SPIN=0`` (or ``false``, ``no``, ``off``) turns it off,
     any other value on (on at your own risk off x86-64)."""
@@ -75,7 +75,8 @@ def spin_budget() -> float:
         return 0.0 if forced.strip().lower() in ("", "0", "false", "no", "off") else SPIN_S
     if platform.machine().lower() not in ("x86_64", "amd64"):
         return 0.0
-    return SPIN_S
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    return SPIN_S if num_workers + 1 <= cores else 0.0
 
 
 def frame(obj: Any) -> bytes:
