@@ -22,14 +22,7 @@ import torch
 
 from .._envs.spaces import Leaf, NestedKey
 from .._workers.shm import SharedArrays
-from .buffer import OutputSpec
-
-
-def _as_numpy(t: torch.Tensor) -> np.ndarray | None:
-    try:
-        return t.numpy()
-    except TypeError:  # dtypes numpy lacks (bfloat16...)
-        return None
+from .buffer import OutputSpec, _as_numpy
 
 
 class RolloutStorage:
