@@ -133,6 +133,11 @@ class Engine(TrajectoryBook):
     def _reset_requested(self) -> None:
         self.any_reset = True
 
+    @property
+    def has_seeds(self) -> bool:
+        """Seeds are waiting for the next reset (``set_seed``)."""
+        return self._seeds is not None
+
     def take_resets(self) -> tuple[np.ndarray, list[int] | None]:
         """The envs to reset before the next step, and their seeds (``None``: unseeded)."""
         seeds, self._seeds = self._seeds, None
