@@ -27,6 +27,14 @@ def ray_processes() -> list[str]:
     return [p for p in out if p in ("raylet", "gcs_server")]
 
 
+def alive(pid: int) -> bool:
+    """``pid`` runs (a zombie, killed but not yet reaped, does not)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except (FileNotFoundError, ProcessLookupError):
+        return False
+
+
 def test_seed_example_starts_a_local_cluster_and_stops_it():
     assert not ray.is_initialized()
     policy = TensorDictModule(nn.Linear(3, 1), in_keys=["observation"], out_keys=["action"])
@@ -48,13 +56,16 @@ def test_seed_example_starts_a_local_cluster_and_stops_it():
             break
     assert seen == {0, 1, 2, 3, 4}
     pids = [w.pid for w in collector.statistics().workers]
+    node = ray._private.worker._global_node  # the processes of the instance it started
+    cluster = {name: info.process.pid for name, infos in node.all_processes.items() for info in infos}
+    assert {"raylet", "gcs_server"} <= set(cluster)
     collector.shutdown()
     assert not ray.is_initialized()  # it stopped the instance it started
-    # (a Ray instance another module of this test process shut down just before may take a
-    # few seconds more to go, hence the wait)
-    assert wait_until(lambda: not ray_processes(), timeout=20), ray_processes()
-    for pid in pids:
-        assert not os.path.exists(f"/proc/{pid}") or "Z" in Path(f"/proc/{pid}/stat").read_text().split()[2]
+    # its own processes, not every Ray process on the machine: another test process may run
+    # its own instance meanwhile (a killed process not yet reaped counts as gone)
+    assert wait_until(lambda: not [n for n, pid in cluster.items() if alive(pid)], timeout=20), \
+        {n: pid for n, pid in cluster.items() if alive(pid)}
+    assert not [pid for pid in pids if alive(pid)]
 
 
 def test_async_mode_counts_each_remote_collectors_steps_and_leaves_a_joined_cluster_running(ray_cluster):
