@@ -40,9 +40,10 @@ from dataclasses import dataclass
 from typing import Any
 
 import anyio
-from tensordict import TensorDictBase
+from tensordict import TensorDict, TensorDictBase
 
 from .._engine.trajectories import split_trajectories
+from .._envs.spaces import nest
 from .._errors import CollectorBusyError, CollectorClosedError, CollectorError, CollectorFailedError
 from .._policies.setup import PolicySetup
 from .loop_thread import LoopThread
@@ -281,6 +282,12 @@ class DataCollectorBase:
 
     def _worker_statistics(self) -> tuple[WorkerStatistics, ...]:
         return ()
+
+    def _tensordict(self, tensors: dict, shape: list[int]) -> TensorDictBase:
+        """A batch's tensors (flat keys) as a TensorDict of ``shape``, last dim named ``"time"``."""
+        td = TensorDict(nest(tensors), batch_size=shape, device=self.storing_device)
+        td.refine_names(*([None] * (len(shape) - 1)), "time")
+        return td
 
     # ------------------------------------------------------------------ core
 

@@ -1,9 +1,12 @@
 """``Collector``: one env group in this process, batches on demand.
 
-The engine (``_engine.engine``, or ``_engine.coroutines`` for coroutine envs) does the
-stepping; this module builds the env group and the policy setup, validates the options,
-and turns each rollout buffer into a TensorDict. What the user sees is described in the
-class docstring.
+Gymnasium envs (and vector envs) run on the scheduler of the worker collectors
+(``_engine.scheduler``), over one ``InlineWorker`` (``_workers.inline_worker``) that steps
+the group right here, into a private storage of one batch, through the scheduler's
+synchronous fast path (``run_inline``). Coroutine envs run on the coroutine engine
+(``_engine.coroutines``). This module builds the env group and the policy setup,
+validates the options, and turns each batch into a TensorDict. What the user sees is
+described in the class docstring.
 """
 
 from __future__ import annotations
@@ -20,11 +23,13 @@ from tensordict.nn import InteractionType
 
 from .._engine.buffer import RolloutBuffer
 from .._engine.coroutines import CoroutineEngine
-from .._engine.engine import Engine
+from .._engine.scheduler import Scheduler
 from .._envs.coroutine_group import CoroutineGroup
 from .._envs.group import check_create_env_fn, make_group
 from .._errors import CollectorError, EnvError, StepTimeoutError
 from .._policies.setup import PolicySetup, check_policy
+from .._workers.inline_worker import InlineWorker
+from .._workers.shm import Layout, SharedArrays
 from .base import DataCollectorBase
 from .loop_thread import LoopThread
 from .options import env_seeds, options_from, validate_batching
@@ -183,19 +188,29 @@ class Collector(DataCollectorBase):
         """The policy the collector runs: its own copy of the one given if that has weights
         (on ``policy_device``), the given object otherwise, a
         [`RandomPolicy`][aiocollect.RandomPolicy] for ``policy=None``."""
+        self._same_td: TensorDictBase | None = None
         if self._coroutine:
             # coroutine envs belong to one loop for their whole life: the collector's own
-            self._engine = CoroutineEngine(group, max_frames_per_traj=options.max_frames_per_traj,
+            self._book = CoroutineEngine(group, max_frames_per_traj=options.max_frames_per_traj,
                                            batching=batching)
             self._persistent_loop = True
             self._resources.loop = LoopThread()
             self._resources.aclosers.append(group.aclose)
-        else:
-            self._engine = Engine(
-                group, max_frames_per_traj=options.max_frames_per_traj, reset_when_done=options.reset_when_done
-            )
-        self._buffer: RolloutBuffer | None = None
-        self._same_td: TensorDictBase | None = None
+            self._buffer: RolloutBuffer | None = None
+            return
+        # the scheduler of the worker collectors, over one worker that steps the group inline,
+        # writing into a private (unshared) storage of one batch
+        leaves = group.obs_leaves
+        check = group.check_action
+        layout = Layout.plan([(leaf.dtype, leaf.shape) for leaf in leaves], (check.dtype, check.shape), n, 1,
+                             columns=self._steps_per_batch, slots=1)
+        shared = SharedArrays(layout, -1)  # anonymous private memory: nobody else maps it
+        worker = InlineWorker(group, shared, max_frames_per_traj=options.max_frames_per_traj,
+                              reset_when_done=options.reset_when_done)
+        self._scheduler = Scheduler(shared, [worker], leaves, check,
+                                    step_count=options.max_frames_per_traj is not None,
+                                    reset_when_done=options.reset_when_done)
+        self._book = self._scheduler.timelines
 
     # ------------------------------------------------------------------ collection
 
@@ -216,10 +231,12 @@ class Collector(DataCollectorBase):
     async def _collect_here(self) -> tuple[TensorDictBase, int]:
         opts = self.options
         runner = self._policy.random_runner if self._frames < opts.init_random_frames else self._policy.runner
+        if not self._coroutine:
+            return await self._collect_inline(runner)
         if opts.reset_at_each_iter:
-            self._engine.request_reset()
+            self._book.request_reset()
         reuse = self._buffer if opts.return_same_td else None
-        buffer, valid = await self._engine.rollout(
+        buffer, valid = await self._book.rollout(
             self._steps_per_batch, runner, interruptor=opts.interruptor, buffer=reuse,
             set_truncated=opts.set_truncated,
         )
@@ -232,8 +249,40 @@ class Collector(DataCollectorBase):
         frames = int(valid.sum()) if isinstance(valid, np.ndarray) else valid * self.num_envs
         return td, frames
 
+    async def _collect_inline(self, runner) -> tuple[TensorDictBase, int]:
+        opts, sched = self.options, self._scheduler
+        lane = sched.lanes[0]
+        if lane.held:  # (else: resume the batch a cancelled call left midway)
+            if opts.reset_at_each_iter:
+                sched.timelines.request_reset()
+            sched.begin(lane, self._steps_per_batch, opts.interruptor is not None)
+        interruptor = opts.interruptor
+        if interruptor is None:
+            def until() -> bool:
+                return lane.t >= lane.frames
+        else:
+            def until() -> bool:  # every batch takes at least one step (TorchRL's rule)
+                return lane.t >= lane.frames or (lane.t > 0 and interruptor.collection_stopped())
+        await sched.run_inline(lambda: runner, until)
+        sealed = sched.seal(lane, opts.set_truncated)
+        try:
+            tensors = sched.batch(sealed)
+        finally:
+            sched.release(sealed)
+        if self._batched:
+            td = self._tensordict(tensors, [self.num_envs, sealed.frames])
+        else:
+            td = self._tensordict({k: v[0] for k, v in tensors.items()}, [sealed.frames])
+        if opts.return_same_td:
+            same = self._same_td
+            if same is not None and set(td.keys(True, True)) <= set(same.keys(True, True)):
+                td = same.update_(td)
+            else:
+                self._same_td = td
+        return td, sealed.valid * self.num_envs
+
     def _counters(self) -> tuple[int, int]:
-        return self._engine.env_steps, self._engine.completed_trajectories
+        return self._book.env_steps, self._book.completed_trajectories
 
     # ------------------------------------------------------------------ control
 
@@ -258,7 +307,7 @@ class Collector(DataCollectorBase):
         seeds = env_seeds(seed, self.num_envs, static_seed)
 
         def apply():
-            self._engine.request_reset(seeds)
+            self._book.request_reset(seeds)
             self._policy.random.seed(seed)
 
         self._on_engine(apply)
@@ -270,7 +319,7 @@ class Collector(DataCollectorBase):
         Trajectories cut this way are not counted as completed; the envs start new ones
         with new ids. TorchRL's ``reset_at_each_iter=True`` does this before every batch.
         """
-        self._on_engine(self._engine.request_reset)
+        self._on_engine(self._book.request_reset)
 
     def _check_worker_ids(self, worker_ids: Any) -> None:
         if worker_ids not in (None, 0, [0], (0,)):
@@ -292,7 +341,7 @@ class Collector(DataCollectorBase):
         state["env_state_dict"] = OrderedDict()
         state["frames"] = self._frames
         state["iter"] = self._batches
-        state["traj_pool"] = self._engine.state_dict()
+        state["traj_pool"] = self._book.state_dict()
         return state
 
     def load_state_dict(self, state_dict: dict, strict: bool = True) -> None:
@@ -318,7 +367,7 @@ class Collector(DataCollectorBase):
             self._frames = int(state_dict.get("frames", self._frames))
             self._batches = int(state_dict.get("iter", self._batches))
             if "traj_pool" in state_dict:
-                self._engine.load_state_dict(state_dict["traj_pool"])
+                self._book.load_state_dict(state_dict["traj_pool"])
 
         self._on_engine(apply)
 

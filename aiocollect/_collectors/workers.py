@@ -20,11 +20,11 @@ from collections import OrderedDict
 from typing import Any
 
 import torch
-from tensordict import TensorDict, TensorDictBase
+from tensordict import TensorDictBase
 from tensordict.nn import InteractionType
 
 from .._engine.scheduler import Scheduler
-from .._envs.spaces import ActionCheck, flatten_space, nest
+from .._envs.spaces import ActionCheck, flatten_space
 from .._policies.setup import PolicySetup, check_policy
 from .._workers.plan import WorkerPlan, plan_workers
 from .._workers.pool import WorkerPool
@@ -134,8 +134,9 @@ class WorkerCollectorBase(DataCollectorBase):
         res = self._resources
         res.closers.append(pool.kill_leftovers)
         try:
-            self._scheduler = Scheduler(pool, obs_leaves, action, step_count=options.max_frames_per_traj is not None,
-                                        reset_when_done=options.reset_when_done)
+            self._scheduler = Scheduler(pool.shared, pool.workers, obs_leaves, action,
+                                        step_count=options.max_frames_per_traj is not None,
+                                        reset_when_done=options.reset_when_done, spin_s=pool.spin_s)
             res.loop = LoopThread()
             self._pool_task, _ = res.loop.portal.start_task(pool.run)
         except BaseException:
@@ -186,11 +187,6 @@ class WorkerCollectorBase(DataCollectorBase):
     def _runner(self):
         opts = self.options
         return self._policy.random_runner if self._frames < opts.init_random_frames else self._policy.runner
-
-    def _tensordict(self, tensors: dict, shape: list[int]) -> TensorDictBase:
-        td = TensorDict(nest(tensors), batch_size=shape, device=self.storing_device)
-        td.refine_names(*([None] * (len(shape) - 1)), "time")
-        return td
 
     def _counters(self) -> tuple[int, int]:
         tl = self._scheduler.timelines

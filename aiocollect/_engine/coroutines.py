@@ -39,7 +39,7 @@ import torch
 from .._envs.coroutine_group import CoroutineGroup, timed
 from .._policies.runner import PolicyRunner
 from .buffer import OutputSpec, RolloutBuffer
-from .engine import IdPool, TrajectoryBook
+from .timelines import IdPool
 
 
 @dataclass(frozen=True)
@@ -54,6 +54,57 @@ class Batching:
     """...but no longer than this many seconds after the first of them became ready."""
     step_timeout: float | None = None
     """A step or reset that takes longer fails the collection, naming the env (``None``: no limit)."""
+
+
+class TrajectoryBook:
+    """What every engine keeps per env between steps and batches: trajectory ids, step
+    counts, which envs need a reset, the seeds for those resets, and counters.
+
+    Engines that share an ``IdPool`` never hand out the same trajectory id.
+    """
+
+    def __init__(self, num_envs: int, ids: IdPool | None):
+        self.num_envs = num_envs
+        self.ids = ids if ids is not None else IdPool()
+        self.traj_ids = self.ids.take(num_envs)
+        self.step_count = np.zeros(num_envs, dtype=np.int64)
+        self.needs_reset = np.ones(num_envs, dtype=bool)
+        self._seeds: list[int | None] | None = None
+        self.completed_trajectories = 0
+        self.env_steps = 0
+
+    def _reset_requested(self) -> None:
+        """Hook: every env was just marked for a reset."""
+
+    def request_reset(self, seeds: list[int] | None = None) -> None:
+        """Reset every env before its next step (with these per-env seeds, if given).
+
+        Envs in the middle of a trajectory start a new one (with a new id).
+        """
+        midway = np.flatnonzero(~self.needs_reset)
+        if len(midway):
+            self._new_trajectories(midway, completed=False)
+        self.needs_reset[:] = True
+        self._reset_requested()
+        if seeds is not None:
+            self._seeds = list(seeds)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"next_traj_id": self.ids.next, "completed_trajectories": self.completed_trajectories}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        # trajectory ids must never be reused: continue after the saved counter
+        self.ids.next = max(self.ids.next, int(state["next_traj_id"]))
+        self.completed_trajectories = int(state["completed_trajectories"])
+        self.needs_reset[:] = True
+        self._reset_requested()
+        self._new_trajectories(np.arange(self.num_envs), completed=False)
+
+    def _new_trajectories(self, idx: np.ndarray, *, completed: bool = True) -> None:
+        self.traj_ids[idx] = self.ids.take(len(idx))
+        self.step_count[idx] = 0
+        if completed:
+            self.completed_trajectories += len(idx)
 
 
 class CoroutineEngine(TrajectoryBook):

@@ -42,7 +42,8 @@ import torch
 from .._envs.spaces import ActionCheck
 from .._policies.runner import PolicyRunner
 from .._workers import protocol
-from .._workers.pool import Worker, WorkerPool
+from .._workers.pool import Worker
+from .._workers.shm import SharedArrays
 from .storage import RolloutStorage
 from .timelines import Timelines
 
@@ -108,16 +109,16 @@ class Lane:
 class Scheduler:
     """Drives every worker of a ``WorkerPool``; see the module docstring."""
 
-    def __init__(self, pool: WorkerPool, obs_leaves, action_check: ActionCheck, *, step_count: bool,
-                 reset_when_done: bool):
-        self.storage = RolloutStorage(pool.shared, obs_leaves, step_count=step_count)
-        self.timelines = Timelines(pool.plan.num_envs, reset_when_done=reset_when_done)
+    def __init__(self, shared: SharedArrays, workers: list, obs_leaves, action_check: ActionCheck, *,
+                 step_count: bool, reset_when_done: bool, spin_s: float = 0.0):
+        self.storage = RolloutStorage(shared, obs_leaves, step_count=step_count)
+        self.num_envs = self.storage.num_envs
+        self.timelines = Timelines(self.num_envs, reset_when_done=reset_when_done, count_steps=step_count)
         self.reset_when_done = reset_when_done
         self.check_action = action_check
-        self.lanes = [Lane(w) for w in pool.workers]
-        for worker in pool.workers:
+        self.lanes = [Lane(w) for w in workers]
+        for worker in workers:
             worker.on_reply = self._on_reply
-        self.num_envs = pool.plan.num_envs
         self._pumping: tuple[Callable[[], PolicyRunner], Callable[[], bool]] | None = None
         self._on_full: Callable[[Lane], None] | None = None
         self._waiter: asyncio.Future | None = None
@@ -126,7 +127,7 @@ class Scheduler:
         self._delivered = False
         self._failed: Worker | None = None
         self._error: BaseException | None = None
-        self.spin_s = pool.spin_s
+        self.spin_s = spin_s
         """How long to spin for a completion before sleeping (0: never; see ``_workers.protocol``)."""
         self.spin = False
         """Set by the collector while spinning is welcome: while its consumer waits for a
@@ -366,6 +367,58 @@ class Scheduler:
         finally:
             self._pumping, self._on_full = None, None
 
+    async def run_inline(self, runner: Callable[[], PolicyRunner], until: Callable[[], bool]) -> None:
+        """``pump()``'s synchronous fast path, for lanes whose workers step inside ``post``
+        (``_workers.inline_worker``): round after round in this one loop, with no callback
+        per step; the event loop gets a turn about every millisecond (so that collection
+        stays cancellable). A command an exception cut short counts as undone: those envs
+        are reset before their next step."""
+        clock = time.perf_counter
+        last = clock()
+        if len(self.lanes) == 1:
+            await self._run_one_inline(runner, until)
+            return
+        while not until():
+            try:
+                self._round(runner())
+            except BaseException:
+                self._harvest()  # the commands carried out before it
+                for lane in self.lanes:
+                    if lane.state is not READY:
+                        lane.state = READY
+                        self.timelines.request_reset(None, lane.lo, lane.hi)
+                raise
+            if not self._harvest():
+                raise RuntimeError("run_inline: no lane could take a step")  # (a bug: until() never holds)
+            if clock() - last > _SLICE_S:
+                await anyio.lowlevel.checkpoint()
+                last = clock()
+
+    async def _run_one_inline(self, runner: Callable[[], PolicyRunner], until: Callable[[], bool]) -> None:
+        """``run_inline`` for one lane (``Collector``): the same calls, with no search for
+        ready lanes and no harvest (the step is done when ``post`` returns)."""
+        lane = self.lanes[0]
+        worker, tl, act, take = lane.worker, self.timelines, self._act, self._take
+        lanes = self.lanes
+        clock = time.perf_counter
+        last = clock()
+        try:
+            while not until():
+                if tl.any_reset and tl.wants_reset(lane.lo, lane.hi):
+                    self._reset(lane)
+                else:
+                    act(lanes, runner(), True)
+                worker.completed()
+                take(lane)
+                if clock() - last > _SLICE_S:
+                    await anyio.lowlevel.checkpoint()
+                    last = clock()
+        except BaseException:
+            if lane.state is not READY:  # cut short: those envs start over
+                lane.state = READY
+                tl.request_reset(None, lane.lo, lane.hi)
+            raise
+
     async def _raise(self, worker: Worker) -> None:
         error = worker.error
         if error.remote_type is None and error.exitcode is None and worker.process is not None:
@@ -376,28 +429,43 @@ class Scheduler:
         raise error
 
     def _round(self, runner: PolicyRunner) -> None:
-        ready = [lane for lane in self.lanes if lane.state is READY and not lane.held and lane.t < lane.frames]
+        lanes = self.lanes
+        tl = self.timelines
+        if len(lanes) == 1:  # (one worker: no search, no concatenation)
+            lane = lanes[0]
+            if lane.state is not READY or lane.held or lane.t >= lane.frames:
+                return
+            if tl.any_reset and tl.wants_reset(lane.lo, lane.hi):
+                self._reset(lane)
+                return
+            self._act(lanes, runner, True)
+            return
+        ready = [lane for lane in lanes if lane.state is READY and not lane.held and lane.t < lane.frames]
         if not ready:
             return
-        tl = self.timelines
         if tl.any_reset:
             ready = [lane for lane in ready if not (tl.wants_reset(lane.lo, lane.hi) and self._reset(lane))]
             if not ready:
                 return
-        first, last = ready[0], ready[-1]
-        s, t = first.slot, first.t
+        s, t = ready[0].slot, ready[0].t
         side_by_side = all(
             lane.slot == s and lane.t == t and (i == 0 or ready[i - 1].hi == lane.lo) for i, lane in enumerate(ready)
         )
-        st = self.storage
+        self._act(ready, runner, side_by_side)
+
+    def _act(self, ready: list[Lane], runner: PolicyRunner, side_by_side: bool) -> None:
+        """One policy call over the ``ready`` lanes, its outputs written, their steps posted."""
+        st, tl = self.storage, self.timelines
+        first = ready[0]
+        s, t = first.slot, first.t
         if side_by_side:  # one block of rows at one column: a view
-            lo, hi = first.lo, last.hi
+            lo, hi = first.lo, ready[-1].hi
             obs = st.policy_input(s, t, lo, hi)
+            n = hi - lo
         else:
-            lo = hi = None
             parts = [st.policy_input(lane.slot, lane.t, lane.lo, lane.hi) for lane in ready]
             obs = {k: torch.cat([p[k] for p in parts]) for k in parts[0]}
-        n = sum(lane.num_envs for lane in ready)
+            n = sum(lane.num_envs for lane in ready)
         out = runner(obs, n)
         action = out["action"]
         if not isinstance(action, np.ndarray):
@@ -412,12 +480,13 @@ class Scheduler:
             elif lane.keys != keys:
                 st.check_outputs(out, lane.keys)
         if side_by_side:
-            st.write(s, t, lo, hi, out, 0, version, tl.traj_ids, tl.step_count)
+            st.write(s, t, lo, hi, out, 0, version, tl.traj_ids, tl.step_count, action)
             st.action[lo:hi] = action
         else:
             start = 0
             for lane in ready:
-                st.write(lane.slot, lane.t, lane.lo, lane.hi, out, start, version, tl.traj_ids, tl.step_count)
+                st.write(lane.slot, lane.t, lane.lo, lane.hi, out, start, version, tl.traj_ids, tl.step_count,
+                         action)
                 st.action[lane.lo : lane.hi] = action[start : start + lane.num_envs]
                 start += lane.num_envs
         for lane in ready:
@@ -426,11 +495,10 @@ class Scheduler:
 
     def _take(self, lane: Lane) -> None:
         if lane.state is STEPPING:
-            st, s, t, lo, hi = self.storage, lane.slot, lane.t, lane.lo, lane.hi
-            nsc = st.next_step_count[s, t, lo:hi] if st.next_step_count is not None else None
+            t, lo, hi = lane.t, lane.lo, lane.hi
             tl = self.timelines
             before = tl.completed_trajectories
-            tl.stepped(lo, hi, st.terminated[s, t, lo:hi], st.truncated[s, t, lo:hi], nsc)
+            tl.stepped(lo, hi, *self.storage.flags(lane.slot, t, lo, hi))
             lane.completed_trajectories += tl.completed_trajectories - before
             lane.worker.env_steps += lane.num_envs
             lane.t = t + 1

@@ -38,6 +38,7 @@ class RolloutStorage:
         self.obs = shared.obs("obs")
         self.next_obs = shared.obs("next_obs")
         self._inputs: dict[tuple[int, int, int, int], dict[NestedKey, torch.Tensor]] = {}
+        self._flags: dict[tuple[int, int, int, int], tuple] = {}
         self.reward, self.terminated, self.truncated = a["reward"], a["terminated"], a["truncated"]
         self.action = a["action"]
         self.reset_mask, self.seed, self.seed_set = a["reset_mask"], a["seed"], a["seed_set"]
@@ -60,25 +61,40 @@ class RolloutStorage:
             views = self._inputs[key] = {k: torch.from_numpy(x[s, t, lo:hi]) for k, x in zip(self.keys, self.obs)}
         return views
 
+    def flags(self, s: int, t: int, lo: int, hi: int) -> tuple:
+        """``terminated``, ``truncated`` and ``next_step_count`` (``None`` if not kept) of
+        envs ``lo:hi`` at column ``t`` of slot ``s``: views, made once per block and column."""
+        key = (s, t, lo, hi)
+        views = self._flags.get(key)
+        if views is None:
+            nsc = self.next_step_count
+            views = self._flags[key] = (self.terminated[s, t, lo:hi], self.truncated[s, t, lo:hi],
+                                        None if nsc is None else nsc[s, t, lo:hi])
+        return views
+
     def write(self, s: int, t: int, lo: int, hi: int, out: dict[NestedKey, Any], start: int, version: int,
-              traj_ids: np.ndarray, step_count: np.ndarray) -> None:
+              traj_ids: np.ndarray, step_count: np.ndarray, action: np.ndarray | None = None) -> None:
         """Column ``t`` of slot ``s`` for envs ``lo:hi``: the policy's outputs (rows
-        ``start:start + hi - lo`` of each value in ``out``), its version, ids, step counts."""
+        ``start:start + hi - lo`` of each value in ``out``; ``action``: ``out["action"]``
+        as a numpy array, if the caller made one), its version, ids, step counts."""
         stop = start + hi - lo
         self.policy_version[s, t, lo:hi] = version
         self.traj_ids[s, t, lo:hi] = traj_ids[lo:hi]
         if self.step_count is not None:
             self.step_count[s, t, lo:hi] = step_count[lo:hi]
+        whole = start == 0 and stop == len(action if action is not None else out["action"])
         for key, value in out.items():
             dst = self._out_np.get(key, False)
             if dst is False:
                 dst = self._allocate(key, value)
             if dst is None:
-                self._out_t[key][s, t, lo:hi] = torch.as_tensor(value[start:stop])
-            elif isinstance(value, np.ndarray):
-                dst[s, t, lo:hi] = value[start:stop]
-            else:
-                dst[s, t, lo:hi] = value[start:stop].numpy(force=True)
+                self._out_t[key][s, t, lo:hi] = torch.as_tensor(value if whole else value[start:stop])
+                continue
+            if key == "action" and action is not None:
+                value = action
+            elif not isinstance(value, np.ndarray):
+                value = value.numpy(force=True)  # (before slicing: a tensor's slice costs more)
+            dst[s, t, lo:hi] = value if whole else value[start:stop]
 
     def _allocate(self, key: NestedKey, value: Any) -> np.ndarray | None:
         spec = OutputSpec.of(value)

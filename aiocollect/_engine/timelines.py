@@ -17,15 +17,28 @@ from typing import Any
 
 import numpy as np
 
-from .engine import IdPool
+
+class IdPool:
+    """Trajectory ids, handed out in increasing order; shared by engines that must not clash."""
+
+    def __init__(self, start: int = 0):
+        self.next = start
+
+    def take(self, k: int) -> np.ndarray:
+        ids = np.arange(self.next, self.next + k, dtype=np.int64)
+        self.next += k
+        return ids
 
 
 class Timelines:
     """Per-env trajectory ids, step counts and pending resets of ``num_envs`` envs."""
 
-    def __init__(self, num_envs: int, *, reset_when_done: bool, ids: IdPool | None = None):
+    def __init__(self, num_envs: int, *, reset_when_done: bool, ids: IdPool | None = None,
+                 count_steps: bool = True):
         self.num_envs = num_envs
         self.reset_when_done = reset_when_done
+        self.count_steps = count_steps
+        """Keep ``step_count`` (batches carry step counts only with ``max_frames_per_traj``)."""
         self.ids = ids if ids is not None else IdPool()
         self.traj_ids = self.ids.take(num_envs)
         self.step_count = np.zeros(num_envs, dtype=np.int64)
@@ -46,10 +59,11 @@ class Timelines:
                 next_step_count: np.ndarray | None = None) -> None:
         """Envs ``lo:hi`` took a step that ended with these flags (their worker already
         reset the finished ones). ``next_step_count`` receives their step counts."""
-        count = self.step_count[lo:hi]
-        count += 1
-        if next_step_count is not None:
-            next_step_count[...] = count
+        if self.count_steps:
+            count = self.step_count[lo:hi]
+            count += 1
+            if next_step_count is not None:
+                next_step_count[...] = count
         self.env_steps += hi - lo
         if not self.reset_when_done:
             flags = self.root_flags[:, lo:hi]

@@ -58,10 +58,11 @@ class _GroupBase:
         self._writer = ObsWriter(self.obs_leaves, self.obs)
 
     def bind(self, obs: dict[NestedKey, np.ndarray], reward: np.ndarray, terminated: np.ndarray,
-             truncated: np.ndarray) -> None:
-        """Write results into these arrays (shared memory, in a worker) from now on."""
+             truncated: np.ndarray, writer: ObsWriter | None = None) -> None:
+        """Write results into these arrays (the rollout storage) from now on; ``writer``:
+        an ``ObsWriter`` over ``obs`` made earlier (callers that rebind every step keep one)."""
         self.obs, self.reward, self.terminated, self.truncated = obs, reward, terminated, truncated
-        self._writer = ObsWriter(self.obs_leaves, obs)
+        self._writer = writer if writer is not None else ObsWriter(self.obs_leaves, obs)
 
     async def step(self, action: np.ndarray) -> None:
         self.step_now(action)

@@ -116,29 +116,12 @@ class _Worker:
         self.spin_s = setup["spin_s"]
         self._inbox = bytearray(64)
 
-    def step(self, s: int, t: int) -> None:
-        rows, group = self.rows, self.group
-        rows.bind(group, s, t, True)
-        group.step_now(rows.action)
-        finished = rows.stepped(s, t)
-        if finished is not None:
-            rows.bind(group, s, t + 1, False)
-            group.reset_now(finished, None)
-            rows.were_reset(finished)
-
-    def reset(self, s: int, t: int) -> None:
-        rows = self.rows
-        idx, seeds = rows.resets()
-        rows.bind(self.group, s, t, False)
-        self.group.reset_now(idx, seeds)
-        rows.were_reset(idx)
-
     def serve(self, sock: socket.socket) -> int:
         """Carry out commands until ``CLOSE`` or end-of-file (see ``_workers.protocol``)."""
         from . import protocol
 
         ctl = self.control
-        step, reset = self.step, self.reset
+        group, step, reset = self.group, self.rows.step, self.rows.reset
         step_code = protocol.STEP_CODE
         CMD, DONE, E_ASLEEP, SLOT, COL = protocol.CMD, protocol.DONE, protocol.E_ASLEEP, protocol.SLOT, protocol.COL
         doorbell = protocol.OK
@@ -154,9 +137,9 @@ class _Worker:
             last, code = word >> 2, word & 3
             try:
                 if code == step_code:
-                    step(int(ctl[SLOT]), int(ctl[COL]))
+                    step(group, int(ctl[SLOT]), int(ctl[COL]))
                 else:
-                    reset(int(ctl[SLOT]), int(ctl[COL]))
+                    reset(group, int(ctl[SLOT]), int(ctl[COL]))
             except Exception as exc:  # noqa: BLE001 - reported to the engine
                 sock.settimeout(None)  # however long the report, it must get through
                 sock.sendall(protocol.ERROR + protocol.frame(describe_exception(exc)))

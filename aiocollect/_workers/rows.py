@@ -2,19 +2,24 @@
 does to them besides stepping (step counts, ``max_frames_per_traj``, carrying the
 observations over to the next column).
 
-Process workers (``_workers.child``) and coroutine entries (``_workers.coroutine_worker``)
-both use it, so a step leaves the storage the same way whoever took it.
+Process workers (``_workers.child``), the in-process envs of a ``Collector``
+(``_workers.inline_worker``) and coroutine entries (``_workers.coroutine_worker``) all use
+it, so a step leaves the storage the same way whoever took it. ``step``/``reset`` are the
+whole commands for a group that steps synchronously; a coroutine entry awaits its envs
+between the same calls.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
+from .._envs.spaces import ObsWriter
 from .shm import SharedArrays
 
 
 class WorkerRows:
-    """Rows ``lo:hi`` of every storage field, and the per-env step counts of those envs."""
+    """Rows ``lo:hi`` of every storage field, and the per-env step counts of those envs
+    (kept only for ``max_frames_per_traj``, their one use here)."""
 
     def __init__(self, shared: SharedArrays, lo: int, hi: int, keys: list, *, max_frames_per_traj: int | None,
                  reset_when_done: bool):
@@ -42,25 +47,34 @@ class WorkerRows:
         key = (s, t, results)
         views = self._views.get(key)
         if views is None:
-            if results:
-                views = ({k: a[s, t] for k, a in zip(self.keys, self.next_obs)},
-                         self.reward[s, t], self.terminated[s, t], self.truncated[s, t])
-            else:
-                views = ({k: a[s, t] for k, a in zip(self.keys, self.obs)}, *self._scratch)
-            self._views[key] = views
-        group.bind(*views)
+            views = self._make_views(group, s, t, results)
+        group.bind(*views[:5])
+
+    def _make_views(self, group, s: int, t: int, results: bool) -> tuple:
+        # (made once per column: indexing costs about a microsecond a view)
+        if results:
+            obs = {k: a[s, t] for k, a in zip(self.keys, self.next_obs)}
+            # the observations carried over to t + 1: (destination, source) pairs
+            carry = [(dst[s, t + 1], src[s, t]) for dst, src in zip(self.obs, self.next_obs)]
+            views = (obs, self.reward[s, t], self.terminated[s, t], self.truncated[s, t],
+                     ObsWriter(group.obs_leaves, obs), carry)
+        else:
+            obs = {k: a[s, t] for k, a in zip(self.keys, self.obs)}
+            views = (obs, *self._scratch, ObsWriter(group.obs_leaves, obs), [])
+        self._views[(s, t, results)] = views
+        return views
 
     def stepped(self, s: int, t: int) -> np.ndarray | None:
         """After the envs stepped into column ``t``: count the step, truncate at
         ``max_frames_per_traj``, carry the observations to ``t + 1``. Returns the envs
         to reset now (``None``: none, or ``reset_when_done`` is off)."""
-        terminated, truncated = self.terminated[s, t], self.truncated[s, t]
-        count = self.step_count
-        count += 1
+        _, _, terminated, truncated, _, carry = self._views[(s, t, True)]
         if self.max_steps is not None:
+            count = self.step_count
+            count += 1
             truncated |= count >= self.max_steps
-        for dst, src in zip(self.obs, self.next_obs):
-            dst[s, t + 1] = src[s, t]
+        for dst, src in carry:
+            np.copyto(dst, src)
         # count_nonzero: a third of the cost of .any() on small arrays
         if self.autoreset and (np.count_nonzero(terminated) or np.count_nonzero(truncated)):
             return np.flatnonzero(terminated | truncated)
@@ -76,3 +90,22 @@ class WorkerRows:
 
     def were_reset(self, idx: np.ndarray) -> None:
         self.step_count[idx] = 0
+
+    def step(self, group, s: int, t: int) -> None:
+        """``STEP``: ``group`` (stepped synchronously) takes the actions in the storage and
+        writes its results at column ``t`` of slot ``s``; the envs that finished are reset
+        at once, their first observations going to ``t + 1``."""
+        self.bind(group, s, t, True)
+        group.step_now(self.action)
+        finished = self.stepped(s, t)
+        if finished is not None:
+            self.bind(group, s, t + 1, False)
+            group.reset_now(finished, None)
+            self.were_reset(finished)
+
+    def reset(self, group, s: int, t: int) -> None:
+        """``RESET``: the envs the storage marks, with their seeds; the observations go to column ``t``."""
+        idx, seeds = self.resets()
+        self.bind(group, s, t, False)
+        group.reset_now(idx, seeds)
+        self.were_reset(idx)

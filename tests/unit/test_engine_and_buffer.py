@@ -1,12 +1,11 @@
-"""The rollout buffer and the engine's bookkeeping, driven by hand without an event loop.
+"""The coroutine engine's rollout buffer and bookkeeping, and the env groups, without an event loop.
 
 ``RolloutBuffer`` (``_engine.buffer``): TorchRL's layout (keys, dtypes, shapes, the
 ``"time"`` dim), policy outputs, ``finish``/``finish_rows`` on short batches.
-``IdPool``/``TrajectoryBook``/``Engine`` (``_engine.engine``): trajectory ids, step counts,
-resets and seeds, ``state_dict``. The engine is stepped exactly as ``Engine.rollout`` does
-it, but synchronously: ``take_resets`` -> ``group.reset_now`` -> ``resets_done``,
-``write_before``, ``write_outputs``, ``group.step_now``, ``write_after``, then ``finish``.
-``make_group`` and ``InProcessGroup`` (``_envs.group``) build and step the envs.
+``IdPool`` (``_engine.timelines``) and ``TrajectoryBook`` (``_engine.coroutines``):
+trajectory ids, resets, ``state_dict``. ``make_group`` and ``InProcessGroup``
+(``_envs.group``) build and step the envs. (What ``Collector`` runs on in-process envs,
+the scheduler over an inline worker, is in ``test_inline_scheduler.py``.)
 """
 
 from __future__ import annotations
@@ -19,7 +18,8 @@ from gymnasium import spaces
 from gymnasium.vector import SyncVectorEnv
 
 from aiocollect._engine.buffer import OutputSpec, RolloutBuffer
-from aiocollect._engine.engine import Engine, IdPool, TrajectoryBook
+from aiocollect._engine.coroutines import TrajectoryBook
+from aiocollect._engine.timelines import IdPool
 from aiocollect._envs.group import InProcessGroup, VectorEnvGroup, make_group
 from aiocollect._envs.spaces import flatten_space
 
@@ -52,40 +52,6 @@ class StepEnv(gym.Env):
 
     def close(self):
         self.closed = True
-
-
-def step_by_hand(engine: Engine, buffer: RolloutBuffer, t: int, actions, version: int = 0):
-    """One step of ``Engine.rollout``, without the event loop; returns ``write_after``'s result."""
-    if engine.any_reset:
-        idx, seeds = engine.take_resets()
-        engine.group.reset_now(idx, seeds)
-        engine.resets_done(idx)
-    engine.write_before(buffer, t)
-    actions = np.asarray(actions, dtype=np.int64)
-    engine.group.check_action(actions, engine.num_envs)
-    buffer.write_outputs(t, {"action": actions}, version)
-    engine.group.step_now(actions)
-    return engine.write_after(buffer, t)
-
-
-def make_engine(*lengths: int, max_frames_per_traj=None, reset_when_done=True, ids=None) -> Engine:
-    group = InProcessGroup([StepEnv(length, tag=i) for i, length in enumerate(lengths)])
-    return Engine(group, max_frames_per_traj=max_frames_per_traj, reset_when_done=reset_when_done, ids=ids)
-
-
-def run(engine: Engine, frames: int, actions=None, *, mask=False, valid=None, set_truncated=False):
-    """Fill a fresh buffer with ``valid`` (default all) of ``frames`` steps and finish it."""
-    n = engine.num_envs
-    buffer = engine.new_buffer({"action": np.zeros(n, np.int64)}, frames, mask=mask)
-    start = engine.start_flags()
-    finished = []
-    valid = frames if valid is None else valid
-    for t in range(valid):
-        a = actions[t] if actions is not None else [0] * n
-        out = step_by_hand(engine, buffer, t, a, version=t)
-        finished.append(None if out is None else out.tolist())
-    engine.finish(buffer, valid, start, set_truncated)
-    return buffer, finished
 
 
 # --------------------------------------------------------------------------- RolloutBuffer layout
@@ -343,183 +309,6 @@ def test_load_state_dict_never_moves_the_ids_back():
     book.load_state_dict({"next_traj_id": 5, "completed_trajectories": 1})
     assert book.traj_ids.tolist() == [102, 103]  # not 5, 6: 100, 101 were handed out already
     assert pool.next == 104
-
-
-# --------------------------------------------------------------------------- Engine, by hand
-
-
-def test_engine_steps_record_ids_observations_rewards_and_flags():
-    engine = make_engine(2, 3)
-    assert engine.any_reset and engine.traj_ids.tolist() == [0, 1]
-    actions = [[0, 1], [1, 2], [2, 3], [3, 0], [0, 1]]
-    buffer, finished = run(engine, 5, actions)
-    assert finished == [None, [0], [1], [0], None]
-    td = buffer.to_tensordict(batched=True, device=None)
-    assert td["collector", "traj_ids"].tolist() == [[0, 0, 2, 2, 4], [1, 1, 1, 3, 3]]
-    assert td["observation"][..., 0].tolist() == [[0, 1, 0, 1, 0], [0, 1, 2, 0, 1]]
-    assert td["next", "observation"][..., 0].tolist() == [[1, 2, 1, 2, 1], [1, 2, 3, 1, 2]]
-    assert td["observation"][..., 1].tolist() == [[0] * 5, [1] * 5]  # each env's tag: rows stay with their env
-    assert td["action"].tolist() == [[0, 1, 2, 3, 0], [1, 2, 3, 0, 1]]
-    assert td["next", "reward"][..., 0].tolist() == [[1, 12, 21, 32, 1], [11, 22, 33, 1, 12]]
-    assert td["next", "terminated"][..., 0].tolist() == [[False, True, False, True, False],
-                                                         [False, False, True, False, False]]
-    assert torch.equal(td["next", "done"], td["next", "terminated"])
-    assert not td["next", "truncated"].any()
-    assert not td["done"].any() and not td["terminated"].any() and not td["truncated"].any()
-    assert td["collector", "policy_version"].tolist() == [[0, 1, 2, 3, 4]] * 2
-    assert engine.completed_trajectories == 3 and engine.env_steps == 10
-    assert engine.traj_ids.tolist() == [4, 3] and engine.ids.next == 5
-    assert engine.needs_reset.tolist() == [False, False] and not engine.any_reset
-    assert [env.resets for env in engine.group.envs] == [3, 2]
-
-
-def test_engine_trajectories_continue_into_the_next_batch():
-    engine = make_engine(4, 4)
-    first, _ = run(engine, 3)
-    second, _ = run(engine, 3)
-    a, b = first.to_tensordict(True, None), second.to_tensordict(True, None)
-    assert a["collector", "traj_ids"].tolist() == [[0, 0, 0], [1, 1, 1]]
-    assert b["collector", "traj_ids"].tolist() == [[0, 2, 2], [1, 3, 3]]
-    assert torch.equal(b["observation"][:, 0], a["next", "observation"][:, -1])
-    assert b["observation"][..., 0].tolist() == [[3, 0, 1], [3, 0, 1]]
-
-
-def test_max_frames_per_traj_truncates_and_counts_steps():
-    engine = make_engine(100, max_frames_per_traj=2)
-    buffer, finished = run(engine, 5)
-    td = buffer.to_tensordict(batched=False, device=None)
-    assert td.batch_size == torch.Size([5])
-    assert td["step_count"][..., 0].tolist() == [0, 1, 0, 1, 0]
-    assert td["next", "step_count"][..., 0].tolist() == [1, 2, 1, 2, 1]
-    assert td["next", "truncated"][..., 0].tolist() == [False, True, False, True, False]
-    assert not td["next", "terminated"].any()
-    assert torch.equal(td["next", "done"], td["next", "truncated"])
-    assert td["collector", "traj_ids"].tolist() == [0, 0, 1, 1, 2]
-    assert finished == [None, [0], None, [0], None]
-    assert engine.step_count.tolist() == [1]
-
-
-def test_without_max_frames_per_traj_no_step_count_is_kept():
-    engine = make_engine(3)
-    buffer, _ = run(engine, 2)
-    assert "step_count" not in buffer.to_tensordict(False, None)
-
-
-def test_request_reset_with_seeds_resets_every_env_with_its_seed():
-    engine = make_engine(10, 10)
-    run(engine, 2)
-    assert not engine.has_seeds and not engine.any_reset
-    engine.request_reset(seeds=[5, 6])
-    assert engine.has_seeds and engine.any_reset
-    assert engine.traj_ids.tolist() == [2, 3] and engine.completed_trajectories == 0
-    buffer, _ = run(engine, 2)
-    td = buffer.to_tensordict(True, None)
-    assert td["observation"][:, 0].tolist() == [[0, 0, 5], [0, 1, 6]]
-    assert td["collector", "traj_ids"].tolist() == [[2, 2], [3, 3]]
-    assert not engine.has_seeds  # seeds are used once
-    assert engine.take_resets()[1] is None
-
-
-def test_take_resets_hands_out_the_envs_to_reset_and_the_seeds_once():
-    engine = make_engine(5, 5, 5)
-    engine.request_reset(seeds=[1, 2, 3])
-    idx, seeds = engine.take_resets()
-    assert idx.tolist() == [0, 1, 2] and seeds == [1, 2, 3]
-    engine.resets_done(np.array([0, 2]))
-    assert engine.needs_reset.tolist() == [False, True, False] and engine.any_reset
-    idx, seeds = engine.take_resets()
-    assert idx.tolist() == [1] and seeds is None
-    engine.resets_done(idx)
-    assert not engine.any_reset
-
-
-def test_engine_state_dict_round_trip_never_reuses_ids():
-    a = make_engine(2, 3)
-    run(a, 5)
-    state = a.state_dict()
-    assert state == {"next_traj_id": 5, "completed_trajectories": 3}
-    b = make_engine(2, 3)
-    b.load_state_dict(state)
-    assert b.traj_ids.tolist() == [5, 6] and b.completed_trajectories == 3 and b.any_reset
-    buffer, _ = run(b, 3)
-    ids = buffer.to_tensordict(True, None)["collector", "traj_ids"]
-    assert ids.tolist() == [[5, 5, 7], [6, 6, 6]]
-    assert int(ids.min()) >= 5
-
-
-def test_reset_when_done_false_keeps_stepping_and_carries_the_root_flags():
-    engine = make_engine(2, reset_when_done=False)
-    first, finished = run(engine, 4)
-    assert finished == [None] * 4
-    td = first.to_tensordict(False, None)
-    assert td["collector", "traj_ids"].tolist() == [0, 0, 0, 0]
-    assert td["next", "terminated"][..., 0].tolist() == [False, True, True, True]
-    # the root flags of step t are the "next" flags of step t - 1
-    assert td["done"][..., 0].tolist() == [False, False, True, True]
-    assert td["terminated"][..., 0].tolist() == [False, False, True, True]
-    assert not td["truncated"].any()
-    assert engine.completed_trajectories == 0
-    second, _ = run(engine, 2)
-    td2 = second.to_tensordict(False, None)
-    assert td2["done"][..., 0].tolist() == [True, True]  # carried over from the previous batch
-    assert td2["observation"][..., 0].tolist() == [4, 5]
-    assert engine.group.envs[0].resets == 1
-
-
-def test_finish_with_valid_shorter_than_the_batch_blanks_and_masks_the_tail():
-    engine = make_engine(10, 10)
-    buffer, _ = run(engine, 4, mask=True, valid=2)
-    td = buffer.to_tensordict(True, None)
-    assert td["collector", "mask"].tolist() == [[True, True, False, False]] * 2
-    assert td["collector", "traj_ids"].tolist() == [[0, 0, -1, -1], [1, 1, -1, -1]]
-    assert td["collector", "policy_version"].tolist() == [[0, 1, -1, -1]] * 2
-    assert td["observation"][..., 0].tolist() == [[0, 1, 0, 0]] * 2
-    assert not td["next", "done"][:, 2:].any()
-
-
-def test_set_truncated_ends_every_ongoing_trajectory_on_the_last_valid_step():
-    engine = make_engine(3, 100)
-    buffer, finished = run(engine, 3, set_truncated=True)
-    assert finished == [None, None, [0]]
-    td = buffer.to_tensordict(True, None)
-    assert td["next", "truncated"][..., 0].tolist() == [[False, False, True], [False, False, True]]
-    assert td["next", "terminated"][..., 0].tolist() == [[False, False, True], [False, False, False]]
-    assert td["next", "done"][:, -1, 0].tolist() == [True, True]
-    # env 0 got its new id when it terminated, env 1 when the batch truncated it: once each
-    assert engine.traj_ids.tolist() == [2, 3] and engine.completed_trajectories == 2
-    assert engine.needs_reset.tolist() == [True, True] and engine.any_reset
-
-
-def test_set_truncated_on_an_interrupted_batch_truncates_its_last_valid_step():
-    engine = make_engine(100)
-    buffer, _ = run(engine, 4, mask=True, valid=2, set_truncated=True)
-    td = buffer.to_tensordict(False, None)
-    assert td["next", "truncated"][..., 0].tolist() == [False, True, False, False]
-    assert td["next", "done"][..., 0].tolist() == [False, True, False, False]
-    assert engine.traj_ids.tolist() == [1]
-
-
-def test_set_truncated_without_reset_when_done_sets_the_root_flags_of_the_next_batch():
-    engine = make_engine(100, reset_when_done=False)
-    run(engine, 2, set_truncated=True)
-    assert engine.start_flags()[:, 0].tolist() == [True, False, True]  # done, terminated, truncated
-    second, _ = run(engine, 2)
-    td = second.to_tensordict(False, None)
-    assert td["done"][..., 0].tolist() == [True, False]
-    assert td["truncated"][..., 0].tolist() == [True, False]
-    assert engine.traj_ids.tolist() == [0]
-
-
-def test_fits_only_a_buffer_of_the_same_frames_and_outputs():
-    engine = make_engine(5, 5)
-    out = {"action": np.zeros(2, np.int64)}
-    buffer = engine.new_buffer(out, 4, mask=False)
-    assert engine.fits(buffer, out, 4)
-    assert not engine.fits(None, out, 4)
-    assert not engine.fits(buffer, out, 5)
-    assert not engine.fits(buffer, {"action": np.zeros(2, np.int32)}, 4)
-    assert not engine.fits(buffer, {**out, "logp": np.zeros(2, np.float32)}, 4)
-    assert buffer.mask is None and engine.new_buffer(out, 4, mask=True).mask is not None
 
 
 # --------------------------------------------------------------------------- make_group, InProcessGroup

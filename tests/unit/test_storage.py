@@ -51,12 +51,14 @@ class FakeGroup:
     (-100 unseeded) for the envs reset and, as a group may, scribbles on the reward and
     flags it is bound to."""
 
+    obs_leaves = LEAVES
+
     def __init__(self, num_envs: int):
         self.terminate = np.zeros(num_envs, bool)
         self.truncate = np.zeros(num_envs, bool)
         self.resets: list[tuple[list[int], list | None]] = []
 
-    def bind(self, obs, reward, terminated, truncated):
+    def bind(self, obs, reward, terminated, truncated, writer=None):
         self.obs, self.reward, self.terminated, self.truncated = obs, reward, terminated, truncated
 
     def step_now(self, action):
@@ -83,24 +85,17 @@ def worker_rows(shared, lo=2, hi=4, *, max_frames_per_traj=None, reset_when_done
 
 
 def step(rows: WorkerRows, group: FakeGroup, s: int, t: int):
-    """A ``STEP`` command, as a worker carries it out."""
-    rows.bind(group, s, t, True)
-    group.step_now(rows.action)
-    finished = rows.stepped(s, t)
-    if finished is not None:
-        rows.bind(group, s, t + 1, False)
-        group.reset_now(finished, None)
-        rows.were_reset(finished)
-    return finished
+    """A ``STEP`` command, as a worker carries it out; returns the envs it reset."""
+    before = len(group.resets)
+    rows.step(group, s, t)
+    return np.array(group.resets[-1][0]) if len(group.resets) > before else None
 
 
 def reset(rows: WorkerRows, group: FakeGroup, s: int, t: int):
-    """A ``RESET`` command, as a worker carries it out."""
-    idx, seeds = rows.resets()
-    rows.bind(group, s, t, False)
-    group.reset_now(idx, seeds)
-    rows.were_reset(idx)
-    return idx, seeds
+    """A ``RESET`` command, as a worker carries it out; returns the envs reset and their seeds."""
+    rows.reset(group, s, t)
+    idx, seeds = group.resets[-1]
+    return np.array(idx), seeds
 
 
 # --------------------------------------------------------------------------- WorkerRows
@@ -108,7 +103,7 @@ def reset(rows: WorkerRows, group: FakeGroup, s: int, t: int):
 
 def test_a_step_writes_its_results_at_its_column_and_carries_the_observations_over(shared):
     a = shared.arrays
-    rows, group = worker_rows(shared), FakeGroup(2)
+    rows, group = worker_rows(shared, max_frames_per_traj=1000), FakeGroup(2)  # (counts kept for it)
     a["action"][:] = [3, 4, 5, 7]
     assert step(rows, group, 1, 1) is None
     assert a["next_obs0"][1, 1, 2:].tolist() == [[5, 5], [7, 7]]
@@ -134,7 +129,7 @@ def test_a_step_into_the_last_column_carries_over_to_column_t(shared):
 
 def test_finished_envs_are_reset_at_once_their_first_observation_going_to_the_next_column(shared):
     a = shared.arrays
-    rows, group = worker_rows(shared), FakeGroup(2)
+    rows, group = worker_rows(shared, max_frames_per_traj=1000), FakeGroup(2)  # (counts kept for it)
     a["action"][2:] = [5, 7]
     step(rows, group, 0, 0)
     group.truncate[:] = [False, True]

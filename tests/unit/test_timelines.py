@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from aiocollect._engine.engine import IdPool
+from aiocollect._engine.timelines import IdPool
 from aiocollect._engine.timelines import Timelines
 
 

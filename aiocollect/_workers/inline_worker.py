@@ -1,0 +1,64 @@
+"""``InlineWorker``: the envs of a ``Collector``, stepped right here, inside ``post``.
+
+To the scheduler (``_engine.scheduler``) it is a worker like the others (``post`` a
+command, ``completed()``), so ``Collector`` shares the storage, the bookkeeping and the
+rounds of the multi-process collectors. Its rows of the storage are the whole (private,
+unshared) storage, and a command is carried out before ``post`` returns, with the same
+``WorkerRows`` calls a process worker makes, so a round needs no event-loop callback at
+all: ``Scheduler.run_inline`` runs round after round in one loop (the synchronous fast
+path) and gives the event loop a turn about every millisecond.
+
+An env's exception propagates out of ``post`` (and out of the round), as a plain call's
+would; the collector wraps it in an [`EnvError`][aiocollect.EnvError]. A command that an
+exception (or Ctrl-C) cut short counts as undone: the scheduler resets those envs before
+their next step, so no trajectory continues from a half-taken step.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from . import protocol
+from .rows import WorkerRows
+from .shm import SharedArrays
+
+
+class InlineWorker:
+    """An in-process env group as a scheduler's worker; see the module docstring."""
+
+    process = None
+    sock = None
+    error = None
+    inline = True
+
+    def __init__(self, group: Any, shared: SharedArrays, *, max_frames_per_traj: int | None,
+                 reset_when_done: bool):
+        self.group = group
+        self.index = 0
+        self.pid = os.getpid()
+        self.lo, self.hi = 0, group.num_envs
+        self.num_envs = group.num_envs
+        self.env_steps = 0
+        self.control = shared.control[0]  # unused: nothing crosses a process boundary
+        self.rows = WorkerRows(shared, 0, group.num_envs, [leaf.key for leaf in group.obs_leaves],
+                               max_frames_per_traj=max_frames_per_traj, reset_when_done=reset_when_done)
+        self._done = False
+
+    @property
+    def alive(self) -> bool:
+        return True
+
+    def post(self, code: int, slot: int, col: int) -> None:
+        """Carry out the command now (see the module docstring)."""
+        if code == protocol.STEP_CODE:
+            self.rows.step(self.group, slot, col)
+        else:
+            self.rows.reset(self.group, slot, col)
+        self._done = True
+
+    def completed(self) -> bool:
+        if self._done:
+            self._done = False
+            return True
+        return False

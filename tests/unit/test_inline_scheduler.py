@@ -1,0 +1,253 @@
+"""``Scheduler.run_inline`` over an ``InlineWorker``: what ``Collector`` runs, by hand.
+
+Real envs in this process (``StepEnv``), a scripted policy, the real storage, timelines and
+scheduler: ids, observations, rewards and flags; trajectories across batches;
+``max_frames_per_traj``; seeds; ``state_dict``; ``reset_when_done=False``; a cut batch;
+``set_truncated``; a step cut short by an exception.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import gymnasium as gym
+import numpy as np
+import pytest
+import torch
+from gymnasium import spaces
+from tensordict import TensorDict
+
+from aiocollect._engine.scheduler import Scheduler
+from aiocollect._envs.group import InProcessGroup
+from aiocollect._envs.spaces import nest
+from aiocollect._workers.inline_worker import InlineWorker
+from aiocollect._workers.shm import Layout, SharedArrays
+
+COLUMNS = 8
+
+
+class StepEnv(gym.Env):
+    """obs = [step in episode, tag, seed of the last reset (-1: none)];
+    reward = 10 * action + step; terminated once ``step >= length``; raises at step ``fail_at``."""
+
+    def __init__(self, length: int = 3, tag: float = 0.0, fail_at: int | None = None):
+        self.observation_space = spaces.Box(-1e6, 1e6, (3,), np.float32)
+        self.action_space = spaces.Discrete(4)
+        self.length, self.tag, self.fail_at = length, tag, fail_at
+        self.seed_seen = -1
+        self.resets = 0
+
+    def _obs(self):
+        return np.array([self.t, self.tag, self.seed_seen], np.float32)
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self.t = 0
+        self.resets += 1
+        self.seed_seen = -1 if seed is None else seed
+        return self._obs(), {}
+
+    def step(self, action):
+        if self.fail_at is not None and self.t + 1 == self.fail_at:
+            self.fail_at = None
+            raise KeyboardInterrupt  # (as Ctrl-C would, in the middle of the envs' loop)
+        self.t += 1
+        return self._obs(), float(10 * int(action) + self.t), self.t >= self.length, False, {}
+
+
+class Scripted:
+    """A policy runner that plays ``actions[k]`` at its ``k``-th call, with version ``k``."""
+
+    kind = "scripted"
+
+    def __init__(self, actions):
+        self.actions, self.calls = actions, 0
+
+    @property
+    def version(self) -> int:
+        return self.calls - 1
+
+    def __call__(self, obs, n):
+        action = np.asarray(self.actions[self.calls], dtype=np.int64)
+        self.calls += 1
+        assert obs["observation"].shape == (n, 3)
+        return {"action": action}
+
+
+def make(*envs_or_lengths, max_frames_per_traj=None, reset_when_done=True) -> Scheduler:
+    envs = [e if isinstance(e, gym.Env) else StepEnv(e, tag=i) for i, e in enumerate(envs_or_lengths)]
+    group = InProcessGroup(envs)
+    check = group.check_action
+    layout = Layout.plan([(leaf.dtype, leaf.shape) for leaf in group.obs_leaves], (check.dtype, check.shape),
+                         group.num_envs, 1, columns=COLUMNS, slots=1)
+    shared = SharedArrays(layout, -1)
+    worker = InlineWorker(group, shared, max_frames_per_traj=max_frames_per_traj, reset_when_done=reset_when_done)
+    return Scheduler(shared, [worker], group.obs_leaves, check, step_count=max_frames_per_traj is not None,
+                     reset_when_done=reset_when_done)
+
+
+def envs(sched: Scheduler) -> list[StepEnv]:
+    return sched.lanes[0].worker.group.envs
+
+
+def run(sched: Scheduler, frames: int, actions=None, *, mask=False, valid=None, set_truncated=False) -> TensorDict:
+    """One batch of ``frames`` steps, ``valid`` of them taken (all by default), as a TensorDict."""
+    lane = sched.lanes[0]
+    n = lane.num_envs
+    valid = frames if valid is None else valid
+    runner = Scripted(actions if actions is not None else [[0] * n] * valid)
+    sched.begin(lane, frames, mask)
+    asyncio.run(sched.run_inline(lambda: runner, lambda: lane.t >= valid))
+    sealed = sched.seal(lane, set_truncated)
+    tensors = sched.batch(sealed)
+    sched.release(sealed)
+    return TensorDict(nest(tensors), [n, frames])
+
+
+def test_steps_record_ids_observations_rewards_and_flags():
+    sched = make(2, 3)
+    tl = sched.timelines
+    assert tl.any_reset and tl.traj_ids.tolist() == [0, 1]
+    td = run(sched, 5, [[0, 1], [1, 2], [2, 3], [3, 0], [0, 1]])
+    assert td["collector", "traj_ids"].tolist() == [[0, 0, 2, 2, 4], [1, 1, 1, 3, 3]]
+    assert td["observation"][..., 0].tolist() == [[0, 1, 0, 1, 0], [0, 1, 2, 0, 1]]
+    assert td["next", "observation"][..., 0].tolist() == [[1, 2, 1, 2, 1], [1, 2, 3, 1, 2]]
+    assert td["observation"][..., 1].tolist() == [[0] * 5, [1] * 5]  # each env's tag: rows stay with their env
+    assert td["action"].tolist() == [[0, 1, 2, 3, 0], [1, 2, 3, 0, 1]]
+    assert td["next", "reward"][..., 0].tolist() == [[1, 12, 21, 32, 1], [11, 22, 33, 1, 12]]
+    assert td["next", "terminated"][..., 0].tolist() == [[False, True, False, True, False],
+                                                         [False, False, True, False, False]]
+    assert torch.equal(td["next", "done"], td["next", "terminated"])
+    assert not td["next", "truncated"].any()
+    assert not td["done"].any() and not td["terminated"].any() and not td["truncated"].any()
+    assert td["collector", "policy_version"].tolist() == [[0, 1, 2, 3, 4]] * 2
+    assert tl.completed_trajectories == 3 and tl.env_steps == 10
+    assert tl.traj_ids.tolist() == [4, 3] and tl.ids.next == 5
+    assert tl.needs_reset.tolist() == [False, False] and not tl.any_reset
+    assert [env.resets for env in envs(sched)] == [3, 2]  # the first reset, then one per finished episode
+
+
+def test_trajectories_continue_into_the_next_batch():
+    sched = make(4, 4)
+    a, b = run(sched, 3), run(sched, 3)
+    assert a["collector", "traj_ids"].tolist() == [[0, 0, 0], [1, 1, 1]]
+    assert b["collector", "traj_ids"].tolist() == [[0, 2, 2], [1, 3, 3]]
+    assert torch.equal(b["observation"][:, 0], a["next", "observation"][:, -1])
+    assert b["observation"][..., 0].tolist() == [[3, 0, 1], [3, 0, 1]]
+
+
+def test_max_frames_per_traj_truncates_and_counts_steps():
+    sched = make(100, max_frames_per_traj=2)
+    td = run(sched, 5)[0]
+    assert td["step_count"][..., 0].tolist() == [0, 1, 0, 1, 0]
+    assert td["next", "step_count"][..., 0].tolist() == [1, 2, 1, 2, 1]
+    assert td["next", "truncated"][..., 0].tolist() == [False, True, False, True, False]
+    assert not td["next", "terminated"].any()
+    assert torch.equal(td["next", "done"], td["next", "truncated"])
+    assert td["collector", "traj_ids"].tolist() == [0, 0, 1, 1, 2]
+    assert envs(sched)[0].resets == 3 and sched.timelines.step_count.tolist() == [1]
+
+
+def test_without_max_frames_per_traj_no_step_count_is_kept():
+    assert "step_count" not in run(make(3), 2)
+
+
+def test_request_reset_with_seeds_resets_every_env_with_its_seed():
+    sched = make(10, 10)
+    tl = sched.timelines
+    run(sched, 2)
+    assert not tl.seed_set.any() and not tl.any_reset
+    tl.request_reset([5, 6])
+    assert tl.seed_set.all() and tl.any_reset
+    assert tl.traj_ids.tolist() == [2, 3] and tl.completed_trajectories == 0
+    td = run(sched, 2)
+    assert td["observation"][:, 0].tolist() == [[0, 0, 5], [0, 1, 6]]
+    assert td["collector", "traj_ids"].tolist() == [[2, 2], [3, 3]]
+    assert not tl.seed_set.any()  # seeds are used once
+    tl.request_reset()
+    assert run(sched, 1)["observation"][:, 0, 2].tolist() == [-1, -1]
+
+
+def test_state_dict_round_trip_never_reuses_ids():
+    a = make(2, 3)
+    run(a, 5)
+    state = a.timelines.state_dict()
+    assert state == {"next_traj_id": 5, "completed_trajectories": 3}
+    b = make(2, 3)
+    b.timelines.load_state_dict(state)
+    assert b.timelines.traj_ids.tolist() == [5, 6] and b.timelines.completed_trajectories == 3
+    ids = run(b, 3)["collector", "traj_ids"]
+    assert ids.tolist() == [[5, 5, 7], [6, 6, 6]]
+
+
+def test_reset_when_done_false_keeps_stepping_and_carries_the_root_flags():
+    sched = make(2, reset_when_done=False)
+    td = run(sched, 4)[0]
+    assert td["collector", "traj_ids"].tolist() == [0, 0, 0, 0]
+    assert td["next", "terminated"][..., 0].tolist() == [False, True, True, True]
+    # the root flags of step t are the "next" flags of step t - 1
+    assert td["done"][..., 0].tolist() == [False, False, True, True]
+    assert td["terminated"][..., 0].tolist() == [False, False, True, True]
+    assert not td["truncated"].any()
+    assert sched.timelines.completed_trajectories == 0
+    td2 = run(sched, 2)[0]
+    assert td2["done"][..., 0].tolist() == [True, True]  # carried over from the previous batch
+    assert td2["observation"][..., 0].tolist() == [4, 5]
+    assert envs(sched)[0].resets == 1
+
+
+def test_a_cut_batch_blanks_and_masks_its_tail():
+    td = run(make(10, 10), 4, mask=True, valid=2)
+    assert td["collector", "mask"].tolist() == [[True, True, False, False]] * 2
+    assert td["collector", "traj_ids"].tolist() == [[0, 0, -1, -1], [1, 1, -1, -1]]
+    assert td["collector", "policy_version"].tolist() == [[0, 1, -1, -1]] * 2
+    assert td["observation"][..., 0].tolist() == [[0, 1, 0, 0]] * 2
+    assert not td["next", "done"][:, 2:].any()
+
+
+def test_set_truncated_ends_every_ongoing_trajectory_on_the_last_valid_step():
+    sched = make(3, 100)
+    tl = sched.timelines
+    td = run(sched, 3, set_truncated=True)
+    assert td["next", "truncated"][..., 0].tolist() == [[False, False, True], [False, False, True]]
+    assert td["next", "terminated"][..., 0].tolist() == [[False, False, True], [False, False, False]]
+    assert td["next", "done"][:, -1, 0].tolist() == [True, True]
+    # env 0 got its new id when it terminated, env 1 when the batch truncated it: once each
+    assert tl.traj_ids.tolist() == [2, 3] and tl.completed_trajectories == 2
+    assert tl.needs_reset.tolist() == [False, True]  # env 0 was reset by its own step, env 1 is next
+    run(sched, 1)
+    assert [env.resets for env in envs(sched)] == [2, 2]
+
+
+def test_set_truncated_on_a_cut_batch_truncates_its_last_valid_step():
+    sched = make(100)
+    td = run(sched, 4, mask=True, valid=2, set_truncated=True)[0]
+    assert td["next", "truncated"][..., 0].tolist() == [False, True, False, False]
+    assert td["next", "done"][..., 0].tolist() == [False, True, False, False]
+    assert sched.timelines.traj_ids.tolist() == [1]
+
+
+def test_set_truncated_without_reset_when_done_sets_the_root_flags_of_the_next_batch():
+    sched = make(100, reset_when_done=False)
+    run(sched, 2, set_truncated=True)
+    assert sched.timelines.root_flags[:, 0].tolist() == [True, False, True]  # done, terminated, truncated
+    td = run(sched, 2)[0]
+    assert td["done"][..., 0].tolist() == [True, False]
+    assert td["truncated"][..., 0].tolist() == [True, False]
+    assert sched.timelines.traj_ids.tolist() == [0]
+
+
+def test_a_step_cut_short_resets_its_envs_and_the_batch_goes_on_with_new_trajectories():
+    sched = make(StepEnv(100, tag=0), StepEnv(100, tag=1, fail_at=3))
+    lane = sched.lanes[0]
+    runner = Scripted([[1, 1]] * 10)
+    sched.begin(lane, 5, False)
+    with pytest.raises(KeyboardInterrupt):
+        asyncio.run(sched.run_inline(lambda: runner, lambda: lane.full))
+    assert lane.t == 2 and sched.timelines.needs_reset.all()  # step 2 never happened, for anyone
+    asyncio.run(sched.run_inline(lambda: runner, lambda: lane.full))  # the same batch, resumed
+    sealed = sched.seal(lane, False)
+    td = TensorDict(nest(sched.batch(sealed)), [2, 5])
+    assert td["collector", "traj_ids"].tolist() == [[0, 0, 2, 2, 2], [1, 1, 3, 3, 3]]
+    assert td["observation"][..., 0].tolist() == [[0, 1, 0, 1, 2]] * 2  # new episodes from the cut
+    assert torch.equal(td["observation"][:, 1:2], td["next", "observation"][:, 0:1])
