@@ -22,7 +22,12 @@ happens in the loop's callbacks, with no task switch per step:
    ``STEP`` with its slot and column.
 
 So inference is batched over whatever is ready, and a slow worker never holds back a
-fast one. *When* a batch is cut is the collector's business: ``until``, ``on_full`` and
+fast one.
+
+``Collector``'s in-process envs are a lane too: an ``InlineWorker``
+(``_workers.inline_worker``) carries a command out inside ``post``, so ``run_inline``, the
+synchronous fast path, runs round after round with no callback at all (same storage, same
+timelines, same batches). *When* a batch is cut is the collector's business: ``until``, ``on_full`` and
 ``hold`` are its levers, and ``seal``/``batch``/``release`` turn a lane's full (or cut)
 batch into tensors.
 """

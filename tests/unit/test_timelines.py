@@ -59,6 +59,15 @@ def test_stepped_counts_steps_of_the_block_only_and_reports_the_next_step_counts
     assert tl.traj_ids.tolist() == [0, 1, 2, 3] and tl.completed_trajectories == 0
 
 
+def test_without_counting_steps_the_counts_stay_zero_and_the_rest_is_kept():
+    tl = Timelines(2, reset_when_done=True, count_steps=False)
+    tl.resets_done(0, np.arange(2))
+    tl.stepped(0, 2, flags(0, 0), flags(0, 0))
+    tl.stepped(0, 2, flags(1, 0), flags(0, 0))
+    assert tl.step_count.tolist() == [0, 0]
+    assert tl.env_steps == 4 and tl.completed_trajectories == 1 and tl.traj_ids.tolist() == [2, 1]
+
+
 def test_finished_envs_get_new_increasing_ids_and_count_as_completed():
     tl = started(5)
     tl.stepped(0, 5, flags(0, 0, 0, 0, 0), flags(0, 0, 0, 0, 0))
