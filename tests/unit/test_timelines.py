@@ -9,8 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from aiocollect._engine.timelines import IdPool
-from aiocollect._engine.timelines import Timelines
+from aiocollect._engine.timelines import IdPool, Timelines
 
 
 def flags(*values: int) -> np.ndarray:
