@@ -22,14 +22,14 @@ happens in the loop's callbacks, with no task switch per step:
    ``STEP`` with its slot and column.
 
 So inference is batched over whatever is ready, and a slow worker never holds back a
-fast one.
+fast one. *When* a batch is cut is the collector's business: ``until``, ``on_full`` and
+``hold`` are its levers, and ``seal``/``batch``/``release`` turn a lane's full (or cut)
+batch into tensors.
 
 ``Collector``'s in-process envs are a lane too: an ``InlineWorker``
 (``_workers.inline_worker``) carries a command out inside ``post``, so ``run_inline``, the
 synchronous fast path, runs round after round with no callback at all (same storage, same
-timelines, same batches). *When* a batch is cut is the collector's business: ``until``, ``on_full`` and
-``hold`` are its levers, and ``seal``/``batch``/``release`` turn a lane's full (or cut)
-batch into tensors.
+timelines, same batches).
 """
 
 from __future__ import annotations
@@ -112,7 +112,7 @@ class Lane:
 
 
 class Scheduler:
-    """Drives every worker of a ``WorkerPool``; see the module docstring."""
+    """Drives workers (processes, coroutine entries, or one inline group); see the module docstring."""
 
     def __init__(self, shared: SharedArrays, workers: list, obs_leaves, action_check: ActionCheck, *,
                  step_count: bool, reset_when_done: bool, spin_s: float = 0.0):
@@ -373,38 +373,17 @@ class Scheduler:
             self._pumping, self._on_full = None, None
 
     async def run_inline(self, runner: Callable[[], PolicyRunner], until: Callable[[], bool]) -> None:
-        """``pump()``'s synchronous fast path, for lanes whose workers step inside ``post``
-        (``_workers.inline_worker``): round after round in this one loop, with no callback
-        per step; the event loop gets a turn about every millisecond (so that collection
-        stays cancellable). A command an exception cut short counts as undone: those envs
-        are reset before their next step."""
-        clock = time.perf_counter
-        last = clock()
-        if len(self.lanes) == 1:
-            await self._run_one_inline(runner, until)
-            return
-        while not until():
-            try:
-                self._round(runner())
-            except BaseException:
-                self._harvest()  # the commands carried out before it
-                for lane in self.lanes:
-                    if lane.state is not READY:
-                        lane.state = READY
-                        self.timelines.request_reset(None, lane.lo, lane.hi)
-                raise
-            if not self._harvest():
-                raise RuntimeError("run_inline: no lane could take a step")  # (a bug: until() never holds)
-            if clock() - last > _SLICE_S:
-                await anyio.lowlevel.checkpoint()
-                last = clock()
-
-    async def _run_one_inline(self, runner: Callable[[], PolicyRunner], until: Callable[[], bool]) -> None:
-        """``run_inline`` for one lane (``Collector``): the same calls, with no search for
-        ready lanes and no harvest (the step is done when ``post`` returns)."""
-        lane = self.lanes[0]
-        worker, tl, act, take = lane.worker, self.timelines, self._act, self._take
+        """``pump()``'s synchronous fast path, for one lane whose worker steps inside
+        ``post`` (``_workers.inline_worker``; ``Collector``): round after round in this one
+        loop, with no callback, no search for ready lanes and no harvest; the event loop
+        gets a turn about every millisecond (so that collection stays cancellable). A
+        command an exception cut short counts as undone: those envs are reset before
+        their next step, with new trajectory ids."""
+        if len(self.lanes) != 1:
+            raise ValueError(f"run_inline drives one inline lane, not {len(self.lanes)}")
         lanes = self.lanes
+        lane = lanes[0]
+        worker, tl, act, take = lane.worker, self.timelines, self._act, self._take
         clock = time.perf_counter
         last = clock()
         try:

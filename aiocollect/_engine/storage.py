@@ -93,7 +93,10 @@ class RolloutStorage:
             if key == "action" and action is not None:
                 value = action
             elif not isinstance(value, np.ndarray):
-                value = value.numpy(force=True)  # (before slicing: a tensor's slice costs more)
+                if not whole and value.device.type != "cpu":
+                    dst[s, t, lo:hi] = value[start:stop].numpy(force=True)  # copy only these rows over
+                    continue
+                value = value.numpy(force=True)  # a view (slicing a tensor costs more than an array)
             dst[s, t, lo:hi] = value if whole else value[start:stop]
 
     def _allocate(self, key: NestedKey, value: Any) -> np.ndarray | None:
