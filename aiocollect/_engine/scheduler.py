@@ -413,18 +413,8 @@ class Scheduler:
         raise error
 
     def _round(self, runner: PolicyRunner) -> None:
-        lanes = self.lanes
         tl = self.timelines
-        if len(lanes) == 1:  # (one worker: no search, no concatenation)
-            lane = lanes[0]
-            if lane.state is not READY or lane.held or lane.t >= lane.frames:
-                return
-            if tl.any_reset and tl.wants_reset(lane.lo, lane.hi):
-                self._reset(lane)
-                return
-            self._act(lanes, runner, True)
-            return
-        ready = [lane for lane in lanes if lane.state is READY and not lane.held and lane.t < lane.frames]
+        ready = [lane for lane in self.lanes if lane.state is READY and not lane.held and lane.t < lane.frames]
         if not ready:
             return
         if tl.any_reset:

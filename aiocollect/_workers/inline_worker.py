@@ -30,7 +30,6 @@ class InlineWorker:
     process = None
     sock = None
     error = None
-    inline = True
 
     def __init__(self, group: Any, shared: SharedArrays, *, max_frames_per_traj: int | None,
                  reset_when_done: bool):

@@ -48,19 +48,20 @@ class WorkerRows:
         views = self._views.get(key)
         if views is None:
             views = self._make_views(group, s, t, results)
-        group.bind(*views[:5])
+        group.bind(*views[0])
 
     def _make_views(self, group, s: int, t: int, results: bool) -> tuple:
         # (made once per column: indexing costs about a microsecond a view)
+        # ((group.bind's arguments), the observations carried over to t + 1 as
+        # (destination, source) pairs)
         if results:
             obs = {k: a[s, t] for k, a in zip(self.keys, self.next_obs)}
-            # the observations carried over to t + 1: (destination, source) pairs
             carry = [(dst[s, t + 1], src[s, t]) for dst, src in zip(self.obs, self.next_obs)]
-            views = (obs, self.reward[s, t], self.terminated[s, t], self.truncated[s, t],
-                     ObsWriter(group.obs_leaves, obs), carry)
+            flags = (self.reward[s, t], self.terminated[s, t], self.truncated[s, t])
         else:
             obs = {k: a[s, t] for k, a in zip(self.keys, self.obs)}
-            views = (obs, *self._scratch, ObsWriter(group.obs_leaves, obs), [])
+            carry, flags = [], self._scratch
+        views = ((obs, *flags, ObsWriter(group.obs_leaves, obs)), carry)
         self._views[(s, t, results)] = views
         return views
 
@@ -68,7 +69,7 @@ class WorkerRows:
         """After the envs stepped into column ``t``: count the step, truncate at
         ``max_frames_per_traj``, carry the observations to ``t + 1``. Returns the envs
         to reset now (``None``: none, or ``reset_when_done`` is off)."""
-        _, _, terminated, truncated, _, carry = self._views[(s, t, True)]
+        (_, _, terminated, truncated, _), carry = self._views[(s, t, True)]
         if self.max_steps is not None:
             count = self.step_count
             count += 1

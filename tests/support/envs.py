@@ -163,3 +163,37 @@ class TaggedIntObsEnv(IntObsEnv):
         obs = super()._obs()
         obs[0] = self.tag
         return obs
+
+
+class StepEnv(gym.Env):
+    """obs = [step in episode, tag, seed of the last reset (-1: none)];
+    reward = 10 * action + step; terminated once ``step >= length``. ``interrupt_at``: the
+    step that raises ``KeyboardInterrupt`` instead, once (as Ctrl-C would, mid-step)."""
+
+    def __init__(self, length: int = 3, tag: float = 0.0, interrupt_at: int | None = None):
+        self.observation_space = spaces.Box(-1e6, 1e6, (3,), np.float32)
+        self.action_space = spaces.Discrete(4)
+        self.length, self.tag, self.interrupt_at = length, tag, interrupt_at
+        self.seed_seen = -1
+        self.resets = 0
+        self.closed = False
+
+    def _obs(self):
+        return np.array([self.t, self.tag, self.seed_seen], np.float32)
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self.t = 0
+        self.resets += 1
+        self.seed_seen = -1 if seed is None else seed
+        return self._obs(), {}
+
+    def step(self, action):
+        if self.interrupt_at is not None and self.t + 1 == self.interrupt_at:
+            self.interrupt_at = None
+            raise KeyboardInterrupt
+        self.t += 1
+        return self._obs(), float(10 * int(action) + self.t), self.t >= self.length, False, {}
+
+    def close(self):
+        self.closed = True

@@ -10,7 +10,6 @@ the scheduler over an inline worker, is in ``test_inline_scheduler.py``.)
 
 from __future__ import annotations
 
-import gymnasium as gym
 import numpy as np
 import pytest
 import torch
@@ -22,37 +21,7 @@ from aiocollect._engine.coroutines import TrajectoryBook
 from aiocollect._engine.timelines import IdPool
 from aiocollect._envs.group import InProcessGroup, VectorEnvGroup, make_group
 from aiocollect._envs.spaces import flatten_space
-
-
-class StepEnv(gym.Env):
-    """obs = [step in episode, tag, seed of the last reset (-1: none)];
-    reward = 10 * action + step; terminated once ``step >= length``."""
-
-    def __init__(self, length: int = 3, tag: float = 0.0):
-        self.observation_space = spaces.Box(-1e6, 1e6, (3,), np.float32)
-        self.action_space = spaces.Discrete(4)
-        self.length, self.tag = length, tag
-        self.seed_seen = -1
-        self.resets = 0
-        self.closed = False
-
-    def _obs(self):
-        return np.array([self.t, self.tag, self.seed_seen], np.float32)
-
-    def reset(self, *, seed=None, options=None):
-        super().reset(seed=seed)
-        self.t = 0
-        self.resets += 1
-        self.seed_seen = -1 if seed is None else seed
-        return self._obs(), {}
-
-    def step(self, action):
-        self.t += 1
-        return self._obs(), float(10 * int(action) + self.t), self.t >= self.length, False, {}
-
-    def close(self):
-        self.closed = True
-
+from support.envs import StepEnv
 
 # --------------------------------------------------------------------------- RolloutBuffer layout
 

@@ -14,7 +14,6 @@ import gymnasium as gym
 import numpy as np
 import pytest
 import torch
-from gymnasium import spaces
 from tensordict import TensorDict
 
 from aiocollect._engine.scheduler import Scheduler
@@ -22,37 +21,9 @@ from aiocollect._envs.group import InProcessGroup
 from aiocollect._envs.spaces import nest
 from aiocollect._workers.inline_worker import InlineWorker
 from aiocollect._workers.shm import Layout, SharedArrays
+from support.envs import StepEnv
 
 COLUMNS = 8
-
-
-class StepEnv(gym.Env):
-    """obs = [step in episode, tag, seed of the last reset (-1: none)];
-    reward = 10 * action + step; terminated once ``step >= length``; raises at step ``fail_at``."""
-
-    def __init__(self, length: int = 3, tag: float = 0.0, fail_at: int | None = None):
-        self.observation_space = spaces.Box(-1e6, 1e6, (3,), np.float32)
-        self.action_space = spaces.Discrete(4)
-        self.length, self.tag, self.fail_at = length, tag, fail_at
-        self.seed_seen = -1
-        self.resets = 0
-
-    def _obs(self):
-        return np.array([self.t, self.tag, self.seed_seen], np.float32)
-
-    def reset(self, *, seed=None, options=None):
-        super().reset(seed=seed)
-        self.t = 0
-        self.resets += 1
-        self.seed_seen = -1 if seed is None else seed
-        return self._obs(), {}
-
-    def step(self, action):
-        if self.fail_at is not None and self.t + 1 == self.fail_at:
-            self.fail_at = None
-            raise KeyboardInterrupt  # (as Ctrl-C would, in the middle of the envs' loop)
-        self.t += 1
-        return self._obs(), float(10 * int(action) + self.t), self.t >= self.length, False, {}
 
 
 class Scripted:
@@ -238,7 +209,7 @@ def test_set_truncated_without_reset_when_done_sets_the_root_flags_of_the_next_b
 
 
 def test_a_step_cut_short_resets_its_envs_and_the_batch_goes_on_with_new_trajectories():
-    sched = make(StepEnv(100, tag=0), StepEnv(100, tag=1, fail_at=3))
+    sched = make(StepEnv(100, tag=0), StepEnv(100, tag=1, interrupt_at=3))
     lane = sched.lanes[0]
     runner = Scripted([[1, 1]] * 10)
     sched.begin(lane, 5, False)
