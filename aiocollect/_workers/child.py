@@ -28,6 +28,7 @@ then waits for ``CLOSE``.
 from __future__ import annotations
 
 import os
+import select
 import signal
 import socket
 import sys
@@ -115,6 +116,7 @@ class _Worker:
         self.control = self.shared.control[setup["index"]]
         self.spin_s = setup["spin_s"]
         self._inbox = bytearray(64)
+        self._poll = select.poll()
 
     def serve(self, sock: socket.socket) -> int:
         """Carry out commands until ``CLOSE`` or end-of-file (see ``_workers.protocol``)."""
@@ -124,7 +126,8 @@ class _Worker:
         group, step, reset = self.group, self.rows.step, self.rows.reset
         step_code = protocol.STEP_CODE
         CMD, DONE, E_ASLEEP, SLOT, COL = protocol.CMD, protocol.DONE, protocol.E_ASLEEP, protocol.SLOT, protocol.COL
-        doorbell = protocol.OK
+        ring = protocol.ring
+        self._poll.register(sock, select.POLLIN)
         if not self.spin_s:
             ctl[protocol.W_ASLEEP] = 1  # never spinning: always ring
         last = 0
@@ -141,12 +144,11 @@ class _Worker:
                 else:
                     reset(group, int(ctl[SLOT]), int(ctl[COL]))
             except Exception as exc:  # noqa: BLE001 - reported to the engine
-                sock.settimeout(None)  # however long the report, it must get through
                 sock.sendall(protocol.ERROR + protocol.frame(describe_exception(exc)))
                 continue
             ctl[DONE] = last
             if ctl[E_ASLEEP]:
-                sock.send(doorbell)
+                ring(sock)
 
     def _wait(self, sock: socket.socket, last: int) -> int | None:
         """The next command word once it is posted; ``None`` on ``CLOSE`` or end-of-file."""
@@ -163,21 +165,23 @@ class _Worker:
                     return word
                 yield_()
             ctl[protocol.W_ASLEEP] = 1
-            timeout = 0.001  # a doorbell might be missed (see the protocol): look again
-        else:
-            timeout = None
-        sock.settimeout(timeout)
+            timeout_ms = 1  # a doorbell might be missed (see the protocol): look again
         buf = self._inbox
         try:
             while True:
                 word = int(ctl[CMD])
                 if word >> 2 != last:
                     return word
-                try:
+                if spin_s:  # (the socket itself never has a timeout: see protocol.ring)
+                    if not self._poll.poll(timeout_ms):
+                        timeout_ms = min(timeout_ms * 2, 100)
+                        continue
+                    try:
+                        n = sock.recv_into(buf, 0, socket.MSG_DONTWAIT)
+                    except BlockingIOError:
+                        continue
+                else:
                     n = sock.recv_into(buf)
-                except TimeoutError:
-                    sock.settimeout(timeout := min(timeout * 2, 0.1))
-                    continue
                 if n == 0 or protocol.CLOSE[0] in buf[:n]:
                     return None
         finally:

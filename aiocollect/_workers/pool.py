@@ -91,7 +91,7 @@ class Worker:
         ctl[protocol.CMD] = self._posted * 4 + code  # last: the worker acts once it sees it
         if ctl[protocol.W_ASLEEP]:
             try:
-                self.sock.send(protocol.OK)
+                protocol.ring(self.sock)
             except OSError:  # it died (EPIPE) before its socket's EOF reached us
                 self.fail(WorkerError.died(self.index, self.pid, self._exitcode()))
 

@@ -79,6 +79,21 @@ def spin_budget(num_workers: int = 0) -> float:
     return SPIN_S if num_workers + 1 <= cores else 0.0
 
 
+def ring(sock: socket.socket) -> None:
+    """Send a doorbell without ever blocking.
+
+    A sleeper may miss reading a doorbell (it saw the command before reading its
+    socket), so stale bytes can pile up in a socket's buffer over a long run. A full
+    buffer is harmless: the sleeper has unread doorbells, so it wakes anyway. ``sock``
+    must have no timeout (blocking or non-blocking), or ``send`` would wait for room.
+    Raises ``OSError`` (``EPIPE``...) if the other end is gone.
+    """
+    try:
+        sock.send(OK, socket.MSG_DONTWAIT)
+    except BlockingIOError:
+        pass
+
+
 def frame(obj: Any) -> bytes:
     data = pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
     return _LEN.pack(len(data)) + data

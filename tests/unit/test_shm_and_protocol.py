@@ -272,3 +272,34 @@ def test_aiocollect_spin_overrides_the_machine(value, expected, monkeypatch):
     for machine in ("arm64", "x86_64"):
         monkeypatch.setattr(protocol.platform, "machine", lambda m=machine: m)
         assert protocol.spin_budget() == expected, machine
+
+
+# --------------------------------------------------------------------------- ring
+
+
+@pytest.mark.parametrize("blocking", [True, False])
+def test_ring_never_blocks_nor_raises_on_a_full_socket(blocking):
+    """Unread doorbells may fill a socket; the sleeper wakes anyway, so ringing again is a no-op."""
+    a, b = socket.socketpair()
+    with a, b:
+        a.setblocking(blocking)
+        full = False
+        for _ in range(100_000):
+            protocol.ring(a)
+            try:
+                a.send(b"x", socket.MSG_DONTWAIT)
+            except BlockingIOError:
+                full = True
+                break
+        assert full, "the buffer never filled: the test proves nothing"
+        for _ in range(1000):
+            protocol.ring(a)
+        assert b.recv(1) == protocol.OK
+
+
+def test_ring_raises_when_the_other_end_is_gone():
+    a, b = socket.socketpair()
+    b.close()
+    with a, pytest.raises(OSError):
+        for _ in range(3):
+            protocol.ring(a)

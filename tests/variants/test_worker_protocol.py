@@ -45,3 +45,27 @@ def test_collection_goes_on_when_every_doorbell_is_missed(cls, monkeypatch):
         check_batch(b if b.ndim == 1 else b.flatten(0, -2))
     if cls is MultiSyncCollector:
         check_continuity(batches[0], batches[1])
+
+
+@pytest.mark.parametrize("cls", [MultiSyncCollector, MultiAsyncCollector])
+def test_stale_doorbells_piling_up_in_a_socket_never_fail_a_worker(cls, monkeypatch):
+    """A spinning worker that sees its command before it reads its socket leaves the
+    doorbell unread; over a long run such bytes fill the socket's buffer. Ringing a full
+    socket must not count as the worker's death (it did: ``BlockingIOError`` from
+    ``send``). Here the engine rings on every post, and the worker spins, so it reads its
+    socket seldom: the buffer fills within a few hundred steps."""
+    monkeypatch.setenv("AIOCOLLECT_SPIN", "1")
+    monkeypatch.setattr(protocol, "SPIN_S", 0.05)  # the workers rarely sleep, so rarely read
+    original = pool_module.Worker.post
+
+    def post_and_always_ring(self, code, slot, col):
+        self.control[protocol.W_ASLEEP] = 1  # (the worker clears it when it wakes)
+        original(self, code, slot, col)
+
+    monkeypatch.setattr(pool_module.Worker, "post", post_and_always_ring)
+    fpb = 2 * 500 if cls is MultiSyncCollector else 500
+    with cls([lambda: CounterEnv(max_len=1000)] * 2, None, frames_per_batch=fpb, total_frames=4 * fpb) as c:
+        batches = list(c)
+    assert len(batches) == 4
+    for b in batches:
+        check_batch(b if b.ndim == 1 else b.flatten(0, -2))
