@@ -119,7 +119,7 @@ class MultiAsyncCollector(WorkerCollectorBase):
                 "preemptive_threshold: only MultiSyncCollector cuts batches early; a "
                 "MultiAsyncCollector never waits for a slow worker anyway. Remove the argument."
             )
-        self._outbox: deque[Sealed] = deque()
+        self._outbox: deque[list[Sealed]] = deque()
         self._pump: asyncio.Task | None = None
         self._pump_error: BaseException | None = None
         self._arrived: anyio.Event | None = None
@@ -127,10 +127,14 @@ class MultiAsyncCollector(WorkerCollectorBase):
     def _steps_per_env(self, num_envs: int) -> int:
         return self.options.frames_per_batch // num_envs
 
-    def _begin(self, lane: Lane) -> None:
-        if self.options.reset_at_each_iter:
-            self._scheduler.timelines.request_reset(None, lane.lo, lane.hi)
-        self._scheduler.begin(lane, self._steps_per_env(lane.num_envs), False)
+    def _begin(self, lanes: list[Lane]) -> None:
+        """Start a worker's next batch: on each of its lanes (the parts of its envs)."""
+        sched = self._scheduler
+        steps = self._steps_per_env(self._plan.workers[lanes[0].index].num_envs)
+        for lane in lanes:
+            if self.options.reset_at_each_iter:
+                sched.timelines.request_reset(None, lane.lo, lane.hi)
+            sched.begin(lane, steps, False)
 
     def _stale_before(self) -> int | None:
         """The oldest policy version a delivered frame may come from (``None``: no bound)."""
@@ -138,17 +142,20 @@ class MultiAsyncCollector(WorkerCollectorBase):
         return None if lag is None else self._policy.latest - lag
 
     def _on_full(self, lane: Lane) -> None:
+        lanes = self._worker_lanes[lane.index]
+        if not all(other.full for other in lanes):
+            return  # a worker's batch is all its parts: the others are still stepping
         sched = self._scheduler
         oldest = self._stale_before()
         if oldest is not None:
-            dropped = sched.drop_older_than(lane, oldest)
+            dropped = sum(sched.drop_older_than(other, oldest) for other in lanes)
             if dropped:
                 self._stale_dropped += dropped
                 return  # not full any more: it goes on stepping
-        self._outbox.append(sched.seal(lane, self.options.set_truncated))
+        self._outbox.append([sched.seal(other, self.options.set_truncated) for other in lanes])
         self._signal()
         if len(lane.reserved) < 2:  # fill the next one while this one waits
-            self._begin(lane)
+            self._begin(lanes)
 
     def _signal(self) -> None:
         if self._arrived is not None:
@@ -169,24 +176,27 @@ class MultiAsyncCollector(WorkerCollectorBase):
                 self._arrived = anyio.Event()
                 await self._arrived.wait()
             sealed = self._outbox.popleft()
-            lane = sealed.lane
+            lanes = [b.lane for b in sealed]
             oldest = self._stale_before()
-            stale = oldest is not None and sealed.oldest_version(sched.storage) < oldest
+            stale = oldest is not None and min(b.oldest_version(sched.storage) for b in sealed) < oldest
+            frames = sum(b.valid * b.lane.num_envs for b in sealed)
             td = None
             if not stale:
-                tensors = sched.batch(sealed)
-                batched = self._plan.workers[lane.index].batched
-                if not batched:
+                tensors = sched.batch_all(sealed)
+                spec = self._plan.workers[lanes[0].index]
+                steps = sealed[0].frames
+                if not spec.batched:
                     tensors = {k: v[0] for k, v in tensors.items()}
-                td = self._tensordict(tensors, [lane.num_envs, sealed.frames] if batched else [sealed.frames])
-            sched.release(sealed)
-            if lane.held and not lane.in_flight and len(lane.reserved) < 2 and lane.full:
-                self._begin(lane)  # it was waiting for room
+                td = self._tensordict(tensors, [spec.num_envs, steps] if spec.batched else [steps])
+            for b in sealed:
+                sched.release(b)
+            if all(lane.held and not lane.in_flight and lane.full for lane in lanes) and len(lanes[0].reserved) < 2:
+                self._begin(lanes)  # it was waiting for room
                 sched.poke()
             if stale:
-                self._stale_dropped += sealed.valid * lane.num_envs  # went stale while it waited: collect anew
+                self._stale_dropped += frames  # went stale while it waited: collect anew
                 continue
-            return td, sealed.valid * lane.num_envs
+            return td, frames
 
 
 async def _run_pump(ref: weakref.ref) -> None:
@@ -198,8 +208,8 @@ async def _run_pump(ref: weakref.ref) -> None:
     collector = ref()
     sched = collector._scheduler
     runner, on_full = weakref.WeakMethod(collector._runner), weakref.WeakMethod(collector._on_full)
-    for lane in sched.lanes:
-        collector._begin(lane)
+    for lanes in collector._worker_lanes:
+        collector._begin(lanes)
     del collector
 
     def call(method: weakref.WeakMethod, *args):

@@ -152,15 +152,18 @@ class MultiSyncCollector(WorkerCollectorBase):
             steps = self._steps_per_env(0)
             for lane in lanes:
                 sched.begin(lane, steps, self._mask)
-        need = len(lanes)
+        workers = self._worker_lanes
+        need = len(workers)
         if wopts.preemptive_threshold is not None:
-            need = max(1, min(need, int(-(-wopts.preemptive_threshold * len(lanes) // 1))))
+            need = max(1, min(need, int(-(-wopts.preemptive_threshold * len(workers) // 1))))
         interruptor = opts.interruptor
 
         def cut() -> bool:
             if interruptor is not None and interruptor.collection_stopped():
                 return any(lane.t for lane in lanes)  # as Collector (and TorchRL): every batch takes a step
-            return sum(lane.full for lane in lanes) >= need
+            if need == len(workers):
+                return all(lane.full for lane in lanes)
+            return sum(all(lane.full for lane in parts) for parts in workers) >= need
 
         runner = self._runner()
         await sched.pump(lambda: runner, cut)

@@ -121,7 +121,7 @@ class WorkerCollectorBase(DataCollectorBase):
         action = ActionCheck.for_space(plan.action_space)
         columns = max(self._steps_per_env(w.num_envs) for w in plan.workers)
         layout = Layout.plan([(leaf.dtype, leaf.shape) for leaf in obs_leaves], (action.dtype, action.shape),
-                             plan.num_envs, len(plan.workers), columns=columns)
+                             plan.num_envs, plan.num_lanes, columns=columns)
         self._policy = PolicySetup(policy, plan.action_space, [leaf.key for leaf in obs_leaves],
                                    device=self.policy_device, exploration_type=options.exploration_type)
         self.policy = self._policy.policy
@@ -134,9 +134,12 @@ class WorkerCollectorBase(DataCollectorBase):
         res = self._resources
         res.closers.append(pool.kill_leftovers)
         try:
-            self._scheduler = Scheduler(pool.shared, pool.workers, obs_leaves, action,
+            self._scheduler = Scheduler(pool.shared, pool.lanes, obs_leaves, action,
                                         step_count=options.max_frames_per_traj is not None,
                                         reset_when_done=options.reset_when_done, spin_s=pool.spin_s)
+            self._worker_lanes = [[lane for lane in self._scheduler.lanes if lane.index == w.index]
+                                  for w in plan.workers]
+            """Each worker's lanes (the parts of its envs: ``_workers.plan``), by worker index."""
             res.loop = LoopThread()
             self._pool_task, _ = res.loop.portal.start_task(pool.run)
         except BaseException:
@@ -255,10 +258,11 @@ class WorkerCollectorBase(DataCollectorBase):
         state: OrderedDict = OrderedDict()
         if self._policy.has_weights:
             state["policy_state_dict"] = self._policy.state_dict()
-        for lane in self._scheduler.lanes:
-            state[f"worker{lane.index}"] = OrderedDict(
-                env_state_dict=OrderedDict(), completed_trajectories=lane.completed_trajectories,
-                env_steps=lane.worker.env_steps,
+        for lanes in self._worker_lanes:
+            state[f"worker{lanes[0].index}"] = OrderedDict(
+                env_state_dict=OrderedDict(),
+                completed_trajectories=sum(lane.completed_trajectories for lane in lanes),
+                env_steps=sum(lane.worker.env_steps for lane in lanes),
             )
         state["frames"] = self._frames
         state["iter"] = self._batches
@@ -283,10 +287,11 @@ class WorkerCollectorBase(DataCollectorBase):
             self._batches = int(state.get("iter", self._batches))
             next_id = int(state.get("traj_pool", {}).get("next_traj_id", 0))
             completed = 0
-            for lane in self._scheduler.lanes:
-                worker = state.get(f"worker{lane.index}", {})
-                lane.completed_trajectories = int(worker.get("completed_trajectories", 0))
-                completed += lane.completed_trajectories
+            for lanes in self._worker_lanes:
+                worker = state.get(f"worker{lanes[0].index}", {})
+                for k, lane in enumerate(lanes):  # the worker's count goes to its first part
+                    lane.completed_trajectories = int(worker.get("completed_trajectories", 0)) if k == 0 else 0
+                completed += lanes[0].completed_trajectories
             self._scheduler.timelines.load_state_dict({"next_traj_id": next_id, "completed_trajectories": completed})
 
         self._on_engine(apply)

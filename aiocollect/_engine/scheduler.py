@@ -181,14 +181,16 @@ class Scheduler:
                                   sealed.start_flags, sealed.mask)
 
     def batch_all(self, sealed: list[Sealed]) -> dict:
-        """The tensors of every lane's sealed batch at once, ``[num_envs, frames]``: one
-        copy per field when the lanes share their slot (as a ``MultiSync`` batch does)."""
+        """The tensors of the sealed batches of lanes that sit side by side (every lane, or
+        a worker's parts), ``[envs, frames]``: one copy per field when the lanes share
+        their slot (as they do unless a lane's batch was begun apart)."""
         first = sealed[0]
         keys = next((b.keys for b in sealed if b.keys), ())
         valid = np.concatenate([np.full(b.lane.num_envs, b.valid, dtype=np.int64) for b in sealed])
         flags = None if first.start_flags is None else np.concatenate([b.start_flags for b in sealed], axis=1)
         if all(b.slot == first.slot for b in sealed):
-            return self.storage.batch(first.slot, 0, self.num_envs, first.frames, valid, keys, flags, first.mask)
+            return self.storage.batch(first.slot, first.lane.lo, sealed[-1].lane.hi, first.frames, valid, keys, flags,
+                                      first.mask)
         parts = [self.batch(b, keys) for b in sealed]
         return {k: torch.cat([p[k] for p in parts]) for k in parts[0]}
 

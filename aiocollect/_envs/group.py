@@ -105,10 +105,12 @@ class InProcessGroup(_GroupBase):
     straight from each env's return values.
     """
 
-    def __init__(self, envs: Sequence[gym.Env], device=None):
+    def __init__(self, envs: Sequence[gym.Env], device=None, first: int = 0):
         check_same_spaces(envs)
         super().__init__(envs[0].observation_space, envs[0].action_space, len(envs), device)
         self.envs = list(envs)
+        self.first = first
+        """The index of ``envs[0]`` among its worker's envs (for errors: ``split``)."""
 
     def step_now(self, action: np.ndarray) -> None:
         reward, terminated, truncated = self.reward, self.terminated, self.truncated
@@ -124,7 +126,7 @@ class InProcessGroup(_GroupBase):
                     o, reward[i], terminated[i], truncated[i], _ = env.step(action[i])
                     write(i, o)
         except Exception as exc:
-            _blame(exc, i)
+            _blame(exc, self.first + i)
             raise
 
     def reset_now(self, idx: np.ndarray, seeds: Sequence[int | None] | None = None) -> None:
@@ -134,8 +136,13 @@ class InProcessGroup(_GroupBase):
                 o, _ = self.envs[i].reset(seed=None if seeds is None else seeds[i])
                 self._writer.write_one(i, o)
         except Exception as exc:
-            _blame(exc, int(i))
+            _blame(exc, self.first + int(i))
             raise
+
+    def split(self, bounds: list[tuple[int, int]]) -> list[InProcessGroup]:
+        """Groups over ``envs[a:b]`` for each ``(a, b)``, sharing these env objects (close
+        this group, not them)."""
+        return [InProcessGroup(self.envs[a:b], self.device, self.first + a) for a, b in bounds]
 
     def close(self) -> None:
         for env in self.envs:

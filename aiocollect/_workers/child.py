@@ -106,72 +106,102 @@ class _Worker:
                 f"the collector was planned for {obs_space} / {action_space}: the env factory "
                 "builds different envs in different processes."
             )
-        lo, hi = setup["rows"]
+        parts = setup["parts"]
+        lo, hi = parts[0][1], parts[-1][2]
         if hi - lo != g.num_envs:
             raise ValueError(f"this worker built {g.num_envs} envs, the collector planned {hi - lo}.")
         self.shared = SharedArrays(setup["layout"], shm_fd)
-        self.rows = WorkerRows(self.shared, lo, hi, [leaf.key for leaf in g.obs_leaves],
-                               max_frames_per_traj=setup["max_frames_per_traj"],
-                               reset_when_done=setup["reset_when_done"])
-        self.control = self.shared.control[setup["index"]]
+        groups = g.split([(a - lo, b - lo) for _, a, b in parts]) if len(parts) > 1 else [g]
+        keys = [leaf.key for leaf in g.obs_leaves]
+        self.parts = [
+            (self.shared.control[line], group,
+             WorkerRows(self.shared, a, b, keys, max_frames_per_traj=setup["max_frames_per_traj"],
+                        reset_when_done=setup["reset_when_done"]))
+            for (line, a, b), group in zip(parts, groups)
+        ]
+        """(control line, group, rows) of each part of the envs, stepped in turn."""
+        self.control = self.parts[0][0]
+        """The first part's line: it also holds this process's ``W_ASLEEP``."""
         self.spin_s = setup["spin_s"]
         self._inbox = bytearray(64)
         self._poll = select.poll()
 
     def serve(self, sock: socket.socket) -> int:
-        """Carry out commands until ``CLOSE`` or end-of-file (see ``_workers.protocol``)."""
+        """Carry out commands until ``CLOSE`` or end-of-file (see ``_workers.protocol``).
+
+        With several parts, the next one looked at is the one after the part just
+        served, so that no part waits while another's commands keep coming.
+        """
         from . import protocol
 
-        ctl = self.control
-        group, step, reset = self.group, self.rows.step, self.rows.reset
+        parts = self.parts
+        count = len(parts)
         step_code = protocol.STEP_CODE
         CMD, DONE, E_ASLEEP, SLOT, COL = protocol.CMD, protocol.DONE, protocol.E_ASLEEP, protocol.SLOT, protocol.COL
         ring = protocol.ring
         self._poll.register(sock, select.POLLIN)
         if not self.spin_s:
-            ctl[protocol.W_ASLEEP] = 1  # never spinning: always ring
-        last = 0
+            self.control[protocol.W_ASLEEP] = 1  # never spinning: always ring
+        last = [0] * count
+        j = 0
         while True:
-            word = int(ctl[CMD])
-            if word >> 2 == last:
-                word = self._wait(sock, last)
-                if word is None:
+            for _ in range(count):  # a posted command, from part j on
+                word = int(parts[j][0][CMD])
+                if word >> 2 != last[j]:
+                    break
+                j = j + 1 if j + 1 < count else 0
+            else:
+                got = self._wait(sock, last)
+                if got is None:
                     return 0  # CLOSE, or the engine is gone
-            last, code = word >> 2, word & 3
+                j, word = got
+            ctl, group, rows = parts[j]
+            last[j] = seq = word >> 2
             try:
-                if code == step_code:
-                    step(group, int(ctl[SLOT]), int(ctl[COL]))
+                if word & 3 == step_code:
+                    rows.step(group, int(ctl[SLOT]), int(ctl[COL]))
                 else:
-                    reset(group, int(ctl[SLOT]), int(ctl[COL]))
+                    rows.reset(group, int(ctl[SLOT]), int(ctl[COL]))
             except Exception as exc:  # noqa: BLE001 - reported to the engine
                 sock.sendall(protocol.ERROR + protocol.frame(describe_exception(exc)))
                 continue
-            ctl[DONE] = last
+            ctl[DONE] = seq
             if ctl[E_ASLEEP]:
                 ring(sock)
+            j = j + 1 if j + 1 < count else 0
 
-    def _wait(self, sock: socket.socket, last: int) -> int | None:
-        """The next command word once it is posted; ``None`` on ``CLOSE`` or end-of-file."""
+    def _posted(self, last: list[int]) -> tuple[int, int] | None:
         from . import protocol
 
-        ctl, CMD = self.control, protocol.CMD
+        CMD = protocol.CMD
+        for j, (ctl, _, _) in enumerate(self.parts):
+            word = int(ctl[CMD])
+            if word >> 2 != last[j]:
+                return j, word
+        return None
+
+    def _wait(self, sock: socket.socket, last: list[int]) -> tuple[int, int] | None:
+        """The next posted command, ``(part, word)``; ``None`` on ``CLOSE`` or end-of-file."""
+        from . import protocol
+
+        ctl, posted = self.control, self._posted
         spin_s = self.spin_s
         if spin_s:
             clock, yield_ = time.perf_counter, os.sched_yield
             end = clock() + spin_s
             while clock() < end:
-                word = int(ctl[CMD])
-                if word >> 2 != last:
-                    return word
+                got = posted(last)
+                if got is not None:
+                    return got
                 yield_()
             ctl[protocol.W_ASLEEP] = 1
             timeout_ms = 1  # a doorbell might be missed (see the protocol): look again
         buf = self._inbox
         try:
             while True:
-                word = int(ctl[CMD])
-                if word >> 2 != last:
-                    return word
+                got = posted(last)
+                if got is not None:
+                    return got
                 if spin_s:  # (the socket itself never has a timeout: see protocol.ring)
                     if not self._poll.poll(timeout_ms):
                         timeout_ms = min(timeout_ms * 2, 100)

@@ -8,11 +8,13 @@ Everything here runs on the collector's engine loop (its private uvloop thread):
   waits until each says it is ready, then watches the processes until it is told to stop
   (or cancelled). Its ``finally`` block always stops them: ``CLOSE``, then after a grace
   period ``SIGTERM``, then ``SIGKILL``.
-* a ``Worker`` is the engine's end of one worker: ``post(STEP_CODE)`` and
-  ``completed()`` over its control line (``_workers.protocol``), and a reader callback that
-  turns doorbells and error reports into ``on_reply(worker)`` calls. A worker that
-  died (its socket closed, or its process exited) is reported the same way, with
-  ``worker.error`` set to the [`WorkerError`][aiocollect.WorkerError] to raise.
+* a ``Worker`` is the engine's end of one worker process: its socket, with a reader
+  callback that turns doorbells and error reports into ``on_reply(worker)`` calls, and its
+  ``ports``, one per part of its envs (``_workers.plan``), each with its own control line
+  (``_workers.protocol``): ``post(STEP_CODE)`` and ``completed()``. The scheduler drives
+  ports as lanes (``WorkerPool.lanes``). A worker that died (its socket closed, or its
+  process exited) is reported the same way, with ``worker.error`` set to the
+  [`WorkerError`][aiocollect.WorkerError] to raise.
 
 A dead main process takes its workers with it: their socket reads end-of-file, and on
 Linux they also get ``SIGKILL`` from ``PR_SET_PDEATHSIG``.
@@ -56,7 +58,7 @@ _PACKAGE_ROOT = str(Path(__file__).resolve().parents[2])
 
 
 class Worker:
-    """The engine's end of one worker process."""
+    """The engine's end of one worker process: its process, its socket, its ``ports``."""
 
     def __init__(self, spec: WorkerSpec):
         self.spec = spec
@@ -67,13 +69,12 @@ class Worker:
         self.pid: int | None = None
         self.sock: socket.socket | None = None
         self.error: WorkerError | None = None
-        self.env_steps = 0
         self.on_reply: Callable[[Worker], None] = _ignore
         """Called from the reader callback when a doorbell or an error arrives."""
+        self.ports = [Port(self, lo, hi) for lo, hi in spec.lanes]
+        """One per part of its envs (``WorkerSpec.parts``): the lanes the scheduler drives."""
         self.control: np.ndarray | None = None
-        """This worker's control line in shared memory (see ``_workers.protocol``)."""
-        self._posted = 0
-        self._seen = 0
+        """The first port's control line, which also holds the process's ``W_ASLEEP``."""
         self._inbox = bytearray()
         self._reading = False
 
@@ -81,26 +82,17 @@ class Worker:
     def alive(self) -> bool:
         return self.error is None and self.process is not None and self.process.returncode is None
 
-    def post(self, code: int, slot: int, col: int) -> None:
-        """Ask for ``protocol.STEP_CODE`` or ``RESET_CODE`` at ``slot``, ``col`` of the
-        storage; ring if the worker sleeps."""
-        self._posted += 1
-        ctl = self.control
-        ctl[protocol.SLOT] = slot
-        ctl[protocol.COL] = col
-        ctl[protocol.CMD] = self._posted * 4 + code  # last: the worker acts once it sees it
-        if ctl[protocol.W_ASLEEP]:
+    @property
+    def env_steps(self) -> int:
+        return sum(port.env_steps for port in self.ports)
+
+    def ring(self) -> None:
+        """Wake the worker if it sleeps (see ``_workers.protocol``)."""
+        if self.control[protocol.W_ASLEEP]:
             try:
                 protocol.ring(self.sock)
             except OSError:  # it died (EPIPE) before its socket's EOF reached us
                 self.fail(WorkerError.died(self.index, self.pid, self._exitcode()))
-
-    def completed(self) -> bool:
-        """The last posted command is done and was not reported yet (reports it once)."""
-        if self._seen != self._posted and self.control[protocol.DONE] == self._posted:
-            self._seen = self._posted
-            return True
-        return False
 
     # the reader callback: bytes from the worker -> on_reply(self)
     def start_reading(self) -> None:
@@ -154,6 +146,62 @@ def _ignore(worker: Worker) -> None:
     pass
 
 
+class Port:
+    """One lane of a worker process: a part of its envs, with its own control line.
+
+    The scheduler posts commands to a port and learns of their completion; the process,
+    its socket and its errors are the worker's (``port.worker``).
+    """
+
+    def __init__(self, worker: Worker, lo: int, hi: int):
+        self.worker = worker
+        self.index = worker.index
+        self.lo, self.hi = lo, hi
+        self.num_envs = hi - lo
+        self.env_steps = 0
+        self.control: np.ndarray | None = None
+        """This port's control line in shared memory (see ``_workers.protocol``)."""
+        self._posted = 0
+        self._seen = 0
+
+    @property
+    def error(self) -> WorkerError | None:
+        return self.worker.error
+
+    @property
+    def process(self) -> anyio.abc.Process | None:
+        return self.worker.process
+
+    @property
+    def pid(self) -> int | None:
+        return self.worker.pid
+
+    @property
+    def on_reply(self) -> Callable[[Worker], None]:
+        return self.worker.on_reply
+
+    @on_reply.setter
+    def on_reply(self, callback: Callable[[Worker], None]) -> None:
+        self.worker.on_reply = callback
+
+    def post(self, code: int, slot: int, col: int) -> None:
+        """Ask for ``protocol.STEP_CODE`` or ``RESET_CODE`` at ``slot``, ``col`` of the
+        storage; ring if the worker sleeps."""
+        self._posted += 1
+        ctl = self.control
+        ctl[protocol.SLOT] = slot
+        ctl[protocol.COL] = col
+        ctl[protocol.CMD] = self._posted * 4 + code  # last: the worker acts once it sees it
+        self.worker.ring()
+
+    def completed(self) -> bool:
+        """The last posted command is done and was not reported yet (reports it once)."""
+        if self._seen != self._posted and self.control[protocol.DONE] == self._posted:
+            self._seen = self._posted
+            return True
+        return False
+
+
 class WorkerPool:
     """Starts, watches and stops the workers of one collector; see the module docstring."""
 
@@ -172,10 +220,16 @@ class WorkerPool:
         processes = sum(not spec.coroutine for spec in plan.workers)
         self.spin_s = protocol.spin_budget(processes) if processes else 0.0
         """How long each side spins before blocking (0: never; see ``_workers.protocol``)."""
-        for worker, line in zip(self.workers, self.shared.control):
-            worker.control = line
+        self.lanes = [port for w in self.workers for port in (w.ports if isinstance(w, Worker) else [w])]
+        """What the scheduler drives: every process worker's ports, every coroutine worker."""
+        for lane, line in zip(self.lanes, self.shared.control):
+            lane.control = line
             line[protocol.E_ASLEEP] = 1
             line[protocol.W_ASLEEP] = 1
+        self._lines = {id(lane): k for k, lane in enumerate(self.lanes)}
+        for worker in self.workers:
+            if isinstance(worker, Worker):
+                worker.control = worker.ports[0].control
         self.stop_timeout = 5.0
         self._stopping = False
         self._stop: anyio.Event | None = None
@@ -246,7 +300,7 @@ class WorkerPool:
             "kwargs": self.plan.create_env_kwargs,
             "spaces": (self.plan.observation_space, self.plan.action_space),
             "layout": self.layout,
-            "rows": (spec.lo, spec.hi),
+            "parts": [(self._lines[id(port)], port.lo, port.hi) for port in worker.ports],
             "reset_when_done": self.reset_when_done,
             "max_frames_per_traj": self.max_frames_per_traj,
             "spin_s": self.spin_s,

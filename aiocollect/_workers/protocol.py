@@ -30,6 +30,13 @@ wants it: spinning pays even with more processes than cores (2 workers and the e
 Not spinning is the same protocol with both ``*_ASLEEP`` words always set: a doorbell
 every time, each side blocked on its socket.
 
+**Parts.** A worker whose envs step in parts (``_workers.plan``: two halves, when the
+engine has a core of its own) has one control line per part, and the scheduler drives each
+part as a lane of its own. The worker serves whichever part has a command, starting after
+the part it served last; so while the engine runs the policy for one part, the worker steps
+the other, and neither side waits for a round trip. ``W_ASLEEP`` is the process's: it
+lives in its first part's line. The engine writes ``E_ASLEEP`` to every line.
+
 A one-word write is atomic and x86 keeps stores in order, so a reader that sees a new
 ``CMD`` or ``DONE`` also sees the data written before it. Spinning is limited to x86-64
 for that reason. A doorbell could, in principle, be missed: the sleeper's flag write
@@ -60,7 +67,7 @@ ERROR = b"e"
 STEP_CODE, RESET_CODE = 1, 2
 CMD, DONE, W_ASLEEP, E_ASLEEP, SLOT, COL = 0, 1, 2, 3, 4, 5
 
-SPIN_S = 100e-6
+SPIN_S = float(os.environ.get("AIOCOLLECT_SPIN_US", "100")) * 1e-6
 """How long each side spins (yielding its core between looks) before it blocks."""
 
 _LEN = struct.Struct("<I")
@@ -75,8 +82,12 @@ def spin_budget(num_workers: int = 0) -> float:
         return 0.0 if forced.strip().lower() in ("", "0", "false", "no", "off") else SPIN_S
     if platform.machine().lower() not in ("x86_64", "amd64"):
         return 0.0
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-    return SPIN_S if num_workers + 1 <= cores else 0.0
+    return SPIN_S if num_workers + 1 <= usable_cores() else 0.0
+
+
+def usable_cores() -> int:
+    """The cores this process may run on."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
 def ring(sock: socket.socket) -> None:

@@ -26,9 +26,9 @@ field               meaning
 ``seed_set``
 ==================  ==========================================================================
 
-After the fields comes the *control block*: one 64-byte line of ``int64`` per worker (not
-per env), through which commands, their slot and column, and completions pass (see
-``_workers.protocol``).
+After the fields comes the *control block*: one 64-byte line of ``int64`` per lane (a
+worker, or a part of a worker's envs: ``_workers.plan``; not per env), through which
+commands, their slot and column, and completions pass (see ``_workers.protocol``).
 
 The segment is anonymous (``memfd_create``): it has no name under ``/dev/shm``, is
 handed to the workers as an inherited file descriptor, and disappears when the last
@@ -48,7 +48,7 @@ import numpy as np
 
 _ALIGN = 64
 CONTROL_WORDS = _ALIGN // 8
-"""int64 words per worker in the control block: one cache line each."""
+"""int64 words per lane in the control block: one cache line each."""
 
 
 @dataclass(frozen=True)
@@ -72,13 +72,13 @@ class Layout:
     size: int
     num_obs: int
     control: Field
-    """``(workers, CONTROL_WORDS)`` int64: each worker's control line."""
+    """``(lanes, CONTROL_WORDS)`` int64: each lane's control line."""
     slots: int = 2
     columns: int = 1
 
     @classmethod
     def plan(cls, obs: list[tuple[np.dtype, tuple[int, ...]]], action: tuple[np.dtype, tuple[int, ...]],
-             num_envs: int, num_workers: int, columns: int = 1, slots: int = 2) -> Layout:
+             num_envs: int, num_lanes: int, columns: int = 1, slots: int = 2) -> Layout:
         """``obs``: (dtype, per-env shape) of each observation leaf; ``action`` likewise;
         ``columns``: steps per env of the longest batch; ``slots``: batches held at once."""
         k, t, n = slots, columns, num_envs
@@ -100,7 +100,7 @@ class Layout:
             field = Field(name, np.dtype(dtype).str, shape, offset)
             fields.append(field)
             offset += -(-max(field.nbytes, 1) // _ALIGN) * _ALIGN
-        control = Field("control", np.dtype(np.int64).str, (num_workers, CONTROL_WORDS), offset)
+        control = Field("control", np.dtype(np.int64).str, (num_lanes, CONTROL_WORDS), offset)
         return cls(tuple(fields), offset + control.nbytes, len(obs), control, k, t)
 
 
@@ -139,7 +139,7 @@ class SharedArrays:
             self.arrays[f.name] = np.frombuffer(self._map, f.dtype, count, f.offset).reshape(f.shape)
         c = layout.control
         self.control = np.frombuffer(self._map, c.dtype, c.shape[0] * c.shape[1], c.offset).reshape(c.shape)
-        """Row ``k``: worker ``k``'s control line."""
+        """Row ``k``: lane ``k``'s control line."""
 
     def obs(self, prefix: str = "obs") -> list[np.ndarray]:
         """The arrays of every observation leaf (``"obs"`` or ``"next_obs"``), in leaf order."""

@@ -17,6 +17,7 @@ from gymnasium import spaces
 from gymnasium.vector import SyncVectorEnv
 
 from aiocollect import AsyncEnv
+from aiocollect._workers import plan as plan_module
 from aiocollect._workers.plan import WorkerSpec, plan_workers
 
 
@@ -101,6 +102,47 @@ def test_lists_and_vector_envs_give_batched_workers_with_their_env_counts():
     assert plan.num_envs == 9
     # the VectorEnv's single spaces are the workers' spaces
     assert plan.observation_space == spaces.Box(-1, 1, (2,), np.float32)
+
+
+def test_with_pipelining_a_list_of_envs_steps_in_two_parts_the_rest_in_one(monkeypatch):
+    """Parts (``WorkerSpec.parts``) need envs this process steps one by one: not a single env,
+    not a ``VectorEnv`` (stepped all at once), not coroutine envs (no process)."""
+    monkeypatch.setenv("AIOCOLLECT_PIPELINE", "1")
+    make = Recorder()
+    plan = plan_workers([[make] * 5, make, lambda: SyncVectorEnv([BoxEnv] * 3), [make, make], [CoroEnv] * 2],
+                        None)
+    assert [w.parts for w in plan.workers] == [((0, 3), (3, 5)), (), (), ((9, 10), (10, 11)), ()]
+    assert [w.lanes for w in plan.workers] == [((0, 3), (3, 5)), ((5, 6),), ((6, 9),), ((9, 10), (10, 11)),
+                                               ((11, 13),)]
+    assert plan.num_lanes == 7
+
+
+@pytest.mark.parametrize(("value", "on"), [("0", False), ("off", False), ("", False), ("1", True), ("yes", True)])
+def test_aiocollect_pipeline_forces_parts_on_or_off(value, on, monkeypatch):
+    monkeypatch.setenv("AIOCOLLECT_PIPELINE", value)
+    plan = plan_workers([[Recorder()] * 4] * 8, None)
+    assert all(w.parts == (((w.lo, w.lo + 2), (w.lo + 2, w.hi)) if on else ()) for w in plan.workers)
+    assert plan.num_lanes == (16 if on else 8)
+
+
+@pytest.mark.parametrize(("cores", "processes", "on"), [(2, 1, True), (2, 2, False), (16, 8, True), (16, 9, False)])
+def test_by_default_workers_pipeline_when_the_engine_has_cores_to_spare(cores, processes, on, monkeypatch):
+    monkeypatch.delenv("AIOCOLLECT_PIPELINE", raising=False)
+    monkeypatch.setattr(plan_module, "usable_cores", lambda: cores)
+    assert plan_module.pipeline(processes) is on
+    least = 2 * plan_module.MIN_PART
+    plan = plan_workers([[Recorder()] * least] * processes + [[CoroEnv] * least] * 3, None)  # coroutine: no process
+    assert all(bool(w.parts) is on for w in plan.workers if not w.coroutine)
+    assert not any(w.parts for w in plan.workers if w.coroutine)
+
+
+def test_by_default_a_worker_needs_two_parts_worth_of_envs(monkeypatch):
+    monkeypatch.delenv("AIOCOLLECT_PIPELINE", raising=False)
+    monkeypatch.setattr(plan_module, "usable_cores", lambda: 64)
+    least = 2 * plan_module.MIN_PART
+    plan = plan_workers([[Recorder()] * (least - 1), [Recorder()] * least, [Recorder()] * (least + 1)], None)
+    assert [len(w.lanes) for w in plan.workers] == [1, 2, 2]
+    assert least == 8 and plan.workers[2].parts == ((15, 20), (20, 24))  # rows 0:7, 7:15, 15:24
 
 
 def test_an_env_id_is_an_entry():

@@ -30,7 +30,7 @@ ACTION = (np.dtype(np.int64), ())
 def segment():
     """A layout for 4 envs in 2 workers, 3 columns, 2 slots; its memfd and one mapping of
     it; the fd is closed after."""
-    layout = Layout.plan(OBS, ACTION, num_envs=4, num_workers=2, columns=3, slots=2)
+    layout = Layout.plan(OBS, ACTION, num_envs=4, num_lanes=2, columns=3, slots=2)
     fd = create_segment(layout.size)
     try:
         yield layout, fd, SharedArrays(layout, fd)
@@ -42,7 +42,7 @@ def segment():
 
 
 def test_layout_lays_the_fields_out_time_major_in_order_each_on_its_own_cache_lines():
-    layout = Layout.plan(OBS, ACTION, num_envs=4, num_workers=2, columns=3, slots=2)
+    layout = Layout.plan(OBS, ACTION, num_envs=4, num_lanes=2, columns=3, slots=2)
     assert [(f.name, f.dtype, f.shape, f.offset) for f in layout.fields] == [
         ("obs0", "<f4", (2, 4, 4, 3), 0),  # 2 * 4 * 4 * 3 * 4 = 384 bytes: 6 lines
         ("next_obs0", "<f4", (2, 3, 4, 3), 384),  # 288 bytes, padded to 5 lines (320)
@@ -63,7 +63,7 @@ def test_layout_lays_the_fields_out_time_major_in_order_each_on_its_own_cache_li
 
 
 def test_layout_defaults_to_one_column_and_two_slots():
-    layout = Layout.plan(OBS, ACTION, num_envs=4, num_workers=2)
+    layout = Layout.plan(OBS, ACTION, num_envs=4, num_lanes=2)
     shapes = {f.name: f.shape for f in layout.fields}
     assert (layout.slots, layout.columns) == (2, 1)
     assert shapes["obs0"] == (2, 2, 4, 3) and shapes["next_obs0"] == (2, 1, 4, 3)
@@ -72,7 +72,7 @@ def test_layout_defaults_to_one_column_and_two_slots():
 
 
 def test_a_field_larger_than_a_line_takes_whole_lines():
-    layout = Layout.plan([(np.dtype(np.float64), (5, 2))], (np.dtype(np.float32), (3,)), num_envs=7, num_workers=3,
+    layout = Layout.plan([(np.dtype(np.float64), (5, 2))], (np.dtype(np.float32), (3,)), num_envs=7, num_lanes=3,
                          columns=2, slots=3)
     fields = {f.name: f for f in layout.fields}
     assert fields["obs0"].shape == (3, 3, 7, 5, 2)
@@ -91,14 +91,14 @@ def test_a_field_larger_than_a_line_takes_whole_lines():
 
 
 def test_an_empty_field_still_gets_its_own_line():
-    layout = Layout.plan([(np.dtype(np.float32), (0,))], ACTION, num_envs=2, num_workers=1)
+    layout = Layout.plan([(np.dtype(np.float32), (0,))], ACTION, num_envs=2, num_lanes=1)
     fields = {f.name: f for f in layout.fields}
     assert fields["obs0"].nbytes == 0 and fields["next_obs0"].nbytes == 0
     assert (fields["obs0"].offset, fields["next_obs0"].offset, fields["reward"].offset) == (0, 64, 128)
 
 
 def test_a_layout_survives_pickling():
-    layout = Layout.plan(OBS, ACTION, num_envs=4, num_workers=2, columns=5)
+    layout = Layout.plan(OBS, ACTION, num_envs=4, num_lanes=2, columns=5)
     assert pickle.loads(pickle.dumps(layout)) == layout
 
 
@@ -165,7 +165,7 @@ def test_two_mappings_of_one_segment_see_each_others_writes(segment):
 
 
 def test_the_mapping_outlives_the_fd():
-    layout = Layout.plan(OBS, ACTION, num_envs=2, num_workers=1)
+    layout = Layout.plan(OBS, ACTION, num_envs=2, num_lanes=1)
     fd = create_segment(layout.size)
     shared = SharedArrays(layout, fd)
     os.close(fd)

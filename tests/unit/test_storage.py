@@ -37,7 +37,7 @@ N, T, K = 4, 3, 2  # envs (two workers: rows 0:2 and 2:4), columns, slots
 
 @pytest.fixture
 def shared():
-    layout = Layout.plan(OBS, ACTION, num_envs=N, num_workers=2, columns=T, slots=K)
+    layout = Layout.plan(OBS, ACTION, num_envs=N, num_lanes=2, columns=T, slots=K)
     fd = create_segment(layout.size)
     try:
         yield SharedArrays(layout, fd)

@@ -22,18 +22,14 @@ def test_collection_goes_on_when_every_doorbell_is_missed(cls, monkeypatch):
     monkeypatch.setenv("AIOCOLLECT_SPIN", "1")
     rung = []
 
-    def post_without_ringing(self, code, slot, col):
-        self._posted += 1
-        self.control[protocol.SLOT] = slot
-        self.control[protocol.COL] = col
-        self.control[protocol.CMD] = self._posted * 4 + code
-        rung.append(code)
+    def never_ring(self):
+        rung.append(1)  # (asked to ring, the worker being asleep or not)
 
     def never_asleep(self, flag):
         for lane in self.lanes:
             lane.worker.control[protocol.E_ASLEEP] = 0
 
-    monkeypatch.setattr(pool_module.Worker, "post", post_without_ringing)
+    monkeypatch.setattr(pool_module.Worker, "ring", never_ring)
     monkeypatch.setattr(scheduler_module.Scheduler, "_engine_asleep", never_asleep)
     fpb = 20 if cls is MultiSyncCollector else 10
     t0 = time.monotonic()
@@ -56,13 +52,13 @@ def test_stale_doorbells_piling_up_in_a_socket_never_fail_a_worker(cls, monkeypa
     socket seldom: the buffer fills within a few hundred steps."""
     monkeypatch.setenv("AIOCOLLECT_SPIN", "1")
     monkeypatch.setattr(protocol, "SPIN_S", 0.05)  # the workers rarely sleep, so rarely read
-    original = pool_module.Worker.post
+    original = pool_module.Worker.ring
 
-    def post_and_always_ring(self, code, slot, col):
+    def always_ring(self):
         self.control[protocol.W_ASLEEP] = 1  # (the worker clears it when it wakes)
-        original(self, code, slot, col)
+        original(self)
 
-    monkeypatch.setattr(pool_module.Worker, "post", post_and_always_ring)
+    monkeypatch.setattr(pool_module.Worker, "ring", always_ring)
     fpb = 2 * 500 if cls is MultiSyncCollector else 500
     with cls([lambda: CounterEnv(max_len=1000)] * 2, None, frames_per_batch=fpb, total_frames=4 * fpb) as c:
         batches = list(c)
