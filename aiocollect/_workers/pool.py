@@ -219,7 +219,9 @@ class WorkerPool:
         self.shared = SharedArrays(layout, self.shm_fd)
         processes = sum(not spec.coroutine for spec in plan.workers)
         self.spin_s = protocol.spin_budget(processes) if processes else 0.0
-        """How long each side spins before blocking (0: never; see ``_workers.protocol``)."""
+        """How long the engine spins before blocking (0: never; see ``_workers.protocol``)."""
+        self.worker_spin_s = protocol.worker_spin_budget(processes)
+        """How long a worker spins before blocking."""
         self.lanes = [port for w in self.workers for port in (w.ports if isinstance(w, Worker) else [w])]
         """What the scheduler drives: every process worker's ports, every coroutine worker."""
         for lane, line in zip(self.lanes, self.shared.control):
@@ -303,7 +305,7 @@ class WorkerPool:
             "parts": [(self._lines[id(port)], port.lo, port.hi) for port in worker.ports],
             "reset_when_done": self.reset_when_done,
             "max_frames_per_traj": self.max_frames_per_traj,
-            "spin_s": self.spin_s,
+            "spin_s": self.worker_spin_s,
         }
         await loop.sock_sendall(parent, protocol.frame(setup))
         reply = await self._recv_frame(worker)

@@ -30,6 +30,14 @@ wants it: spinning pays even with more processes than cores (2 workers and the e
 Not spinning is the same protocol with both ``*_ASLEEP`` words always set: a doorbell
 every time, each side blocked on its socket.
 
+With more processes than cores, the engine does not spin (it sleeps in its event loop,
+woken by the workers' doorbells), but the workers still spin, for up to
+``WORKER_SPIN_S``: a worker that waits for its next command gives its core to whoever
+wants it at each look, and when the command comes, it needs no doorbell and no wakeup.
+Sleeping workers spent about half their CPU time in those two system calls (``py-spy``,
+2 workers x 16 CartPole envs on the 2-core VM); spinning workers collect 10-45% faster
+there (``benchmarks/README.md``).
+
 **Parts.** A worker whose envs step in parts (``_workers.plan``: two halves, when the
 engine has a core of its own) has one control line per part, and the scheduler drives each
 part as a lane of its own. The worker serves whichever part has a command, starting after
@@ -67,22 +75,44 @@ ERROR = b"e"
 STEP_CODE, RESET_CODE = 1, 2
 CMD, DONE, W_ASLEEP, E_ASLEEP, SLOT, COL = 0, 1, 2, 3, 4, 5
 
-SPIN_S = float(os.environ.get("AIOCOLLECT_SPIN_US", "100")) * 1e-6
+SPIN_S = 100e-6
 """How long each side spins (yielding its core between looks) before it blocks."""
+WORKER_SPIN_S = 1e-3
+"""How long a worker spins when the engine does not (more processes than cores)."""
 
 _LEN = struct.Struct("<I")
 
 
 def spin_budget(num_workers: int = 0) -> float:
-    """Seconds each side spins before blocking: ``SPIN_S`` on x86-64 (see the module
-    docstring), else 0. ``AIOCOLLECT_SPIN=0`` (or ``false``, ``no``, ``off``) turns it off,
-    any other value on (on at your own risk off x86-64)."""
-    forced = os.environ.get("AIOCOLLECT_SPIN")
+    """Seconds the engine spins before blocking: ``SPIN_S`` on x86-64 when it and the
+    ``num_workers`` workers each have a core (see the module docstring), else 0.
+    ``AIOCOLLECT_SPIN=0`` (or ``false``, ``no``, ``off``) turns it off, any other value on
+    (on at your own risk off x86-64)."""
+    forced = _forced()
     if forced is not None:
-        return 0.0 if forced.strip().lower() in ("", "0", "false", "no", "off") else SPIN_S
+        return SPIN_S if forced else 0.0
     if platform.machine().lower() not in ("x86_64", "amd64"):
         return 0.0
     return SPIN_S if num_workers + 1 <= usable_cores() else 0.0
+
+
+def worker_spin_budget(num_workers: int = 0) -> float:
+    """Seconds a worker spins before blocking: as the engine where the engine spins; where
+    it does not (more processes than cores), ``WORKER_SPIN_S``. ``AIOCOLLECT_SPIN`` as for
+    ``spin_budget``."""
+    forced = _forced()
+    if forced is not None:
+        return SPIN_S if forced else 0.0
+    if platform.machine().lower() not in ("x86_64", "amd64"):
+        return 0.0
+    return spin_budget(num_workers) or WORKER_SPIN_S
+
+
+def _forced() -> bool | None:
+    forced = os.environ.get("AIOCOLLECT_SPIN")
+    if forced is None:
+        return None
+    return forced.strip().lower() not in ("", "0", "false", "no", "off")
 
 
 def usable_cores() -> int:

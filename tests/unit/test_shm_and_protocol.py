@@ -261,6 +261,26 @@ def test_spin_budget_never_spins_by_default_off_x86_64(machine, monkeypatch):
     assert protocol.spin_budget() == 0.0
 
 
+@pytest.mark.parametrize(("cores", "workers", "engine", "worker"), [
+    (2, 1, protocol.SPIN_S, protocol.SPIN_S),
+    (2, 2, 0.0, protocol.WORKER_SPIN_S),
+    (16, 15, protocol.SPIN_S, protocol.SPIN_S),
+    (16, 31, 0.0, protocol.WORKER_SPIN_S),
+])
+def test_with_more_processes_than_cores_only_the_workers_spin(cores, workers, engine, worker, monkeypatch):
+    monkeypatch.delenv("AIOCOLLECT_SPIN", raising=False)
+    monkeypatch.setattr(protocol.platform, "machine", lambda: "x86_64")
+    monkeypatch.setattr(protocol, "usable_cores", lambda: cores)
+    assert (protocol.spin_budget(workers), protocol.worker_spin_budget(workers)) == (engine, worker)
+    monkeypatch.setattr(protocol.platform, "machine", lambda: "arm64")
+    assert (protocol.spin_budget(workers), protocol.worker_spin_budget(workers)) == (0.0, 0.0)
+    for off in ("0", "off"):
+        monkeypatch.setenv("AIOCOLLECT_SPIN", off)
+        assert (protocol.spin_budget(workers), protocol.worker_spin_budget(workers)) == (0.0, 0.0)
+    monkeypatch.setenv("AIOCOLLECT_SPIN", "1")
+    assert (protocol.spin_budget(workers), protocol.worker_spin_budget(workers)) == (protocol.SPIN_S,) * 2
+
+
 @pytest.mark.parametrize(("value", "expected"), [
     ("", 0.0), ("0", 0.0), (" 0", 0.0), ("false", 0.0), ("FALSE", 0.0), ("no", 0.0), ("No", 0.0),
     ("off", 0.0), (" OFF ", 0.0),
