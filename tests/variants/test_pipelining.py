@@ -74,9 +74,9 @@ def collect(cls, pipeline: str, monkeypatch, workers: int, envs: int, per_worker
     return {k: v[:per_worker] for k, v in got.items()}, {"state": state, "stats": stats}
 
 
-@pytest.mark.parametrize("cls", [MultiSyncCollector, MultiAsyncCollector])
-@pytest.mark.parametrize("envs", [2, 3])
+@pytest.mark.parametrize(("cls", "envs"), [(MultiSyncCollector, 2), (MultiSyncCollector, 3), (MultiAsyncCollector, 3)])
 def test_parts_give_the_batches_whole_workers_give(cls, envs, monkeypatch):
+    """(3 envs: parts of 2 and 1.)"""
     whole, whole_state = collect(cls, "0", monkeypatch, 2, envs, 3)
     parts, parts_state = collect(cls, "1", monkeypatch, 2, envs, 3)
     assert whole.keys() == parts.keys()
