@@ -8,9 +8,11 @@ factories arrive pickled by value with cloudpickle.
 Its life:
 
 1. read the setup message (``sys.path``, the pickled env entry, the shared-memory layout,
-   its rows), build the envs, check their spaces, answer ``("ready", pid)``;
-2. loop: wait for a command in its control line (``_workers.protocol``), step or reset the
-   envs, write its completion. A step writes straight into the rollout storage
+   its parts: each a control line and rows), build the envs, check their spaces, answer
+   ``("ready", pid)``;
+2. loop: wait for a command in a part's control line (``_workers.protocol``; with two
+   parts, the worker steps one while the engine runs the policy for the other), step or
+   reset that part's envs, write its completion. A step writes straight into the rollout storage
    (``_workers.shm``) at the slot and column it was given: what the envs returned at
    column ``t``, and the observations the next step starts from at ``t + 1``. Envs that
    finished are reset right away (unless ``reset_when_done`` is off), their next
