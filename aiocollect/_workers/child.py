@@ -95,6 +95,7 @@ class _Worker:
         import cloudpickle
 
         from .._envs.group import make_group
+        from .protocol import CMD
         from .rows import WorkerRows
         from .shm import SharedArrays
 
@@ -127,6 +128,7 @@ class _Worker:
         self.spin_s = setup["spin_s"]
         self._inbox = bytearray(64)
         self._poll = select.poll()
+        self._cmd = CMD
 
     def serve(self, sock: socket.socket) -> int:
         """Carry out commands until ``CLOSE`` or end-of-file (see ``_workers.protocol``).
@@ -139,24 +141,19 @@ class _Worker:
         parts = self.parts
         count = len(parts)
         step_code = protocol.STEP_CODE
-        CMD, DONE, E_ASLEEP, SLOT, COL = protocol.CMD, protocol.DONE, protocol.E_ASLEEP, protocol.SLOT, protocol.COL
+        DONE, E_ASLEEP, SLOT, COL = protocol.DONE, protocol.E_ASLEEP, protocol.SLOT, protocol.COL
         ring = protocol.ring
         self._poll.register(sock, select.POLLIN)
         if not self.spin_s:
             self.control[protocol.W_ASLEEP] = 1  # never spinning: always ring
+        posted = self._posted
         last = [0] * count
         j = 0
         while True:
-            for _ in range(count):  # a posted command, from part j on
-                word = int(parts[j][0][CMD])
-                if word >> 2 != last[j]:
-                    break
-                j = j + 1 if j + 1 < count else 0
-            else:
-                got = self._wait(sock, last)
-                if got is None:
-                    return 0  # CLOSE, or the engine is gone
-                j, word = got
+            got = posted(last, j) or self._wait(sock, last, j)
+            if got is None:
+                return 0  # CLOSE, or the engine is gone
+            j, word = got
             ctl, group, rows = parts[j]
             last[j] = seq = word >> 2
             try:
@@ -172,17 +169,19 @@ class _Worker:
                 ring(sock)
             j = j + 1 if j + 1 < count else 0
 
-    def _posted(self, last: list[int]) -> tuple[int, int] | None:
-        from . import protocol
-
-        CMD = protocol.CMD
-        for j, (ctl, _, _) in enumerate(self.parts):
-            word = int(ctl[CMD])
+    def _posted(self, last: list[int], j: int) -> tuple[int, int] | None:
+        """A part with a command not yet served, looking from part ``j`` on, and its
+        command word; ``None`` if there is none."""
+        parts, cmd = self.parts, self._cmd
+        count = len(parts)
+        for _ in range(count):
+            word = int(parts[j][0][cmd])
             if word >> 2 != last[j]:
                 return j, word
+            j = j + 1 if j + 1 < count else 0
         return None
 
-    def _wait(self, sock: socket.socket, last: list[int]) -> tuple[int, int] | None:
+    def _wait(self, sock: socket.socket, last: list[int], j: int) -> tuple[int, int] | None:
         """The next posted command, ``(part, word)``; ``None`` on ``CLOSE`` or end-of-file."""
         from . import protocol
 
@@ -192,7 +191,7 @@ class _Worker:
             clock, yield_ = time.perf_counter, os.sched_yield
             end = clock() + spin_s
             while clock() < end:
-                got = posted(last)
+                got = posted(last, j)
                 if got is not None:
                     return got
                 yield_()
@@ -201,7 +200,7 @@ class _Worker:
         buf = self._inbox
         try:
             while True:
-                got = posted(last)
+                got = posted(last, j)
                 if got is not None:
                     return got
                 if spin_s:  # (the socket itself never has a timeout: see protocol.ring)

@@ -14,7 +14,6 @@ process, so that bad input fails with a clear error *before* a worker is spawned
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -23,7 +22,7 @@ import gymnasium as gym
 from gymnasium.vector import VectorEnv
 
 from .._envs.group import InProcessGroup, check_not_torchrl, make_group
-from .protocol import usable_cores
+from .protocol import env_flag, usable_cores
 
 
 @dataclass(frozen=True)
@@ -151,7 +150,7 @@ def plan_workers(create_env_fn: Any, create_env_kwargs: dict | None) -> WorkerPl
         separable.append(separable_here)
         lo += n
     if pipeline(sum(not w.coroutine for w in specs)):
-        least = 1 if os.environ.get("AIOCOLLECT_PIPELINE") is not None else MIN_PART
+        least = 1 if env_flag("AIOCOLLECT_PIPELINE") else MIN_PART
         specs = [replace(w, parts=_halves(w.lo, w.num_envs, least)) if ok else w for w, ok in zip(specs, separable)]
     return WorkerPlan(tuple(specs), first[0], first[1], kwargs)
 
@@ -178,8 +177,6 @@ def pipeline(processes: int) -> bool:
     collect up to 27% slower (``benchmarks/README.md``). ``AIOCOLLECT_PIPELINE=0``/``1``
     forces it off/on (for any worker with at least 2 envs).
     """
-    forced = os.environ.get("AIOCOLLECT_PIPELINE")
-    if forced is not None:
-        return forced.strip().lower() not in ("", "0", "false", "no", "off")
-    return 2 * processes <= usable_cores()
+    forced = env_flag("AIOCOLLECT_PIPELINE")
+    return forced if forced is not None else 2 * processes <= usable_cores()
 

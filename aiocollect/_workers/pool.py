@@ -73,8 +73,6 @@ class Worker:
         """Called from the reader callback when a doorbell or an error arrives."""
         self.ports = [Port(self, lo, hi) for lo, hi in spec.lanes]
         """One per part of its envs (``WorkerSpec.parts``): the lanes the scheduler drives."""
-        self.control: np.ndarray | None = None
-        """The first port's control line, which also holds the process's ``W_ASLEEP``."""
         self._inbox = bytearray()
         self._reading = False
 
@@ -85,6 +83,11 @@ class Worker:
     @property
     def env_steps(self) -> int:
         return sum(port.env_steps for port in self.ports)
+
+    @property
+    def control(self) -> np.ndarray | None:
+        """The first port's control line, which also holds the process's ``W_ASLEEP``."""
+        return self.ports[0].control
 
     def ring(self) -> None:
         """Wake the worker if it sleeps (see ``_workers.protocol``)."""
@@ -229,9 +232,6 @@ class WorkerPool:
             line[protocol.E_ASLEEP] = 1
             line[protocol.W_ASLEEP] = 1
         self._lines = {id(lane): k for k, lane in enumerate(self.lanes)}
-        for worker in self.workers:
-            if isinstance(worker, Worker):
-                worker.control = worker.ports[0].control
         self.stop_timeout = 5.0
         self._stopping = False
         self._stop: anyio.Event | None = None

@@ -88,31 +88,35 @@ def spin_budget(num_workers: int = 0) -> float:
     ``num_workers`` workers each have a core (see the module docstring), else 0.
     ``AIOCOLLECT_SPIN=0`` (or ``false``, ``no``, ``off``) turns it off, any other value on
     (on at your own risk off x86-64)."""
-    forced = _forced()
+    forced = env_flag("AIOCOLLECT_SPIN")
     if forced is not None:
         return SPIN_S if forced else 0.0
-    if platform.machine().lower() not in ("x86_64", "amd64"):
+    if not _x86_64():
         return 0.0
     return SPIN_S if num_workers + 1 <= usable_cores() else 0.0
 
 
 def worker_spin_budget(num_workers: int = 0) -> float:
-    """Seconds a worker spins before blocking: as the engine where the engine spins; where
-    it does not (more processes than cores), ``WORKER_SPIN_S``. ``AIOCOLLECT_SPIN`` as for
-    ``spin_budget``."""
-    forced = _forced()
-    if forced is not None:
-        return SPIN_S if forced else 0.0
-    if platform.machine().lower() not in ("x86_64", "amd64"):
-        return 0.0
-    return spin_budget(num_workers) or WORKER_SPIN_S
+    """Seconds a worker spins before blocking: as the engine where the engine spins, or
+    where ``AIOCOLLECT_SPIN`` or the machine decides; otherwise (more processes than cores)
+    ``WORKER_SPIN_S``."""
+    engine = spin_budget(num_workers)
+    if engine or env_flag("AIOCOLLECT_SPIN") is not None or not _x86_64():
+        return engine
+    return WORKER_SPIN_S
 
 
-def _forced() -> bool | None:
-    forced = os.environ.get("AIOCOLLECT_SPIN")
-    if forced is None:
+def env_flag(name: str) -> bool | None:
+    """An on/off environment variable: ``None`` if unset; off for ``0``, ``false``, ``no``,
+    ``off`` or empty (any case, spaces ignored); on for anything else."""
+    value = os.environ.get(name)
+    if value is None:
         return None
-    return forced.strip().lower() not in ("", "0", "false", "no", "off")
+    return value.strip().lower() not in ("", "0", "false", "no", "off")
+
+
+def _x86_64() -> bool:
+    return platform.machine().lower() in ("x86_64", "amd64")
 
 
 def usable_cores() -> int:
