@@ -122,3 +122,20 @@ def test_state_dict_round_trip_with_parts(monkeypatch):
         assert again[f"worker{w}"]["completed_trajectories"] == state[f"worker{w}"]["completed_trajectories"]
     assert batch["collector", "traj_ids"].min() >= state["traj_pool"]["next_traj_id"]
     assert np.all(batch["collector", "traj_ids"].numpy() >= 0)
+
+
+@pytest.mark.parametrize("cls", [MultiSyncCollector, MultiAsyncCollector])
+async def test_async_for_over_parts_gives_the_batches_of_plain_for_over_whole_workers(cls, monkeypatch):
+    whole, _ = collect(cls, "0", monkeypatch, 1, 3, 3)  # one worker: MultiAsync's order is fixed
+    monkeypatch.setenv("AIOCOLLECT_PIPELINE", "1")
+    fpb = 7 * 3
+    got = []
+    async with cls(entries(1, 3), deterministic_policy(), frames_per_batch=fpb, total_frames=3 * fpb) as c:
+        assert len(c._worker_lanes[0]) == 2
+        c.set_seed(3)
+        async for batch in c:
+            got.append(content(batch))
+    assert len(got) == 3
+    for a, b in zip(whole[0], got, strict=True):
+        for k in a:
+            assert torch.equal(a[k], b[k]), k
