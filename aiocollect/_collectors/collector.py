@@ -1,12 +1,16 @@
 """``Collector``: one env group in this process, batches on demand.
 
-Gymnasium envs (and vector envs) run on the scheduler of the worker collectors
-(``_engine.scheduler``), over one ``InlineWorker`` (``_workers.inline_worker``) that steps
-the group right here, into a private storage of one batch, through the scheduler's
-synchronous fast path (``run_inline``). Coroutine envs run on the coroutine engine
-(``_engine.coroutines``). This module builds the env group and the policy setup,
-validates the options, and turns each batch into a TensorDict. What the user sees is
-described in the class docstring.
+Every env runs on the scheduler of the worker collectors (``_engine.scheduler``), into a
+private storage of one batch:
+
+* gymnasium envs (and vector envs) over one ``InlineWorker`` (``_workers.inline_worker``)
+  that steps the group right here, through the scheduler's synchronous fast path
+  (``run_inline``);
+* coroutine envs each as a lane of their own (``_workers.coroutine_envs``), stepped as
+  tasks on the collector's loop, with the scheduler's per-env rounds.
+
+This module builds the env group and the policy setup, validates the options, and turns
+each batch into a TensorDict. What the user sees is described in the class docstring.
 """
 
 from __future__ import annotations
@@ -16,18 +20,16 @@ import os
 from collections import OrderedDict
 from typing import Any
 
-import numpy as np
 import torch
 from tensordict import TensorDictBase
 from tensordict.nn import InteractionType
 
-from .._engine.buffer import RolloutBuffer
-from .._engine.coroutines import CoroutineEngine
 from .._engine.scheduler import Scheduler
 from .._envs.coroutine_group import CoroutineGroup
 from .._envs.group import check_create_env_fn, make_group
-from .._errors import CollectorError, EnvError, StepTimeoutError
+from .._errors import CollectorError, EnvError
 from .._policies.setup import PolicySetup, check_policy
+from .._workers.coroutine_envs import CoroutineEnvs
 from .._workers.inline_worker import InlineWorker
 from .._workers.shm import Layout, SharedArrays
 from .base import DataCollectorBase
@@ -189,28 +191,32 @@ class Collector(DataCollectorBase):
         (on ``policy_device``), the given object otherwise, a
         [`RandomPolicy`][aiocollect.RandomPolicy] for ``policy=None``."""
         self._same_td: TensorDictBase | None = None
-        if self._coroutine:
-            # coroutine envs belong to one loop for their whole life: the collector's own
-            self._book = CoroutineEngine(group, max_frames_per_traj=options.max_frames_per_traj,
-                                           batching=batching)
-            self._persistent_loop = True
-            self._resources.loop = LoopThread()
-            self._resources.aclosers.append(group.aclose)
-            self._buffer: RolloutBuffer | None = None
-            return
-        # the scheduler of the worker collectors, over one worker that steps the group inline,
-        # writing into a private (unshared) storage of one batch
+        # the scheduler of the worker collectors, writing into a private (unshared) storage
+        # of one batch, over one worker that steps the group inline, or one lane per
+        # coroutine env
         leaves = group.obs_leaves
         check = group.check_action
         layout = Layout.plan([(leaf.dtype, leaf.shape) for leaf in leaves], (check.dtype, check.shape), n, 1,
                              columns=self._steps_per_batch, slots=1)
         shared = SharedArrays(layout, -1)  # anonymous private memory: nobody else maps it
-        worker = InlineWorker(group, shared, max_frames_per_traj=options.max_frames_per_traj,
-                              reset_when_done=options.reset_when_done)
-        self._scheduler = Scheduler(shared, [worker], leaves, check,
+        if self._coroutine:
+            # coroutine envs belong to one loop for their whole life: the collector's own
+            self._envs = CoroutineEnvs(group, shared, max_frames_per_traj=options.max_frames_per_traj,
+                                       step_timeout=batching.step_timeout)
+            workers = self._envs.lanes
+            self._persistent_loop = True
+            self._resources.loop = LoopThread()
+            self._resources.aclosers.append(self._envs.aclose)
+        else:
+            workers = [InlineWorker(group, shared, max_frames_per_traj=options.max_frames_per_traj,
+                                    reset_when_done=options.reset_when_done)]
+        self._scheduler = Scheduler(shared, workers, leaves, check,
                                     step_count=options.max_frames_per_traj is not None,
-                                    reset_when_done=options.reset_when_done)
+                                    reset_when_done=options.reset_when_done,
+                                    batching=batching if self._coroutine else None)
         self._book = self._scheduler.timelines
+        self._batch_start = 0
+        """Env steps taken before the batch under way began (coroutine envs)."""
 
     # ------------------------------------------------------------------ collection
 
@@ -221,8 +227,6 @@ class Collector(DataCollectorBase):
                 # the async face, from the user's loop: collect on the envs' loop
                 return await asyncio.wrap_future(loop.portal.start_task_soon(self._collect_here))
             return await self._collect_here()
-        except StepTimeoutError as exc:
-            raise exc.locate(0, os.getpid()) from None
         except Exception as exc:
             if isinstance(exc, CollectorError) or not hasattr(exc, "env_index"):
                 raise  # the policy's own exception, as it is
@@ -231,31 +235,43 @@ class Collector(DataCollectorBase):
     async def _collect_here(self) -> tuple[TensorDictBase, int]:
         opts = self.options
         runner = self._policy.random_runner if self._frames < opts.init_random_frames else self._policy.runner
-        if not self._coroutine:
-            return await self._collect_inline(runner)
-        if opts.reset_at_each_iter:
-            self._book.request_reset()
-        reuse = self._buffer if opts.return_same_td else None
-        buffer, valid = await self._book.rollout(
-            self._steps_per_batch, runner, interruptor=opts.interruptor, buffer=reuse,
-            set_truncated=opts.set_truncated,
-        )
-        if opts.return_same_td and buffer is self._buffer and self._same_td is not None:
-            td = self._same_td
+        if self._coroutine:
+            sealed = await self._collect_coroutines(runner)
         else:
-            td = buffer.to_tensordict(self._batched, self.storing_device)
-            if opts.return_same_td:
-                self._buffer, self._same_td = buffer, td
-        frames = int(valid.sum()) if isinstance(valid, np.ndarray) else valid * self.num_envs
-        return td, frames
+            sealed = await self._collect_inline(runner)
+        sched = self._scheduler
+        try:
+            tensors = sched.batch_all(sealed)
+        finally:
+            for part in sealed:
+                sched.release(part)
+        frames = sealed[0].frames
+        if self._batched:
+            td = self._tensordict(tensors, [self.num_envs, frames])
+        else:
+            td = self._tensordict({k: v[0] for k, v in tensors.items()}, [frames])
+        if opts.return_same_td:
+            same = self._same_td
+            if same is not None and set(td.keys(True, True)) <= set(same.keys(True, True)):
+                td = same.update_(td)
+            else:
+                self._same_td = td
+        return td, sum(part.valid * part.lane.num_envs for part in sealed)
 
-    async def _collect_inline(self, runner) -> tuple[TensorDictBase, int]:
+    def _begin(self) -> None:
+        """Start a new batch in every lane, unless a cancelled call left one midway (it resumes)."""
         opts, sched = self.options, self._scheduler
-        lane = sched.lanes[0]
-        if lane.held:  # (else: resume the batch a cancelled call left midway)
+        if sched.lanes[0].held:
             if opts.reset_at_each_iter:
                 sched.timelines.request_reset()
-            sched.begin(lane, self._steps_per_batch, opts.interruptor is not None)
+            for lane in sched.lanes:
+                sched.begin(lane, self._steps_per_batch, opts.interruptor is not None)
+            self._batch_start = sched.timelines.env_steps
+
+    async def _collect_inline(self, runner) -> list:
+        opts, sched = self.options, self._scheduler
+        lane = sched.lanes[0]
+        self._begin()
         interruptor = opts.interruptor
         if interruptor is None:
             def until() -> bool:
@@ -264,22 +280,33 @@ class Collector(DataCollectorBase):
             def until() -> bool:  # every batch takes at least one step (TorchRL's rule)
                 return lane.t >= lane.frames or (lane.t > 0 and interruptor.collection_stopped())
         await sched.run_inline(lambda: runner, until)
-        sealed = sched.seal(lane, opts.set_truncated)
-        try:
-            tensors = sched.batch(sealed)
-        finally:
-            sched.release(sealed)
-        if self._batched:
-            td = self._tensordict(tensors, [self.num_envs, sealed.frames])
+        return [sched.seal(lane, opts.set_truncated)]
+
+    async def _collect_coroutines(self, runner) -> list:
+        """Each env takes its steps at its own pace; an env that has them waits for the others."""
+        opts, sched = self.options, self._scheduler
+        lanes, tl = sched.lanes, sched.timelines
+        self._begin()
+        full = [sum(lane.full for lane in lanes)]
+
+        def on_full(lane) -> None:
+            full[0] += 1
+
+        interruptor, n = opts.interruptor, len(lanes)
+        if interruptor is None:
+            def until() -> bool:
+                return full[0] == n
         else:
-            td = self._tensordict({k: v[0] for k, v in tensors.items()}, [sealed.frames])
-        if opts.return_same_td:
-            same = self._same_td
-            if same is not None and set(td.keys(True, True)) <= set(same.keys(True, True)):
-                td = same.update_(td)
-            else:
-                self._same_td = td
-        return td, sealed.valid * self.num_envs
+            def until() -> bool:  # every batch takes at least one step (TorchRL's rule)
+                return full[0] == n or (tl.env_steps > self._batch_start and interruptor.collection_stopped())
+        try:
+            await sched.pump(lambda: runner, until, on_full)
+            if full[0] < n:  # interrupted: let the steps under way land
+                await sched.settle()
+        except BaseException:
+            sched.abandon([lanes[env.lo] for env in self._envs.cancel()])  # they restart from a reset
+            raise
+        return [sched.seal(lane, opts.set_truncated) for lane in lanes]
 
     def _counters(self) -> tuple[int, int]:
         return self._book.env_steps, self._book.completed_trajectories

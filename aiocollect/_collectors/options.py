@@ -311,7 +311,7 @@ def validate_batching(*, max_batch_size: Any, min_batch_size: Any, batch_timeout
       over envs that each step on their own (``per_env``: a ``Collector``); the worker
       collectors step each entry's coroutine envs together, as one worker, and refuse them.
     """
-    from .._engine.coroutines import Batching
+    from .._engine.scheduler import Batching
 
     given = {name: value for name, value in (("max_batch_size", max_batch_size), ("min_batch_size", min_batch_size),
                                               ("batch_timeout", batch_timeout), ("step_timeout", step_timeout))

@@ -54,6 +54,21 @@ from .timelines import Timelines
 
 READY, STEPPING, RESETTING = "ready", "stepping", "resetting"  # compared with ``is``
 
+@dataclass(frozen=True)
+class Batching:
+    """How per-env rounds (a ``Collector``'s coroutine envs, each a lane of its own) group
+    ready envs into policy calls: EnvPool's knobs."""
+
+    max_batch_size: int | None = None
+    """At most this many envs per policy call (``None``: every ready env)."""
+    min_batch_size: int = 1
+    """A round waits for this many ready envs while others are still stepping..."""
+    batch_timeout: float = 0.005
+    """...but no longer than this many seconds after the first of them became ready."""
+    step_timeout: float | None = None
+    """A step or reset that takes longer fails the collection, naming the env (``None``: no limit)."""
+
+
 _SLICE_S = 0.001
 """Longest stretch of spinning rounds before the loop gets a turn."""
 _RECHECK_S = 0.002
@@ -100,6 +115,8 @@ class Lane:
         self.completed_trajectories = 0
         self.reserved: list[int] = []
         """Slots holding this lane's sealed batches, not yet released."""
+        self.queued = False
+        """In the scheduler's queue of ready lanes (per-env rounds only)."""
         self._resetting: np.ndarray | None = None
 
     @property
@@ -115,7 +132,7 @@ class Scheduler:
     """Drives workers (processes, coroutine entries, or one inline group); see the module docstring."""
 
     def __init__(self, shared: SharedArrays, workers: list, obs_leaves, action_check: ActionCheck, *,
-                 step_count: bool, reset_when_done: bool, spin_s: float = 0.0):
+                 step_count: bool, reset_when_done: bool, spin_s: float = 0.0, batching: Batching | None = None):
         self.storage = RolloutStorage(shared, obs_leaves, step_count=step_count)
         self.num_envs = self.storage.num_envs
         self.timelines = Timelines(self.num_envs, reset_when_done=reset_when_done, count_steps=step_count)
@@ -138,6 +155,18 @@ class Scheduler:
         """Set by the collector while spinning is welcome: while its consumer waits for a
         batch, the engine thread has the GIL to itself. (Spinning while the user trains in
         another thread would take the GIL away from the training.)"""
+        self._busy = 0
+        """Lanes stepping or resetting."""
+        self.batching = batching
+        """Per-env rounds (``None``: rounds over whole workers); see ``_env_round``."""
+        self._queue: list[Lane] | None = None
+        self._landed: list[Lane] | None = None
+        if batching is not None:
+            if any(lane.num_envs != 1 or lane.lo != i for i, lane in enumerate(self.lanes)):
+                raise ValueError("per-env rounds drive lanes of one env each, lane i on row i")
+            self._queue, self._landed = [], []
+        self._first_ready: float | None = None
+        self._timer: asyncio.TimerHandle | None = None
 
     @property
     def ids(self):
@@ -154,6 +183,8 @@ class Scheduler:
         lane.slot, lane.t, lane.frames, lane.mask, lane.keys = slot, 0, frames, mask, None
         lane.start_flags = None if self.reset_when_done else self.timelines.root_flags[:, lane.lo : lane.hi].copy()
         lane.held = False
+        if self._queue is not None and lane.state is READY:
+            self._enqueue(lane)
 
     def seal(self, lane: Lane, set_truncated: bool) -> Sealed:
         """Close ``lane``'s batch; its slot stays reserved until ``release``."""
@@ -231,6 +262,8 @@ class Scheduler:
                 self._failed = worker
             self._wake()
             return
+        if self._landed is not None:  # per-env lanes: each reports its own completion
+            self._landed.append(self.lanes[worker.lo])
         try:
             self._harvest()  # (it may call the collector's on_full)
         except BaseException as exc:  # noqa: BLE001 - the pump raises it; a callback must not
@@ -246,6 +279,12 @@ class Scheduler:
 
     def _harvest(self) -> bool:
         """Take in every completed command; ``True`` if there was one."""
+        if self._landed is not None:
+            landed, self._landed = self._landed, []
+            for lane in landed:
+                if lane.worker.completed():
+                    self._take(lane)
+            return bool(landed)
         got = False
         for lane in self.lanes:
             if lane.state is not READY and lane.worker.completed():
@@ -342,7 +381,7 @@ class Scheduler:
 
     def idle(self) -> bool:
         """No worker is stepping or resetting."""
-        return all(lane.state is READY for lane in self.lanes)
+        return self._busy == 0
 
     async def pump(self, runner: Callable[[], PolicyRunner], until: Callable[[], bool],
                    on_full: Callable[[Lane], None] | None = None) -> None:
@@ -400,10 +439,27 @@ class Scheduler:
                     await anyio.lowlevel.checkpoint()
                     last = clock()
         except BaseException:
-            if lane.state is not READY:  # cut short: those envs start over
-                lane.state = READY
-                tl.request_reset(None, lane.lo, lane.hi)
+            self.abandon([lane])
             raise
+
+    def abandon(self, lanes: list[Lane]) -> None:
+        """The commands under way on ``lanes`` were cut short (an exception, Ctrl-C, a
+        cancelled task): they count as undone. Those envs are reset before their next step
+        and start new trajectories, with new ids; the step before, if it is in the batch
+        under way, is marked truncated (so that within a batch a trajectory id changes only
+        after a done step). Completions that landed before are taken in first."""
+        if self._landed:
+            self._harvest()
+        st = self.storage
+        for lane in lanes:
+            if lane.state is not READY:
+                lane.state = READY
+                self._busy -= 1
+                if lane.t > 0:
+                    st.truncated[lane.slot, lane.t - 1, lane.lo : lane.hi] = True
+                self.timelines.request_reset(None, lane.lo, lane.hi)
+                if self._queue is not None and not lane.held and lane.t < lane.frames:
+                    self._enqueue(lane)
 
     async def _raise(self, worker: Worker) -> None:
         error = worker.error
@@ -415,6 +471,9 @@ class Scheduler:
         raise error
 
     def _round(self, runner: PolicyRunner) -> None:
+        if self._queue is not None:
+            self._env_round(runner)
+            return
         tl = self.timelines
         ready = [lane for lane in self.lanes if lane.state is READY and not lane.held and lane.t < lane.frames]
         if not ready:
@@ -434,10 +493,16 @@ class Scheduler:
         st, tl = self.storage, self.timelines
         first = ready[0]
         s, t = first.slot, first.t
+        gather = self._queue is not None  # one-env lanes, one slot, any columns: fancy indexing
         if side_by_side:  # one block of rows at one column: a view
             lo, hi = first.lo, ready[-1].hi
             obs = st.policy_input(s, t, lo, hi)
             n = hi - lo
+        elif gather:
+            n = len(ready)
+            rows = np.fromiter([lane.lo for lane in ready], dtype=np.int64, count=n)
+            cols = np.fromiter([lane.t for lane in ready], dtype=np.int64, count=n)
+            obs = st.gather(s, cols, rows)
         else:
             parts = [st.policy_input(lane.slot, lane.t, lane.lo, lane.hi) for lane in ready]
             obs = {k: torch.cat([p[k] for p in parts]) for k in parts[0]}
@@ -458,6 +523,9 @@ class Scheduler:
         if side_by_side:
             st.write(s, t, lo, hi, out, 0, version, tl.traj_ids, tl.step_count, action)
             st.action[lo:hi] = action
+        elif gather:
+            st.write_rows(s, cols, rows, out, version, tl.traj_ids, tl.step_count, action)
+            st.action[rows] = action
         else:
             start = 0
             for lane in ready:
@@ -465,26 +533,86 @@ class Scheduler:
                          action)
                 st.action[lane.lo : lane.hi] = action[start : start + lane.num_envs]
                 start += lane.num_envs
+        self._busy += len(ready)
         for lane in ready:
             lane.state = STEPPING
             lane.worker.post(protocol.STEP_CODE, lane.slot, lane.t)
 
     def _take(self, lane: Lane) -> None:
+        self._busy -= 1
         if lane.state is STEPPING:
             t, lo, hi = lane.t, lane.lo, lane.hi
             tl = self.timelines
             before = tl.completed_trajectories
-            tl.stepped(lo, hi, *self.storage.flags(lane.slot, t, lo, hi))
+            # (one-env lanes: no cached views, there would be one per env and column)
+            tl.stepped(lo, hi, *self.storage.flags(lane.slot, t, lo, hi, cache=self._queue is None))
             lane.completed_trajectories += tl.completed_trajectories - before
             lane.worker.env_steps += lane.num_envs
             lane.t = t + 1
             lane.state = READY
-            if lane.t >= lane.frames and self._on_full is not None:
-                self._on_full(lane)
-                self._delivered = True
+            if lane.t >= lane.frames:
+                if self._on_full is not None:
+                    self._on_full(lane)
+                    self._delivered = True
+            elif self._queue is not None and not lane.held:
+                self._enqueue(lane)
         else:
             self.timelines.resets_done(lane.lo, lane._resetting)
             lane.state = READY
+            if self._queue is not None and not lane.held and lane.t < lane.frames:
+                self._enqueue(lane)
+
+    # ------------------------------------------------------------------ per-env rounds
+    #
+    # With one-env lanes (a Collector's coroutine envs, hundreds of them, each stepping at
+    # its own pace) a scan of every lane per round would cost more than the round: ready
+    # lanes wait in a queue, in the order they became ready, and a round gathers their
+    # observations (one fancy index per field: each env sits at its own column) and writes
+    # their outputs the same way. ``Batching`` shapes the calls.
+
+    def _enqueue(self, lane: Lane) -> None:
+        if not lane.queued:
+            lane.queued = True
+            self._queue.append(lane)
+
+    def _env_round(self, runner: PolicyRunner | None) -> None:
+        queue, tl = self._queue, self.timelines
+        keep = []
+        for lane in queue:  # drop what is no longer ready (held between batches, or full)
+            if lane.state is READY and not lane.held and lane.t < lane.frames:
+                if tl.any_reset and tl.needs_reset[lane.lo]:
+                    lane.queued = False
+                    self._reset(lane)
+                else:
+                    keep.append(lane)
+            else:
+                lane.queued = False
+        if not keep:
+            queue.clear()
+            return
+        b, clock = self.batching, time.perf_counter
+        if len(keep) < b.min_batch_size and self._busy:  # wait for more, but not for long
+            now = clock()
+            if self._first_ready is None:
+                self._first_ready = now
+            waited = now - self._first_ready
+            if waited < b.batch_timeout:
+                queue[:] = keep
+                if self._timer is None:
+                    self._timer = asyncio.get_running_loop().call_later(b.batch_timeout - waited, self._on_timer)
+                return
+        cap = b.max_batch_size or len(keep)
+        take, queue[:] = keep[:cap], keep[cap:]
+        self._first_ready = clock() if queue else None
+        for lane in take:
+            lane.queued = False
+        self._act(take, runner, False)
+        if queue:
+            self.poke()  # the rest, capped out of this call, in the next
+
+    def _on_timer(self) -> None:
+        self._timer = None
+        self.poke()
 
     def _reset(self, lane: Lane) -> bool:
         """Send ``lane`` a ``RESET`` for the envs that need one; ``True`` (it is busy now)."""
@@ -499,6 +627,7 @@ class Scheduler:
             st.seed[lo:hi] = [0 if v is None else v for v in seeds]
         lane._resetting = idx
         lane.state = RESETTING
+        self._busy += 1
         lane.worker.post(protocol.RESET_CODE, lane.slot, lane.t)
         return True
 

@@ -15,6 +15,7 @@ Workers write observations, rewards and flags into the shared storage
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -22,7 +23,28 @@ import torch
 
 from .._envs.spaces import Leaf, NestedKey
 from .._workers.shm import SharedArrays
-from .buffer import OutputSpec, _as_numpy
+
+
+@dataclass(frozen=True)
+class OutputSpec:
+    """Per-env shape and dtype of one policy output."""
+
+    shape: tuple[int, ...]
+    dtype: torch.dtype
+
+    @classmethod
+    def of(cls, value: Any) -> OutputSpec:
+        if isinstance(value, np.ndarray):  # possibly read-only (a JAX output): no tensor
+            return cls(tuple(value.shape[1:]), torch.from_numpy(np.empty(0, value.dtype)).dtype)
+        t = torch.as_tensor(value)
+        return cls(tuple(t.shape[1:]), t.dtype)
+
+
+def _as_numpy(t: torch.Tensor) -> np.ndarray | None:
+    try:
+        return t.numpy()
+    except TypeError:  # dtypes numpy lacks (bfloat16...)
+        return None
 
 
 class RolloutStorage:
@@ -61,16 +83,45 @@ class RolloutStorage:
             views = self._inputs[key] = {k: torch.from_numpy(x[s, t, lo:hi]) for k, x in zip(self.keys, self.obs)}
         return views
 
-    def flags(self, s: int, t: int, lo: int, hi: int) -> tuple:
+    def flags(self, s: int, t: int, lo: int, hi: int, cache: bool = True) -> tuple:
         """``terminated``, ``truncated`` and ``next_step_count`` (``None`` if not kept) of
-        envs ``lo:hi`` at column ``t`` of slot ``s``: views, made once per block and column."""
+        envs ``lo:hi`` at column ``t`` of slot ``s``: views, made once per block and column
+        (``cache=False``: made now, for blocks too many to keep)."""
         key = (s, t, lo, hi)
         views = self._flags.get(key)
         if views is None:
             nsc = self.next_step_count
-            views = self._flags[key] = (self.terminated[s, t, lo:hi], self.truncated[s, t, lo:hi],
-                                        None if nsc is None else nsc[s, t, lo:hi])
+            views = (self.terminated[s, t, lo:hi], self.truncated[s, t, lo:hi],
+                     None if nsc is None else nsc[s, t, lo:hi])
+            if cache:
+                self._flags[key] = views
         return views
+
+    def gather(self, s: int, cols: np.ndarray, rows: np.ndarray) -> dict[NestedKey, torch.Tensor]:
+        """The observations of envs ``rows``, each at its own column ``cols`` of slot ``s``
+        (one fancy index per field: a copy of just those envs)."""
+        return {k: torch.from_numpy(x[s, cols, rows]) for k, x in zip(self.keys, self.obs)}
+
+    def write_rows(self, s: int, cols: np.ndarray, rows: np.ndarray, out: dict[NestedKey, Any], version: int,
+                   traj_ids: np.ndarray, step_count: np.ndarray, action: np.ndarray) -> None:
+        """``write`` for envs ``rows``, each at its own column ``cols`` of slot ``s``:
+        row ``j`` of each output goes to env ``rows[j]`` (fancy indexing, no loop)."""
+        self.policy_version[s, cols, rows] = version
+        self.traj_ids[s, cols, rows] = traj_ids[rows]
+        if self.step_count is not None:
+            self.step_count[s, cols, rows] = step_count[rows]
+        for key, value in out.items():
+            dst = self._out_np.get(key, False)
+            if dst is False:
+                dst = self._allocate(key, value)
+            if dst is None:  # a dtype numpy lacks
+                self._out_t[key][s, torch.from_numpy(cols), torch.from_numpy(rows)] = torch.as_tensor(value).cpu()
+                continue
+            if key == "action":
+                value = action
+            elif not isinstance(value, np.ndarray):
+                value = value.numpy(force=True)
+            dst[s, cols, rows] = value
 
     def write(self, s: int, t: int, lo: int, hi: int, out: dict[NestedKey, Any], start: int, version: int,
               traj_ids: np.ndarray, step_count: np.ndarray, action: np.ndarray | None = None) -> None:

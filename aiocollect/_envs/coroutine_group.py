@@ -2,7 +2,7 @@
 
 Unlike the other groups, whose envs all step together, each env of a coroutine group is
 stepped on its own (``await group.step_one(i, action)``) as soon as its action is ready;
-``_engine.coroutines`` schedules them. The result arrays are those of every group
+``_workers.coroutine_envs`` and the scheduler drive them. The result arrays are those of every group
 (``obs``, ``reward``, ``terminated``, ``truncated``, one row per env); ``step_one`` fills
 row ``i``.
 

@@ -28,7 +28,7 @@ from aiocollect._collectors.options import (
     validate_worker_options,
     worker_indices,
 )
-from aiocollect._engine.coroutines import Batching
+from aiocollect._engine.scheduler import Batching
 
 
 class _Interruptor:

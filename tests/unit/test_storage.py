@@ -6,7 +6,8 @@ finished envs -> ``were_reset``), with ``FakeGroup`` standing in for the env gro
 at ``[s, t]``, observations carried to ``[s, t + 1]``, ``max_frames_per_traj``, the reset
 observations of finished envs at ``[s, t + 1]``, ``RESET`` commands.
 ``RolloutStorage`` (``_engine.storage``): ``policy_input`` views, ``write`` of the policy's
-outputs, ``batch`` (TorchRL's keys and ``[envs, T]`` layout, root flags, blanking, mask, a
+outputs, ``gather``/``write_rows`` for envs each at its own column (a ``Collector``'s
+coroutine envs), ``batch`` (TorchRL's keys and ``[envs, T]`` layout, root flags, blanking, mask, a
 copy), ``shift``.
 """
 
@@ -19,8 +20,7 @@ import pytest
 import torch
 from gymnasium import spaces
 
-from aiocollect._engine.buffer import OutputSpec
-from aiocollect._engine.storage import RolloutStorage
+from aiocollect._engine.storage import OutputSpec, RolloutStorage
 from aiocollect._envs.spaces import Leaf
 from aiocollect._workers.rows import WorkerRows
 from aiocollect._workers.shm import Layout, SharedArrays, create_segment
@@ -256,6 +256,38 @@ def test_write_puts_the_outputs_of_a_block_of_rows_at_its_column(storage):
     assert b["hidden"][:, 0].float().tolist() == [[4.5, 5.5], [6.5, 7.5], [2.5, 3.5], [4.5, 5.5]]
     assert b["value"][:, 0].tolist() == [3.0, 4.0, 2.0, 3.0] and not b["value"].requires_grad
     assert b[("collector", "policy_version")][:, 0].tolist() == [4, 4, 3, 3]
+
+
+def test_gather_takes_each_env_at_its_own_column_as_a_copy(shared, storage):
+    a = shared.arrays
+    a["obs0"][1] = np.arange((T + 1) * N * 2, dtype=np.float32).reshape(T + 1, N, 2)
+    a["obs1"][1] = 100 + np.arange((T + 1) * N).reshape(T + 1, N)
+    obs = storage.gather(1, np.array([3, 0, 2]), np.array([0, 3, 1]))  # env 0 at 3, env 3 at 0, env 1 at 2
+    assert list(obs) == KEYS
+    assert obs[("nested", "count")].tolist() == [112, 103, 109]
+    assert obs["pos"].tolist() == [[24, 25], [6, 7], [18, 19]] and obs["pos"].dtype == torch.float32
+    a["obs1"][1, 3, 0] = -7
+    assert obs[("nested", "count")][0] == 112  # a copy: later writes leave it alone
+
+
+def test_write_rows_puts_row_j_of_the_outputs_at_env_j_and_its_column(storage):
+    ids, counts = np.array([20, 21, 22, 23]), np.array([5, 6, 7, 8])
+    rows, cols = np.array([2, 0, 3]), np.array([1, 2, 0])
+    out = {
+        "action": torch.tensor([10, 11, 12]),
+        "logits": np.arange(6, dtype=np.float32).reshape(3, 2),
+        "hidden": torch.tensor([0.5, 1.5, 2.5], dtype=torch.bfloat16)[:, None],
+    }
+    storage.write_rows(0, cols, rows, out, 6, ids, counts, np.array([10, 11, 12]))
+    assert storage.specs["hidden"] == OutputSpec((1,), torch.bfloat16)
+    version = storage.policy_version[0]
+    assert [version[c, r] for c, r in zip(cols, rows)] == [6, 6, 6] and (version >= 0).sum() == 3
+    assert [storage.traj_ids[0, c, r] for c, r in zip(cols, rows)] == [22, 20, 23]
+    assert [storage.step_count[0, c, r] for c, r in zip(cols, rows)] == [7, 5, 8]
+    b = storage.batch(0, 0, N, T, np.full(N, T), tuple(out), None, False)
+    assert b["action"][2, 1] == 10 and b["action"][0, 2] == 11 and b["action"][3, 0] == 12
+    assert b["logits"][0, 2].tolist() == [2, 3]
+    assert b["hidden"][3, 0].float().tolist() == [2.5]
 
 
 def fill(shared, storage, s: int, *, bf16: bool = True) -> None:
