@@ -42,14 +42,13 @@ from dataclasses import dataclass
 
 import anyio
 import numpy as np
-import torch
 
 from .._envs.spaces import ActionCheck
 from .._policies.runner import PolicyRunner
 from .._workers import protocol
 from .._workers.pool import Worker
 from .._workers.shm import SharedArrays
-from .storage import RolloutStorage
+from .storage import RolloutStorage, concat
 from .timelines import Timelines
 
 READY, STEPPING, RESETTING = "ready", "stepping", "resetting"  # compared with ``is``
@@ -223,7 +222,7 @@ class Scheduler:
             return self.storage.batch(first.slot, first.lane.lo, sealed[-1].lane.hi, first.frames, valid, keys, flags,
                                       first.mask)
         parts = [self.batch(b, keys) for b in sealed]
-        return {k: torch.cat([p[k] for p in parts]) for k in parts[0]}
+        return {k: concat([p[k] for p in parts]) for k in parts[0]}
 
     def release(self, sealed: Sealed) -> None:
         """The batch was copied out: its slot may be filled again."""
@@ -505,7 +504,7 @@ class Scheduler:
             obs = st.gather(s, cols, rows)
         else:
             parts = [st.policy_input(lane.slot, lane.t, lane.lo, lane.hi) for lane in ready]
-            obs = {k: torch.cat([p[k] for p in parts]) for k in parts[0]}
+            obs = {k: concat([p[k] for p in parts]) for k in parts[0]}
             n = sum(lane.num_envs for lane in ready)
         out = runner(obs, n)
         action = out["action"]

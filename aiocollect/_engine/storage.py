@@ -47,6 +47,19 @@ def _as_numpy(t: torch.Tensor) -> np.ndarray | None:
         return None
 
 
+def concat(tensors: list[torch.Tensor]) -> torch.Tensor:
+    """``torch.cat(tensors)``, with numpy (one thread) where it can: torch's copy kernels run
+    large copies on its OpenMP threads, which then spin for milliseconds, taking cores from
+    the workers."""
+    if all(t.device.type == "cpu" and t.dtype in _NUMPY_DTYPES for t in tensors):
+        return torch.from_numpy(np.concatenate([t.numpy() for t in tensors]))
+    return torch.cat(tensors)
+
+
+_NUMPY_DTYPES = frozenset((torch.bool, torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64,
+                           torch.float16, torch.float32, torch.float64))
+
+
 class RolloutStorage:
     """See the module docstring. ``step_count``: keep ``step_count`` entries (TorchRL does
     when ``max_frames_per_traj`` is set)."""
@@ -193,34 +206,38 @@ class RolloutStorage:
         cols = slice(0, frames)
         rows = slice(lo, hi)
 
+        # numpy copies, one thread: torch's copy kernels run large copies on its OpenMP
+        # threads, which then spin for milliseconds, taking cores from the workers
+        def copy(x: np.ndarray) -> np.ndarray:
+            return np.array(x[s, cols, rows].swapaxes(0, 1), order="C")  # always a copy
+
         def take(x: np.ndarray | torch.Tensor) -> torch.Tensor:
-            part = x[s, cols, rows]
-            if isinstance(part, np.ndarray):
-                part = torch.from_numpy(part)
-            return part.transpose(0, 1).clone(memory_format=torch.contiguous_format)  # always a copy
+            if isinstance(x, np.ndarray):
+                return torch.from_numpy(copy(x))
+            return x[s, cols, rows].transpose(0, 1).clone(memory_format=torch.contiguous_format)
 
         out: dict[NestedKey | tuple, torch.Tensor] = {}
         for key, x, nx in zip(self.keys, self.obs, self.next_obs):
             out[key] = take(x)
             out[("next", key)] = take(nx)
         for key in keys:
-            out[key] = take(self._out_t[key])
-        terminated, truncated = take(self.terminated), take(self.truncated)
+            x = self._out_np[key]
+            out[key] = take(self._out_t[key] if x is None else x)
+        terminated, truncated = copy(self.terminated), copy(self.truncated)
         done = terminated | truncated
         out[("next", "reward")] = take(self.reward).unsqueeze(-1)
-        out[("next", "done")] = done.unsqueeze(-1)
-        out[("next", "terminated")] = terminated.unsqueeze(-1)
-        out[("next", "truncated")] = truncated.unsqueeze(-1)
+        following = (done, terminated, truncated)
+        for flag, nxt in zip(("done", "terminated", "truncated"), following):
+            out[("next", flag)] = torch.from_numpy(nxt).unsqueeze(-1)
         if start_flags is None:
             for flag in ("done", "terminated", "truncated"):
-                out[flag] = torch.zeros_like(done).unsqueeze(-1)
+                out[flag] = torch.zeros((*done.shape, 1), dtype=torch.bool)
         else:
-            following = (done, terminated, truncated)
             for flag, first, nxt in zip(("done", "terminated", "truncated"), start_flags, following):
-                root = torch.empty_like(nxt)
-                root[:, 0] = torch.from_numpy(first)
+                root = np.empty_like(nxt)
+                root[:, 0] = first
                 root[:, 1:] = nxt[:, :-1]
-                out[flag] = root.unsqueeze(-1)
+                out[flag] = torch.from_numpy(root).unsqueeze(-1)
         out[("collector", "traj_ids")] = take(self.traj_ids)
         out[("collector", "policy_version")] = take(self.policy_version)
         if self.step_count is not None:
