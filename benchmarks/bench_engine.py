@@ -7,8 +7,10 @@ shows the best and the median, ratios use the best):
   *limit* is one core stepping 16 envs in a bare loop (pre-drawn actions, reset when done,
   nothing stored), times the cores the W workers can use. Rows: aiocollect
   ``MultiSyncCollector`` and ``MultiAsyncCollector``; TorchRL ``MultiSyncCollector`` with each
-  worker a ``GymWrapper(SyncVectorEnv(16))``; gymnasium ``AsyncVectorEnv`` of the W*16 CartPole
-  envs (one process each, as users write it).
+  worker a ``GymWrapper(SyncVectorEnv(16))``; PufferLib's raw ``Multiprocessing`` vector (W
+  workers x 16 envs, no rollout storage; only where ``pufferlib`` is installed:
+  ``pip install --no-deps pufferlib-core``, its pinned torch is not needed); gymnasium
+  ``AsyncVectorEnv`` of the W*16 CartPole envs (one process each, as users write it).
 * **P. A pixel env, 2 workers x 8 envs, random policy**: observations ``4x84x84`` uint8, each
   step spins 200 us of CPU. The limit is one core stepping 8 of them, times 2 (or the cores).
 * **M. Main-process CPU per frame** for section E's collectors: the CPU time of every thread
@@ -47,6 +49,7 @@ from _common import environment
 import aiocollect
 
 HAVE_TORCHRL = importlib.util.find_spec("torchrl") is not None
+HAVE_PUFFERLIB = importlib.util.find_spec("pufferlib") is not None
 E_ENVS, P_ENVS, P_WORKERS = 16, 8, 2
 PIXEL_SHAPE, PIXEL_STEP_S, PIXEL_EPISODE = (4, 84, 84), 200e-6, 500
 
@@ -120,6 +123,39 @@ def aio(cls_name: str, make, workers: int, envs: int, steps: int, batches: int, 
     fpb = envs * steps * (workers if cls_name == "MultiSyncCollector" else 1)
     with cls([[make] * envs] * workers, None, frames_per_batch=fpb) as c:
         return timed(c, batches, cpu)
+
+
+def puffer_cartpole(buf=None, seed=0):
+    import pufferlib.emulation
+
+    return pufferlib.emulation.GymnasiumPufferEnv(env_creator=make_cartpole, buf=buf, seed=seed)
+
+
+def pufferlib_multiprocessing(workers: int, steps: int, batches: int) -> float:
+    """PufferLib's raw vector (``pufferlib.vector.Multiprocessing``, W workers x 16 envs, one
+    batch of every env per ``recv``): workers write into shared buffers that this process
+    reads; no rollout storage, no trajectory bookkeeping, no TensorDict. Frames/s over
+    ``steps * batches`` rounds after a warm-up."""
+    import pufferlib.vector
+
+    n = workers * E_ENVS
+    vec = pufferlib.vector.make(puffer_cartpole, backend=pufferlib.vector.Multiprocessing, num_envs=n,
+                                num_workers=workers, batch_size=n)
+    try:
+        rng = np.random.default_rng(0)
+        actions = [rng.integers(0, 2, n) for _ in range(64)]
+        vec.async_reset(0)
+        for i in range(100):
+            vec.recv()
+            vec.send(actions[i % 64])
+        rounds = steps * batches
+        start = time.perf_counter()
+        for i in range(rounds):
+            vec.recv()
+            vec.send(actions[i % 64])
+        return rounds * n / (time.perf_counter() - start)
+    finally:
+        vec.close()
 
 
 def torchrl_vector_cartpole():
@@ -204,6 +240,9 @@ def rows_for(args) -> list[Row]:
         if HAVE_TORCHRL:
             rows.append(Row(s, f"TorchRL MultiSync {w}x GymWrapper(SyncVec16)",
                             lambda w=w: torchrl_multisync(w, e_steps, max(2, e_batches // 4))))
+        if HAVE_PUFFERLIB:
+            rows.append(Row(s, f"PufferLib Multiprocessing {w}x{E_ENVS} (raw vector)",
+                            lambda w=w: pufferlib_multiprocessing(w, e_steps, e_batches)))
         if not quick:  # W * 16 processes to start: too slow for a smoke run
             rows.append(Row(s, f"gymnasium AsyncVectorEnv({w * E_ENVS})", lambda w=w: gym_async(w, 1_000)))
     rows.append(Row("P", "limit", lambda: limit(PixelEnv, P_ENVS, P_WORKERS, 400 if quick else 4_000)))
