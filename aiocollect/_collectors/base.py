@@ -387,8 +387,9 @@ class DataCollectorBase:
         tagged = batch.get(("collector", "policy_version"), None)
         if tagged is None:
             return
+        tagged = tagged.reshape(-1).numpy(force=True)  # (numpy: see EpisodeReturns.add)
         tagged = tagged[tagged >= 0]  # -1: masked-out frames
-        if tagged.numel():
+        if tagged.size:
             self._max_lag = max(self._max_lag, versions[1] - int(tagged.min()))
 
     # ------------------------------------------------------------------ weights

@@ -221,4 +221,7 @@ def test_a_step_cut_short_resets_its_envs_and_the_batch_goes_on_with_new_traject
     td = TensorDict(nest(sched.batch(sealed)), [2, 5])
     assert td["collector", "traj_ids"].tolist() == [[0, 0, 2, 2, 2], [1, 1, 3, 3, 3]]
     assert td["observation"][..., 0].tolist() == [[0, 1, 0, 1, 2]] * 2  # new episodes from the cut
+    # the last step before the cut ends its trajectory as truncated: an id changes only after a done
+    assert td["next", "truncated"][..., 0].tolist() == [[False, True, False, False, False]] * 2
+    assert td["next", "done"][..., 0].tolist() == [[False, True, False, False, False]] * 2
     assert torch.equal(td["observation"][:, 1:2], td["next", "observation"][:, 0:1])

@@ -185,8 +185,13 @@ async def test_env_exception_names_the_env_and_cancelling_cancels_steps():
         assert sum(e.cancelled for e in envs) == 4  # every pending step
         for e in envs:
             e.hang_at = None
-        batch = await c.arollout()  # the collector goes on, envs restart from a reset
+        batch = await c.arollout()  # the same batch goes on, the envs restart from a reset
         check_batch(batch)
+        assert batch.shape == (4, 100) and (batch["collector", "traj_ids"] >= 0).all()  # nothing lost
+        # two steps landed before the cut: the second ends its trajectory, truncated
+        assert batch["next", "truncated"][:, 1, 0].all()
+        ids = batch["collector", "traj_ids"]
+        assert (ids[:, 2] != ids[:, 1]).all() and (ids[:, 1] == ids[:, 0]).all()
 
 
 def test_a_game_over_a_real_tcp_socket():
