@@ -30,6 +30,12 @@ batch into tensors.
 (``_workers.inline_worker``) carries a command out inside ``post``, so ``run_inline``, the
 synchronous fast path, runs round after round with no callback at all (same storage, same
 timelines, same batches).
+
+A ``Collector``'s coroutine envs are one lane each (``_workers.coroutine_envs``), hundreds
+of them, each at its own column: with ``batching`` given, ready lanes wait in a queue in
+the order they became ready, a round takes them as ``Batching`` says (EnvPool's
+``max_batch_size``/``min_batch_size``/``batch_timeout``), gathers their observations with
+one fancy index per field and writes their outputs the same way (``_env_round``).
 """
 
 from __future__ import annotations
@@ -52,6 +58,7 @@ from .storage import RolloutStorage, concat
 from .timelines import Timelines
 
 READY, STEPPING, RESETTING = "ready", "stepping", "resetting"  # compared with ``is``
+
 
 @dataclass(frozen=True)
 class Batching:
