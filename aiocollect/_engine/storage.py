@@ -47,17 +47,28 @@ def _as_numpy(t: torch.Tensor) -> np.ndarray | None:
         return None
 
 
+def host_empty(shape: tuple, dtype: np.dtype) -> tuple[torch.Tensor, np.ndarray]:
+    """A new CPU tensor and a numpy view of it. Torch allocates it (aligned to 64 bytes, as
+    JAX needs to take it without a copy); numpy fills it (on one thread: torch's copy
+    kernels run large copies on its OpenMP threads, which then spin for milliseconds, taking
+    cores from the workers)."""
+    tensor = torch.empty(shape, dtype=_TORCH_DTYPE[np.dtype(dtype)])
+    return tensor, tensor.numpy()
+
+
 def concat(tensors: list[torch.Tensor]) -> torch.Tensor:
-    """``torch.cat(tensors)``, with numpy (one thread) where it can: torch's copy kernels run
-    large copies on its OpenMP threads, which then spin for milliseconds, taking cores from
-    the workers."""
+    """``torch.cat(tensors)``, filled by numpy where it can (see ``host_empty``)."""
     if all(t.device.type == "cpu" and t.dtype in _NUMPY_DTYPES for t in tensors):
-        return torch.from_numpy(np.concatenate([t.numpy() for t in tensors]))
+        arrays = [t.numpy() for t in tensors]
+        out, view = host_empty((sum(len(a) for a in arrays), *arrays[0].shape[1:]), arrays[0].dtype)
+        np.concatenate(arrays, out=view)
+        return out
     return torch.cat(tensors)
 
 
 _NUMPY_DTYPES = frozenset((torch.bool, torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64,
                            torch.float16, torch.float32, torch.float64))
+_TORCH_DTYPE = {np.dtype(torch.empty(0, dtype=d).numpy().dtype): d for d in _NUMPY_DTYPES}
 
 
 class RolloutStorage:
@@ -206,14 +217,15 @@ class RolloutStorage:
         cols = slice(0, frames)
         rows = slice(lo, hi)
 
-        # numpy copies, one thread: torch's copy kernels run large copies on its OpenMP
-        # threads, which then spin for milliseconds, taking cores from the workers
-        def copy(x: np.ndarray) -> np.ndarray:
-            return np.array(x[s, cols, rows].swapaxes(0, 1), order="C")  # always a copy
+        def copy(x: np.ndarray) -> tuple[torch.Tensor, np.ndarray]:  # always a copy (see host_empty)
+            src = x[s, cols, rows].swapaxes(0, 1)
+            out, view = host_empty(src.shape, src.dtype)
+            np.copyto(view, src)
+            return out, view
 
         def take(x: np.ndarray | torch.Tensor) -> torch.Tensor:
             if isinstance(x, np.ndarray):
-                return torch.from_numpy(copy(x))
+                return copy(x)[0]
             return x[s, cols, rows].transpose(0, 1).clone(memory_format=torch.contiguous_format)
 
         out: dict[NestedKey | tuple, torch.Tensor] = {}
@@ -223,21 +235,21 @@ class RolloutStorage:
         for key in keys:
             x = self._out_np[key]
             out[key] = take(self._out_t[key] if x is None else x)
-        terminated, truncated = copy(self.terminated), copy(self.truncated)
-        done = terminated | truncated
+        (terminated, term), (truncated, trunc) = copy(self.terminated), copy(self.truncated)
+        done, done_np = host_empty(term.shape, term.dtype)
+        np.logical_or(term, trunc, out=done_np)
         out[("next", "reward")] = take(self.reward).unsqueeze(-1)
-        following = (done, terminated, truncated)
-        for flag, nxt in zip(("done", "terminated", "truncated"), following):
-            out[("next", flag)] = torch.from_numpy(nxt).unsqueeze(-1)
+        for flag, nxt in zip(("done", "terminated", "truncated"), (done, terminated, truncated)):
+            out[("next", flag)] = nxt.unsqueeze(-1)
         if start_flags is None:
             for flag in ("done", "terminated", "truncated"):
                 out[flag] = torch.zeros((*done.shape, 1), dtype=torch.bool)
         else:
-            for flag, first, nxt in zip(("done", "terminated", "truncated"), start_flags, following):
-                root = np.empty_like(nxt)
-                root[:, 0] = first
-                root[:, 1:] = nxt[:, :-1]
-                out[flag] = torch.from_numpy(root).unsqueeze(-1)
+            for flag, first, nxt in zip(("done", "terminated", "truncated"), start_flags, (done_np, term, trunc)):
+                root, view = host_empty(nxt.shape, nxt.dtype)
+                view[:, 0] = first
+                view[:, 1:] = nxt[:, :-1]
+                out[flag] = root.unsqueeze(-1)
         out[("collector", "traj_ids")] = take(self.traj_ids)
         out[("collector", "policy_version")] = take(self.policy_version)
         if self.step_count is not None:
