@@ -47,13 +47,24 @@ def _as_numpy(t: torch.Tensor) -> np.ndarray | None:
         return None
 
 
+_ALIGN = 64
+
+
 def host_empty(shape: tuple, dtype: np.dtype) -> tuple[torch.Tensor, np.ndarray]:
-    """A new CPU tensor and a numpy view of it. Torch allocates it (aligned to 64 bytes, as
-    JAX needs to take it without a copy); numpy fills it (on one thread: torch's copy
-    kernels run large copies on its OpenMP threads, which then spin for milliseconds, taking
-    cores from the workers)."""
-    tensor = torch.empty(shape, dtype=_TORCH_DTYPE[np.dtype(dtype)])
-    return tensor, tensor.numpy()
+    """A new CPU tensor and the numpy array it shares its memory with, for numpy to fill.
+
+    * numpy fills it on one thread: torch's copy kernels run large copies on its OpenMP
+      threads, which then spin for milliseconds, taking cores from the workers;
+    * numpy allocates it: glibc hands numpy's large blocks back for reuse, while torch's
+      allocator took fresh pages for every batch (a page fault every few KiB);
+    * aligned to 64 bytes, as JAX needs to take the batch without a copy (``to_jax``).
+    """
+    dtype = np.dtype(dtype)
+    nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+    raw = np.empty(nbytes + _ALIGN, np.uint8)
+    start = -raw.ctypes.data % _ALIGN
+    view = raw[start : start + nbytes].view(dtype).reshape(shape)
+    return torch.from_numpy(view), view
 
 
 def concat(tensors: list[torch.Tensor]) -> torch.Tensor:
@@ -68,7 +79,6 @@ def concat(tensors: list[torch.Tensor]) -> torch.Tensor:
 
 _NUMPY_DTYPES = frozenset((torch.bool, torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64,
                            torch.float16, torch.float32, torch.float64))
-_TORCH_DTYPE = {np.dtype(torch.empty(0, dtype=d).numpy().dtype): d for d in _NUMPY_DTYPES}
 
 
 class RolloutStorage:
@@ -262,5 +272,7 @@ class RolloutStorage:
                 for key, tensor in out.items():
                     tensor[i, v:] = -1 if key in (("collector", "traj_ids"), ("collector", "policy_version")) else 0
         if mask:
-            out[("collector", "mask")] = torch.from_numpy(np.arange(frames)[None, :] < valid[:, None])
+            mask_t, mask_np = host_empty((len(valid), frames), np.bool_)
+            np.less(np.arange(frames)[None, :], valid[:, None], out=mask_np)
+            out[("collector", "mask")] = mask_t
         return out

@@ -20,7 +20,7 @@ import pytest
 import torch
 from gymnasium import spaces
 
-from aiocollect._engine.storage import OutputSpec, RolloutStorage
+from aiocollect._engine.storage import OutputSpec, RolloutStorage, concat, host_empty
 from aiocollect._envs.spaces import Leaf
 from aiocollect._workers.rows import WorkerRows
 from aiocollect._workers.shm import Layout, SharedArrays, create_segment
@@ -288,6 +288,30 @@ def test_write_rows_puts_row_j_of_the_outputs_at_env_j_and_its_column(storage):
     assert b["action"][2, 1] == 10 and b["action"][0, 2] == 11 and b["action"][3, 0] == 12
     assert b["logits"][0, 2].tolist() == [2, 3]
     assert b["hidden"][3, 0].float().tolist() == [2.5]
+
+
+@pytest.mark.parametrize(("shape", "dtype"),
+                         [((3, 5, 2), np.float32), ((7,), np.bool_), ((2, 3), np.int64), ((0, 4), np.uint8)])
+def test_host_empty_is_a_64_byte_aligned_tensor_sharing_the_numpy_array(shape, dtype):
+    tensor, view = host_empty(shape, dtype)
+    assert tensor.shape == shape and view.shape == shape and view.dtype == dtype
+    assert tensor.data_ptr() % 64 == 0  # JAX takes such a buffer without a copy
+    view[...] = 1
+    assert bool((tensor == 1).all())
+
+
+def test_concat_is_torch_cat_into_an_aligned_tensor():
+    parts = [torch.arange(6, dtype=torch.float32).reshape(3, 2), torch.ones(1, 2)]
+    out = concat(parts)
+    assert torch.equal(out, torch.cat(parts)) and out.data_ptr() % 64 == 0
+    bf16 = [p.to(torch.bfloat16) for p in parts]  # numpy lacks it: torch.cat
+    assert torch.equal(concat(bf16), torch.cat(bf16))
+
+
+def test_batch_tensors_are_aligned_copies(shared, storage):
+    fill(shared, storage, 0)
+    b = storage.batch(0, 1, 3, T, np.full(2, T), ("action", "h"), None, True)
+    assert all(t.data_ptr() % 64 == 0 for k, t in b.items() if t.numel() and k != "h" and t.is_contiguous())
 
 
 def fill(shared, storage, s: int, *, bf16: bool = True) -> None:
