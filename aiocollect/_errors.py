@@ -224,6 +224,15 @@ class CollectorBusyError(CollectorError):
     """
 
 
+def env_failure(exc: Exception, worker: int, pid: int | None) -> EnvError:
+    """The error for ``exc``, raised in this process by an env of worker ``worker`` (a
+    coroutine env or entry): a [`StepTimeoutError`][aiocollect.StepTimeoutError] now
+    naming the worker, anything else wrapped in an [`EnvError`][aiocollect.EnvError]."""
+    if isinstance(exc, StepTimeoutError):
+        return exc.locate(worker, pid)
+    return EnvError.of(exc, worker=worker, pid=pid, in_process=True)
+
+
 def _where(worker: int, pid: int | None, env: int | None, in_process: bool) -> str:
     place = f"worker {worker} (this process, pid {pid})" if in_process else f"worker {worker} (pid {pid})"
     return place if env is None else f"env {env} of {place}"

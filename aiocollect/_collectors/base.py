@@ -48,7 +48,7 @@ from .._errors import CollectorBusyError, CollectorClosedError, CollectorError, 
 from .._policies.setup import PolicySetup
 from .loop_thread import LoopThread
 from .options import CollectorOptions
-from .progress import EpisodeReturns, ProgressBar
+from .progress import EpisodeReturns, ProgressBar, flat_numpy
 
 logger = logging.getLogger("aiocollect")
 
@@ -387,7 +387,7 @@ class DataCollectorBase:
         tagged = batch.get(("collector", "policy_version"), None)
         if tagged is None:
             return
-        tagged = tagged.reshape(-1).numpy(force=True)  # (numpy: see EpisodeReturns.add)
+        tagged = flat_numpy(tagged)  # (numpy: see EpisodeReturns.add)
         tagged = tagged[tagged >= 0]  # -1: masked-out frames
         if tagged.size:
             self._max_lag = max(self._max_lag, versions[1] - int(tagged.min()))

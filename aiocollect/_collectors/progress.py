@@ -17,7 +17,7 @@ import torch
 from tensordict import TensorDictBase
 
 
-def _flat(x: torch.Tensor) -> np.ndarray:
+def flat_numpy(x: torch.Tensor) -> np.ndarray:
     """``x`` as a flat numpy array (a view for a CPU tensor, a copy from a GPU)."""
     return x.reshape(-1).numpy(force=True)
 
@@ -42,12 +42,12 @@ class EpisodeReturns:
             return
         # numpy, not torch: torch's indexing kernels run on its OpenMP threads, whose
         # spinning after each call took a quarter of the engine's CPU (and the workers')
-        ids = _flat(ids)
-        reward, done = _flat(batch.get(("next", "reward"))), _flat(batch.get(("next", "done")))
+        ids = flat_numpy(ids)
+        reward, done = flat_numpy(batch.get(("next", "reward"))), flat_numpy(batch.get(("next", "done")))
         valid = ids >= 0
         mask = batch.get(("collector", "mask"), None)
         if mask is not None:
-            valid &= _flat(mask)
+            valid &= flat_numpy(mask)
         ids, reward, done = ids[valid], reward[valid].astype(np.float64), done[valid]
         unique, inverse = np.unique(ids, return_inverse=True)
         sums = np.bincount(inverse, weights=reward, minlength=len(unique))

@@ -30,7 +30,7 @@ from typing import Any
 import numpy as np
 
 from .._envs.coroutine_group import CoroutineGroup, timed
-from .._errors import EnvError, StepTimeoutError, WorkerError
+from .._errors import WorkerError, env_failure
 from . import protocol
 from .shm import SharedArrays
 
@@ -99,10 +99,7 @@ class CoroutineEnvs:
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # noqa: BLE001 - reported as the lane's failure
-            if isinstance(exc, StepTimeoutError):
-                lane.error = exc.locate(0, lane.pid)
-            else:
-                lane.error = EnvError.of(exc, worker=0, pid=lane.pid, in_process=True)
+            lane.error = env_failure(exc, 0, lane.pid)
             lane.on_reply(lane)
             return
         lane.done = True

@@ -29,7 +29,7 @@ import numpy as np
 
 from .._envs.coroutine_group import CoroutineGroup, timed
 from .._envs.group import make_group
-from .._errors import EnvError, StepTimeoutError, WorkerError
+from .._errors import WorkerError, env_failure
 from . import protocol
 from .plan import WorkerSpec
 from .rows import WorkerRows
@@ -104,10 +104,7 @@ class CoroutineWorker:
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # noqa: BLE001 - reported as this worker's failure
-            if isinstance(exc, StepTimeoutError):
-                self.fail(exc.locate(self.index, os.getpid()))
-            else:
-                self.fail(EnvError.of(exc, worker=self.index, pid=os.getpid(), in_process=True))
+            self.fail(env_failure(exc, self.index, os.getpid()))
             return
         self._done = self._posted
         self.on_reply(self)
