@@ -96,19 +96,30 @@ class WeightsChannel:
         return self.version >= self.latest
 
 
+_COMPILED = "_orig_mod."
+"""What ``torch.compile`` puts in the names of a compiled module's weights."""
+
+
+def _plain(name: str) -> str:
+    """A weight's name as the uncompiled module names it: a compiled policy takes the
+    weights of a plain module, and the other way round."""
+    return name.replace(_COMPILED, "")
+
+
 class TorchWeights:
     """Snapshots of an ``nn.Module``'s parameters and buffers (see the module docstring).
 
     The policy's ``state_dict`` names every tensor; a source must give every one of them
     with the same shape: a module of the same structure, a TensorDict of its parameters
     (``TensorDict.from_module``, nested keys are joined with ``"."``) or a state dict.
+    ``torch.compile`` makes no difference: names are compared without its ``_orig_mod.``.
     Snapshots live on the policy's device: an update from a trainer on another device is
     copied there in the update call.
     """
 
     def __init__(self, policy: torch.nn.Module):
         state = policy.state_dict(keep_vars=True)
-        self.names = list(state)
+        self.names = [_plain(name) for name in state]
         self.targets = [t.data for t in state.values()]
         self._known = set(self.names)
         self._free: list[list[torch.Tensor]] = []
@@ -130,6 +141,8 @@ class TorchWeights:
                 "update_policy_weights_: expected a module, a TensorDict of parameters, a state "
                 f"dict or None; got {type(weights).__name__}."
             )
+        if any(_COMPILED in name for name in state):
+            state = {_plain(name): value for name, value in state.items()}
         missing = [n for n in self.names if n not in state]
         extra = [n for n in state if n not in self._known]
         if missing or extra:

@@ -331,3 +331,20 @@ def test_updates_while_collecting_in_the_background(variant):
         for batch in rb.batches:
             seen |= check_versions(batch)
     assert len(seen) >= 3, seen
+
+
+
+def test_a_compiled_module_is_a_policy_whose_updates_keep_their_versions():
+    """``torch.compile`` (inductor, on the CPU here): the collector's copy of the compiled
+    module acts, and weight updates, from a plain module or a compiled one (whose weights
+    are named ``_orig_mod.*``), take effect with their versions, frame by frame."""
+    policy = linear(0.0)
+    policy.module = torch.compile(policy.module)
+    with Collector([IntObsEnv] * 2, policy, frames_per_batch=20, total_frames=-1) as c:
+        assert check_versions(c.rollout()) == {0}
+        assert c.update_policy_weights_(linear(1.0)) == 1
+        assert check_versions(c.rollout()) == {1}
+        compiled = linear(2.0)
+        compiled.module = torch.compile(compiled.module)
+        assert c.update_policy_weights_(compiled) == 2
+        assert check_versions(c.rollout()) == {2}

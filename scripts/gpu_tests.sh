@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# The GPU tests (tests/gpu/) and the engine benchmark on a CUDA machine that has torch, JAX,
+# anyio, uvloop, cloudpickle, tqdm and pytest but not the rest (the `device` machine of the
+# developers' workplace; tests/README.md says how it is used).
+#
+#   bash scripts/gpu_tests.sh wheels     # here, with a network: the missing wheels into .whl/
+#   bash scripts/gpu_tests.sh run        # there: install .whl/ into /tmp/site, run the tests
+#                                        # and bench_engine.py --workers 2 8 15; logs in $OUT or gpu-out/
+set -euo pipefail
+cd "$(dirname "$0")/.."
+case "${1:-}" in
+wheels)
+    # Python 3.12 on x86-64 manylinux, no dependencies resolved: exactly what the machine lacks
+    rm -rf .whl && mkdir -p .whl
+    for spec in tensordict==0.14.3 torchrl==0.14.1 gymnasium==1.4.0 pytest-asyncio==1.3.0 \
+                pyvers==0.2.2 hoptorch orjson importlib_metadata farama-notifications typing_extensions \
+                "pufferlib-core==3.0.23" nvidia-ml-py; do
+        python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+            --platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 --platform manylinux_2_17_x86_64 \
+            --platform manylinux2014_x86_64 --platform manylinux_2_34_x86_64 --platform manylinux_2_35_x86_64 \
+            --platform any -d .whl "$spec"
+    done
+    du -sh .whl
+    ;;
+run)
+    out="${OUT:-gpu-out}"
+    mkdir -p "$out"
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
+    export PYTHONPATH="/tmp/site:$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
+    nvidia-smi -L | tee "$out/gpu.txt"
+    python3 -c "import torch, jax; print('torch', torch.__version__, torch.cuda.is_available(), '| jax', jax.__version__, jax.devices())" \
+        | tee -a "$out/gpu.txt"
+    set +e
+    python3 -m pytest -p no:cacheprovider -rs -q tests/gpu 2>&1 | tee "$out/gpu_tests.log"
+    status=${PIPESTATUS[0]}
+    (cd benchmarks && python3 bench_engine.py --workers 2 8 15 --json "$out/engine.json") 2>&1 | tee "$out/engine.log"
+    exit "$status"
+    ;;
+*)
+    echo "usage: bash scripts/gpu_tests.sh wheels|run" >&2
+    exit 2
+    ;;
+esac

@@ -1,0 +1,121 @@
+"""The device options on a CUDA machine, in every local variant (``support.variants``).
+
+TorchRL's meanings: ``policy_device`` runs the collector's copy of the policy there;
+``storing_device`` is where batches are delivered; ``device`` is both. A policy on the GPU
+acts as the same policy on the CPU does (an argmax policy, checked frame by frame), its
+weight updates keep the versions honest (the poison test), and a batch stored on the GPU
+holds every field there with the same values.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn as nn
+from tensordict.nn import TensorDictModule
+
+from support.checks import check_batch
+from support.envs import CounterEnv, IntObsEnv
+from support.variants import VARIANTS
+from support.weights import Trainer, check_versions, linear
+
+CUDA = torch.device("cuda", 0)
+
+
+@pytest.fixture(params=VARIANTS, ids=[v.name for v in VARIANTS])
+def variant(request):
+    return request.param
+
+
+class Argmax(nn.Module):
+    """The same weights every time it is built: ``argmax(W obs / 1000 + b)`` over 3 actions."""
+
+    def __init__(self):
+        super().__init__()
+        self.net = nn.Linear(3, 3)
+        with torch.no_grad():
+            self.net.weight.copy_(torch.tensor([[1.0, 0.5, -1.0], [-1.0, 1.0, 0.5], [0.5, -1.0, 1.0]]))
+            self.net.bias.copy_(torch.tensor([0.1, 0.0, -0.1]))
+
+    def forward(self, obs: torch.Tensor) -> torch.Tensor:
+        return self.net(obs / 1000).argmax(-1)
+
+
+def argmax_policy() -> TensorDictModule:
+    return TensorDictModule(Argmax(), in_keys=["observation"], out_keys=["action"])
+
+
+def batches(variant, count: int = 3, **kwargs) -> list:
+    with variant(CounterEnv, argmax_policy(), frames_per_batch=variant.num_envs * 10, total_frames=-1,
+                 **kwargs) as collector:
+        collector.set_seed(0)
+        out = []
+        for batch in collector:
+            out.append(batch)
+            if len(out) == count:
+                return out
+    return out
+
+
+def acts_as_the_cpu_policy(batch) -> None:
+    host = batch.cpu()
+    check_batch(host.reshape(-1, host.shape[-1]) if host.ndim == 3 else host)
+    valid = host["collector", "policy_version"] >= 0
+    expected = Argmax()(host["observation"])
+    assert torch.equal(host["action"][valid], expected[valid])
+
+
+def test_policy_device_cuda_acts_as_the_same_policy_on_the_cpu(variant):
+    for batch in batches(variant, policy_device="cuda"):
+        assert batch.device in (None, torch.device("cpu")) and not batch["action"].is_cuda
+        acts_as_the_cpu_policy(batch)
+
+
+def test_storing_device_cuda_delivers_every_field_on_the_gpu(variant):
+    for batch in batches(variant, storing_device="cuda"):
+        assert batch.device == CUDA
+        assert all(t.device == CUDA for t in batch.values(True, True))
+        acts_as_the_cpu_policy(batch)
+
+
+def test_device_cuda_runs_the_policy_and_stores_the_batches_there(variant):
+    with variant(CounterEnv, argmax_policy(), frames_per_batch=variant.num_envs * 10, total_frames=-1,
+                 device="cuda") as collector:
+        assert all(p.device == CUDA for p in collector.policy.parameters())
+        batch = collector.rollout()
+    assert batch.device == CUDA
+    acts_as_the_cpu_policy(batch)
+
+
+def test_cpu_and_cuda_copies_give_the_same_rollouts():
+    variant = next(v for v in VARIANTS if v.name == "MultiSync-process")  # deterministic order
+    cpu = batches(variant, count=2)
+    cuda = batches(variant, count=2, policy_device="cuda")
+    for a, b in zip(cpu, cuda):
+        for key in ("observation", "action", ("next", "reward"), ("next", "done")):
+            assert torch.equal(a[key], b[key]), key
+
+
+def test_weight_updates_of_a_cuda_policy_never_mix_versions(variant):
+    collector = variant(IntObsEnv, linear(0.0), frames_per_batch=40, total_frames=40 * 30, policy_device="cuda")
+    trainer = Trainer(collector)
+    seen: set[int] = set()
+    with collector:
+        trainer.start()
+        try:
+            for batch in collector:
+                seen |= check_versions(batch)
+        finally:
+            trainer.stop.set()
+            trainer.join()
+    assert trainer.error is None, trainer.error
+    assert len(seen) >= 3 and max(seen) <= trainer.sent
+
+
+def test_a_cuda_index_names_the_device():
+    variant = VARIANTS[0]
+    with variant(CounterEnv, argmax_policy(), frames_per_batch=40, total_frames=-1, device="cuda:0") as collector:
+        assert collector.rollout().device == CUDA
+    bad = f"cuda:{torch.cuda.device_count()}"
+    with pytest.raises(ValueError, match="CUDA device"):
+        variant(CounterEnv, argmax_policy(), frames_per_batch=40, device=bad)
