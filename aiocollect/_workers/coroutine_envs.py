@@ -107,7 +107,8 @@ class CoroutineEnvs:
 
     async def _step(self, i: int, s: int, t: int) -> None:
         group = self.group
-        await timed(group.step_one(i, self.action[i]), self.step_timeout, group.envs[i], i, "step")
+        action = self.action[i].copy()  # the env may keep it: its row is rewritten at its next action
+        await timed(group.step_one(i, action), self.step_timeout, group.envs[i], i, "step")
         for dst, src in zip(self.next_obs, self.results):
             dst[s, t, i] = src[i]
         self.reward[s, t, i] = group.reward[i]
