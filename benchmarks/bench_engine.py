@@ -208,12 +208,7 @@ def torchrl_cnn(workers: int, device: str, steps: int, batches: int) -> float:
         c = MultiSyncCollector([make] * workers, cnn_policy(), frames_per_batch=fpb,
                                total_frames=fpb * (batches + 1), policy_device=device)
         try:
-            it = iter(c)
-            next(it)
-            frames, t0 = 0, time.perf_counter()
-            for _ in range(batches):
-                frames += next(it).numel()
-            return frames / (time.perf_counter() - t0)
+            return timed(c, batches)
         finally:
             c.shutdown()
 
@@ -235,12 +230,7 @@ def torchrl_multisync(workers: int, steps: int, batches: int) -> float:
         c = MultiSyncCollector([torchrl_vector_cartpole] * workers, None, frames_per_batch=fpb,
                                total_frames=fpb * (batches + 1))
         try:
-            it = iter(c)
-            next(it)
-            frames, t0 = 0, time.perf_counter()
-            for _ in range(batches):
-                frames += next(it).numel()
-            return frames / (time.perf_counter() - t0)
+            return timed(c, batches)
         finally:
             c.shutdown()
 
