@@ -122,10 +122,11 @@ def timed(collector, batches: int, cpu: dict | None = None) -> float:
     return frames / dt
 
 
-def aio(cls_name: str, make, workers: int, envs: int, steps: int, batches: int, cpu: dict | None = None) -> float:
+def aio(cls_name: str, make, workers: int, envs: int, steps: int, batches: int, cpu: dict | None = None,
+        policy=None, policy_device: str | None = None) -> float:
     cls = getattr(aiocollect, cls_name)
     fpb = envs * steps * (workers if cls_name == "MultiSyncCollector" else 1)
-    with cls([[make] * envs] * workers, None, frames_per_batch=fpb) as c:
+    with cls([[make] * envs] * workers, policy, frames_per_batch=fpb, policy_device=policy_device) as c:
         return timed(c, batches, cpu)
 
 
@@ -182,14 +183,6 @@ def cnn_policy():
 
     torch.manual_seed(0)
     return TensorDictModule(NatureCNN(), in_keys=["observation"], out_keys=["action"])
-
-
-def aio_cnn(cls_name: str, workers: int, device: str, steps: int, batches: int) -> float:
-    """aiocollect over the pixel env, the Nature-CNN batched in this process on ``device``."""
-    cls = getattr(aiocollect, cls_name)
-    fpb = P_ENVS * steps * (workers if cls_name == "MultiSyncCollector" else 1)
-    with cls([[PixelEnv] * P_ENVS] * workers, cnn_policy(), frames_per_batch=fpb, policy_device=device) as c:
-        return timed(c, batches)
 
 
 def torchrl_cnn(workers: int, device: str, steps: int, batches: int) -> float:
@@ -305,7 +298,8 @@ def rows_for(args) -> list[Row]:
         rows.append(Row("G", "limit", lambda: limit(PixelEnv, P_ENVS, w, 400 if quick else 4_000)))
         for cls in ("MultiSyncCollector", "MultiAsyncCollector"):
             rows.append(Row("G", f"aiocollect {cls} {w}x{P_ENVS}, CNN on {dev}",
-                            lambda cls=cls: aio_cnn(cls, w, dev, g_steps, g_batches)))
+                            lambda cls=cls: aio(cls, PixelEnv, w, P_ENVS, g_steps, g_batches, None,
+                                                    cnn_policy(), dev)))
         if HAVE_TORCHRL:
             rows.append(Row("G", f"TorchRL MultiSync {w}x GymWrapper(SyncVec8), CNN on {dev}",
                             lambda: torchrl_cnn(w, dev, g_steps, max(2, g_batches // 2))))

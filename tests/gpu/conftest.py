@@ -3,6 +3,8 @@ in the run's summary. ``bash scripts/gpu_tests.sh run`` runs them on a CUDA mach
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -10,9 +12,12 @@ REASON = ("no CUDA device here (torch.cuda.is_available() is False): "
           "run `bash scripts/gpu_tests.sh run` on a GPU machine")
 
 
+HERE = Path(__file__).parent
+
+
 def pytest_collection_modifyitems(config, items):
-    for item in items:
-        if "tests/gpu/" in item.nodeid.replace("\\", "/") or item.nodeid.startswith("gpu/"):
+    for item in items:  # (every item of the session: keep this folder's)
+        if HERE in item.path.parents:
             item.add_marker(pytest.mark.gpu)
             if not torch.cuda.is_available():
                 item.add_marker(pytest.mark.skip(reason=REASON))

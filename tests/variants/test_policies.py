@@ -333,7 +333,6 @@ def test_updates_while_collecting_in_the_background(variant):
     assert len(seen) >= 3, seen
 
 
-
 def test_a_compiled_module_is_a_policy_whose_updates_keep_their_versions():
     """``torch.compile`` (inductor, on the CPU here): the collector's copy of the compiled
     module acts, and weight updates, from a plain module or a compiled one (whose weights
