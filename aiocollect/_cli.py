@@ -3,24 +3,30 @@
 ``aiocollect collect --env CartPole-v1 --workers 2 --frames 20000 --out DIR`` collects with
 random actions and a progress bar, saves every frame under ``DIR`` as a memory-mapped
 TensorDict (``TensorDict.load_memmap(DIR)`` reads it back: ``[workers, envs, time]``, or
-``[envs, time]`` with ``--workers 0``), and prints a summary.
+``[envs, time]`` with ``--workers 0``), and prints a summary. The save is written beside
+``DIR`` and renamed to it once complete, so ``DIR`` is never half-written, and ``--overwrite``
+replaces only an earlier save that its ``aiocollect.json`` proves to be one (see ``_dataset``).
 
 ``aiocollect bench`` runs the comparison benchmarks of a source checkout
 (``benchmarks/*.py``) and prints their tables; with ``--results DIR`` it also keeps each
 one's JSON in ``DIR`` and draws them side by side in ``DIR/benchmarks.png``
 (``benchmarks/chart.py``, needs matplotlib).
 
-A bad env id or option ends the command with one line on stderr and exit code 2, never a
-traceback.
+A bad env id or option, an ``--out`` that cannot safely be written, or a size that cannot fit
+(``--frames`` on the disk, ``--frames-per-batch`` in memory) ends the command before any worker
+starts, with one line on stderr and exit code 2, never a traceback.
 """
 
 from __future__ import annotations
 
 import argparse
 import math
+import os
+import shutil
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 BENCHMARKS = ("bench_collect.py", "bench_workers.py", "bench_engine.py", "bench_weights.py", "bench_coroutines.py",
@@ -61,8 +67,48 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _check_collect(args: argparse.Namespace) -> Path:
-    """Every mistake of the command line, found before anything is collected; returns ``--out``."""
+@dataclass(frozen=True)
+class _Plan:
+    """What ``aiocollect collect`` will do, worked out and checked before anything starts."""
+
+    target: Path
+    """``--out``, resolved: where the save is renamed to once it is complete."""
+    num_envs: int
+    frames_per_batch: int
+    num_batches: int
+
+
+def _size(nbytes: float) -> str:
+    for unit in ("bytes", "kB", "MB", "GB", "TB", "PB"):
+        if nbytes < 1000 or unit == "PB":
+            return f"{nbytes:,.0f} {unit}" if unit == "bytes" else f"{nbytes:,.1f} {unit}"
+        nbytes /= 1000
+    raise AssertionError  # unreachable
+
+
+def _available_memory() -> int | None:
+    """Bytes of memory this machine can still give (``MemAvailable``), or None where unknown."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    try:
+        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+def _free_disk(path: Path) -> int:
+    """Free bytes on the disk that holds ``path`` (or would: its nearest existing ancestor)."""
+    while not path.exists():
+        path = path.parent
+    return shutil.disk_usage(path).free
+
+
+def _check_env(args: argparse.Namespace) -> None:
     import importlib
 
     import gymnasium as gym
@@ -80,77 +126,146 @@ def _check_collect(args: argparse.Namespace) -> Path:
         gym.make(args.env).close()
     except Exception as exc:  # noqa: BLE001 - a registered env that cannot be built here (a missing dependency...)
         raise UsageError(f"--env {args.env!r} cannot be built here: {type(exc).__name__}: {exc}") from None
+
+
+def _check_out(args: argparse.Namespace) -> Path:
+    """``--out`` resolved, once it is sure that writing there loses nothing (see ``_dataset``)."""
+    from ._dataset import NotASave, check_replaceable
+
+    given = Path(args.out)
+    if given.is_symlink():
+        raise UsageError(f"--out {args.out}: is a symbolic link (to {os.readlink(given)}); aiocollect collect "
+                         "replaces --out by renaming a new directory onto it, so give a real path: the "
+                         "directory the link points to, or a new one")
+    target = given.resolve()
+    cwd = Path.cwd().resolve()
+    if target == cwd or target in cwd.parents:
+        which = "the current directory" if target == cwd else "a directory that holds the current directory"
+        raise UsageError(f"--out {args.out}: is {which}; the save goes into a directory of its own, "
+                         f"e.g. --out {Path(args.out) / 'frames'}")
+    if target.exists() and not target.is_dir():
+        raise UsageError(f"--out {args.out}: is a file; give a directory (new, empty, or saved by aiocollect collect)")
+    if target.is_dir() and any(target.iterdir()):
+        if not args.overwrite:
+            raise UsageError(f"--out {args.out}: exists and is not an empty directory; pick another or pass "
+                             "--overwrite (which replaces only an earlier save of aiocollect collect)")
+        try:
+            check_replaceable(target)
+        except NotASave as exc:
+            raise UsageError(f"--out {args.out}: --overwrite replaces only a directory that aiocollect collect "
+                             f"saved, and {exc}; delete it yourself if you mean to, or pick another --out") from None
+    if target.is_dir() and target.stat().st_dev != target.parent.stat().st_dev:
+        raise UsageError(f"--out {args.out}: is a mount point, and the save is renamed into place from beside it; "
+                         f"give a new directory inside it, e.g. --out {Path(args.out) / 'frames'}")
+    return target
+
+
+def _frame_bytes(args: argparse.Namespace) -> int:
+    """Bytes one frame takes in the save: one frame of one env, collected in this process."""
+    import gymnasium as gym
+
+    from . import Collector
+
+    env_id = args.env
+    try:
+        with Collector([lambda: gym.make(env_id)], None, frames_per_batch=1, total_frames=1,
+                       max_frames_per_traj=args.max_frames_per_traj) as probe:
+            batch = next(iter(probe))
+    except Exception as exc:  # noqa: BLE001 - the env builds but cannot step here
+        raise UsageError(f"--env {args.env!r}: one step of it failed here: {type(exc).__name__}: {exc}") from None
+    return batch.bytes() // batch.numel()
+
+
+def _check_collect(args: argparse.Namespace) -> _Plan:
+    """Every mistake of the command line, found before any worker starts or anything is written."""
+    _check_env(args)
     if args.workers < 0:
         raise UsageError(f"--workers must be >= 0, got {args.workers}")
     for name in ("envs_per_worker", "frames", "frames_per_batch", "max_frames_per_traj"):
         value = getattr(args, name)
         if value is not None and value < 1:
             raise UsageError(f"--{name.replace('_', '-')} must be >= 1, got {value}")
-    out = Path(args.out)
-    if out.exists() and not out.is_dir():
-        raise UsageError(f"--out {out}: is a file; give a directory (new, empty, or saved by aiocollect collect)")
-    if out.exists() and any(out.iterdir()):
-        if not args.overwrite:
-            raise UsageError(f"--out {out}: exists and is not an empty directory; pick another or pass --overwrite")
-        if not (out / "meta.json").exists():
-            raise UsageError(f"--out {out}: --overwrite replaces only a directory that aiocollect collect "
-                             "saved (it has a meta.json); this one holds something else")
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-        probe = out / ".aiocollect-write-test"
-        probe.touch()
-        probe.unlink()
-    except OSError as exc:
-        raise UsageError(f"--out {out}: cannot write there ({exc.strerror or exc})") from None
-    return out
+    target = _check_out(args)
+    num_envs = args.envs_per_worker * max(args.workers, 1)
+    fpb = args.frames_per_batch or num_envs * 100
+    if fpb % num_envs:
+        raise UsageError(f"--frames-per-batch {fpb} does not split over {num_envs} envs; use a multiple of {num_envs}")
+    num_batches = math.ceil(args.frames / fpb)
+    frame_bytes = _frame_bytes(args)
+    # Sizes are checked here, as Python ints: a typo of a few zeros must not start workers that
+    # then fail to allocate, or fill the disk (a memory-mapped file that cannot grow kills the process).
+    batch_bytes, memory = fpb * frame_bytes, _available_memory()
+    if memory is not None and 3 * batch_bytes > memory:
+        if args.frames_per_batch:
+            flag, fix = f"--frames-per-batch {args.frames_per_batch}", "use a smaller --frames-per-batch"
+        else:
+            flag = (f"--envs-per-worker {args.envs_per_worker} (a default batch is 100 steps of each of "
+                    f"{num_envs:,} envs)")
+            fix = "use fewer envs, or a smaller --frames-per-batch"
+        raise UsageError(f"{flag}: a batch of {fpb:,} frames takes {_size(batch_bytes)} ({frame_bytes} bytes a frame) "
+                         f"and the collector holds about three, with {_size(memory)} of memory available; {fix}")
+    save_bytes, free = num_batches * batch_bytes, _free_disk(target.parent)
+    if save_bytes > free:
+        raise UsageError(f"--frames {args.frames}: the save of {num_batches * fpb:,} frames takes {_size(save_bytes)} "
+                         f"({frame_bytes} bytes a frame) and the disk of {target.parent} has {_size(free)} free; "
+                         "collect fewer frames, or give an --out on a bigger disk")
+    return _Plan(target, num_envs, fpb, num_batches)
 
 
 def collect(args: argparse.Namespace) -> int:
-    out = _check_collect(args)
-    import shutil
-
+    plan = _check_collect(args)
     import gymnasium as gym
 
     from . import Collector, MultiSyncCollector
+    from ._dataset import CommitError, PartialSave, leftovers
 
     env_id = args.env
 
     def make_env():
         return gym.make(env_id)
 
-    num_envs = args.envs_per_worker * max(args.workers, 1)
-    fpb = args.frames_per_batch or num_envs * 100
-    if fpb % num_envs:
-        raise UsageError(f"--frames-per-batch {fpb} does not split over {num_envs} envs; use a multiple of {num_envs}")
-    num_batches = math.ceil(args.frames / fpb)
-    options = {"frames_per_batch": fpb, "total_frames": num_batches * fpb,
+    for path in leftovers(plan.target):
+        print(f"aiocollect: note: {path} is left from a run of aiocollect collect that was killed (or is still "
+              "running); it is not a save: rm -r it once no run uses it", file=sys.stderr)
+    steps = plan.frames_per_batch // plan.num_envs
+    try:
+        save = PartialSave(plan.target, steps * plan.num_batches,
+                           {"env": env_id, "frames": plan.num_batches * plan.frames_per_batch, "seed": args.seed})
+    except OSError as exc:
+        raise UsageError(f"--out {args.out}: cannot write there ({exc.strerror or exc})") from None
+    options = {"frames_per_batch": plan.frames_per_batch, "total_frames": plan.num_batches * plan.frames_per_batch,
                "max_frames_per_traj": args.max_frames_per_traj, "progress": True}
     try:
-        if args.workers == 0:
-            collector = Collector([make_env] * args.envs_per_worker, None, **options)
-        else:
-            collector = MultiSyncCollector([[make_env] * args.envs_per_worker] * args.workers, None, **options)
-    except (ValueError, TypeError) as exc:
-        raise UsageError(str(exc)) from None
-    with collector:
-        collector.set_seed(args.seed)
-        start = time.perf_counter()
-        saved = None
-        for i, batch in enumerate(collector):
-            if saved is None:  # the whole file, laid out on disk once: each batch is written and let go
-                steps = batch.shape[-1]
-                shutil.rmtree(out)
-                saved = batch[..., :1].expand(*batch.shape[:-1], steps * num_batches).memmap_like(prefix=str(out))
-            saved[..., i * steps:(i + 1) * steps] = batch
-        elapsed = time.perf_counter() - start
-        stats = collector.statistics()
+        try:
+            if args.workers == 0:
+                collector = Collector([make_env] * args.envs_per_worker, None, **options)
+            else:
+                collector = MultiSyncCollector([[make_env] * args.envs_per_worker] * args.workers, None, **options)
+        except (ValueError, TypeError) as exc:
+            raise UsageError(str(exc)) from None
+        with collector:
+            collector.set_seed(args.seed)
+            start = time.perf_counter()
+            for i, batch in enumerate(collector):
+                save.write(batch, i * steps)
+            elapsed = time.perf_counter() - start
+            stats = collector.statistics()
+    except BaseException:  # Ctrl-C included: no half-written save is left behind
+        save.discard()
+        raise
+    shape = save.shape
+    try:
+        save.commit()
+    except CommitError as exc:
+        print(f"aiocollect: error: {exc}", file=sys.stderr)
+        return 1
     mean = stats.mean_episode_return
-    print(f"collected {stats.frames:,} frames of {env_id} from {num_envs} envs "
+    print(f"collected {stats.frames:,} frames of {env_id} from {plan.num_envs} envs "
           f"({args.workers} worker process{'es' if args.workers != 1 else ''}) in {elapsed:.2f} s: "
           f"{stats.frames / elapsed:,.0f} frames/s")
     last = f", mean return of the last {min(stats.completed_trajectories, 100)}: {mean:.2f}" if mean is not None else ""
     print(f"{stats.completed_trajectories:,} episodes finished{last}")
-    print(f"saved {tuple(saved.shape)} to {out} (TensorDict.load_memmap({str(out)!r}))")
+    print(f"saved {shape} to {Path(args.out)} (TensorDict.load_memmap({str(Path(args.out))!r}))")
     return 0
 
 
