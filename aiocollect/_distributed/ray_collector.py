@@ -8,10 +8,12 @@ docstring says what users see.
 
 from __future__ import annotations
 
+import contextlib
+import importlib
 import os
 import sys
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from tensordict.nn import InteractionType
@@ -29,6 +31,32 @@ def _import_ray():
             "RayCollector needs Ray, which is not installed: pip install 'aiocollect[ray]' (or pip install ray)."
         ) from exc
     return ray
+
+
+@contextlib.contextmanager
+def _loopback_node(enabled: bool) -> Iterator[None]:
+    """Within the block, a Ray instance started here takes ``127.0.0.1`` as its node's address.
+
+    Ray's processes (GCS, raylet, workers, agents) listen on the node's address, or on all
+    interfaces, and ``ray.init`` replaces a loopback ``_node_ip_address`` by the machine's
+    external address. The one loopback mode Ray has is its single-machine mode, on by
+    default on macOS and Windows and chosen by ``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0``
+    there: this turns it on for the ``ray.init`` call (the flag is read when Ray is
+    imported, so it is set on Ray's constants module), and Ray's processes then listen on
+    127.0.0.1 only."""
+    try:
+        constants = importlib.import_module("ray._private.ray_constants")
+    except ImportError:  # another Ray layout: its own defaults
+        constants = None
+    if not enabled or not hasattr(constants, "ENABLE_RAY_CLUSTER"):
+        yield
+        return
+    saved = constants.ENABLE_RAY_CLUSTER
+    constants.ENABLE_RAY_CLUSTER = False
+    try:
+        yield
+    finally:
+        constants.ENABLE_RAY_CLUSTER = saved
 
 
 class RayCollector(RemoteCollectorsBase):
@@ -55,11 +83,14 @@ class RayCollector(RemoteCollectorsBase):
     ``frames_per_batch``-frame batch as soon as it is ready, and asks that actor for the
     next one at once.
 
-    **The cluster.** With ``ray_init_config={"address": "ray://head-node:10001"}`` (or any
-    ``ray.init`` arguments) it joins that cluster; if Ray is already initialised in this
-    process it uses that; otherwise it starts a local Ray instance, declaring at least as
-    many logical CPUs as the actors ask for (so ``num_collectors=4`` with ``num_cpus=1`` each
-    runs on a 2-core laptop), and stops it on ``shutdown()``. Env factories and policies
+    **The cluster.** With ``ray_init_config={"address": "ray://head-node:10001"}`` (or
+    ``RAY_ADDRESS`` set) it joins that cluster; if Ray is already initialised in this
+    process it uses that; otherwise it starts a new local Ray instance (with the other
+    ``ray_init_config`` arguments), declaring at least as many logical CPUs as the actors
+    ask for (so ``num_collectors=4`` with ``num_cpus=1`` each runs on a 2-core laptop), and
+    stops it on ``shutdown()``. That instance listens on 127.0.0.1 only and serves no
+    dashboard, unless ``ray_init_config`` says otherwise (``_node_ip_address``,
+    ``include_dashboard``). Env factories and policies
     travel with cloudpickle, and the driver's ``sys.path`` with them, so code from your own
     modules imports on the actors (on a multi-node cluster, the files must exist on every
     node, or ship them with Ray's ``runtime_env``).
@@ -97,7 +128,8 @@ class RayCollector(RemoteCollectorsBase):
             workers each remote collector runs.
         remote_configs: ``ray.remote`` options of each actor (default ``{"num_cpus": 1}``),
             or a list of them, one per actor.
-        ray_init_config: ``ray.init`` arguments, e.g. ``{"address": "ray://head:10001"}``.
+        ray_init_config: ``ray.init`` arguments, e.g. ``{"address": "ray://head:10001"}``
+            to join a cluster; without an address, those of the local instance.
         update_after_each_batch: send the policy's weights to every actor (sync) or to the
             actor that delivered (async) after each batch.
         start_timeout: seconds the actors may take to be placed and to build their
@@ -179,11 +211,15 @@ class RayCollector(RemoteCollectorsBase):
         ray, configs, timeout = self._ray, self._configs, self._start_timeout
         if not ray.is_initialized():
             config = dict(self._init_config or {})
-            if config.get("address") is None:
+            local = config.get("address") in (None, "local") and not os.environ.get("RAY_ADDRESS")
+            if local:  # a new instance on this machine, not one found under /tmp/ray
                 asked = sum(float(c.get("num_cpus", 1)) for c in configs)
                 config.setdefault("num_cpus", max(os.cpu_count() or 1, int(-(-asked // 1))))
                 config.setdefault("include_dashboard", False)
-            with warnings.catch_warnings():  # JAX's warning at fork: Ray forks and execs at once
+                config["address"] = "local"
+            on_loopback = local and "_node_ip_address" not in config
+            with warnings.catch_warnings(), _loopback_node(on_loopback):
+                # JAX's warning at fork: Ray forks and execs at once
                 warnings.filterwarnings("ignore", message=r"os\.fork\(\) was called", category=RuntimeWarning)
                 ray.init(**config)
             self._started_ray = True

@@ -11,9 +11,9 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
-import socket
 import subprocess
 import sys
+import threading
 import time
 import warnings
 from collections.abc import Callable
@@ -24,6 +24,7 @@ from tensordict.nn import InteractionType
 
 from .._collectors.options import options_from
 from .._errors import CollectorError
+from . import rpc_rendezvous
 from .base import RemoteCollectorsBase, forwarded_options, plan_remotes
 from .remote import RemoteCollector
 
@@ -31,12 +32,6 @@ _PACKAGE_ROOT = str(Path(__file__).resolve().parents[2])
 
 _launched_worlds: list[str] = []
 """The worlds launched in this process (at most one: RPC cannot be initialised twice)."""
-
-
-def _free_port(addr: str) -> int:
-    with socket.socket() as s:
-        s.bind((addr, 0))
-        return s.getsockname()[1]
 
 
 def _remote_collector(payload: bytes, sys_path: list[str]) -> RemoteCollector:  # runs on the worker
@@ -57,10 +52,13 @@ class RPCCollector(RemoteCollectorsBase):
       collector starts ``num_collectors`` worker processes on this machine
       (``python -m aiocollect._distributed.rpc_worker``) and meets them over TCP on
       ``master_addr:master_port`` (a free port by default). The workers take ranks 0 to
-      n-1 and this process the last rank. ``shutdown()`` closes the remote collectors,
-      shuts the world down and waits for the workers (terminating them if they do not
-      exit), so no process or port is left behind. torch's RPC can be initialised only
-      once per process, so a process can launch one such world.
+      n-1 and this process the last rank. Everything the world listens on (its rendezvous
+      store, TensorPipe, Gloo) is on ``master_addr`` only. ``shutdown()`` closes the remote
+      collectors, shuts the world down and waits for the workers (terminating them if they
+      do not exit, without waiting for one that died), so no process or port is left
+      behind; the workers also exit by themselves if this process dies, however it dies.
+      torch's RPC can be initialised only once per process, so a process can launch one
+      such world.
     * **Joined** (``worker_names=[...]``): the world was started by torchrun (or submitit)
       and this process called ``rpc.init_rpc`` itself; ``worker_names`` names the ranks that
       host the remote collectors, each of which only runs ``rpc.init_rpc(name, rank=...,
@@ -83,7 +81,10 @@ class RPCCollector(RemoteCollectorsBase):
         update_after_each_batch: as for [`RayCollector`][aiocollect.RayCollector].
         worker_names: join a world started elsewhere: the RPC names of the workers that
             host the remote collectors (one each). ``None``: launch the workers here.
-        master_addr: where a launched world meets (default ``127.0.0.1``).
+        master_addr: the address a launched world meets and listens on (default
+            ``127.0.0.1``: loopback only). Another address of this machine exposes the
+            world on that interface; ``"0.0.0.0"`` on all of them (torch's RPC is
+            unauthenticated: anyone who reaches it can run code in these processes).
         master_port: the TCP port a launched world meets on (default: a free port; read
             it back from [`master_port`][aiocollect.RPCCollector.master_port]).
         rpc_timeout: seconds an RPC call (a batch) may take.
@@ -97,6 +98,8 @@ class RPCCollector(RemoteCollectorsBase):
             initialised with ``worker_names``, or this process already launched a world.
         ValueError: ``num_collectors`` disagrees with ``worker_names``, or
             ``frames_per_batch`` does not split over ``num_collectors`` with ``sync=True``.
+        OSError: ``master_port`` is taken (``errno.EADDRINUSE``, the message names the
+            port), or ``master_addr`` is not an address of this machine.
 
     Examples:
         >>> from aiocollect import RPCCollector, GymEnv
@@ -185,6 +188,10 @@ class RPCCollector(RemoteCollectorsBase):
         self._names = list(worker_names) if worker_names is not None else [
             f"aiocollect_collector{i}" for i in range(num_collectors)]
         self._procs: list[subprocess.Popen] = []
+        self._lifeline: int | None = None
+        """The write end of the pipe the launched workers watch: closing it (or dying) ends them."""
+        self._lost: set[int] = set()
+        """The remote collectors whose RPC call failed: their process died (or is unreachable)."""
         self._rrefs: list[Any] = []
         self._joined_world = False
         self._addr, self._port = master_addr, master_port
@@ -204,24 +211,7 @@ class RPCCollector(RemoteCollectorsBase):
     def _launch(self, payloads: list[bytes]) -> list[tuple[int, int]]:
         rpc = self._rpc
         if self._launched:
-            self._port = self._port or _free_port(self._addr)
-            init = f"tcp://{self._addr}:{self._port}"
-            world = self.num_collectors + 1
-            env = dict(os.environ)
-            env["PYTHONPATH"] = os.pathsep.join([_PACKAGE_ROOT, *filter(None, [env.get("PYTHONPATH")])])
-            # the workers take ranks 0..n-1 and the driver the last one: rank 0 hosts the
-            # rendezvous store, which torch keeps listening until its process exits, so it
-            # must live in a worker (gone at shutdown), not here
-            for rank, name in enumerate(self._names):
-                self._procs.append(subprocess.Popen(
-                    [sys.executable, "-m", "aiocollect._distributed.rpc_worker", name, str(rank), str(world), init],
-                    env=env, stdin=subprocess.DEVNULL))
-            options = rpc.TensorPipeRpcBackendOptions(init_method=init, rpc_timeout=self._start_timeout)
-            _launched_worlds.append(init)
-            with warnings.catch_warnings():
-                warnings.filterwarnings("ignore", message="You are using a Backend", category=UserWarning)
-                rpc.init_rpc("aiocollect_driver", rank=world - 1, world_size=world, rpc_backend_options=options)
-            self._joined_world = True
+            self._start_world()
         self._rrefs = [rpc.remote(name, _remote_collector, args=(payload, list(sys.path)))
                        for name, payload in zip(self._names, payloads)]
         handles = [rref.rpc_async(timeout=self._start_timeout).info() for rref in self._rrefs]
@@ -233,6 +223,43 @@ class RPCCollector(RemoteCollectorsBase):
                 error = self._error(i, exc)
                 raise error from error.__cause__
         return info
+
+    def _start_world(self) -> None:
+        """Start the workers and join them: everything listens on ``master_addr`` only.
+
+        The workers take ranks 0..n-1 and the driver the last one. Rank 0 hosts the
+        rendezvous store, on a socket opened here (a taken port fails now, naming it) and
+        handed to it: the port lives as long as worker 0 (gone at shutdown), not as long as
+        this process, where torch would keep the store until exit. Each worker also gets the
+        read end of the lifeline pipe whose write end this process holds: it exits when that
+        closes (``_distributed.rpc_worker``)."""
+        rpc = self._rpc
+        world = self.num_collectors + 1
+        listener = rpc_rendezvous.listen(self._addr, self._port or 0)
+        self._port = listener.getsockname()[1]
+        lifeline, self._lifeline = os.pipe()
+        env = {**os.environ, **rpc_rendezvous.interface_env(self._addr)}
+        env["PYTHONPATH"] = os.pathsep.join([_PACKAGE_ROOT, *filter(None, [env.get("PYTHONPATH")])])
+        try:
+            for rank, name in enumerate(self._names):
+                fds = [lifeline, listener.fileno()] if rank == 0 else [lifeline]
+                init = rpc_rendezvous.url(self._addr, self._port, self._start_timeout,
+                                          fd=listener.fileno() if rank == 0 else None)
+                self._procs.append(subprocess.Popen(
+                    [sys.executable, "-m", "aiocollect._distributed.rpc_worker", name, str(rank), str(world), init,
+                     str(lifeline), str(os.getpid())],
+                    env=env, stdin=subprocess.DEVNULL, pass_fds=fds))
+        finally:
+            listener.close()  # worker 0 has it now
+            os.close(lifeline)
+        rpc_rendezvous.register()
+        init = rpc_rendezvous.url(self._addr, self._port, self._start_timeout)
+        options = rpc.TensorPipeRpcBackendOptions(init_method=init, rpc_timeout=self._start_timeout)
+        _launched_worlds.append(init)
+        with warnings.catch_warnings(), rpc_rendezvous.interfaces(self._addr):
+            warnings.filterwarnings("ignore", message="You are using a Backend", category=UserWarning)
+            rpc.init_rpc("aiocollect_driver", rank=world - 1, world_size=world, rpc_backend_options=options)
+        self._joined_world = True
 
     def _submit(self, index: int, method: str, *args: Any) -> Any:
         return getattr(self._rrefs[index].rpc_async(timeout=self._rpc_timeout), method)(*args)
@@ -261,6 +288,7 @@ class RPCCollector(RemoteCollectorsBase):
                 value, exc = future.value(), None
             except Exception as error:  # noqa: BLE001 - raised in the loop
                 value, exc = None, error
+                self._lost.add(index)  # remote exceptions come back as values: the transport failed
             try:
                 loop.call_soon_threadsafe(settle, value, exc)
             except RuntimeError:  # the loop is gone: nobody waits any more
@@ -273,6 +301,7 @@ class RPCCollector(RemoteCollectorsBase):
                 return result.result()
             proc = self._procs[index] if index < len(self._procs) else None
             if proc is not None and proc.poll() is not None:
+                self._lost.add(index)
                 raise CollectorError(f"the RPC worker process exited with code {proc.returncode} (a negative "
                                    "code is the signal that killed it)")
 
@@ -280,12 +309,24 @@ class RPCCollector(RemoteCollectorsBase):
         return f"RPC worker {self._names[index]}"
 
     def _stop(self) -> None:
+        """Close the remote collectors, leave the world, and end the launched workers; bounded.
+
+        With every worker alive, the world shuts down gracefully (the workers' own
+        ``rpc.shutdown()`` returns and they exit). A worker that died, or whose call failed,
+        rules that out: a graceful shutdown waits for every member, so it would hang; the
+        driver then leaves alone and the others are terminated. A killed worker's socket
+        may close before its exit status can be collected, so a failed call counts as a
+        death, and the driver waits a moment for such a process to be reaped."""
         rpc = self._rpc
-        dead = any(p.poll() is not None for p in self._procs)
+        lost = set(self._lost)  # (a copy: RPC callbacks add to it from torch's threads)
+        for i in lost:
+            if i < len(self._procs):
+                _wait(self._procs[i], 2.0)
+        lost |= {i for i, p in enumerate(self._procs) if p.poll() is not None}
         if self._rrefs and rpc.api._is_current_rpc_agent_set():
             calls = []
             for i, rref in enumerate(self._rrefs):
-                if i < len(self._procs) and self._procs[i].poll() is not None:
+                if i in lost:
                     continue
                 try:
                     calls.append(rref.rpc_async(timeout=10).shutdown())
@@ -297,17 +338,13 @@ class RPCCollector(RemoteCollectorsBase):
                 except Exception:  # noqa: BLE001
                     pass
         self._rrefs = []
+        graceful = not lost and self._joined_world  # (workers that never met the driver: no use waiting)
         if self._joined_world:
             self._joined_world = False
-            try:
-                rpc.shutdown(graceful=not dead, timeout=10)
-            except Exception:  # noqa: BLE001 - a worker that died makes a graceful exit fail
-                try:
-                    rpc.shutdown(graceful=False)
-                except Exception:  # noqa: BLE001
-                    pass
+            graceful = self._leave(graceful)
 
-        for sig, grace in ((None, 10.0), (signal.SIGTERM, 2.0), (signal.SIGKILL, 5.0)):
+        ladder = ((None, 10.0), (signal.SIGTERM, 2.0), (signal.SIGKILL, 5.0))
+        for sig, grace in ladder if graceful else ladder[1:]:
             running = [p for p in self._procs if p.poll() is None]
             if not running:
                 break
@@ -316,8 +353,54 @@ class RPCCollector(RemoteCollectorsBase):
                     p.send_signal(sig)
             deadline = time.monotonic() + grace
             for p in running:
-                try:
-                    p.wait(max(0.0, deadline - time.monotonic()))
-                except subprocess.TimeoutExpired:
-                    pass
+                _wait(p, deadline - time.monotonic())
         self._procs = []
+        if self._lifeline is not None:
+            os.close(self._lifeline)
+            self._lifeline = None
+
+    def _leave(self, graceful: bool, timeout: float = 15.0) -> bool:
+        """Leave the world (``rpc.shutdown``), gracefully if asked and possible, within
+        ``timeout`` seconds; returns whether it was graceful.
+
+        It runs in a thread: torch's own timeout does not cover every wait in a shutdown
+        (``agent.join`` waits for calls in flight). Past ``timeout``, the launched workers
+        are killed, which ends those waits."""
+        rpc, outcome = self._rpc, []
+
+        def leave() -> None:
+            if graceful:
+                try:
+                    rpc.shutdown(graceful=True, timeout=10)
+                    outcome.append(True)
+                    return
+                except Exception:  # noqa: BLE001 - a member that left makes a graceful exit fail
+                    pass
+            try:
+                rpc.shutdown(graceful=False)
+            except Exception:  # noqa: BLE001 - left already
+                pass
+            outcome.append(False)
+
+        thread = threading.Thread(target=leave, name="aiocollect-rpc-shutdown", daemon=True)
+        thread.start()
+        thread.join(timeout)
+        if thread.is_alive():
+            for p in self._procs:
+                if p.poll() is None:
+                    p.kill()
+            thread.join(5.0)
+            if thread.is_alive():
+                warnings.warn("RPCCollector.shutdown(): torch.distributed.rpc did not shut down within "
+                              f"{timeout + 5:.0f} s; its workers were killed and its shutdown is left running "
+                              "in a daemon thread.",
+                              RuntimeWarning, stacklevel=2)
+            return False
+        return outcome == [True]
+
+
+def _wait(proc: subprocess.Popen, seconds: float) -> None:
+    try:
+        proc.wait(max(0.0, seconds))
+    except subprocess.TimeoutExpired:
+        pass
