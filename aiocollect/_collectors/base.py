@@ -53,6 +53,7 @@ from .progress import EpisodeReturns, ProgressBar, flat_numpy
 logger = logging.getLogger("aiocollect")
 
 _DONE = object()
+_NOTHING = object()
 
 _BACKGROUND = contextvars.ContextVar("aiocollect_background", default=False)
 """True inside ``start()``'s collection task: the one caller allowed while it runs."""
@@ -269,6 +270,9 @@ class DataCollectorBase:
         self._stale_dropped = 0
         self._progress: ProgressBar | None = None
         self._returns = EpisodeReturns()
+        self._undelivered: Any = _NOTHING
+        """The batch collected for ``for batch in collector`` and not yet handed over; see
+        ``_sync_batches``."""
 
     # ------------------------------------------------------------------ to implement
 
@@ -429,6 +433,8 @@ class DataCollectorBase:
             TypeError: the weights are of a type the policy cannot load, or the policy has
                 no weights and some were given.
         """
+        if self._closed:
+            raise self._closed_error()
         self._check_worker_ids(worker_ids)
         return self._policy.publish(policy_or_weights)
 
@@ -537,13 +543,30 @@ class DataCollectorBase:
         return iter(self)
 
     def _sync_batches(self) -> Iterator[Any]:
+        """``for batch in collector``: each batch collected on the loop thread.
+
+        The loop thread leaves each batch in ``_undelivered`` before it reports back, and
+        this thread takes it from there. So a batch whose collection ended just as the
+        waiting thread was interrupted (Ctrl-C), too late for the cancellation to stop it,
+        is kept, already counted, and is the first one the next iteration yields: an
+        interruption never loses a batch. ``shutdown()`` called from the loop's body ends
+        the iteration (``shutdown()`` from another thread while a batch is collected
+        raises [`CollectorClosedError`][aiocollect.CollectorClosedError] instead).
+        """
         with self._loop_thread("for batch in collector") as loop:
             while True:
-                with self._closed_meanwhile():
-                    batch = loop.call(self._next_batch)
+                if self._undelivered is _NOTHING:
+                    with self._closed_meanwhile():
+                        loop.call(self._next_batch_kept)
+                batch, self._undelivered = self._undelivered, _NOTHING
                 if batch is _DONE:
                     return
                 yield batch
+                if self._closed:
+                    return  # shut down by the loop's body: the iteration is over
+
+    async def _next_batch_kept(self) -> None:
+        self._undelivered = await self._next_batch()
 
     def rollout(self) -> TensorDictBase:
         """Collect one batch and return it as collected.
@@ -569,7 +592,12 @@ class DataCollectorBase:
         self.shutdown()
 
     def _on_engine(self, fn: Callable, *args: Any) -> Any:
-        """Run ``fn`` where it cannot interleave with a step: on the loop thread if one runs."""
+        """Run ``fn`` where it cannot interleave with a step: on the loop thread if one runs.
+
+        What goes through here changes the collection (seeds, resets, a loaded state), so
+        a shut-down collector refuses it rather than accept it silently."""
+        if self._closed:
+            raise self._closed_error()
         loop = self._resources.loop
         if loop is not None and not loop.in_this_thread():
             return loop.portal.call(fn, *args)

@@ -4,18 +4,29 @@
 event loop in a thread of its own, through anyio's blocking portal. That works the same in
 a script, in a worker thread, and where the calling thread already runs a loop (a Jupyter
 cell), without ``nest_asyncio``. uvloop is used where it is installed.
+
+The thread is a daemon, and neither starting nor stopping it waits unboundedly on the
+caller's side of a Ctrl-C: a ``KeyboardInterrupt`` that lands while the loop starts stops
+the loop once it is up, instead of joining a thread whose loop nobody will stop (which is
+what anyio's ``start_blocking_portal`` context manager does when its ``__enter__`` is
+interrupted: the program then hangs until a second Ctrl-C).
 """
 
 from __future__ import annotations
 
+import asyncio
+import logging
 import threading
 from collections.abc import Awaitable, Callable
 from concurrent.futures import Future
 from typing import Any, TypeVar
 
-from anyio.from_thread import BlockingPortal, start_blocking_portal
+import anyio
+from anyio.from_thread import BlockingPortal
 
 T = TypeVar("T")
+
+logger = logging.getLogger("aiocollect")
 
 try:  # uvloop is a dependency on Linux and macOS only
     import uvloop  # noqa: F401
@@ -24,15 +35,67 @@ try:  # uvloop is a dependency on Linux and macOS only
 except ImportError:  # pragma: no cover - Windows
     _BACKEND_OPTIONS = {}
 
+_UNWIND_TIMEOUT_S = 10.0
+"""How long an interrupted ``call`` waits for the cancelled coroutine to unwind."""
+
+_JOIN_TIMEOUT_S = 10.0
+"""How long ``stop()`` waits for the thread after its loop was told to stop."""
+
 
 class LoopThread:
     """An event loop running in a daemon thread until ``stop()``."""
 
     def __init__(self) -> None:
-        self._cm = start_blocking_portal("asyncio", backend_options=_BACKEND_OPTIONS, name="aiocollect-loop")
-        self.portal: BlockingPortal = self._cm.__enter__()
-        self.ident: int = self.portal.call(threading.get_ident)
+        self._ready: Future[BlockingPortal] = Future()
+        self._abandoned = False
         self._stopped = False
+        self._thread = threading.Thread(target=self._main, name="aiocollect-loop", daemon=True)
+        self._thread.start()
+        try:
+            self.portal: BlockingPortal = self._ready.result()
+        except BaseException:
+            self._abandon()
+            raise
+        self.ident: int = self._thread.ident
+
+    # the thread ------------------------------------------------------------------
+
+    def _main(self) -> None:
+        try:
+            anyio.run(self._serve, backend="asyncio", backend_options=_BACKEND_OPTIONS)
+        except BaseException as exc:
+            if not self._ready.done():
+                self._ready.set_exception(exc)
+            else:
+                logger.exception("aiocollect: the loop thread ended with an error")
+
+    async def _serve(self) -> None:
+        async with BlockingPortal() as portal, anyio.create_task_group() as jobs:
+            self._aloop = asyncio.get_running_loop()
+            self._jobs = jobs
+            """Where ``call`` runs its coroutines (cancelled when the loop stops, like the
+            portal's own tasks)."""
+            self._ready.set_result(portal)
+            if not self._abandoned:  # (interrupted while starting: see _abandon)
+                await portal.sleep_until_stopped()
+            jobs.cancel_scope.cancel()
+
+    def _abandon(self) -> None:
+        """The starting thread was interrupted: make sure the loop stops once it is up.
+
+        This thread sets ``_abandoned`` before it looks at ``_ready``; the loop sets
+        ``_ready`` before it looks at ``_abandoned``: one of the two sees the other's.
+        """
+        self._abandoned = True
+        self._stopped = True
+        if self._ready.done() and self._ready.exception() is None:
+            portal = self._ready.result()
+            try:
+                portal.call(portal.stop, True)
+            except BaseException:  # noqa: BLE001 - stopped already, or a second Ctrl-C
+                pass
+
+    # use -------------------------------------------------------------------------
 
     def in_this_thread(self) -> bool:
         return threading.get_ident() == self.ident
@@ -41,19 +104,18 @@ class LoopThread:
         """Run ``await fn(*args)`` on the loop and wait for it.
 
         If the waiting thread is interrupted (Ctrl-C raises ``KeyboardInterrupt`` in the
-        main thread), the coroutine is cancelled and given a moment to unwind before the
-        interruption propagates: nothing keeps running behind the user's back.
+        main thread), the coroutine is cancelled and the interruption propagates once it
+        has unwound (for at most ``_UNWIND_TIMEOUT_S``): nothing keeps running behind the
+        user's back, and a call made right after does not find the last one still there.
+        That holds wherever the interruption lands, even before the coroutine started
+        (the job exists before it is handed to the loop; see ``_Job``).
         """
-        future: Future[T] = self.portal.start_task_soon(fn, *args)
+        job = _Job(fn, args)
         try:
-            return future.result()
+            self._aloop.call_soon_threadsafe(self._jobs.start_soon, job.run)
+            return job.future.result()
         except BaseException:
-            if not future.done():
-                future.cancel()
-                try:
-                    self.portal.call(_noop)  # the cancellation has been delivered by now
-                except BaseException:  # noqa: BLE001 - the first exception is the one to raise
-                    pass
+            job.abandon(self._aloop)
             raise
 
     def start_soon(self, fn: Callable[..., Awaitable[T]], *args: Any) -> Future[T]:
@@ -78,8 +140,60 @@ class LoopThread:
             self.portal.call(self.portal.stop, True)
         except RuntimeError:  # already stopped
             pass
-        self._cm.__exit__(None, None, None)
+        self._thread.join(_JOIN_TIMEOUT_S)
+        if self._thread.is_alive():
+            logger.warning("aiocollect: the loop thread did not stop within %.0f s", _JOIN_TIMEOUT_S)
 
 
-async def _noop() -> None:
-    return None
+class _Job:
+    """One ``LoopThread.call``: its coroutine, the future the caller waits on, and what
+    an interrupted caller needs to stop it and know when it is gone.
+
+    The caller creates the job before handing ``run`` to the loop, so whatever bytecode
+    an interruption lands on, the caller holds the job: ``abandon`` then cancels the
+    coroutine if it runs, keeps it from starting if it did not, and waits until either
+    is settled.
+    """
+
+    def __init__(self, fn: Callable[..., Awaitable[Any]], args: tuple) -> None:
+        self.fn, self.args = fn, args
+        self.future: Future = Future()
+        self.finished = threading.Event()
+        self.started = False
+        self.abandoned = False
+        self.scope: anyio.CancelScope | None = None
+
+    async def run(self) -> None:
+        """On the loop: run the coroutine, settle the future."""
+        if self.abandoned:
+            self.finished.set()
+            return
+        self.started = True
+        try:
+            with anyio.CancelScope() as self.scope:
+                result = await self.fn(*self.args)
+            if self.scope.cancelled_caught:
+                self.future.cancel()
+            else:
+                self.future.set_result(result)
+        except BaseException as exc:
+            self.future.set_exception(exc)
+            if not isinstance(exc, Exception):
+                raise
+        finally:
+            self.finished.set()
+
+    def abandon(self, loop: asyncio.AbstractEventLoop) -> None:
+        """From the interrupted caller: stop the coroutine, wait until it is gone."""
+        self.abandoned = True
+        try:
+            loop.call_soon_threadsafe(self._cancel)
+        except RuntimeError:  # the loop is closed: nothing runs any more
+            return
+        self.finished.wait(_UNWIND_TIMEOUT_S)
+
+    def _cancel(self) -> None:
+        if self.scope is not None:
+            self.scope.cancel()
+        elif not self.started:
+            self.finished.set()  # it never started; if it is about to, it sees abandoned

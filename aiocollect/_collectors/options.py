@@ -50,7 +50,7 @@ class CollectorOptions:
     create_env_kwargs: dict = field(default_factory=dict)
     """Keyword arguments for ``create_env_fn`` (factories and env ids only)."""
     max_frames_per_traj: int | None = None
-    """Truncate (and reset) a trajectory after this many steps; ``None``/<=0: never."""
+    """Truncate (and reset) a trajectory after this many steps; ``None`` (or ``-1``): never."""
     init_random_frames: int = 0
     """Frames collected with a random policy first (rounded up to whole batches)."""
     reset_at_each_iter: bool = False
@@ -169,10 +169,20 @@ def validate_options(
     mfpt = None
     if max_frames_per_traj is not None:
         mfpt = _int("max_frames_per_traj", max_frames_per_traj, allow="a number of steps, or None")
-        mfpt = mfpt if mfpt > 0 else None  # TorchRL: negative values are ignored
+        if mfpt == 0 or mfpt < -1:
+            raise ValueError(
+                f"max_frames_per_traj={mfpt}: give the most steps a trajectory may take (a positive "
+                "int), or None (or -1, TorchRL's spelling) for no limit."
+            )
+        mfpt = mfpt if mfpt > 0 else None
     irf = 0
     if init_random_frames is not None:
-        irf = max(0, _int("init_random_frames", init_random_frames, allow="a number of frames, or None"))
+        irf = _int("init_random_frames", init_random_frames, allow="a number of frames, or None")
+        if irf < 0:
+            raise ValueError(
+                f"init_random_frames={irf}: give how many frames to collect with a random policy "
+                "first (an int >= 0), or None for none."
+            )
         irf = -(-irf // fpb) * fpb  # whole batches
     for name, value in (
         ("reset_at_each_iter", reset_at_each_iter),

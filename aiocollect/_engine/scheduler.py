@@ -50,7 +50,7 @@ import anyio
 import numpy as np
 
 from .._envs.spaces import ActionCheck
-from .._policies.runner import PolicyRunner
+from .._policies.runner import PolicyRunner, check_outputs
 from .._workers import protocol
 from .._workers.pool import Worker
 from .._workers.shm import SharedArrays
@@ -514,11 +514,16 @@ class Scheduler:
             obs = {k: concat([p[k] for p in parts]) for k in parts[0]}
             n = sum(lane.num_envs for lane in ready)
         out = runner(obs, n)
+        if ready[0].keys is None:  # a lane's first policy call: look at every output once
+            check_outputs(out, n)
         action = out["action"]
         if not isinstance(action, np.ndarray):
             action = action.numpy(force=True)
         if runner.kind != "random":
-            self.check_action(action, n)
+            checked = self.check_action(action, n)
+            if checked is not action:  # converted (booleans for a discrete space): store that
+                out = {**out, "action": checked}
+                action = checked
         version = runner.version
         keys = tuple(out)
         for lane in ready:

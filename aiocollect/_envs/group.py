@@ -117,9 +117,11 @@ class InProcessGroup(_GroupBase):
         i = 0
         try:
             if self._writer.flat:
-                obs = self._writer.flat_array
+                obs, leaf, check = self._writer.flat_array, self._writer.flat_leaf, self._writer.check
+                shape, ndarray = leaf.shape, np.ndarray
                 for i, env in enumerate(self.envs):
-                    obs[i], reward[i], terminated[i], truncated[i], _ = env.step(action[i])
+                    o, reward[i], terminated[i], truncated[i], _ = env.step(action[i])
+                    obs[i] = o if o.__class__ is ndarray and o.shape == shape else check(o, leaf)
             else:
                 write = self._writer.write_one
                 for i, env in enumerate(self.envs):

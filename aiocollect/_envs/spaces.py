@@ -105,29 +105,60 @@ class ObsWriter:
     ``arrays`` maps each leaf's key to an array whose first dim is the env index. The
     flat single-leaf case (the common one) skips the dict walk; ``flat`` says whether
     this is that case, and ``flat_array`` is then the one array, for callers that write
-    it inline in their own hot loop.
+    it inline in their own hot loop (through ``check`` for anything but an array of the
+    leaf's shape).
+
+    Nothing is stored that is not an observation of the space: numpy would store ``None``
+    as NaN and broadcast an array of the wrong shape, so a value that is not an array of
+    the leaf's shape goes through ``check``, which converts what converts exactly (a
+    scalar, a list, an array of the same size) and rejects the rest with a
+    ``ValueError`` naming the observation key.
     """
 
     def __init__(self, leaves: list[Leaf], arrays: dict[NestedKey, np.ndarray]):
         self.flat = len(leaves) == 1 and leaves[0].path == ()
-        self._targets = [(leaf.path, arrays[leaf.key]) for leaf in leaves]
+        self._targets = [(leaf.path, arrays[leaf.key], leaf) for leaf in leaves]
         self.flat_array = arrays[leaves[0].key]
+        self.flat_leaf = leaves[0]
 
     def write_one(self, i: int | np.ndarray, obs: Any) -> None:
         """Write the observation of env ``i`` (or of envs ``i``, when ``obs`` is batched)."""
+        rows = 1 if isinstance(i, (int, np.integer)) else len(i)
         if self.flat:
-            self.flat_array[i] = obs
+            self.flat_array[i] = self.check(obs, self.flat_leaf, None if rows == 1 else rows)
             return
-        for path, array in self._targets:
-            array[i] = get_path(obs, path)
+        for path, array, leaf in self._targets:
+            array[i] = self.check(get_path(obs, path), leaf, None if rows == 1 else rows)
 
     def write_all(self, obs: Any) -> None:
         """Write a batched observation (a vector env's) for every env."""
+        rows = len(self.flat_array)
         if self.flat:
-            self.flat_array[...] = obs
+            self.flat_array[...] = self.check(obs, self.flat_leaf, rows)
             return
-        for path, array in self._targets:
-            array[...] = get_path(obs, path)
+        for path, array, leaf in self._targets:
+            array[...] = self.check(get_path(obs, path), leaf, rows)
+
+    @staticmethod
+    def check(value: Any, leaf: Leaf, rows: int | None = None) -> Any:
+        """``value`` as an observation of ``leaf`` (``rows`` of them, if given): itself when
+        it already is one, converted when it converts exactly, else a ``ValueError``."""
+        shape = leaf.shape if rows is None else (rows, *leaf.shape)
+        if value.__class__ is np.ndarray and value.shape == shape:
+            return value
+        array = None if value is None else np.asarray(value)
+        if array is None or array.dtype == object or array.size != int(np.prod(shape, dtype=np.int64)) \
+                or (array.dtype.kind not in "biuf" and leaf.dtype.kind in "biuf"):
+            got = "None" if value is None else f"{type(value).__name__} {_describe(array)}"
+            raise ValueError(
+                f"observation {leaf.key!r}: the env returned {got}, expected {leaf.dtype} of shape "
+                f"{list(shape)} for {leaf.space}; return an observation of the env's observation_space."
+            )
+        return array.reshape(shape)
+
+
+def _describe(array: np.ndarray) -> str:
+    return f"of dtype {array.dtype} and shape {list(array.shape)}"
 
 
 @dataclass(frozen=True)
@@ -162,7 +193,10 @@ class ActionCheck:
             low, high = 0, 1
         return cls(space, shape, dtype, low, high)
 
-    def __call__(self, action: np.ndarray, num_envs: int) -> None:
+    def __call__(self, action: np.ndarray, num_envs: int) -> np.ndarray:
+        """``action`` if it is a valid batch of actions for ``num_envs`` envs, converted to
+        the space's dtype where that is exact (booleans for a discrete space become 0/1
+        indices, so the batch holds what the envs were given); else an error naming it."""
         expected = (num_envs, *self.shape)
         if action.shape != expected:
             hint = ""
@@ -178,7 +212,7 @@ class ActionCheck:
                     f"action: the policy returned dtype {action.dtype} for {self.space}; "
                     "a Box action must be a floating-point tensor."
                 )
-            return
+            return action
         if action.dtype.kind not in "iub":
             raise TypeError(
                 f"action: the policy returned dtype {action.dtype} for {self.space}; "
@@ -190,3 +224,4 @@ class ActionCheck:
                 f"action: the policy returned values outside {self.space} "
                 f"(min {action.min()}, max {action.max()}; allowed {self.low}..{self.high})."
             )
+        return action.astype(self.dtype) if action.dtype.kind == "b" else action

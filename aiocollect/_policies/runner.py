@@ -204,3 +204,28 @@ class PolicyRunner:
             f"{type(action).__name__}; to return several outputs wrap it in a TensorDictModule "
             "with out_keys=['action', ...]."
         )
+
+
+def check_outputs(out: dict[NestedKey, Any], num_envs: int) -> None:
+    """Each output is a tensor or array with one row per env, holding data.
+
+    Called on a lane's first policy call (the outputs' keys, shapes and dtypes are then
+    fixed for the batch), so a policy that returns something the storage cannot hold
+    fails there, with the output's name, rather than deep inside a copy.
+    """
+    for key, value in out.items():
+        name = key if isinstance(key, str) else ".".join(key)
+        if isinstance(value, torch.Tensor):
+            if value.device.type == "meta" or value.is_sparse:
+                raise TypeError(
+                    f"{name}: the policy returned a {value.layout if value.is_sparse else 'meta'} tensor, "
+                    "which holds no data; return a dense tensor on the CPU or a GPU."
+                )
+        elif not isinstance(value, np.ndarray) and not hasattr(value, "__array__"):
+            raise TypeError(f"{name}: the policy returned a {type(value).__name__}; return a tensor.")
+        shape = tuple(value.shape)
+        if not shape or shape[0] != num_envs:
+            raise ValueError(
+                f"{name}: the policy returned shape {list(shape)} for {num_envs} env(s); every output "
+                f"needs a first dim of {num_envs} (one row per env)."
+            )

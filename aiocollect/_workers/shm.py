@@ -101,7 +101,34 @@ class Layout:
             fields.append(field)
             offset += -(-max(field.nbytes, 1) // _ALIGN) * _ALIGN
         control = Field("control", np.dtype(np.int64).str, (num_lanes, CONTROL_WORDS), offset)
-        return cls(tuple(fields), offset + control.nbytes, len(obs), control, k, t)
+        layout = cls(tuple(fields), offset + control.nbytes, len(obs), control, k, t)
+        layout.check_fits()
+        return layout
+
+    def check_fits(self) -> None:
+        """Raise ``ValueError`` if the storage, and the batch copied out of it, cannot fit
+        in this machine's memory: checked before any process starts or memory is taken,
+        rather than failing in an allocator at the first batch."""
+        need = self.size + self.size // max(self.slots, 1)  # the slots, and one batch copied out
+        have = physical_memory()
+        if have is not None and need > have:
+            raise ValueError(
+                f"frames_per_batch: batches of {self.columns} steps per env need {_gib(need)} of memory "
+                f"(the storage holds {self.slots} at once, and one more is copied out), more than this machine's "
+                f"{_gib(have)}; use a smaller frames_per_batch (or fewer envs)."
+            )
+
+
+def physical_memory() -> int | None:
+    """This machine's memory in bytes (``None`` where the OS does not say)."""
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):  # pragma: no cover - not POSIX
+        return None
+
+
+def _gib(nbytes: int) -> str:
+    return f"{nbytes / 2**30:,.1f} GiB"
 
 
 def create_segment(size: int) -> int:

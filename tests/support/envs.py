@@ -197,3 +197,32 @@ class StepEnv(gym.Env):
 
     def close(self):
         self.closed = True
+
+
+class SlowCounterEnv(CounterEnv):
+    """``CounterEnv`` with long episodes and a step of 0.5 ms: a Ctrl-C lands mid-batch."""
+
+    def __init__(self):
+        super().__init__(max_len=400)
+
+    def step(self, action):
+        time.sleep(0.0005)
+        return super().step(action)
+
+
+class BadObsEnv(CounterEnv):
+    """``CounterEnv`` whose 3rd observation of each episode is ``bad``: ``"none"`` (``None``),
+    ``"narrow"`` (one number where the space says three; numpy would broadcast it) or
+    ``"list"`` (a list of float64s: converts exactly, so it is fine)."""
+
+    def __init__(self, bad: str = "none"):
+        super().__init__(max_len=100)
+        self.bad = bad
+
+    def step(self, action):
+        obs, *rest = super().step(action)
+        if self.bad == "list":
+            return obs.astype(np.float64).tolist(), *rest
+        if self.t != 3:
+            return obs, *rest
+        return (None if self.bad == "none" else obs[:1]), *rest

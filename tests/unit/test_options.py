@@ -127,15 +127,24 @@ def test_defaults_are_normalised_to_the_documented_values():
 
 
 @pytest.mark.parametrize(("given", "expected"), [
-    (None, 0), (0, 0), (-7, 0), (1, 10), (10, 10), (11, 20), (25, 30), (30, 30),
+    (None, 0), (0, 0), (1, 10), (10, 10), (11, 20), (25, 30), (30, 30),
 ])
 def test_init_random_frames_is_rounded_up_to_whole_batches(given, expected):
     assert validate_options(frames_per_batch=10, init_random_frames=given).init_random_frames == expected
 
 
-@pytest.mark.parametrize(("given", "expected"), [(None, None), (0, None), (-1, None), (-100, None), (1, 1), (50, 50)])
-def test_max_frames_per_traj_of_zero_or_less_means_never(given, expected):
+@pytest.mark.parametrize(("given", "expected"), [(None, None), (-1, None), (1, 1), (50, 50)])
+def test_max_frames_per_traj_none_or_minus_one_means_never(given, expected):
     assert validate_options(frames_per_batch=10, max_frames_per_traj=given).max_frames_per_traj == expected
+
+
+@pytest.mark.parametrize(("name", "value"), [
+    ("max_frames_per_traj", 0), ("max_frames_per_traj", -5), ("init_random_frames", -5),
+])
+def test_counts_that_mean_nothing_are_refused(name, value):
+    # issue 17: these were silently accepted (0 and -5 as "no limit", -5 random frames as 0)
+    with pytest.raises(ValueError, match=f"{name}={value}: give"):
+        validate_options(frames_per_batch=10, **{name: value})
 
 
 @pytest.mark.parametrize(("given", "expected"), [(None, False), (False, False), (True, True)])
