@@ -4,7 +4,7 @@
 CollectorError                  a fault in collection; `except aiocollect.CollectorError` catches them all
 ├── WorkerError                 an env worker failed: its process died (or, as EnvError, an env raised)
 │   └── EnvError                an env's reset() or step() raised: its exception is the __cause__
-│       └── StepTimeoutError    a coroutine env did not answer within step_timeout (also a TimeoutError)
+│       └── StepTimeoutError    an env (coroutine or in a worker) did not answer within step_timeout (a TimeoutError)
 ├── RemoteCollectorError        a remote collector (Ray actor, RPC worker) failed: the remote error is the __cause__
 ├── CollectorClosedError        the collector was used after shutdown()
 ├── CollectorFailedError        the collector was used after a fault: the fault is the __cause__
@@ -140,7 +140,7 @@ class EnvError(WorkerError):
 
 
 class StepTimeoutError(EnvError, TimeoutError):
-    """A coroutine env did not answer ``reset()`` or ``step()`` within ``step_timeout`` seconds.
+    """An env did not answer ``reset()`` or ``step()`` within ``step_timeout`` seconds.
 
     Raised by every collector that steps coroutine envs ([`AsyncEnv`][aiocollect.AsyncEnv])
     with a ``step_timeout``, in a [`Collector`][aiocollect.Collector] as in an entry of
@@ -149,6 +149,12 @@ class StepTimeoutError(EnvError, TimeoutError):
     call, e.g. ``env 3 of worker 0 (GameEnv) did not answer step() within 2.0 s
     (step_timeout)``. It is also a built-in ``TimeoutError``; see
     [`WorkerError`][aiocollect.WorkerError] for the attributes.
+
+    The worker collectors raise it too for a worker *process* whose envs' step or reset
+    outlives ``step_timeout`` (an env that never returns, a process someone stopped): the
+    worker is killed (``exitcode`` is ``-SIGKILL``), the others are stopped, and the message
+    names the worker, its pid, its envs and ``step_timeout``, says how to fix it, and shows
+    the worker's Python stack when it was killed (also in ``remote_traceback``).
 
     Examples:
         >>> collector = Collector([lambda: GameEnv(port)] * 64, policy, frames_per_batch=6400,
@@ -165,6 +171,33 @@ class StepTimeoutError(EnvError, TimeoutError):
         ``locate`` fills in its worker."""
         return cls(f"env {env} ({env_type}) did not answer {call}() within {timeout} s (step_timeout); "
                    "raise step_timeout if it is just slow.", env=env, remote_type="TimeoutError")
+
+    @classmethod
+    def hung(cls, *, worker: int, pid: int | None, envs: tuple[int, int], env: int | None, call: str,
+             timeout: float, stopped: bool, stack: str) -> StepTimeoutError:
+        """The error for worker process ``worker`` whose ``call`` (``"step"``, ``"reset"``) of
+        envs ``envs`` (``(lo, hi)``, counted over all workers; ``env``: the one env within the
+        worker, if it was one) took over ``timeout`` s. The pool kills it: ``exitcode`` is
+        ``-SIGKILL``. ``stopped``: the process was stopped, not running; ``stack``: its
+        threads' Python stacks ("" if they could not be read)."""
+        lo, hi = envs
+        which = f"env {lo}" if hi - lo == 1 else f"envs {lo}..{hi - 1}"
+        place = f"worker {worker} (pid {pid}; {which} of the collector)"
+        if env is not None:
+            place = f"env {env} of {place}"
+        if stopped:
+            what = (f"{place} is stopped (SIGSTOP, Ctrl-Z or a debugger?) and did not answer {call}() "
+                    f"within {timeout} s (step_timeout)")
+            fix = "Let worker processes run while collecting (SIGCONT), or raise step_timeout."
+        else:
+            what = f"{place} did not answer {call}() within {timeout} s (step_timeout)"
+            fix = ("If the env is just slow, raise step_timeout (None waits forever); otherwise fix the "
+                   f"env's {call}(): the stack below shows where it was stuck.")
+        trace = (f"\n\nPython stack of the worker when it was killed:\n{stack.rstrip()}" if stack
+                 else "" if stopped else "\n\n(the worker did not send its Python stack)")
+        return cls(f"{what}: it was killed and the other workers were stopped. {fix}{trace}",
+                   worker=worker, pid=pid, env=env, remote_type="TimeoutError", remote_traceback=stack,
+                   exitcode=-signal.SIGKILL)
 
     def locate(self, worker: int, pid: int | None) -> StepTimeoutError:
         """Name the worker the env belongs to (in the message too); returns ``self``."""

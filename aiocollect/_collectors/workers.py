@@ -50,7 +50,10 @@ class WorkerCollectorBase(DataCollectorBase):
     ``WorkerOptions`` (``max_policy_lag``:
     [`MultiAsyncCollector`][aiocollect.MultiAsyncCollector] only). Entries that build coroutine envs
     ([`AsyncEnv`][aiocollect.AsyncEnv]) run on the engine loop instead of in a process
-    (``_workers.coroutine_worker``); ``step_timeout`` applies to them. ``num_threads`` and
+    (``_workers.coroutine_worker``). ``step_timeout`` applies to every worker: a coroutine
+    env's call that takes longer is cancelled, and a worker process whose step or reset
+    takes longer is killed (``_workers.watchdog``); either way the collector raises a
+    [`StepTimeoutError`][aiocollect.StepTimeoutError]. ``num_threads`` and
     ``num_sub_threads`` are accepted for compatibility: workers do not run torch.
     """
 
@@ -102,10 +105,14 @@ class WorkerCollectorBase(DataCollectorBase):
             raise TypeError("create_env_fn is required: a list with one env factory per worker.")
         plan = plan_workers(self._entries(create_env_fn), options.create_env_kwargs)
         self._check_plan(plan, options, worker_options)
-        step_timeout = validate_batching(max_batch_size=max_batch_size, min_batch_size=min_batch_size,
-                                         batch_timeout=batch_timeout, step_timeout=step_timeout,
-                                         coroutine=any(w.coroutine for w in plan.workers),
-                                         reset_when_done=options.reset_when_done, per_env=False).step_timeout
+        validate_batching(max_batch_size=max_batch_size, min_batch_size=min_batch_size,
+                          batch_timeout=batch_timeout, step_timeout=None,
+                          coroutine=any(w.coroutine for w in plan.workers),
+                          reset_when_done=options.reset_when_done, per_env=False)
+        # step_timeout applies to process workers too, so it is checked on its own (as a
+        # coroutine env's knob: a positive number of seconds, or None)
+        step_timeout = validate_batching(max_batch_size=None, min_batch_size=None, batch_timeout=None,
+                                         step_timeout=step_timeout, coroutine=True).step_timeout
         super().__init__(options)
         self.worker_options = worker_options
         self._plan = plan

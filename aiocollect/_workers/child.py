@@ -1,6 +1,7 @@
 """The env worker: a fresh interpreter that builds its envs and steps them on command.
 
-Started as ``python -m aiocollect._workers.child SOCK_FD SHM_FD`` by the pool. It never
+Started by the pool as ``python -c BOOTSTRAP SOCK_FD SHM_FD DUMP_FD`` (``_workers.process``:
+the bootstrap keeps the current directory off ``sys.path``, then calls ``run``). It never
 imports torch (``import aiocollect`` is lazy): it needs gymnasium, numpy, cloudpickle and
 the user's env code. Nothing of the user's ``__main__`` module is re-imported; env
 factories arrive pickled by value with cloudpickle.
@@ -19,16 +20,23 @@ Its life:
    episode's first observation going to ``t + 1``, so the engine's reset of those envs
    costs no round trip. ``max_frames_per_traj`` is applied here too (the worker counts
    its envs' steps), for the same reason;
-3. on ``CLOSE``, or when the engine's end of the socket closes (the main process died),
-   close the envs and exit at once (``os._exit``: no interpreter teardown, no ``atexit``
-   hooks; ``env.close()`` is where envs release what they hold).
+3. on ``CLOSE``, or when the engine's end of the socket closes or resets (the main
+   process died), close the envs and exit at once, quietly (``os._exit``: no interpreter
+   teardown, no ``atexit`` hooks, no traceback; ``env.close()`` is where envs release what
+   they hold).
 
 An exception in an env is answered with ``ERROR`` and its traceback text; the worker
 then waits for ``CLOSE``.
+
+``SIGUSR1`` makes the worker write the Python stack of each of its threads to ``DUMP_FD``
+(``faulthandler``, which works even while a C extension holds the interpreter): the pool
+asks for it when a step outlives ``step_timeout`` (``_workers.watchdog``), just before it
+kills the worker, so that the error shows where the env was stuck.
 """
 
 from __future__ import annotations
 
+import faulthandler
 import os
 import select
 import signal
@@ -64,6 +72,25 @@ def describe_exception(exc: BaseException) -> dict:
     }
 
 
+def run(argv: list[str]) -> None:
+    """The worker's whole life (``argv``: ``[_, SOCK_FD, SHM_FD, DUMP_FD]``); never returns.
+
+    A closed or reset control socket means that the engine is gone (the main process was
+    killed): the worker exits quietly, with no traceback on the terminal it shares.
+    """
+    try:
+        code = main(argv)
+    except (ConnectionError, EOFError):
+        code = 0
+    # The envs are closed: skip the interpreter's teardown, which takes up to a second
+    # when env code imported big libraries (torch...), as multiprocessing's workers do.
+    try:
+        sys.stdout.flush()
+        sys.stderr.flush()
+    finally:
+        os._exit(code)
+
+
 def main(argv: list[str]) -> int:
     parent = os.getppid()
     _die_with_parent()
@@ -72,6 +99,8 @@ def main(argv: list[str]) -> int:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the main process's to handle
     sock = socket.socket(fileno=int(argv[1]))
     shm_fd = int(argv[2])
+    if len(argv) > 3 and hasattr(faulthandler, "register"):
+        faulthandler.register(signal.SIGUSR1, file=int(argv[3]), all_threads=True, chain=False)
 
     from . import protocol
 
@@ -83,8 +112,8 @@ def main(argv: list[str]) -> int:
         sock.sendall(protocol.frame(("error", describe_exception(exc))))
         return 1
     os.close(shm_fd)
-    sock.sendall(protocol.frame(("ready", os.getpid())))
     try:
+        sock.sendall(protocol.frame(("ready", os.getpid())))
         return worker.serve(sock)
     finally:
         worker.close()
@@ -227,9 +256,4 @@ class _Worker:
 
 
 if __name__ == "__main__":
-    code = main(sys.argv)
-    # The envs are closed: skip the interpreter's teardown, which takes up to a second
-    # when env code imported big libraries (torch...), as multiprocessing's workers do.
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)
+    run(sys.argv)

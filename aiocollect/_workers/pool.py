@@ -2,11 +2,15 @@
 
 Everything here runs on the collector's engine loop (its private uvloop thread):
 
-* ``WorkerPool.run()`` is a long-lived task. It spawns every worker with
-  ``anyio.open_process`` (a fresh interpreter: spawn-safe, nothing forked), hands each its
-  end of a socket pair and the shared-memory file descriptor, sends the setup message,
-  waits until each says it is ready, then watches the processes until it is told to stop
-  (or cancelled). Its ``finally`` block always stops them: ``CLOSE``, then after a grace
+* ``WorkerPool.run()`` is a long-lived task. It spawns every worker as a fresh interpreter
+  (``_workers.process``: spawn-safe, nothing forked, the current directory kept off its
+  path, its exit learnt without ``SIGCHLD``), hands each its end of a socket pair, the
+  shared-memory file descriptor and the write end of a pipe for its stack dumps, sends the
+  setup message, waits until each says it is ready (the first worker that fails to start
+  is raised as it is, an [`EnvError`][aiocollect.EnvError] when its envs failed to build,
+  and the others are stopped), then watches the processes until it is told to stop (or
+  cancelled); with a ``step_timeout``, ``_workers.watchdog`` kills a worker whose step
+  outlives it. Its ``finally`` block always stops them: ``CLOSE``, then after a grace
   period ``SIGTERM``, then ``SIGKILL``.
 * a ``Worker`` is the engine's end of one worker process: its socket, with a reader
   callback that turns doorbells and error reports into ``on_reply(worker)`` calls, and its
@@ -27,9 +31,7 @@ import logging
 import os
 import signal
 import socket
-import subprocess
 import sys
-import warnings
 from collections.abc import Callable
 from pathlib import Path
 
@@ -41,13 +43,9 @@ from .._errors import EnvError, WorkerError
 from . import protocol
 from .coroutine_worker import CoroutineWorker
 from .plan import WorkerPlan, WorkerSpec
+from .process import WorkerProcess, worker_command
 from .shm import Layout, SharedArrays, create_segment
-
-# Multithreaded libraries (JAX) warn at every os.fork() that the child may deadlock. Our
-# workers are started by fork *and exec* (anyio.open_process), so the child runs no code of
-# this process and the warning does not apply; silence it for those calls only.
-warnings.filterwarnings("ignore", message=r"os\.fork\(\) was called", category=RuntimeWarning,
-                        module=r"anyio\._backends\._asyncio")
+from .watchdog import watch_steps
 
 logger = logging.getLogger("aiocollect")
 
@@ -65,9 +63,13 @@ class Worker:
         self.index = spec.index
         self.lo, self.hi = spec.lo, spec.hi
         self.num_envs = spec.num_envs
-        self.process: anyio.abc.Process | None = None
+        self.process: WorkerProcess | None = None
         self.pid: int | None = None
         self.sock: socket.socket | None = None
+        self.ready = False
+        """It built its envs and serves commands."""
+        self.dump_fd = -1
+        """The read end of the pipe the process writes its stacks to (``_workers.watchdog``)."""
         self.error: WorkerError | None = None
         self.on_reply: Callable[[Worker], None] = _ignore
         """Called from the reader callback when a doorbell or an error arrives."""
@@ -172,7 +174,7 @@ class Port:
         return self.worker.error
 
     @property
-    def process(self) -> anyio.abc.Process | None:
+    def process(self) -> WorkerProcess | None:
         return self.worker.process
 
     @property
@@ -218,6 +220,9 @@ class WorkerPool:
         for worker in self.workers:
             if isinstance(worker, CoroutineWorker):
                 worker.step_timeout = step_timeout
+        self.step_timeout = step_timeout
+        """Coroutine workers time each env's call; process workers are watched by
+        ``_workers.watchdog`` (``None``: neither)."""
         self.shm_fd = create_segment(layout.size)
         self.shared = SharedArrays(layout, self.shm_fd)
         processes = sum(not spec.coroutine for spec in plan.workers)
@@ -245,16 +250,15 @@ class WorkerPool:
         if self._stopping:
             self._stop.set()
         try:
+            await self._start_all()
+            os.close(self.shm_fd)
+            self.shm_fd = -1
+            processes = [worker for worker in self.workers if isinstance(worker, Worker)]
             async with anyio.create_task_group() as tg:
-                with anyio.fail_after(START_TIMEOUT_S):
-                    async with anyio.create_task_group() as starting:
-                        for worker in self.workers:
-                            starting.start_soon(self._start, worker)
-                os.close(self.shm_fd)
-                self.shm_fd = -1
-                for worker in self.workers:
-                    if isinstance(worker, Worker):
-                        tg.start_soon(self._watch, worker)
+                for worker in processes:
+                    tg.start_soon(self._watch, worker)
+                if self.step_timeout is not None and processes:
+                    tg.start_soon(watch_steps, processes, self.step_timeout, lambda: self._stopping)
                 task_status.started()
                 await self._stop.wait()
                 tg.cancel_scope.cancel()
@@ -275,23 +279,43 @@ class WorkerPool:
         with anyio.CancelScope(shield=True):
             await self._stopped.wait()
 
+    async def _start_all(self) -> None:
+        """Start every worker at once; the first that fails is raised as it is (not in an
+        exception group), the others cancelled (``run()``'s ``finally`` stops them)."""
+        errors: list[Exception] = []
+
+        async def start(worker: Worker | CoroutineWorker) -> None:
+            try:
+                await self._start(worker)
+            except Exception as exc:  # noqa: BLE001 - raised below, after the others stop
+                errors.append(exc)
+                starting.cancel_scope.cancel()
+
+        with anyio.fail_after(START_TIMEOUT_S):
+            async with anyio.create_task_group() as starting:
+                for worker in self.workers:
+                    starting.start_soon(start, worker)
+        if errors:
+            raise errors[0]
+
     async def _start(self, worker: Worker | CoroutineWorker) -> None:
         if isinstance(worker, CoroutineWorker):
             worker.build(self.shared, self.plan.create_env_kwargs, self.reset_when_done, self.max_frames_per_traj)
             return
         parent, child = socket.socketpair()
+        dump_r, dump_w = os.pipe()
         try:
             worker.sock = parent
+            worker.dump_fd = dump_r
+            os.set_blocking(dump_r, False)
             env = dict(os.environ)
             env["PYTHONPATH"] = os.pathsep.join([_PACKAGE_ROOT, *filter(None, [env.get("PYTHONPATH")])])
-            worker.process = await anyio.open_process(
-                [sys.executable, "-m", "aiocollect._workers.child", str(child.fileno()), str(self.shm_fd)],
-                pass_fds=[child.fileno(), self.shm_fd],
-                stdin=subprocess.DEVNULL, stdout=None, stderr=None, env=env,
-            )
+            worker.process = WorkerProcess(worker_command(child.fileno(), self.shm_fd, dump_w),
+                                           pass_fds=[child.fileno(), self.shm_fd, dump_w], env=env)
             worker.pid = worker.process.pid
         finally:
             child.close()
+            os.close(dump_w)
         parent.setblocking(False)
         loop = asyncio.get_running_loop()
         spec = worker.spec
@@ -311,6 +335,7 @@ class WorkerPool:
         reply = await self._recv_frame(worker)
         if reply[0] == "error":
             raise EnvError.from_remote(spec.index, worker.pid, reply[1])
+        worker.ready = True
         worker.start_reading()
 
     async def _recv_frame(self, worker: Worker):
@@ -346,11 +371,14 @@ class WorkerPool:
             w.stop_reading()
             if w.process.returncode is None:
                 try:
-                    w.sock.send(protocol.CLOSE)
+                    if w.ready:
+                        w.sock.send(protocol.CLOSE)
+                    else:  # still starting (another failed): end-of-file ends its setup
+                        w.sock.shutdown(socket.SHUT_RDWR)
                 except OSError:
                     pass
         for sig, grace in ((None, self.stop_timeout), (signal.SIGTERM, 1.0), (signal.SIGKILL, 5.0)):
-            running = [w for w in live if w.process.returncode is None]
+            running = [w for w in live if w.process.poll() is None]
             if not running:
                 break
             if sig is not None:
@@ -367,7 +395,8 @@ class WorkerPool:
             if w.sock is not None:
                 w.sock.close()
             if w.process is not None:
-                await w.process.aclose()
+                w.process.close()
+            _close_dump(w)
         if self.shm_fd >= 0:
             os.close(self.shm_fd)
             self.shm_fd = -1
@@ -376,14 +405,18 @@ class WorkerPool:
         """Last resort, from any thread once the engine loop is gone: ``SIGKILL`` any worker
         that was never seen to exit (the loop stopped before ``run()`` could clean up)."""
         for w in self.workers:
-            if w.process is not None and w.process.returncode is None:
-                try:
-                    os.kill(w.pid, signal.SIGKILL)
-                    os.waitpid(w.pid, 0)
-                except (ProcessLookupError, ChildProcessError):
-                    pass
+            if w.process is not None:
+                w.process.kill_now()
             if w.sock is not None:
                 w.sock.close()
+            _close_dump(w)
         if self.shm_fd >= 0:
             os.close(self.shm_fd)
             self.shm_fd = -1
+
+
+def _close_dump(worker: Worker | CoroutineWorker) -> None:
+    fd = getattr(worker, "dump_fd", -1)
+    if fd >= 0:
+        os.close(fd)
+        worker.dump_fd = -1

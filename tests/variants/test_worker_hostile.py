@@ -1,0 +1,186 @@
+"""Worker processes in a hostile world: a worker someone stopped (``SIGSTOP``), a ``SIGCHLD``
+handler that is not ours (torch's ``DataLoader`` installs one), the main process killed,
+a module planted in the current directory, envs that fail to build in a worker. Each in
+the three collectors with worker processes; the leak check of tests/variants/conftest.py
+runs after every test."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+
+import pytest
+
+from aiocollect import AsyncCollector, EnvError, MultiAsyncCollector, MultiSyncCollector, StepTimeoutError
+from support.envs import CounterEnv
+from support.procs import alive, wait_until
+
+TESTS = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+CLASSES = [MultiSyncCollector, MultiAsyncCollector, AsyncCollector]
+
+def _collector(cls, fns, **kwargs):
+    """``cls`` over the env factories ``fns``: one worker per factory (``AsyncCollector``:
+    one worker with all of them)."""
+    entries = list(fns) if cls is AsyncCollector else [[f] for f in fns]
+    return cls(entries, None, frames_per_batch=8 * len(fns), total_frames=-1, **kwargs)
+
+
+# --------------------------------------------------------------------------- SIGSTOP
+
+
+@pytest.mark.parametrize("cls", CLASSES, ids=lambda c: c.__name__)
+def test_a_stopped_worker_is_a_step_timeout_naming_it(cls):
+    c = _collector(cls, [CounterEnv] * 2, step_timeout=1.0)
+    pid = c.statistics().workers[-1].pid
+    c.rollout()
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        t0 = time.monotonic()
+        with pytest.raises(StepTimeoutError) as info:
+            for _ in c:
+                assert time.monotonic() - t0 < 30, "no StepTimeoutError"
+        assert time.monotonic() - t0 < 3
+    finally:
+        if alive(pid):
+            os.kill(pid, signal.SIGCONT)
+    err = info.value
+    assert err.pid == pid and "is stopped" in str(err) and "1.0 s (step_timeout)" in str(err)
+    assert f"worker {err.worker} (pid {pid}" in str(err) and "of the collector" in str(err)
+    assert err.exitcode == -signal.SIGKILL
+    assert wait_until(lambda: not alive(pid))
+    t0 = time.monotonic()
+    c.shutdown()
+    assert time.monotonic() - t0 < 3
+
+
+# --------------------------------------------------------------------------- SIGCHLD
+
+
+@pytest.mark.parametrize("cls", CLASSES, ids=lambda c: c.__name__)
+def test_shutdown_does_not_need_sigchld(cls):
+    """Another library's SIGCHLD handler (torch's DataLoader installs one) must not hang shutdown."""
+    c = _collector(cls, [CounterEnv] * 2)
+    pids = [w.pid for w in c.statistics().workers]
+    c.rollout()
+    previous = signal.signal(signal.SIGCHLD, lambda *args: None)
+    try:
+        c.rollout()
+        thread = threading.Thread(target=c.shutdown, daemon=True)
+        t0 = time.monotonic()
+        thread.start()
+        thread.join(10)
+        assert not thread.is_alive(), "shutdown() hangs without SIGCHLD"
+        assert time.monotonic() - t0 < 3
+    finally:
+        signal.signal(signal.SIGCHLD, previous)
+    assert not any(alive(p) for p in pids)
+
+
+# --------------------------------------------------------------------------- main process killed
+
+KILLED = textwrap.dedent(
+    """
+    import sys
+    sys.path.insert(0, {tests!r})
+    from aiocollect import MultiAsyncCollector
+    from support.envs import SleepyEnv
+    cs = [MultiAsyncCollector([lambda: SleepyEnv(0.002)] * 2, None, frames_per_batch=20, total_frames=-1)
+          for _ in range(3)]
+    print(" ".join(str(w.pid) for c in cs for w in c.statistics().workers), flush=True)
+    for i, _ in enumerate(zip(*cs)):
+        if i == 5:
+            print("collecting", flush=True)
+    """
+)
+
+
+def test_workers_of_a_killed_main_process_exit_quietly():
+    """The workers share the main process's stderr: it stays empty, and reads end-of-file
+    once every worker is gone. (Six workers, busy: each meets the reset of its control
+    socket somewhere else, and used to print a ``ConnectionResetError`` traceback.)"""
+    proc = subprocess.Popen([sys.executable, "-c", KILLED.format(tests=TESTS)], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    pids = [int(p) for p in proc.stdout.readline().split()]
+    assert proc.stdout.readline().strip() == "collecting"
+    proc.kill()
+    _, err = proc.communicate(timeout=10)  # (end-of-file: the workers closed their stderr too)
+    assert proc.returncode == -signal.SIGKILL
+    assert "Traceback" not in err and "Error" not in err, err
+    assert wait_until(lambda: not any(alive(p) for p in pids))
+
+
+# --------------------------------------------------------------------------- the current directory
+
+PLANTED = """
+import os
+open(os.path.join(os.path.dirname(os.path.abspath(__file__)), f"imported-by-{os.getpid()}"), "w").close()
+"""
+
+FROM_CWD = textwrap.dedent(
+    """
+    import os, sys
+    sys.path.insert(0, {tests!r})
+    from aiocollect import MultiSyncCollector
+    from support.envs import CounterEnv
+    with MultiSyncCollector([CounterEnv] * 2, None, frames_per_batch=20, total_frames=-1) as c:
+        c.rollout()
+        print(" ".join(str(w.pid) for w in c.statistics().workers), flush=True)
+    os._exit(0)  # (torch's interpreter teardown takes seconds)
+    """
+)
+
+
+def test_workers_do_not_import_modules_from_the_current_directory(tmp_path):
+    """``python script.py`` started from a directory holding a ``traceback.py``: the main process
+    does not have that directory on its path, and neither may its workers."""
+    cwd, scripts = tmp_path / "cwd", tmp_path / "scripts"
+    cwd.mkdir()
+    scripts.mkdir()
+    for name in ("traceback", "socket", "runpy", "select"):
+        (cwd / f"{name}.py").write_text(PLANTED)
+    (scripts / "main.py").write_text(FROM_CWD.format(tests=TESTS))
+    out = subprocess.run([sys.executable, str(scripts / "main.py")], cwd=cwd, capture_output=True, text=True,
+                         timeout=60)
+    assert out.returncode == 0, out.stderr
+    pids = out.stdout.split()
+    assert len(pids) == 2
+    assert sorted(p.name for p in cwd.iterdir() if p.name.startswith("imported-by-")) == [], \
+        f"a worker imported a module planted in its current directory (workers: {pids})"
+
+
+# --------------------------------------------------------------------------- envs that fail to build
+
+
+def env_of_the_main_process():
+    """A factory that builds in this process only, as an env registered in ``__main__`` would.
+
+    (A closure: cloudpickle sends it by value, so the worker does not import this module,
+    and torch with it, to run it.)"""
+    main = os.getpid()
+
+    def make_env():
+        if os.getpid() != main:
+            raise LookupError("EnvOfMain-v0 is registered in __main__ only")
+        return CounterEnv()
+
+    return make_env
+
+
+@pytest.mark.parametrize("cls", CLASSES, ids=lambda c: c.__name__)
+def test_envs_that_fail_to_build_in_a_worker_are_an_env_error_from_the_constructor(cls):
+    t0 = time.monotonic()
+    with pytest.raises(EnvError) as info:  # not an ExceptionGroup
+        _collector(cls, [CounterEnv, env_of_the_main_process()])
+    assert time.monotonic() - t0 < 10
+    err = info.value
+    worker = 0 if cls is AsyncCollector else 1
+    assert err.worker == worker and f"worker {worker} (pid {err.pid})" in str(err)
+    assert err.remote_type == "LookupError" and "registered in __main__ only" in str(err)
+    assert "Traceback" in err.remote_traceback and "in make_env" in err.remote_traceback
+    assert isinstance(err.__cause__, LookupError)
+    assert wait_until(lambda: not alive(err.pid))
