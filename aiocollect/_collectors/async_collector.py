@@ -43,9 +43,10 @@ class AsyncCollector(MultiAsyncCollector):
             versions older than the newest published when the batch is delivered; older
             frames are dropped and collected again (``None``: no bound). See
             [`MultiAsyncCollector`][aiocollect.MultiAsyncCollector].
-        step_timeout: for coroutine envs (which then run on the engine loop in this
-            process, not in a worker): a step or reset that takes longer, in seconds,
-            fails the collection with a [`StepTimeoutError`][aiocollect.StepTimeoutError].
+        step_timeout: as for [`MultiSyncCollector`][aiocollect.MultiSyncCollector]: a step
+            or reset of the worker process (or of a coroutine env, which then runs on the
+            engine loop in this process) that takes longer, in seconds, fails the collection
+            with a [`StepTimeoutError`][aiocollect.StepTimeoutError].
         max_batch_size: not accepted, nor ``min_batch_size`` and ``batch_timeout``: see
             [`MultiAsyncCollector`][aiocollect.MultiAsyncCollector].
         cat_results: checked for TorchRL compatibility; no effect (a batch is the worker's).

@@ -156,11 +156,18 @@ class _Resources:
         """Coroutine functions run on the loop before it stops (closing coroutine envs)."""
 
     def stop_loop(self) -> None:
-        loop, self.loop = self.loop, None
+        loop = self.loop
         if loop is not None:
             loop.stop()
+            self.loop = None  # (only once it stopped: an interrupted stop is retried)
 
     def close(self, close_env: bool = True) -> None:
+        """Release everything, last registered first.
+
+        Each step leaves its list only once it ran, so a ``close()`` interrupted by Ctrl-C
+        goes on where it stopped when it is called again (a second ``shutdown()``, or the
+        finalizer at exit); a step that raised an ``Exception`` is logged and not retried.
+        """
         aclosers, self.aclosers = self.aclosers, []
         loop = self.loop
         if aclosers and loop is not None:
@@ -172,14 +179,16 @@ class _Resources:
                 except Exception:  # cleanup goes on
                     logger.exception("aiocollect: error while closing coroutine envs")
         self.stop_loop()
-        closers, self.closers, env_closers, self.env_closers = self.closers, [], self.env_closers, []
-        if close_env:
-            closers = env_closers + closers
-        for close in reversed(closers):
-            try:
-                close()
-            except Exception:  # cleanup goes on; the first failure is logged
-                logger.exception("aiocollect: error while closing %r", close)
+        if not close_env:
+            self.env_closers.clear()
+        for pending in (self.closers, self.env_closers):
+            while pending:
+                close = pending[-1]
+                try:
+                    close()
+                except Exception:  # cleanup goes on; the failure is logged
+                    logger.exception("aiocollect: error while closing %r", close)
+                pending.pop()
 
 
 async def _run_aclosers(aclosers: list[Callable[[], Any]]) -> None:
@@ -258,6 +267,10 @@ class DataCollectorBase:
         self._batches = 0
         self._collect_seconds = 0.0
         self._closed = False
+        """Set first thing by ``shutdown()``: no new use."""
+        self._shut_down = False
+        """Set once ``shutdown()`` released everything (an interrupted one has not)."""
+        self._shutting_down = threading.Lock()
         self._failed: BaseException | None = None
         self._busy = False
         self._resources = _Resources()
@@ -270,6 +283,8 @@ class DataCollectorBase:
         self._stale_dropped = 0
         self._progress: ProgressBar | None = None
         self._returns = EpisodeReturns()
+        self._kept: tuple[TensorDictBase, int] | None = None
+        """A raw batch collected on the loop thread for a caller that was cancelled; see ``_across``."""
         self._undelivered: Any = _NOTHING
         """The batch collected for ``for batch in collector`` and not yet handed over; see
         ``_sync_batches``."""
@@ -338,6 +353,9 @@ class DataCollectorBase:
         self._busy = True
         started = time.perf_counter()
         try:
+            if self._kept is not None:  # collected for a caller that was cancelled: see _across
+                kept, self._kept = self._kept, None
+                return kept
             return await self._collect()
         except anyio.get_cancelled_exc_class():
             task = asyncio.current_task()
@@ -350,6 +368,19 @@ class DataCollectorBase:
         finally:
             self._busy = False
             self._collect_seconds += time.perf_counter() - started
+
+    async def _across(self, loop: LoopThread, collect: Callable[[], Any]) -> tuple[TensorDictBase, int]:
+        """``await collect()`` on the collector's loop thread, for a caller on another loop
+        (the async face). The batch is kept as soon as it is collected, so a caller
+        cancelled once it was (too late to stop the collection) does not lose it: the next
+        collection returns it first."""
+
+        async def keep() -> None:
+            self._kept = await collect()
+
+        await loop.acall(keep)
+        kept, self._kept = self._kept, None
+        return kept
 
     async def _next_batch(self) -> Any:
         """The next delivered batch (``None`` with a replay buffer), or ``_DONE``."""
@@ -729,14 +760,20 @@ class DataCollectorBase:
             close_env: ``False`` leaves the envs open (for envs passed as instances that
                 the caller goes on using).
         """
-        if self._closed:
-            return
-        self._closed = True
-        bg = self._background
-        if bg is not None and not bg.done():
-            bg.cancel()
-        self._resources.close(close_env)
-        self._finalizer.detach()
+        if not self._shutting_down.acquire(blocking=False):
+            return  # another thread is shutting it down
+        try:
+            if self._shut_down:
+                return
+            self._closed = True
+            bg = self._background
+            if bg is not None and not bg.done():
+                bg.cancel()
+            self._resources.close(close_env)
+            self._finalizer.detach()
+            self._shut_down = True
+        finally:
+            self._shutting_down.release()
 
     # ------------------------------------------------------------------ accounting
 

@@ -15,7 +15,6 @@ each batch into a TensorDict. What the user sees is described in the class docst
 
 from __future__ import annotations
 
-import asyncio
 import os
 from collections import OrderedDict
 from typing import Any
@@ -225,7 +224,7 @@ class Collector(DataCollectorBase):
         try:
             if self._coroutine and not loop.in_this_thread():
                 # the async face, from the user's loop: collect on the envs' loop
-                return await asyncio.wrap_future(loop.portal.start_task_soon(self._collect_here))
+                return await self._across(loop, self._collect_here)
             return await self._collect_here()
         except Exception as exc:
             if isinstance(exc, CollectorError) or not hasattr(exc, "env_index"):

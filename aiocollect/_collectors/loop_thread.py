@@ -49,6 +49,9 @@ class LoopThread:
         self._ready: Future[BlockingPortal] = Future()
         self._abandoned = False
         self._stopped = False
+        self._exited = threading.Event()
+        """Set when the thread's loop has ended (not ``Thread.join``, which a Ctrl-C can
+        leave believing a running thread is gone)."""
         self._thread = threading.Thread(target=self._main, name="aiocollect-loop", daemon=True)
         self._thread.start()
         try:
@@ -68,6 +71,8 @@ class LoopThread:
                 self._ready.set_exception(exc)
             else:
                 logger.exception("aiocollect: the loop thread ended with an error")
+        finally:
+            self._exited.set()
 
     async def _serve(self) -> None:
         async with BlockingPortal() as portal, anyio.create_task_group() as jobs:
@@ -118,30 +123,59 @@ class LoopThread:
             job.abandon(self._aloop)
             raise
 
+    async def acall(self, fn: Callable[..., Awaitable[T]], *args: Any) -> T:
+        """``call`` for a caller on another event loop: ``await fn(*args)`` runs on this
+        loop. If the awaiting task is cancelled, so is the coroutine, and the cancellation
+        propagates once the coroutine has unwound (for at most ``_UNWIND_TIMEOUT_S``; more
+        cancellations meanwhile are absorbed): a coroutine that had already finished has
+        left its effects, and none runs on once the caller has moved on.
+        """
+        here = asyncio.get_running_loop()
+        settled = here.create_future()
+        job = _Job(fn, args, lambda: _set_soon(here, settled))
+        self._aloop.call_soon_threadsafe(self._jobs.start_soon, job.run)
+        try:
+            await asyncio.shield(settled)
+        except asyncio.CancelledError:
+            job.abandoned = True
+            try:
+                self._aloop.call_soon_threadsafe(job.cancel)
+            except RuntimeError:  # the loop is closed: nothing runs any more
+                raise asyncio.CancelledError from None
+            deadline = here.time() + _UNWIND_TIMEOUT_S
+            while not settled.done() and here.time() < deadline:
+                try:
+                    await asyncio.wait_for(asyncio.shield(settled), deadline - here.time())
+                except (asyncio.CancelledError, asyncio.TimeoutError):
+                    pass
+            raise
+        return job.future.result()
+
     def start_soon(self, fn: Callable[..., Awaitable[T]], *args: Any) -> Future[T]:
         return self.portal.start_task_soon(fn, *args)
 
     def stop(self) -> None:
-        """Cancel whatever still runs on the loop and join the thread (idempotent).
+        """Cancel whatever still runs on the loop and join the thread (idempotent; a stop
+        that Ctrl-C cut short is finished by the next call).
 
         Called from the loop's own thread (a callback shutting the collector down), the
         join is left to a short-lived helper thread: a thread cannot join itself.
         """
-        if self._stopped:
+        if self._exited.is_set():
             return
-        self._stopped = True
         if self.in_this_thread():
-            threading.Thread(target=self._stop_and_join, daemon=True).start()
-        else:
+            if not self._stopped:
+                threading.Thread(target=self._stop_and_join, daemon=True).start()
+        else:  # (again after an interrupted stop: the portal stops once, the join is retried)
             self._stop_and_join()
+        self._stopped = True
 
     def _stop_and_join(self) -> None:
         try:
             self.portal.call(self.portal.stop, True)
         except RuntimeError:  # already stopped
             pass
-        self._thread.join(_JOIN_TIMEOUT_S)
-        if self._thread.is_alive():
+        if not self._exited.wait(_JOIN_TIMEOUT_S):
             logger.warning("aiocollect: the loop thread did not stop within %.0f s", _JOIN_TIMEOUT_S)
 
 
@@ -155,10 +189,13 @@ class _Job:
     is settled.
     """
 
-    def __init__(self, fn: Callable[..., Awaitable[Any]], args: tuple) -> None:
+    def __init__(self, fn: Callable[..., Awaitable[Any]], args: tuple,
+                 notify: Callable[[], None] | None = None) -> None:
         self.fn, self.args = fn, args
         self.future: Future = Future()
         self.finished = threading.Event()
+        self.notify = notify
+        """Called (on the loop) once the job is settled: ``acall``'s caller waits on it."""
         self.started = False
         self.abandoned = False
         self.scope: anyio.CancelScope | None = None
@@ -166,7 +203,7 @@ class _Job:
     async def run(self) -> None:
         """On the loop: run the coroutine, settle the future."""
         if self.abandoned:
-            self.finished.set()
+            self._settled()
             return
         self.started = True
         try:
@@ -181,19 +218,37 @@ class _Job:
             if not isinstance(exc, Exception):
                 raise
         finally:
-            self.finished.set()
+            self._settled()
+
+    def _settled(self) -> None:
+        self.finished.set()
+        if self.notify is not None:
+            self.notify()
 
     def abandon(self, loop: asyncio.AbstractEventLoop) -> None:
         """From the interrupted caller: stop the coroutine, wait until it is gone."""
         self.abandoned = True
         try:
-            loop.call_soon_threadsafe(self._cancel)
+            loop.call_soon_threadsafe(self.cancel)
         except RuntimeError:  # the loop is closed: nothing runs any more
             return
         self.finished.wait(_UNWIND_TIMEOUT_S)
 
-    def _cancel(self) -> None:
+    def cancel(self) -> None:
+        """On the loop: cancel the coroutine, or settle a job that never started."""
         if self.scope is not None:
             self.scope.cancel()
         elif not self.started:
-            self.finished.set()  # it never started; if it is about to, it sees abandoned
+            self._settled()  # it never started; if it is about to, it sees abandoned
+
+
+def _set_soon(loop: asyncio.AbstractEventLoop, future: asyncio.Future) -> None:
+    """Resolve ``future`` of ``loop`` from another thread (nothing if that loop is gone)."""
+    def resolve() -> None:
+        if not future.done():
+            future.set_result(None)
+
+    try:
+        loop.call_soon_threadsafe(resolve)
+    except RuntimeError:  # that loop is closed
+        pass

@@ -60,9 +60,14 @@ class MultiSyncCollector(WorkerCollectorBase):
             are -1).
         update_at_each_batch: call ``update_policy_weights_()`` before each batch, sending
             the weights of the policy object given at construction.
-        step_timeout: for entries of coroutine envs: a step or reset that takes longer,
-            in seconds, fails the collection with a
-            [`StepTimeoutError`][aiocollect.StepTimeoutError], as in a ``Collector``.
+        step_timeout: seconds a worker may take to answer a step or reset (``None``, the
+            default: wait forever). For an entry of coroutine envs, an env call that takes
+            longer is cancelled; a worker process with a command outstanding longer is
+            killed, after its Python stack is read (or it is named as stopped, if it was
+            stopped with ``SIGSTOP``). Either way the collection fails with a
+            [`StepTimeoutError`][aiocollect.StepTimeoutError] naming the worker, its pid and
+            envs, between ``step_timeout`` and ``step_timeout + 2`` s after the step was sent;
+            the other workers are stopped. Give the slowest step you accept, with room to spare.
         max_batch_size: not accepted (``ValueError``), nor ``min_batch_size`` and
             ``batch_timeout``: they shape per-env policy calls over coroutine envs, and
             here each entry's envs step together; step such envs in a

@@ -315,7 +315,8 @@ def validate_batching(*, max_batch_size: Any, min_batch_size: Any, batch_timeout
     rules, with the same messages, whichever collector steps them:
 
     * the four knobs only mean something for coroutine envs: given with other envs, they
-      are an error rather than silently ignored;
+      are an error rather than silently ignored (the worker collectors check
+      ``step_timeout`` themselves, since it applies to their worker processes too);
     * a coroutine env is reset as soon as it finishes: ``reset_when_done=False`` is refused;
     * ``max_batch_size``, ``min_batch_size`` and ``batch_timeout`` shape the policy calls
       over envs that each step on their own (``per_env``: a ``Collector``); the worker

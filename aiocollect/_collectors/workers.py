@@ -14,7 +14,6 @@ takes per batch (``_steps_per_env``).
 
 from __future__ import annotations
 
-import asyncio
 import copy
 from collections import OrderedDict
 from typing import Any
@@ -175,7 +174,7 @@ class WorkerCollectorBase(DataCollectorBase):
         if loop.in_this_thread():
             return await self._collect_or_stop()
         # the async face, called from the user's loop: collect on the engine loop
-        return await asyncio.wrap_future(loop.portal.start_task_soon(self._collect_or_stop))
+        return await self._across(loop, self._collect_or_stop)
 
     async def _collect_or_stop(self) -> tuple[TensorDictBase, int]:
         sched = self._scheduler

@@ -320,6 +320,7 @@ class RemoteCollectorsBase(DataCollectorBase):
             TypeError: ``seed`` is not an int.
         """
         seeds = env_seeds(seed, sum(n for _, n in self._info), static_seed)
+        self._check_usable()
         offset, calls = 0, []
         for i, (_, n) in enumerate(self._info):  # each remote collector seeds its envs from its first one's
             calls.append((i, self._submit(i, "set_seed", seeds[offset], static_seed)))

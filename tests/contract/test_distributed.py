@@ -98,8 +98,9 @@ def test_ray_errors_have_the_same_types(ray_cluster):
     assert isinstance(cause.__cause__, ValueError) and "exploded on purpose" in str(cause.__cause__)
     c.shutdown()
     c.shutdown()
-    with pytest.raises(CollectorClosedError):
-        c.rollout()
+    for use in (c.rollout, lambda: c.set_seed(1), c.update_policy_weights_):
+        with pytest.raises(CollectorClosedError, match="shut down"):
+            use()
 
 
 def test_ray_bad_input_before_any_actor_starts():

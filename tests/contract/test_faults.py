@@ -74,10 +74,12 @@ def test_a_policy_that_raises_comes_out_as_it_is(variant):
 
 
 def test_a_coroutine_env_that_hangs_is_a_step_timeout(variant):
-    if not variant.coroutine:
+    if variant.envs in ("inline", "vector"):
         with pytest.raises(ValueError, match="step_timeout: these apply to coroutine envs"):
             variant(frames_per_batch=40, step_timeout=0.2)
         return
+    if variant.processes:
+        return  # a worker process that hangs: contract/test_hangs.py
     k = variant.num_envs - 1
     fns = [CounterEnv] * k + [HangingEnv]
     with variant(fns, frames_per_batch=40, total_frames=-1, step_timeout=0.3) as collector:

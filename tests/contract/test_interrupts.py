@@ -25,7 +25,7 @@ from tensordict.nn import TensorDictModule
 from aiocollect import CollectorClosedError, EnvError
 from aiocollect._collectors.loop_thread import LoopThread
 from support.checks import rows
-from support.envs import BadObsEnv, CounterEnv
+from support.envs import BadObsEnv, CounterEnv, SlowCounterEnv
 
 TESTS = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -57,7 +57,8 @@ def trajectory_breaks(batches) -> list[str]:
 
 CTRL_C_AND_ON = textwrap.dedent(
     """
-    import random, signal, sys, threading, os, pickle
+    import faulthandler, random, signal, sys, threading, os, pickle
+    faulthandler.dump_traceback_later(60, exit=True)  # a hang shows its stacks in the test's failure
     sys.path.insert(0, {tests!r})
     from support.variants import VARIANTS
     from support.envs import SlowCounterEnv
@@ -110,6 +111,26 @@ def test_ctrl_c_mid_batch_then_carrying_on_breaks_no_trajectory(variant, seed):
     assert len(batches) >= 5
     assert trajectory_breaks(batches) == []
     assert delivered == counted, "a batch was counted but never delivered"
+
+
+async def test_cancelling_the_async_face_mid_batch_breaks_no_trajectory(variant):
+    # the async face's twin: a cancelled `__anext__` whose batch was collected on the
+    # collector's loop thread just before the cancellation lost that batch
+    import random
+
+    import anyio
+
+    rng = random.Random(3)
+    async with variant(SlowCounterEnv, None, frames_per_batch=80, total_frames=-1) as collector:
+        batches = aiter(collector)
+        got = []
+        for _ in range(40):
+            with anyio.move_on_after(rng.uniform(0, 0.03)):
+                got.append(await anext(batches))
+            with anyio.fail_after(20):
+                got.append(await anext(batches))
+        assert trajectory_breaks(got) == []
+        assert collector.statistics().frames == sum(b.numel() for b in got)
 
 
 def test_an_interrupt_as_a_batch_arrives_loses_no_batch(variant, monkeypatch):
@@ -289,3 +310,49 @@ def test_vector_env_observations_are_checked_as_a_whole():
         writer.write_all(np.ones((4, 1)))
     with pytest.raises(ValueError, match="returned None"):
         writer.write_one(2, None)
+
+
+CTRL_C_IN_SHUTDOWN = textwrap.dedent(
+    """
+    import os, random, signal, sys, threading, time
+    sys.path.insert(0, {tests!r})
+    from support.procs import alive, wait_until
+    from support.variants import VARIANTS
+    variant = next(v for v in VARIANTS if v.name == {name!r})
+    armed = False
+    def on_sigint(signum, frame):
+        if armed:
+            raise KeyboardInterrupt
+    signal.signal(signal.SIGINT, on_sigint)
+    random.seed(0)
+    landed = 0
+    for trial in range(4):
+        c = variant(frames_per_batch=40, total_frames=-1)
+        c.rollout()
+        pids = [w.pid for w in c.statistics().workers if w.pid is not None]
+        timer = threading.Timer(random.uniform(0, 0.02), os.kill, (os.getpid(), signal.SIGINT))
+        armed = True
+        timer.start()
+        try:
+            c.shutdown()
+            time.sleep(0.05)
+        except KeyboardInterrupt:
+            landed += 1
+        armed = False
+        timer.join()
+        c.shutdown()  # again: it finishes what the interrupted one left
+        threads = [t.name for t in threading.enumerate() if t.name.startswith("aiocollect")]
+        assert not threads, threads
+        assert wait_until(lambda: not any(alive(p) for p in pids)), "a worker outlived shutdown()"
+    print("landed", landed)
+    """
+)
+
+
+def test_ctrl_c_during_shutdown_then_shutdown_again_releases_everything(variant):
+    # an interrupted shutdown() used to leave its loop thread for good (its state said
+    # stopped), and Thread.join interrupted by Ctrl-C can believe a running thread is gone
+    script = CTRL_C_IN_SHUTDOWN.format(tests=TESTS, name=variant.name)
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120, cwd=TESTS)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert int(proc.stdout.split()[-1]) >= 1  # (the other interrupts came after shutdown had ended)
