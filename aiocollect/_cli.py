@@ -86,21 +86,6 @@ def _size(nbytes: float) -> str:
     raise AssertionError  # unreachable
 
 
-def _available_memory() -> int | None:
-    """Bytes of memory this machine can still give (``MemAvailable``), or None where unknown."""
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    try:
-        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-    except (ValueError, OSError, AttributeError):
-        return None
-
-
 def _free_disk(path: Path) -> int:
     """Free bytes on the disk that holds ``path`` (or would: its nearest existing ancestor)."""
     while not path.exists():
@@ -194,7 +179,9 @@ def _check_collect(args: argparse.Namespace) -> _Plan:
     frame_bytes = _frame_bytes(args)
     # Sizes are checked here, as Python ints: a typo of a few zeros must not start workers that
     # then fail to allocate, or fill the disk (a memory-mapped file that cannot grow kills the process).
-    batch_bytes, memory = fpb * frame_bytes, _available_memory()
+    from ._workers.shm import available_memory
+
+    batch_bytes, memory = fpb * frame_bytes, available_memory()
     if memory is not None and 3 * batch_bytes > memory:
         if args.frames_per_batch:
             flag, fix = f"--frames-per-batch {args.frames_per_batch}", "use a smaller --frames-per-batch"
@@ -225,8 +212,13 @@ def collect(args: argparse.Namespace) -> int:
         return gym.make(env_id)
 
     for path in leftovers(plan.target):
-        print(f"aiocollect: note: {path} is left from a run of aiocollect collect that was killed (or is still "
-              "running); it is not a save: rm -r it once no run uses it", file=sys.stderr)
+        if ".replaced-" in path.name:  # killed between the two renames of a replacement
+            print(f"aiocollect: note: {path} is the previous save of {plan.target}, set aside by a run that was "
+                  f"killed while replacing it; if {plan.target} is missing, move it back: mv {path} {plan.target}",
+                  file=sys.stderr)
+        else:
+            print(f"aiocollect: note: {path} is left from a run of aiocollect collect that was killed (or is still "
+                  "running); it is not a save: rm -r it once no run uses it", file=sys.stderr)
     steps = plan.frames_per_batch // plan.num_envs
     try:
         save = PartialSave(plan.target, steps * plan.num_batches,
@@ -259,6 +251,9 @@ def collect(args: argparse.Namespace) -> int:
     except CommitError as exc:
         print(f"aiocollect: error: {exc}", file=sys.stderr)
         return 1
+    except BaseException:  # Ctrl-C while the record is written: the frames never reached --out
+        save.discard()
+        raise
     mean = stats.mean_episode_return
     print(f"collected {stats.frames:,} frames of {env_id} from {plan.num_envs} envs "
           f"({args.workers} worker process{'es' if args.workers != 1 else ''}) in {elapsed:.2f} s: "

@@ -246,7 +246,11 @@ class PartialSave:
                     aside.rmdir()
                 reason = exc if isinstance(exc, NotASave) else exc.strerror or exc
                 raise CommitError(f"--overwrite cannot replace {target} any more: {reason}{keep}") from None
-            os.rename(self.path, target)
+            try:
+                os.rename(self.path, target)
+            except OSError as exc:
+                os.rename(aside, target)  # the old save goes back where it was
+                raise CommitError(f"cannot rename the save to {target} ({exc.strerror or exc}){keep}") from None
         for path in old:  # the old save, file by file from its own list; never a recursive delete
             with contextlib.suppress(OSError):
                 entry = aside / path

@@ -149,6 +149,9 @@ class _Resources:
 
     def __init__(self) -> None:
         self.loop: LoopThread | None = None
+        self.join_timeout = 10.0
+        """How long ``stop_loop`` waits for the loop thread (worker collectors: their
+        workers' whole stop sequence, and a margin)."""
         self.closers: list[Callable[[], None]] = []
         self.env_closers: list[Callable[[], None]] = []
         """Close envs of this process; skipped by ``shutdown(close_env=False)``."""
@@ -158,7 +161,7 @@ class _Resources:
     def stop_loop(self) -> None:
         loop = self.loop
         if loop is not None:
-            loop.stop()
+            loop.stop(self.join_timeout)
             self.loop = None  # (only once it stopped: an interrupted stop is retried)
 
     def close(self, close_env: bool = True) -> None:
@@ -168,16 +171,17 @@ class _Resources:
         goes on where it stopped when it is called again (a second ``shutdown()``, or the
         finalizer at exit); a step that raised an ``Exception`` is logged and not retried.
         """
-        aclosers, self.aclosers = self.aclosers, []
         loop = self.loop
-        if aclosers and loop is not None:
+        if self.aclosers and loop is not None and loop.usable:
             if loop.in_this_thread():
                 logger.warning("aiocollect: shut down from its own loop; coroutine envs are not closed")
+                self.aclosers.clear()
             else:
                 try:
-                    loop.call(_run_aclosers, aclosers)
+                    loop.call(_run_aclosers, self.aclosers)
                 except Exception:  # cleanup goes on
                     logger.exception("aiocollect: error while closing coroutine envs")
+                    self.aclosers.clear()
         self.stop_loop()
         if not close_env:
             self.env_closers.clear()
@@ -192,12 +196,16 @@ class _Resources:
 
 
 async def _run_aclosers(aclosers: list[Callable[[], Any]]) -> None:
+    """Run ``aclosers``, last first, each leaving the list once it ran (or gave up)."""
     with anyio.move_on_after(_ACLOSE_TIMEOUT_S):
-        for aclose in reversed(aclosers):
+        while aclosers:
+            aclose = aclosers[-1]
             try:
                 await aclose()
             except Exception:  # the others still run
                 logger.exception("aiocollect: error while closing %r", aclose)
+            aclosers.pop()
+    aclosers.clear()  # what the time limit cut short is not retried
 
 
 _ACLOSE_TIMEOUT_S = 5.0
@@ -535,6 +543,8 @@ class DataCollectorBase:
         self._check_sync_allowed(what)
         self._check_usable()
         res = self._resources
+        if res.loop is not None and not res.loop.usable:
+            res.stop_loop()  # a stop that a second Ctrl-C cut short: finish it, start afresh
         owner = res.loop is None
         if owner:
             res.loop = LoopThread()

@@ -39,7 +39,8 @@ _UNWIND_TIMEOUT_S = 10.0
 """How long an interrupted ``call`` waits for the cancelled coroutine to unwind."""
 
 _JOIN_TIMEOUT_S = 10.0
-"""How long ``stop()`` waits for the thread after its loop was told to stop."""
+"""How long ``stop()`` waits, by default, for the thread after its loop was told to stop
+(a worker collector gives it its workers' whole stop sequence and a margin)."""
 
 
 class LoopThread:
@@ -49,6 +50,9 @@ class LoopThread:
         self._ready: Future[BlockingPortal] = Future()
         self._abandoned = False
         self._stopped = False
+        self._stopping = False
+        self._live: set[_Job] = set()
+        """Jobs handed to the loop and not settled yet: failed when the loop ends first."""
         self._exited = threading.Event()
         """Set when the thread's loop has ended (not ``Thread.join``, which a Ctrl-C can
         leave believing a running thread is gone)."""
@@ -73,6 +77,8 @@ class LoopThread:
                 logger.exception("aiocollect: the loop thread ended with an error")
         finally:
             self._exited.set()
+            for job in list(self._live):  # handed over too late: the loop is gone
+                job.fail()
 
     async def _serve(self) -> None:
         async with BlockingPortal() as portal, anyio.create_task_group() as jobs:
@@ -115,13 +121,33 @@ class LoopThread:
         That holds wherever the interruption lands, even before the coroutine started
         (the job exists before it is handed to the loop; see ``_Job``).
         """
-        job = _Job(fn, args)
+        job = _Job(fn, args, live=self._live)
         try:
-            self._aloop.call_soon_threadsafe(self._jobs.start_soon, job.run)
+            self._hand_over(job)
             return job.future.result()
         except BaseException:
             job.abandon(self._aloop)
             raise
+
+    def _hand_over(self, job: _Job) -> None:
+        """Start ``job`` on the loop. A loop that is closed raises ``RuntimeError`` here;
+        one that ends before the job starts fails it (``_main``), so no caller waits forever."""
+        self._live.add(job)
+        if self._exited.is_set():
+            job.fail()
+            return
+        self._aloop.call_soon_threadsafe(self._start_job, job)
+
+    def _start_job(self, job: _Job) -> None:
+        try:
+            self._jobs.start_soon(job.run)
+        except RuntimeError:  # the loop is ending: its task group takes no more tasks
+            job.fail()
+
+    @property
+    def usable(self) -> bool:
+        """Running, and not asked to stop (a stop that Ctrl-C cut short included)."""
+        return not self._stopping and not self._exited.is_set()
 
     async def acall(self, fn: Callable[..., Awaitable[T]], *args: Any) -> T:
         """``call`` for a caller on another event loop: ``await fn(*args)`` runs on this
@@ -132,8 +158,8 @@ class LoopThread:
         """
         here = asyncio.get_running_loop()
         settled = here.create_future()
-        job = _Job(fn, args, lambda: _set_soon(here, settled))
-        self._aloop.call_soon_threadsafe(self._jobs.start_soon, job.run)
+        job = _Job(fn, args, lambda: _set_soon(here, settled), live=self._live)
+        self._hand_over(job)
         try:
             await asyncio.shield(settled)
         except asyncio.CancelledError:
@@ -149,34 +175,37 @@ class LoopThread:
                 except (asyncio.CancelledError, asyncio.TimeoutError):
                     pass
             raise
+        if job.future.cancelled():  # the loop ended before the job could run
+            raise asyncio.CancelledError
         return job.future.result()
 
     def start_soon(self, fn: Callable[..., Awaitable[T]], *args: Any) -> Future[T]:
         return self.portal.start_task_soon(fn, *args)
 
-    def stop(self) -> None:
+    def stop(self, timeout: float = _JOIN_TIMEOUT_S) -> None:
         """Cancel whatever still runs on the loop and join the thread (idempotent; a stop
         that Ctrl-C cut short is finished by the next call).
 
         Called from the loop's own thread (a callback shutting the collector down), the
         join is left to a short-lived helper thread: a thread cannot join itself.
         """
+        self._stopping = True
         if self._exited.is_set():
             return
         if self.in_this_thread():
             if not self._stopped:
-                threading.Thread(target=self._stop_and_join, daemon=True).start()
+                threading.Thread(target=self._stop_and_join, args=(timeout,), daemon=True).start()
         else:  # (again after an interrupted stop: the portal stops once, the join is retried)
-            self._stop_and_join()
+            self._stop_and_join(timeout)
         self._stopped = True
 
-    def _stop_and_join(self) -> None:
+    def _stop_and_join(self, timeout: float) -> None:
         try:
             self.portal.call(self.portal.stop, True)
         except RuntimeError:  # already stopped
             pass
-        if not self._exited.wait(_JOIN_TIMEOUT_S):
-            logger.warning("aiocollect: the loop thread did not stop within %.0f s", _JOIN_TIMEOUT_S)
+        if not self._exited.wait(timeout):
+            logger.warning("aiocollect: the loop thread did not stop within %.0f s", timeout)
 
 
 class _Job:
@@ -190,8 +219,10 @@ class _Job:
     """
 
     def __init__(self, fn: Callable[..., Awaitable[Any]], args: tuple,
-                 notify: Callable[[], None] | None = None) -> None:
+                 notify: Callable[[], None] | None = None, *, live: set | None = None) -> None:
         self.fn, self.args = fn, args
+        self.live = live
+        """The loop thread's unsettled jobs; this one leaves it once settled."""
         self.future: Future = Future()
         self.finished = threading.Event()
         self.notify = notify
@@ -221,9 +252,18 @@ class _Job:
             self._settled()
 
     def _settled(self) -> None:
+        if self.live is not None:
+            self.live.discard(self)
         self.finished.set()
         if self.notify is not None:
             self.notify()
+
+    def fail(self) -> None:
+        """The loop ended before the job could run: its caller gets a cancellation."""
+        if not self.future.done():
+            self.future.cancel()
+        self.abandoned = True
+        self._settled()
 
     def abandon(self, loop: asyncio.AbstractEventLoop) -> None:
         """From the interrupted caller: stop the coroutine, wait until it is gone."""

@@ -316,8 +316,12 @@ class WorkerCollectorBase(DataCollectorBase):
             close_env: ignored: worker envs are always closed (they live in the workers).
         """
         pool = getattr(self, "_pool", None)
-        if pool is not None and timeout is not None:
-            pool.stop_timeout = timeout
+        if pool is not None:
+            if timeout is not None:
+                pool.stop_timeout = timeout
+            # the loop thread ends once the workers are gone: coroutine envs closed, then
+            # CLOSE, SIGTERM and SIGKILL for the processes (WorkerPool._stop_all), each bounded
+            self._resources.join_timeout = 2 * pool.stop_timeout + 1.0 + 5.0 + 10.0
         super().shutdown(timeout, close_env=True)
 
     def __repr__(self) -> str:

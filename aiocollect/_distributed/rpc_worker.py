@@ -39,9 +39,10 @@ def watch_driver(lifeline: int, driver: int, period: float = 1.0) -> threading.T
     this process's parent is no longer ``driver``."""
 
     def watch() -> None:
+        poll = select.poll()  # (not select.select: the driver's fd number may be 1024 or more)
+        poll.register(lifeline, select.POLLIN | select.POLLHUP)
         while os.getppid() == driver:
-            readable, _, _ = select.select([lifeline], [], [], period)
-            if readable and not os.read(lifeline, 1):
+            if poll.poll(period * 1000) and not os.read(lifeline, 1):
                 break
         os._exit(DRIVER_GONE)
 

@@ -514,8 +514,8 @@ class Scheduler:
             obs = {k: concat([p[k] for p in parts]) for k in parts[0]}
             n = sum(lane.num_envs for lane in ready)
         out = runner(obs, n)
-        if ready[0].keys is None:  # a lane's first policy call: look at every output once
-            check_outputs(out, n)
+        if ready[0].keys is None or any(not v.shape or v.shape[0] != n for v in out.values()):
+            check_outputs(out, n)  # a lane's first call, or a row count that would broadcast
         action = out["action"]
         if not isinstance(action, np.ndarray):
             action = action.numpy(force=True)

@@ -108,11 +108,13 @@ class ObsWriter:
     it inline in their own hot loop (through ``check`` for anything but an array of the
     leaf's shape).
 
-    Nothing is stored that is not an observation of the space: numpy would store ``None``
-    as NaN and broadcast an array of the wrong shape, so a value that is not an array of
-    the leaf's shape goes through ``check``, which converts what converts exactly (a
-    scalar, a list, an array of the same size) and rejects the rest with a
-    ``ValueError`` naming the observation key.
+    Nothing is stored that does not have the space's shape: numpy would store ``None`` as
+    NaN and broadcast an array of the wrong shape, so a value that is not an array of the
+    leaf's shape goes through ``check``, which takes what has the right number of numbers
+    (a scalar, a list, an array of the same size) and rejects the rest (``None``, strings,
+    objects, the wrong size) with a ``ValueError`` naming the observation key. Numbers are
+    cast to the leaf's dtype as numpy casts them (float64 to float32, as gymnasium's
+    vector envs do); their values are not checked against the space's bounds.
     """
 
     def __init__(self, leaves: list[Leaf], arrays: dict[NestedKey, np.ndarray]):
@@ -146,6 +148,8 @@ class ObsWriter:
         shape = leaf.shape if rows is None else (rows, *leaf.shape)
         if value.__class__ is np.ndarray and value.shape == shape:
             return value
+        if not shape and value.__class__ in _SCALARS:  # a Discrete observation, say
+            return value
         array = None if value is None else np.asarray(value)
         if array is None or array.dtype == object or array.size != int(np.prod(shape, dtype=np.int64)) \
                 or (array.dtype.kind not in "biuf" and leaf.dtype.kind in "biuf"):
@@ -155,6 +159,9 @@ class ObsWriter:
                 f"{list(shape)} for {leaf.space}; return an observation of the env's observation_space."
             )
         return array.reshape(shape)
+
+
+_SCALARS = frozenset({int, float, np.int64, np.int32, np.float32, np.float64})
 
 
 def _describe(array: np.ndarray) -> str:

@@ -56,7 +56,11 @@ class WorkerProcess:
     """
 
     def __init__(self, args: list[str], *, pass_fds: list[int], env: dict[str, str]):
-        self._popen = subprocess.Popen(args, pass_fds=pass_fds, stdin=subprocess.DEVNULL, env=env)
+        # A session of its own: the terminal's Ctrl-C (sent to the whole foreground process
+        # group) reaches only the main process, which handles it, and never a worker still
+        # starting up (which would print a KeyboardInterrupt traceback of its imports).
+        self._popen = subprocess.Popen(args, pass_fds=pass_fds, stdin=subprocess.DEVNULL, env=env,
+                                       start_new_session=True)
         self.pid = self._popen.pid
         self.returncode: int | None = None
         self._loop = asyncio.get_running_loop()

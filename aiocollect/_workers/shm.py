@@ -120,11 +120,26 @@ class Layout:
 
 
 def physical_memory() -> int | None:
-    """This machine's memory in bytes (``None`` where the OS does not say)."""
+    """This machine's memory in bytes (``None`` where the OS does not say). A collector's
+    storage is checked against it: what is free now may be free later."""
     try:
         return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     except (ValueError, OSError, AttributeError):  # pragma: no cover - not POSIX
         return None
+
+
+def available_memory() -> int | None:
+    """Bytes of memory this machine can still give (Linux's ``MemAvailable``; elsewhere its
+    whole memory), ``None`` where unknown. ``aiocollect collect`` checks its batches
+    against it: a command runs now, with what is free now."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return physical_memory()
 
 
 def _gib(nbytes: int) -> str:

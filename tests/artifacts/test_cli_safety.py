@@ -219,3 +219,16 @@ def test_sigkill_leaves_out_as_it_was_and_a_partial_named_as_such(tmp_path, slow
     assert f"aiocollect: note: {partial} is left from a run of aiocollect collect that was killed" in proc.stderr
     assert int(TensorDict.load_memmap(out)["step_count"].max()) == 4
     assert partial.exists()  # a note, never a delete: the run that wrote it might still be going
+
+
+def test_a_save_set_aside_by_a_killed_replacement_is_named_as_the_previous_save(tmp_path, small_save):
+    # killed between the two renames of --overwrite: the old save, set aside, is the only copy
+    out = tmp_path / "o"
+    aside = tmp_path / ".o.replaced-0123abcd"
+    small_save(aside)
+    proc = run("collect", "--env", "CartPole-v1", "--workers", "0", "--envs-per-worker", "2", "--frames", "100",
+               "--out", str(out))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert f"aiocollect: note: {aside} is the previous save of {out}" in proc.stderr
+    assert "mv " in proc.stderr and "rm -r" not in proc.stderr
+    assert aside.exists()
