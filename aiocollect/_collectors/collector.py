@@ -183,11 +183,14 @@ class Collector(DataCollectorBase):
         self.policy_device = options.policy_device
 
         obs_keys = [leaf.key for leaf in group.obs_leaves]
+        # the policy runs only while the user waits for a batch: act with the user's module
+        # itself, as TorchRL does, a change of it being a new policy version
         self._policy = PolicySetup(policy, group.action_space, obs_keys, device=self.policy_device,
-                                   exploration_type=options.exploration_type)
+                                   exploration_type=options.exploration_type, share=True)
         self.policy = self._policy.policy
-        """The policy the collector runs: its own copy of the one given if that has weights
-        (on ``policy_device``), the given object otherwise, a
+        """The policy the collector runs: the object given (a module is not copied: your
+        optimiser steps reach the next policy call, each a new policy version), or a copy
+        on ``policy_device`` that follows it when the module's tensors are elsewhere; a
         [`RandomPolicy`][aiocollect.RandomPolicy] for ``policy=None``."""
         self._same_td: TensorDictBase | None = None
         # the scheduler of the worker collectors, writing into a private (unshared) storage

@@ -1,16 +1,24 @@
-"""The collector's side of a policy: its own copy, runners, versioned weights, state.
+"""The collector's side of a policy: the module it acts with, runners, versioned weights, state.
 
-Every collector keeps its policy in the main process (envs may live elsewhere), so the
-same ``PolicySetup`` serves the in-process collector and the multi-worker ones:
+Every collector calls its policy in the main process (envs may live elsewhere), so the
+same ``PolicySetup`` serves the in-process collector and the multi-worker ones. What the
+policy object is depends on when the collector collects:
 
-* the collector runs **its own copy** of the policy (on ``policy_device``), so a trainer
-  that goes on optimising the object it passed never changes the weights under a
-  running collection: new weights reach the copy only through
-  ``update_policy_weights_``, whole and versioned (``_policies.weights``);
-* ``runner`` calls it batched; ``random_runner`` draws random actions for
-  ``init_random_frames``;
-* ``publish()`` snapshots whatever ``update_policy_weights_`` was given and returns
-  the new version; the engine loads it before its next policy call.
+* ``Collector`` (``share=True``) collects only while the user waits for a batch, so it
+  acts with **the user's module itself**, as TorchRL's ``Collector`` does: an optimiser
+  step reaches the next batch with no ``update_policy_weights_``, and the step is a new
+  policy version (``FollowChannel`` sees it before the next policy call). With a
+  ``policy_device`` the module's tensors are not all on, the collector runs a copy there
+  that follows the module the same way.
+* the worker collectors collect *while* the user trains, so they run **their own copy**
+  (on ``policy_device``): a trainer that goes on optimising the object it passed never
+  changes the weights under a running collection; new weights reach the copy only
+  through ``update_policy_weights_``, whole and versioned (``CopyChannel`` warns once if
+  that never happens while the user's module changes).
+
+Then ``runner`` calls the policy batched; ``random_runner`` draws random actions for
+``init_random_frames``; ``publish()`` snapshots whatever ``update_policy_weights_`` was
+given and returns the new version, which the engine loads before its next policy call.
 """
 
 from __future__ import annotations
@@ -27,7 +35,7 @@ from tensordict.nn import InteractionType
 from .array import ArrayPolicy
 from .random import RandomPolicy
 from .runner import PolicyRunner
-from .weights import TorchWeights, WeightsChannel
+from .weights import CopyChannel, FollowChannel, TorchWeights, WeightsChannel
 
 logger = logging.getLogger("aiocollect")
 
@@ -60,20 +68,40 @@ def _own_copy(policy: Any, device: torch.device | None) -> Any:
     return own.to(device) if device is not None else own
 
 
+def _on(module: torch.nn.Module, device: torch.device | None) -> bool:
+    """Whether every tensor of ``module`` already is on ``device`` (so it can be shared)."""
+    if device is None:
+        return True
+    device = torch.device(device)
+    for t in module.state_dict(keep_vars=True).values():
+        here = t.device
+        if here.type != device.type or (device.index is not None and here.index != device.index):
+            return False
+    return True
+
+
 class PolicySetup:
     """A collector's policy, the runners that call it and its weights channel; see the module docstring."""
 
     def __init__(self, policy: Any, action_space: gym.Space, obs_keys: list, *,
-                 device: torch.device | None, exploration_type: InteractionType):
+                 device: torch.device | None, exploration_type: InteractionType, share: bool = False):
         self.user_policy = policy
         if policy is None:
             policy = RandomPolicy(action_space)
-        self.policy = _own_copy(policy, device)
+        module = isinstance(policy, torch.nn.Module) and not isinstance(policy, RandomPolicy)
+        if share and module and _on(policy, device):
+            self.policy = policy  # the user's module itself: nothing to copy, nothing to move
+        else:
+            self.policy = _own_copy(policy, device)
         self.weights: WeightsChannel | None = None
         if isinstance(self.policy, ArrayPolicy):
             self.weights = WeightsChannel(self.policy.snapshot, self.policy.load)
         elif isinstance(self.policy, torch.nn.Module) and not isinstance(self.policy, RandomPolicy):
-            self.weights = TorchWeights(self.policy).channel()
+            weights = TorchWeights(self.policy)
+            if share:
+                self.weights = FollowChannel(weights, policy)
+            else:
+                self.weights = CopyChannel(weights, policy if self.policy is not policy else None)
         self.runner = PolicyRunner(self.policy, obs_keys, device=device, exploration_type=exploration_type,
                                    weights=self.weights)
         self.random = self.policy if isinstance(self.policy, RandomPolicy) else RandomPolicy(action_space)
@@ -100,7 +128,9 @@ class PolicySetup:
 
         ``policy_or_weights``: a module (its parameters and buffers are copied), a
         TensorDict of parameters, a state dict, a JAX params pytree (for a JAX policy), or
-        ``None``: take them from the policy given at construction.
+        ``None``: take them from the policy given at construction. A ``Collector`` that
+        follows the user's module loads them at once unless a policy call is under way
+        (into the user's module, when shared: TorchRL's ``Collector`` does the same).
         """
         channel = self.weights
         if channel is None:
@@ -113,7 +143,10 @@ class PolicySetup:
         src = self.user_policy if policy_or_weights is None else policy_or_weights
         if isinstance(self.policy, ArrayPolicy) and isinstance(src, ArrayPolicy):
             src = src.weights
-        return channel.publish(src)
+        version = channel.publish(src)
+        if isinstance(channel, FollowChannel):
+            channel.try_apply()
+        return version
 
     async def wait_applied(self, version: int) -> None:
         """Return once ``version`` (or a newer one) is in effect."""

@@ -1,8 +1,7 @@
 """Versioned, non-blocking weight updates.
 
 The trainer and the engine live in different threads (or the same thread at different
-times), and the collector runs *its own copy* of the policy. A weight update goes through
-a ``WeightsChannel`` in two halves:
+times). A weight update goes through a ``WeightsChannel`` in two halves:
 
 * **publish** (the caller's thread, inside ``update_policy_weights_``): the new weights
   are copied into a *snapshot* right away, so the caller may change its own parameters
@@ -22,16 +21,36 @@ How a snapshot is taken and loaded depends on the policy: ``TorchWeights`` copie
 tensors into preallocated buffers (recycled once applied: a 1M-parameter MLP costs two
 memcpy of 4 MB, ~60 us each, and no allocation); a JAX policy keeps immutable arrays and
 swaps them ([`aiocollect.jax`][aiocollect.jax]).
+
+Two channels watch the module the user trains (``ModuleWatch``: its tensors' in-place
+version counters, plus the steps of any ``torch.optim`` optimizer over them):
+
+* ``FollowChannel`` (``Collector``): the policy *is* the user's module, or a copy on
+  ``policy_device`` refreshed from it. A change of the module found before a policy call
+  is a new version, so the collector acts with the user's current weights and its
+  versions stay honest without any ``update_policy_weights_``.
+* ``CopyChannel`` (the worker collectors, which collect while the user trains): a private
+  copy, changed only by published updates; it warns once when the user's module has
+  changed for a long time and no update was ever published.
+
+The runner asks ``has_pending`` before every policy call, holding ``lock``: that is where
+these channels look at the module.
 """
 
 from __future__ import annotations
 
+import operator
 import threading
+import time
+import warnings
+import weakref
 from collections.abc import Callable
 from typing import Any
 
 import torch
 from tensordict import TensorDictBase
+from torch.nn.parameter import is_lazy
+from torch.optim.optimizer import register_optimizer_step_post_hook
 
 
 class WeightsChannel:
@@ -60,6 +79,7 @@ class WeightsChannel:
 
     @property
     def has_pending(self) -> bool:
+        """Whether ``apply_pending()`` has work; the runner asks before every policy call."""
         return self._pending is not None
 
     def publish(self, weights: Any) -> int:
@@ -115,18 +135,32 @@ class TorchWeights:
     ``torch.compile`` makes no difference: names are compared without its ``_orig_mod.``.
     Snapshots live on the policy's device: an update from a trainer on another device is
     copied there in the update call.
+
+    **Lazy modules** (``nn.LazyLinear``...): a tensor still uninitialised takes any shape.
+    Its first policy call initialises it (torch's own first-forward rule), or, when an
+    update comes first, the update's shapes do (as ``load_state_dict`` would); either way
+    every later update must match the shapes it then has.
     """
 
     def __init__(self, policy: torch.nn.Module):
-        state = policy.state_dict(keep_vars=True)
-        self.names = [_plain(name) for name in state]
-        self.targets = [t.data for t in state.values()]
-        self._known = set(self.names)
+        self.module = policy
         self._free: list[list[torch.Tensor]] = []
         self._lock = threading.Lock()
+        self._bind()
 
-    def channel(self) -> WeightsChannel:
-        return WeightsChannel(self.snapshot, self.load, self.recycle)
+    def _bind(self) -> None:
+        """Look the module's tensors up (again: initialising a lazy tensor gives it new data)."""
+        state = self.module.state_dict(keep_vars=True)
+        names = [_plain(name) for name in state]
+        params = list(state.values())
+        lazy = any(is_lazy(t) for t in params)
+        # one assignment: the engine and the caller's thread may both rebind
+        self._view = (names, set(names), params, [t.data for t in params], lazy)
+
+    def _now(self) -> tuple[list[str], set[str], list[torch.Tensor], list[torch.Tensor], bool]:
+        if self._view[4]:
+            self._bind()
+        return self._view
 
     def sources(self, weights: Any) -> list[torch.Tensor]:
         """The tensors of ``weights``, in the policy's order; raises if they do not fit."""
@@ -143,8 +177,9 @@ class TorchWeights:
             )
         if any(_COMPILED in name for name in state):
             state = {_plain(name): value for name, value in state.items()}
-        missing = [n for n in self.names if n not in state]
-        extra = [n for n in state if n not in self._known]
+        names, known, params, _, _ = self._now()
+        missing = [n for n in names if n not in state]
+        extra = [n for n in state if n not in known]
         if missing or extra:
             raise KeyError(
                 "update_policy_weights_: the weights do not fit the collector's policy"
@@ -153,24 +188,35 @@ class TorchWeights:
                 + ". Pass a module of the same structure, TensorDict.from_module(module), or its state_dict()."
             )
         out = []
-        for name, target in zip(self.names, self.targets):
+        for name, param in zip(names, params):
             src = state[name]
             if not isinstance(src, torch.Tensor):
                 src = torch.as_tensor(src)
-            if src.shape != target.shape:
+            if is_lazy(src):
+                raise ValueError(
+                    f"update_policy_weights_: {name!r} is not initialised yet (a lazy module); run "
+                    "your policy once on an observation (or train a step) before sending its weights."
+                )
+            if not is_lazy(param) and src.shape != param.shape:
                 raise ValueError(
                     f"update_policy_weights_: {name!r} has shape {tuple(src.shape)}, the "
-                    f"collector's policy has {tuple(target.shape)}."
+                    f"collector's policy has {tuple(param.shape)}."
                 )
             out.append(src)  # no .detach(): every torch call lets the engine thread take the GIL
         return out
 
     def snapshot(self, weights: Any) -> list[torch.Tensor]:
         sources = self.sources(weights)
-        with self._lock:
-            buf = self._free.pop() if self._free else None
+        _, _, params, targets, lazy = self._view
+        buf = None
+        if not lazy:
+            with self._lock:
+                buf = self._free.pop() if self._free else None
         if buf is None:
-            buf = [torch.empty_like(t) for t in self.targets]
+            if lazy:  # shaped like the sources: they initialise the policy's lazy tensors
+                buf = [torch.empty(s.shape, dtype=p.dtype, device=p.device) for s, p in zip(sources, params)]
+            else:
+                buf = [torch.empty_like(t) for t in targets]
         # one call, one release of the GIL: while the engine thread runs the policy, each
         # torch call here would wait for the GIL to come back
         with torch.no_grad():
@@ -178,10 +224,243 @@ class TorchWeights:
         return buf
 
     def load(self, snap: list[torch.Tensor]) -> None:
+        _, _, params, targets, lazy = self._now()
+        if lazy:  # an update before the first policy call: its shapes initialise the module
+            for param, src in zip(params, snap):
+                if is_lazy(param):
+                    param.materialize(src.shape)
+            self._bind()
+            targets = self._view[3]
         with torch.no_grad():
-            torch._foreach_copy_(self.targets, snap)
+            torch._foreach_copy_(targets, snap)
 
     def recycle(self, snap: list[torch.Tensor]) -> None:
+        targets = self._view[3]
+        if any(a.shape != b.shape for a, b in zip(snap, targets)):
+            return  # taken while the policy was lazy
         with self._lock:
             if len(self._free) < 2:
                 self._free.append(snap)
+
+
+# ---------------------------------------------------------------------------- watching a module
+
+_VERSION = operator.attrgetter("_version")
+_WATCHES: weakref.WeakSet[ModuleWatch] = weakref.WeakSet()
+_HOOKED = False
+
+
+def _count_step(optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+    """A global ``torch.optim`` post-step hook: each ``ModuleWatch`` whose tensors this
+    optimizer holds counts the step (fused optimizers do not bump version counters)."""
+    try:
+        for watch in list(_WATCHES):
+            watch.count(optimizer)
+    except Exception:  # noqa: BLE001 - never fail the user's optimiser step
+        pass
+
+
+class ModuleWatch:
+    """Whether a module's parameters or buffers changed since ``mark()``.
+
+    ``now()`` sums the tensors' version counters, which every in-place change bumps (an
+    optimiser step, ``load_state_dict``, ``copy_`` or ``fill_`` under ``no_grad``), and the
+    steps of any ``torch.optim`` optimiser that holds them (a fused optimiser bumps no
+    counter). Both only grow, so the sum changes whenever either does. It costs about
+    0.1 us per tensor. Not seen: writes through ``.data`` and tensors replaced by new
+    objects (``module.weight = ...``, ``TensorDict.to_module``).
+    """
+
+    def __init__(self, module: torch.nn.Module):
+        global _HOOKED
+        tensors = []
+        for t in module.state_dict(keep_vars=True).values():
+            try:
+                t._version  # noqa: B018 - an inference tensor has no counter: it cannot change here
+            except RuntimeError:
+                continue
+            tensors.append(t)
+        self.tensors = tensors
+        self._ids = {id(t) for t in tensors}
+        self._holds: weakref.WeakKeyDictionary[torch.optim.Optimizer, bool] = weakref.WeakKeyDictionary()
+        self.steps = 0
+        """Optimiser steps over these tensors."""
+        if not _HOOKED:
+            register_optimizer_step_post_hook(_count_step)
+            _HOOKED = True
+        _WATCHES.add(self)
+        self.seen = self.now()
+        """``now()`` at the last ``mark()``."""
+
+    def count(self, optimizer: torch.optim.Optimizer) -> None:
+        holds = self._holds.get(optimizer)
+        if holds is None:
+            ids = self._ids
+            holds = self._holds[optimizer] = any(
+                id(p) in ids for group in optimizer.param_groups for p in group["params"]
+            )
+        if holds:
+            self.steps += 1
+
+    def now(self) -> int:
+        return sum(map(_VERSION, self.tensors)) + self.steps
+
+    def changed(self) -> bool:
+        return self.now() != self.seen
+
+    def mark(self, at: int | None = None) -> None:
+        self.seen = self.now() if at is None else at
+
+    @property
+    def lazy(self) -> bool:
+        """Some tensor is not initialised yet (a lazy module before its first call)."""
+        return any(is_lazy(t) for t in self.tensors)
+
+
+class _CallLock:
+    """A ``threading.Lock`` that calls ``on_release()``, still holding it, before each release:
+    after every policy call (the runner holds the lock for each) and every load."""
+
+    __slots__ = ("_lock", "on_release")
+
+    def __init__(self, on_release: Callable[[], None]):
+        self._lock = threading.Lock()
+        self.on_release = on_release
+
+    def acquire(self, blocking: bool = True, timeout: float = -1) -> bool:
+        return self._lock.acquire(blocking, timeout)
+
+    def release(self) -> None:
+        try:
+            self.on_release()
+        finally:
+            self._lock.release()
+
+    def locked(self) -> bool:
+        return self._lock.locked()
+
+    def __enter__(self) -> bool:
+        return self._lock.acquire()
+
+    def __exit__(self, *exc_info: Any) -> None:
+        self.release()
+
+
+class FollowChannel(WeightsChannel):
+    """The policy acts with the module the user trains (``Collector``); see the module docstring.
+
+    The policy is ``source`` itself (*shared*) or a copy of it (on ``policy_device``). Before
+    each policy call, if ``source`` changed since the version in effect was taken, the
+    change becomes a new version: nothing to load when shared, a copy from ``source``
+    otherwise. Published updates go through the channel as usual; loaded into a shared
+    policy they change the user's module (as TorchRL's ``Collector`` does). A publish of
+    ``source`` itself to a shared policy copies nothing: it only makes a version.
+
+    A shared lazy module is initialised by its first call: that call's change is not the
+    user's, so the module is looked at again after it (``_CallLock``).
+    """
+
+    def __init__(self, weights: TorchWeights, source: torch.nn.Module):
+        super().__init__(self._take, self._put, self._give_back)
+        self._weights = weights
+        self._source = source
+        self.shared = weights.module is source
+        self.watch = ModuleWatch(source)
+        self._lazy = self.shared and self.watch.lazy
+        if self._lazy:
+            self.lock = _CallLock(self._after_call)
+
+    @property
+    def has_pending(self) -> bool:
+        return self._pending is not None or self.watch.changed()
+
+    def apply_pending(self) -> None:
+        now = self.watch.now()
+        with self._swap:  # one step with publish: versions stay in order
+            pending, self._pending = self._pending, None
+            if pending is None:
+                if now == self.watch.seen:
+                    return
+                self.latest += 1
+                pending = (self.latest, None)
+        version, snap = pending
+        if snap is None:  # the user's module changed: a version of its own
+            if not self.shared:
+                self._weights.load(self._weights.sources(self._source))
+            self.watch.mark(now)
+        else:
+            self._load(snap)
+            self._recycle(snap)
+        self.version = version
+
+    def _take(self, weights: Any) -> tuple[int, list[torch.Tensor] | None]:
+        at = self.watch.now()  # what the source held when these weights were sent
+        if self.shared and weights is self._weights.module:
+            return at, None
+        return at, self._weights.snapshot(weights)
+
+    def _put(self, snap: tuple[int, list[torch.Tensor] | None]) -> None:
+        at, buf = snap
+        if buf is None:
+            self.watch.mark(at)  # changes after the publish are a version of their own
+            return
+        self._weights.load(buf)
+        # a load into the shared module is that module's state now; a copy follows the
+        # source again when it changes after the publish
+        self.watch.mark(None if self.shared else at)
+
+    def _give_back(self, snap: tuple[int, list[torch.Tensor] | None]) -> None:
+        if snap[1] is not None:
+            self._weights.recycle(snap[1])
+
+    def _after_call(self) -> None:
+        if self._lazy and not self.watch.lazy:  # the call (or a load) initialised the module
+            self._lazy = False
+            self.watch.mark()
+
+
+STALE_WARNING_S = 30.0
+"""How long a worker collector's source may have changed, with no update ever published,
+before ``CopyChannel`` warns."""
+
+
+class CopyChannel(WeightsChannel):
+    """A private copy's channel that warns once about a user who never publishes.
+
+    The worker collectors collect while the user trains, so they run a copy and take new
+    weights only when published. If the module the user passed (``source``) changes (an
+    optimiser step) and no update is published for ``STALE_WARNING_S`` seconds, ever, the
+    collector is most likely acting with its construction weights by mistake: a
+    ``UserWarning`` says so, once. After the first publish the source is no longer looked at.
+    """
+
+    def __init__(self, weights: TorchWeights, source: torch.nn.Module | None):
+        super().__init__(weights.snapshot, weights.load, weights.recycle)
+        self._watch = None if source is None else ModuleWatch(source)
+        self._since: float | None = None
+
+    @property
+    def has_pending(self) -> bool:
+        if self._watch is not None:
+            self._look()
+        return self._pending is not None
+
+    def _look(self) -> None:
+        if self.latest:  # the user publishes updates
+            self._watch = None
+            return
+        if not self._watch.changed():
+            return
+        now = time.monotonic()
+        if self._since is None:
+            self._since = now
+        elif now - self._since >= STALE_WARNING_S:
+            self._watch = None
+            warnings.warn(
+                f"aiocollect: the policy you passed to the collector has changed (an optimiser step?) "
+                f"for {now - self._since:.0f} s, but update_policy_weights_() was never called: the "
+                "collector still acts with the copy it took at construction (policy_version 0). Call "
+                "collector.update_policy_weights_() after your optimiser steps (docs/weights.md).",
+                UserWarning,
+                stacklevel=1,
+            )
