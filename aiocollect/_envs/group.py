@@ -234,25 +234,58 @@ def _describe(obj: Any) -> str:
     return f"{type(obj).__module__}.{type(obj).__qualname__}"
 
 
-_TORCHRL_HINT = ("aiocollect steps gymnasium envs directly: pass the gymnasium env (or its id, or "
-                 "aiocollect.GymEnv(id)) instead of a TorchRL env.")
+# TorchRL envs (any ``EnvBase``) are taken too, wrapped by ``torchrl_env.from_torchrl`` into a
+# gymnasium env (``batch_size == []``) or ``VectorEnv`` (``[n]``). TorchRL is never imported to
+# find out: only an object whose class comes from TorchRL sends us to ``torchrl_env``.
+
+_TORCHRL_HINT = ("Pass a TorchRL env (an EnvBase), a callable or EnvCreator returning one, or a "
+                 "gymnasium env, its id or its factory.")
+
+
+def _from_torchrl(obj: Any) -> bool:
+    """Whether ``obj``'s class, or a class it derives from, is TorchRL's (imports nothing)."""
+    return any((getattr(cls, "__module__", None) or "").startswith("torchrl") for cls in type(obj).__mro__)
+
+
+def is_torchrl_env(obj: Any) -> bool:
+    """Whether ``obj`` is a TorchRL env (``torchrl.envs.EnvBase``), without importing TorchRL
+    for anything else."""
+    if not _from_torchrl(obj):
+        return False
+    from .torchrl_env import is_torchrl_env as is_env
+
+    return is_env(obj)
 
 
 def check_not_torchrl(obj: Any, where: str) -> None:
-    """A TorchRL env (or ``EnvCreator``) where a gymnasium env or factory belongs: say what to pass.
+    """A TorchRL object that is neither an env nor an ``EnvCreator`` where an env or a factory
+    belongs (a transform, a spec, a policy module...): say what to pass.
 
-    TorchRL envs are callable, so without this check one would be taken for a factory and fail
-    deep inside TorchRL."""
-    if type(obj).__module__.startswith("torchrl"):
-        raise TypeError(f"{where} is a TorchRL object ({_describe(obj)}). {_TORCHRL_HINT}")
+    TorchRL objects are often callable, so without this check one would be taken for a
+    factory and fail deep inside TorchRL."""
+    if not _from_torchrl(obj):
+        return
+    from .torchrl_env import is_env_creator
+    from .torchrl_env import is_torchrl_env as is_env
+
+    if not (is_env(obj) or is_env_creator(obj)):
+        raise TypeError(f"{where} is a TorchRL object ({_describe(obj)}) but not an env. {_TORCHRL_HINT}")
+
+
+def _is_instance(obj: Any) -> bool:
+    """An env already built: a gymnasium env, a ``VectorEnv`` or a TorchRL env."""
+    return isinstance(obj, (gym.Env, VectorEnv)) or is_torchrl_env(obj)
 
 
 def _check_env(env: Any, where: str) -> gym.Env | VectorEnv:
     if isinstance(env, (gym.Env, VectorEnv)) or is_async_env(env):
         return env
-    hint = f" {_TORCHRL_HINT}" if type(env).__module__.startswith("torchrl") else ""
-    raise TypeError(f"{where} gave {_describe(env)}, not a gymnasium env or a coroutine "
-                    f"env (aiocollect.AsyncEnv).{hint}")
+    if is_torchrl_env(env):
+        from .torchrl_env import from_torchrl
+
+        return from_torchrl(env, where)
+    raise TypeError(f"{where} gave {_describe(env)}, not a gymnasium env, a TorchRL env or a "
+                    "coroutine env (aiocollect.AsyncEnv).")
 
 
 def _env_device(env: Any):
@@ -268,7 +301,7 @@ def check_create_env_fn(create_env_fn: Any, create_env_kwargs: dict | None) -> N
     """Validate ``create_env_fn`` without creating anything."""
     check_not_torchrl(create_env_fn, "create_env_fn")
     if isinstance(create_env_fn, (str, gym.Env, VectorEnv)) or callable(create_env_fn):
-        if create_env_kwargs and isinstance(create_env_fn, (gym.Env, VectorEnv)):
+        if create_env_kwargs and _is_instance(create_env_fn):
             raise ValueError(
                 "create_env_kwargs: given with an env instance, which is already built; pass a "
                 "factory (callable) or an env id to use create_env_kwargs."
@@ -286,16 +319,16 @@ def check_create_env_fn(create_env_fn: Any, create_env_kwargs: dict | None) -> N
                 )
         return
     raise TypeError(
-        "create_env_fn: expected a callable returning a gymnasium env, a gymnasium env, a "
-        f"VectorEnv, an env id string, or a list of callables; got {_describe(create_env_fn)}."
+        "create_env_fn: expected a callable returning a gymnasium or TorchRL env, a gymnasium env, "
+        f"a VectorEnv, a TorchRL env, an env id string, or a list of callables; got {_describe(create_env_fn)}."
     )
 
 
 def _build_one(item: Any, kwargs: dict, where: str) -> gym.Env | VectorEnv:
     if isinstance(item, str):
         return gym.make(item, **kwargs)
-    if isinstance(item, (gym.Env, VectorEnv)):
-        return item
+    if isinstance(item, (gym.Env, VectorEnv)) or is_torchrl_env(item):
+        return _check_env(item, where)
     return _check_env(item(**kwargs), where)
 
 
@@ -314,9 +347,10 @@ def make_group(create_env_fn: Any, create_env_kwargs: dict | None,
             for i, item in enumerate(create_env_fn):
                 env = _build_one(item, kwargs, f"{where}[{i}]")
                 if isinstance(env, VectorEnv):
+                    env.close()  # a batched TorchRL env may hold processes (ParallelEnv)
                     raise TypeError(
-                        f"{where}[{i}] gave a VectorEnv; in a list, each entry makes one env "
-                        "(pass the VectorEnv, or its factory, on its own)."
+                        f"{where}[{i}] gave a VectorEnv (or a batched TorchRL env); in a list, each "
+                        "entry makes one env (pass the VectorEnv, or its factory, on its own)."
                     )
                 envs.append(env)
         except BaseException:

@@ -4,8 +4,9 @@
 process, so that bad input fails with a clear error *before* a worker is spawned:
 
 * ``create_env_fn`` must be a non-empty list of worker entries; an entry is an env
-  factory (one env, or a gymnasium ``VectorEnv``), an env id, or a list of those (several
-  envs stepped one after the other in the worker);
+  factory (one env, a gymnasium ``VectorEnv``, or a TorchRL env, batched or not, which the
+  worker then builds and steps: ``_envs.torchrl_env``), an env id, or a list of those
+  (several envs stepped one after the other in the worker);
 * every entry must survive ``cloudpickle`` (that is how it reaches its worker; lambdas,
   closures and classes defined in ``__main__`` or a notebook cell all do);
 * every entry's envs must have the same spaces. To learn them, each distinct entry is
@@ -21,7 +22,7 @@ import cloudpickle
 import gymnasium as gym
 from gymnasium.vector import VectorEnv
 
-from .._envs.group import InProcessGroup, check_not_torchrl, make_group
+from .._envs.group import InProcessGroup, check_not_torchrl, is_torchrl_env, make_group
 from .protocol import env_flag, usable_cores
 
 
@@ -73,17 +74,19 @@ def _kind(item: Any) -> str:
 def _check_entry(i: int, entry: Any) -> None:
     where = f"create_env_fn[{i}]"
     check_not_torchrl(entry, where)
-    if isinstance(entry, (gym.Env, VectorEnv)):
+    if isinstance(entry, (gym.Env, VectorEnv)) or is_torchrl_env(entry):
         raise TypeError(
             f"{where} is an env instance ({_kind(entry)}); a worker builds its own envs: pass a "
-            "factory instead, e.g. `lambda: gym.make(...)`, or the env id string."
+            "factory instead, e.g. `lambda: gym.make(...)` or `lambda: GymEnv(...)` for a TorchRL "
+            "env, or the env id string."
         )
     if isinstance(entry, (list, tuple)):
         if not entry:
             raise ValueError(f"{where} is an empty list; give each worker at least one env factory.")
         for j, item in enumerate(entry):
             check_not_torchrl(item, f"{where}[{j}]")
-            if isinstance(item, (gym.Env, VectorEnv)) or not (callable(item) or isinstance(item, str)):
+            if isinstance(item, (gym.Env, VectorEnv)) or is_torchrl_env(item) \
+                    or not (callable(item) or isinstance(item, str)):
                 raise TypeError(
                     f"{where}[{j}]: expected an env factory or an env id, got {_kind(item)}."
                 )

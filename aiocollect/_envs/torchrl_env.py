@@ -1,0 +1,383 @@
+"""TorchRL envs as env sources: an ``EnvBase`` seen as a gymnasium env.
+
+aiocollect drives gymnasium envs. A TorchRL env (``GymEnv``, a ``TransformedEnv`` with its
+transforms, a ``SerialEnv`` or ``ParallelEnv``, any ``EnvBase``) is taken as one by wrapping it:
+
+* an env with ``batch_size == []`` becomes a ``TorchRLEnv``, a ``gymnasium.Env``: one env, so a
+  batch is ``[time]`` as TorchRL's ``Collector`` gives it, and a list of such envs (or of their
+  factories) is stepped one after the other like any list of gymnasium envs;
+* an env with ``batch_size == [n]`` becomes a ``TorchRLVectorEnv``, a ``gymnasium.VectorEnv`` of
+  ``n`` envs: batches are ``[n, time]``.
+
+Both keep the TorchRL env whole (transforms run inside it) and call its own ``reset`` and
+``step`` with TensorDicts, so nothing of TorchRL's semantics is lost; what aiocollect reads back
+is numbers:
+
+=====================  ======================================================================
+batch entry            where it comes from
+=====================  ======================================================================
+observations           every tensor leaf of ``env.full_observation_spec``, under its own
+                       (possibly nested) key: ``"observation"``, ``"pixels"``, and the keys
+                       transforms add there (``"step_count"`` of ``StepCounter``,
+                       ``"episode_reward"`` of ``RewardSum``, ...); dtype and shape as the spec
+                       says. Non-tensor leaves are left out.
+``("next", "reward")``  the env's one reward key
+``terminated``         ``"terminated"``, or ``"done"`` for an env without a terminated key
+``truncated``          ``"truncated"``, or false for an env without one
+``"action"``           the env's action, in aiocollect's encoding (below)
+=====================  ======================================================================
+
+Actions follow aiocollect's encoding, which is TorchRL's with
+``categorical_action_encoding=True``: a discrete action is an int64 *index*. For an env whose
+action spec is ``OneHot`` (TorchRL's ``GymEnv`` default for ``Discrete`` spaces), the policy
+gives an index, the batch stores that index, and the adapter turns it into the one-hot vector
+the env expects just before ``env.step``. The action specs taken:
+
+===============================  ======================================  ======================
+action spec                      aiocollect action space                 given to the env as
+===============================  ======================================  ======================
+``Categorical(n)``               ``Discrete(n)``                         the index
+``OneHot(n)``                    ``Discrete(n)``                         a one-hot vector
+``MultiCategorical(nvec)``       ``MultiDiscrete(nvec)``                 the indices
+``Binary(n)``                    ``MultiBinary(n)``                      0/1 in the spec dtype
+``Bounded`` (integer dtype)      ``Discrete``/``MultiDiscrete`` from low  the value
+``Bounded`` / ``Unbounded``      ``Box`` (float dtypes)                  the value
+===============================  ======================================  ======================
+
+Resets follow aiocollect's rule (finished envs are reset explicitly, never auto-reset inside a
+step): a whole reset is ``env.reset()``; resetting some envs of a batched env is TorchRL's
+partial reset, ``env.reset(td)`` with a ``"_reset"`` mask, which ``SerialEnv``, ``ParallelEnv``
+and their transforms all honour. A seed reseeds the env with ``env.set_seed(seed)`` before a
+whole reset (a batched env seeds its sub-envs from it as TorchRL does); a partial reset takes no
+seed.
+
+Not taken (a ``TypeError`` that says so): envs with more than one batch dimension, nested
+(multi-agent) done or reward keys, several reward or action keys, an action key other than
+``"action"``, ``MultiOneHot`` and non-float unbounded actions.
+
+This module imports torch and TorchRL: ``_envs.group`` imports it only once it holds an object
+whose class comes from TorchRL, so ``import aiocollect`` never loads TorchRL.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+import torch
+from gymnasium import spaces
+from gymnasium.vector import AutoresetMode, VectorEnv
+from gymnasium.vector.utils import batch_space
+from torchrl.data import (
+    Binary,
+    Bounded,
+    Categorical,
+    Composite,
+    MultiCategorical,
+    MultiOneHot,
+    NonTensor,
+    OneHot,
+    Unbounded,
+)
+from torchrl.envs import EnvBase, EnvCreator
+
+
+def is_torchrl_env(obj: Any) -> bool:
+    """Whether ``obj`` is a TorchRL env (an ``EnvBase``: transformed, batched or not)."""
+    return isinstance(obj, EnvBase)
+
+
+def is_env_creator(obj: Any) -> bool:
+    """Whether ``obj`` is TorchRL's ``EnvCreator``, a factory of TorchRL envs."""
+    return isinstance(obj, EnvCreator)
+
+
+def from_torchrl(env: EnvBase, where: str) -> TorchRLEnv | TorchRLVectorEnv:
+    """``env`` as a gymnasium env (``batch_size == []``) or ``VectorEnv`` (``[n]``); ``where``
+    names it in errors. The adapter owns ``env``: closing it closes ``env``."""
+    if len(env.batch_size) == 0:
+        return TorchRLEnv(env, where)
+    return TorchRLVectorEnv(env, where)
+
+
+# --------------------------------------------------------------------------- specs -> spaces
+
+
+def _np_dtype(dtype: torch.dtype, what: str) -> np.dtype:
+    try:
+        return torch.empty((), dtype=dtype).numpy().dtype
+    except TypeError:
+        raise TypeError(f"{what} has dtype {dtype}, which numpy cannot hold; convert it with a "
+                        "TorchRL transform (DTypeCastTransform, DoubleToFloat).") from None
+
+
+def _observation_box(spec: Any, what: str) -> spaces.Box:
+    """A ``Box`` with the spec's dtype and shape (its bounds if ``Bounded``, else its dtype's)."""
+    dtype, shape = _np_dtype(spec.dtype, what), tuple(spec.shape)
+    if isinstance(spec, Bounded):
+        low = np.broadcast_to(spec.space.low.cpu().numpy(), shape)
+        high = np.broadcast_to(spec.space.high.cpu().numpy(), shape)
+        return spaces.Box(low.astype(dtype), high.astype(dtype), shape, dtype)
+    if dtype.kind == "f":
+        return spaces.Box(-np.inf, np.inf, shape, dtype)
+    if dtype.kind == "b":
+        return spaces.Box(False, True, shape, dtype)
+    info = np.iinfo(dtype)
+    return spaces.Box(info.min, info.max, shape, dtype)
+
+
+def _key_path(key: Any) -> tuple[str, ...]:
+    return (key,) if isinstance(key, str) else tuple(key)
+
+
+def observation_space(env: EnvBase, where: str) -> tuple[spaces.Space, list[tuple[str, ...]]]:
+    """The gymnasium space of ``env``'s observations, and the path of each leaf it reads.
+
+    A lone ``"observation"`` leaf gives a ``Box`` (the batch key is then ``"observation"``, as
+    for a gymnasium env with a ``Box`` space); anything else gives a ``Dict`` nested as the
+    spec's keys are, so every leaf keeps its TorchRL key.
+    """
+    composite: Composite = env.full_observation_spec_unbatched
+    leaves: dict[tuple[str, ...], spaces.Box] = {}
+    for key in composite.keys(include_nested=True, leaves_only=True):
+        spec = composite[key]
+        if isinstance(spec, (NonTensor, Composite)):
+            continue
+        path = _key_path(key)
+        leaves[path] = _observation_box(spec, f"{where}: observation {key!r}")
+    if not leaves:
+        raise TypeError(f"{where}: the TorchRL env has no tensor observation in its observation_spec.")
+    if list(leaves) == [("observation",)]:
+        return leaves[("observation",)], [("observation",)]
+    tree: dict[str, Any] = {}
+    for path, box in leaves.items():
+        node = tree
+        for name in path[:-1]:
+            node = node.setdefault(name, {})
+        node[path[-1]] = box
+    return _as_dict_space(tree), list(leaves)
+
+
+def _as_dict_space(tree: dict[str, Any]) -> spaces.Dict:
+    return spaces.Dict({k: _as_dict_space(v) if isinstance(v, dict) else v for k, v in tree.items()})
+
+
+class ActionEncoder:
+    """The gymnasium action space of a TorchRL action spec, and the conversion of an action
+    in that space (a numpy array, batched or not) to the tensor the env expects."""
+
+    def __init__(self, spec: Any, device: Any, what: str):
+        self.dtype, self.device, self.one_hot = spec.dtype, device, 0
+        shape = tuple(spec.shape)
+        if isinstance(spec, MultiOneHot):
+            raise TypeError(f"{what}: MultiOneHot actions are not supported; build the env with "
+                            "categorical_action_encoding=True (MultiCategorical actions).")
+        if isinstance(spec, OneHot):
+            self.one_hot = spec.space.n
+            self.space = spaces.Discrete(self.one_hot)
+        elif isinstance(spec, MultiCategorical):
+            self.space = spaces.MultiDiscrete(spec.nvec.cpu().numpy().astype(np.int64).reshape(shape))
+        elif isinstance(spec, Binary):
+            self.space = spaces.MultiBinary(list(shape) if len(shape) != 1 else shape[0])
+        elif isinstance(spec, Categorical):
+            n = spec.space.n
+            self.space = spaces.Discrete(n) if shape == () else spaces.MultiDiscrete(np.full(shape, n, np.int64))
+        elif isinstance(spec, Bounded) and not spec.dtype.is_floating_point:
+            low = np.broadcast_to(spec.space.low.cpu().numpy(), shape).astype(np.int64)
+            high = np.broadcast_to(spec.space.high.cpu().numpy(), shape).astype(np.int64)
+            self.space = (spaces.Discrete(int(high - low + 1), start=int(low)) if shape == ()
+                          else spaces.MultiDiscrete(high - low + 1, start=low))
+        elif isinstance(spec, (Bounded, Unbounded)) and spec.dtype.is_floating_point:
+            self.space = _observation_box(spec, what)
+        else:
+            raise TypeError(
+                f"{what}: action spec {type(spec).__name__} of dtype {spec.dtype} is not supported; "
+                "aiocollect takes Categorical, OneHot, MultiCategorical, Binary, integer Bounded, "
+                "and floating-point Bounded/Unbounded actions."
+            )
+
+    def __call__(self, action: np.ndarray) -> torch.Tensor:
+        # a copy: ``action`` is a view of the collector's storage, which the next round reuses
+        tensor = torch.tensor(action, device=self.device)
+        if self.one_hot:
+            tensor = torch.nn.functional.one_hot(tensor, self.one_hot)
+        return tensor.to(self.dtype)
+
+
+# --------------------------------------------------------------------------- stepping
+
+
+class _Bridge:
+    """Resets and steps one TorchRL env through TensorDicts and hands back numpy results.
+
+    It keeps the TensorDict TorchRL's own rollouts keep between steps (``env.step_mdp`` of the
+    last step, or the last reset's output): transforms such as ``StepCounter`` read their state
+    from it, and a partial reset leaves the envs it does not reset as they were.
+    """
+
+    def __init__(self, env: EnvBase, where: str):
+        if not isinstance(env, EnvBase):
+            raise TypeError(f"{where} gave {type(env).__name__}, not a TorchRL EnvBase.")
+        if len(env.batch_size) > 1:
+            raise TypeError(
+                f"{where}: the TorchRL env has batch_size {list(env.batch_size)}; aiocollect takes "
+                "unbatched envs and envs with one batch dimension (SerialEnv/ParallelEnv)."
+            )
+        self.env = env
+        self.num_envs = int(env.batch_size[0]) if env.batch_size else None
+        self.observation_space, self._paths = observation_space(env, where)
+        self._flat = isinstance(self.observation_space, spaces.Box)
+        action_keys = list(env.action_keys)
+        if action_keys != ["action"]:
+            raise TypeError(f"{where}: the TorchRL env's action keys are {action_keys}; aiocollect "
+                            "stores one action under \"action\" (rename it with a RenameTransform).")
+        self.encode = ActionEncoder(env.full_action_spec_unbatched["action"], env.device,
+                                    f"{where}: action spec")
+        self.action_space = self.encode.space
+        reward_keys = list(env.reward_keys)
+        if len(reward_keys) != 1 or not isinstance(reward_keys[0], str):
+            raise TypeError(f"{where}: the TorchRL env's reward keys are {reward_keys}; aiocollect "
+                            "takes one reward at the root of the TensorDict.")
+        self._reward_key = reward_keys[0]
+        if env.full_reward_spec_unbatched[self._reward_key].shape.numel() != 1:
+            raise TypeError(f"{where}: the TorchRL env's reward has shape "
+                            f"{list(env.full_reward_spec_unbatched[self._reward_key].shape)} per env; "
+                            "aiocollect takes one number per step.")
+        done_keys = list(env.done_keys)
+        if "done" not in done_keys or any(not isinstance(k, str) for k in done_keys):
+            raise TypeError(f"{where}: the TorchRL env's done keys are {done_keys}; aiocollect takes "
+                            "\"done\" (and \"terminated\"/\"truncated\") at the root of the TensorDict.")
+        self._terminated_key = "terminated" if "terminated" in done_keys else "done"
+        self._truncated_key = "truncated" if "truncated" in done_keys else None
+        self._done_shape = env.full_done_spec["done"].shape
+        self._td = None
+
+    def _obs(self, td: Any) -> Any:
+        if self._flat:
+            return td.get("observation").detach().cpu().numpy()
+        obs: dict[str, Any] = {}
+        for path in self._paths:
+            node = obs
+            for name in path[:-1]:
+                node = node.setdefault(name, {})
+            node[path[-1]] = td.get(path).detach().cpu().numpy()
+        return obs
+
+    def reset(self, mask: np.ndarray | None = None, seed: int | None = None) -> Any:
+        """Reset every env (``mask=None``), or those of ``mask`` (TorchRL's partial reset);
+        return the observations of every env."""
+        if mask is None or self._td is None:
+            if seed is not None:
+                self.env.set_seed(int(seed))
+            self._td = self.env.reset()
+        else:
+            td = self._td
+            td.set("_reset", torch.as_tensor(mask, device=self.env.device).reshape(self._done_shape))
+            self._td = self.env.reset(td, select_reset_only=True)
+        return self._obs(self._td)
+
+    def step(self, action: np.ndarray) -> tuple[Any, np.ndarray, np.ndarray, np.ndarray]:
+        """Step with ``action`` (aiocollect's encoding); observations, reward, terminated,
+        truncated, as numpy (one value each, or ``num_envs``)."""
+        td = self._td
+        if td is None:
+            raise RuntimeError("step() before reset(): reset the env first.")
+        td.set("action", self.encode(action))
+        out = self.env.step(td)
+        nxt = out.get("next")
+        obs = self._obs(nxt)
+        shape = () if self.num_envs is None else (self.num_envs,)
+        reward = nxt.get(self._reward_key).detach().cpu().numpy().reshape(shape)
+        terminated = nxt.get(self._terminated_key).cpu().numpy().reshape(shape)
+        truncated = (np.zeros(shape, dtype=bool) if self._truncated_key is None
+                     else nxt.get(self._truncated_key).cpu().numpy().reshape(shape))
+        self._td = self.env.step_mdp(out)
+        return obs, reward, terminated, truncated
+
+    def close(self) -> None:
+        self._td = None
+        if not getattr(self.env, "is_closed", False):
+            self.env.close(raise_if_closed=False)
+
+
+class TorchRLEnv(gym.Env):
+    """An unbatched TorchRL env (``batch_size == []``) as a ``gymnasium.Env``.
+
+    Observations are a numpy array (a lone ``"observation"`` key) or a nested dict of them
+    keyed like the env's observation spec; see the module docstring.
+    """
+
+    metadata: dict[str, Any] = {"render_modes": []}
+
+    def __init__(self, env: EnvBase, where: str = "env"):
+        self._bridge = _Bridge(env, where)
+        self.observation_space = self._bridge.observation_space
+        self.action_space = self._bridge.action_space
+
+    @property
+    def torchrl_env(self) -> EnvBase:
+        """The TorchRL env this adapter steps."""
+        return self._bridge.env
+
+    def reset(self, *, seed: int | None = None, options: dict | None = None) -> tuple[Any, dict]:
+        return self._bridge.reset(None, seed), {}
+
+    def step(self, action: Any) -> tuple[Any, float, bool, bool, dict]:
+        obs, reward, terminated, truncated = self._bridge.step(np.asarray(action))
+        return obs, float(reward), bool(terminated), bool(truncated), {}
+
+    def close(self) -> None:
+        self._bridge.close()
+
+    def __repr__(self) -> str:
+        return f"TorchRLEnv({type(self._bridge.env).__name__})"
+
+
+class TorchRLVectorEnv(VectorEnv):
+    """A TorchRL env with ``batch_size == [n]`` (``SerialEnv``, ``ParallelEnv``, transformed or
+    not) as a ``gymnasium.VectorEnv`` of ``n`` envs that never resets by itself.
+
+    ``reset(options={"reset_mask": mask})`` resets the envs of ``mask`` with TorchRL's partial
+    reset; a ``seed`` (an int, or a list whose first entry is used) reseeds the whole env
+    before a whole reset and is ignored by a partial one.
+    """
+
+    metadata: dict[str, Any] = {"autoreset_mode": AutoresetMode.DISABLED}
+
+    def __init__(self, env: EnvBase, where: str = "env"):
+        self._bridge = _Bridge(env, where)
+        self.num_envs = self._bridge.num_envs
+        self.single_observation_space = self._bridge.observation_space
+        self.single_action_space = self._bridge.action_space
+        self.observation_space = batch_space(self.single_observation_space, self.num_envs)
+        self.action_space = batch_space(self.single_action_space, self.num_envs)
+
+    @property
+    def torchrl_env(self) -> EnvBase:
+        """The TorchRL env this adapter steps."""
+        return self._bridge.env
+
+    def reset(self, *, seed: int | list[int | None] | None = None,
+              options: dict | None = None) -> tuple[Any, dict]:
+        mask = (options or {}).get("reset_mask")
+        if mask is not None and np.all(mask):
+            mask = None
+        if isinstance(seed, (list, tuple)):
+            seed = seed[0] if seed else None
+        return self._bridge.reset(None if mask is None else np.asarray(mask, dtype=bool), seed), {}
+
+    def step(self, action: np.ndarray) -> tuple[Any, np.ndarray, np.ndarray, np.ndarray, dict]:
+        obs, reward, terminated, truncated = self._bridge.step(np.asarray(action))
+        return obs, reward, terminated, truncated, {}
+
+    def close_extras(self, **kwargs: Any) -> None:
+        bridge = getattr(self, "_bridge", None)  # None: __init__ failed, gymnasium's __del__ closes
+        if bridge is not None:
+            bridge.close()
+
+    def __repr__(self) -> str:
+        return f"TorchRLVectorEnv({type(self._bridge.env).__name__}, num_envs={self.num_envs})"
+
+
+__all__ = ["TorchRLEnv", "TorchRLVectorEnv", "from_torchrl", "is_env_creator", "is_torchrl_env"]

@@ -1,0 +1,191 @@
+"""TorchRL envs as env sources (``aiocollect._envs.torchrl_env``).
+
+A TorchRL ``EnvBase`` (``GymEnv``, a ``TransformedEnv``, a ``SerialEnv``), given as an
+instance or returned by a factory, is stepped by every collector, in this process and in
+worker processes, and the batches have the layout TorchRL's own ``Collector`` gives on the
+same env: same keys (the env's own observation keys, transforms' keys included), dtypes,
+shapes, batch size and names, plus aiocollect's ``("collector", "policy_version")``.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+
+import aiocollect
+from support.checks import check_batch
+
+with warnings.catch_warnings():
+    warnings.simplefilter("ignore", DeprecationWarning)
+    torchrl = pytest.importorskip("torchrl")
+    from torchrl.collectors import Collector as TorchRLCollector
+    from torchrl.envs import Compose, EnvCreator, GymEnv, RewardSum, SerialEnv, StepCounter, TransformedEnv
+
+pytestmark = [
+    pytest.mark.filterwarnings("ignore::DeprecationWarning"),
+    pytest.mark.filterwarnings("ignore::FutureWarning"),
+    pytest.mark.filterwarnings("ignore::UserWarning:torchrl.*"),
+    pytest.mark.filterwarnings("ignore::UserWarning:tensordict.*"),
+]
+
+
+def cartpole():
+    return GymEnv("CartPole-v1", categorical_action_encoding=True)
+
+
+def pendulum():
+    return GymEnv("Pendulum-v1")
+
+
+def counted_cartpole():
+    return TransformedEnv(cartpole(), Compose(StepCounter(), RewardSum()))
+
+
+def serial_cartpole():
+    return SerialEnv(2, counted_cartpole)
+
+
+def onehot_cartpole():
+    return TransformedEnv(GymEnv("CartPole-v1"), StepCounter())  # GymEnv's default: OneHot actions
+
+
+def layout(td):
+    return {k: (td.get(k).dtype, tuple(td.get(k).shape)) for k in td.keys(include_nested=True, leaves_only=True)}
+
+
+def first_batch(collector, seed=0):
+    collector.set_seed(seed)
+    try:
+        return next(iter(collector))
+    finally:
+        collector.shutdown()
+
+
+def assert_torchrl_layout(ours, theirs):
+    """Key by key the layout of TorchRL's batch, plus aiocollect's policy version."""
+    mine = layout(ours)
+    assert mine.pop(("collector", "policy_version")) == (torch.int64, tuple(ours.batch_size))
+    expected = layout(theirs)
+    assert set(mine) == set(expected), (set(mine) - set(expected), set(expected) - set(mine))
+    for key in expected:
+        assert mine[key] == expected[key], (key, mine[key], expected[key])
+    assert ours.batch_size == theirs.batch_size and ours.names == theirs.names
+
+
+# name: (aiocollect create_env_fn, TorchRL env for its Collector, observation keys, batch size)
+LAYOUTS = {
+    "gymenv-cartpole": (cartpole, cartpole, {"observation"}, (20,)),
+    "gymenv-pendulum": (pendulum, pendulum, {"observation"}, (20,)),
+    "transformed-stepcounter-rewardsum": (counted_cartpole, counted_cartpole,
+                                          {"observation", "step_count", "episode_reward"}, (20,)),
+    "serialenv-one-entry": (serial_cartpole, serial_cartpole,
+                            {"observation", "step_count", "episode_reward"}, (2, 10)),
+    "list-of-gymenv-factories": ([cartpole] * 2, lambda: SerialEnv(2, cartpole), {"observation"}, (2, 10)),
+}
+
+
+@pytest.mark.parametrize("case", list(LAYOUTS))
+def test_layout_matches_torchrl_collector_on_the_same_env(case):
+    ours_env, theirs_env, obs_keys, batch_size = LAYOUTS[case]
+    ours = first_batch(aiocollect.Collector(ours_env, None, frames_per_batch=20, total_frames=20))
+    theirs = TorchRLCollector(theirs_env(), None, frames_per_batch=20, total_frames=20)
+    try:
+        theirs_batch = next(iter(theirs))
+    finally:
+        theirs.shutdown()
+    assert_torchrl_layout(ours, theirs_batch)
+    assert tuple(ours.batch_size) == batch_size
+    assert set(ours.keys()) - {"action", "done", "terminated", "truncated", "next", "collector"} == obs_keys
+    check_batch(ours)
+
+
+def test_env_instance_and_its_transforms_state_are_stepped():
+    """An instance works like a factory; StepCounter and RewardSum count per episode across
+    the collector's resets (their state travels in the TensorDict the adapter keeps)."""
+    env = counted_cartpole()
+    collector = aiocollect.Collector(env, None, frames_per_batch=60, total_frames=120)
+    collector.set_seed(1)
+    try:
+        batches = list(collector)
+    finally:
+        collector.shutdown()
+    assert env.is_closed  # the collector owns the env it was given, as with gymnasium envs
+    for td in batches:
+        check_batch(td)
+        done = td["next", "done"][:, 0]
+        assert done.any(), "no episode ended; the reset path went untested"
+        sc, nsc = td["step_count"][:, 0], td["next", "step_count"][:, 0]
+        assert torch.equal(nsc, sc + 1)
+        assert (sc[1:][done[:-1]] == 0).all()  # a new episode after every end
+        ret, nret = td["episode_reward"][:, 0], td["next", "episode_reward"][:, 0]
+        torch.testing.assert_close(nret, ret + td["next", "reward"][:, 0])
+        assert (ret[1:][done[:-1]] == 0).all()
+
+
+def test_serial_env_partial_resets_keep_the_other_envs_going():
+    """SerialEnv(2): envs end at different times; each is reset alone (TorchRL's partial
+    reset) while the other's episode, step count and observations continue."""
+    collector = aiocollect.Collector(serial_cartpole, None, frames_per_batch=120, total_frames=120)
+    td = first_batch(collector, seed=3)
+    check_batch(td)  # next obs == following obs and the same trajectory where not done
+    done = td["next", "done"][..., 0]
+    assert done[0].nonzero().flatten().tolist() != done[1].nonzero().flatten().tolist()
+    sc, nsc = td["step_count"][..., 0], td["next", "step_count"][..., 0]
+    assert torch.equal(nsc, sc + 1)
+    assert (sc[:, 1:][done[:, :-1]] == 0).all() and (sc[:, 1:][~done[:, :-1]] > 0).all()
+
+
+def test_onehot_action_env_gets_one_hot_actions_and_the_batch_indices():
+    """GymEnv's default OneHot action spec: the policy gives int64 indices (stored so), and
+    the env gets the one-hot vector. Always pushing right (1) accelerates the cart to the
+    right: an env given anything else (an index where a one-hot vector belongs reads as
+    action 0) would push it left."""
+    def push_right(observation, step_count):  # plain policies get every observation key, in order
+        return torch.ones(observation.shape[:-1], dtype=torch.int64)
+
+    collector = aiocollect.Collector(onehot_cartpole, push_right, frames_per_batch=8, total_frames=8)
+    td = first_batch(collector)
+    assert td["action"].dtype == torch.int64 and td["action"].shape == (8,)
+    assert (td["action"] == 1).all()
+    velocity, next_velocity = td["observation"][:, 1], td["next", "observation"][:, 1]
+    assert (next_velocity > velocity).all(), (velocity, next_velocity)
+
+
+def test_worker_collectors_build_and_step_torchrl_envs_in_their_workers():
+    """MultiSync: a lambda and an EnvCreator, each built in its worker (OneHot actions,
+    a StepCounter); MultiAsync: a SerialEnv per worker entry."""
+    sync = aiocollect.MultiSyncCollector([onehot_cartpole, EnvCreator(onehot_cartpole)], None,
+                                         frames_per_batch=40, total_frames=80)
+    sync.set_seed(0)
+    try:
+        batches = list(sync)
+    finally:
+        sync.shutdown()
+    assert len(batches) == 2
+    for td in batches:
+        assert td.batch_size == (2, 20)
+        check_batch(td)
+        assert td["action"].dtype == torch.int64 and td["step_count"].dtype == torch.int64
+        assert torch.equal(td["next", "step_count"], td["step_count"] + 1)
+    asy = aiocollect.MultiAsyncCollector([serial_cartpole], None, frames_per_batch=20, total_frames=20)
+    td = first_batch(asy)
+    assert td.batch_size == (2, 10)
+    assert {"observation", "step_count", "episode_reward"} <= set(td.keys())
+    check_batch(td)
+
+
+def test_what_cannot_be_a_torchrl_env_source_says_what_to_pass():
+    env = cartpole()
+    try:
+        with pytest.raises(TypeError, match=r"create_env_fn\[0\] is an env instance .*lambda: GymEnv"):
+            aiocollect.MultiSyncCollector([env], None, frames_per_batch=10)
+        with pytest.raises(ValueError, match="create_env_kwargs: given with an env instance"):
+            aiocollect.Collector(env, None, frames_per_batch=10, create_env_kwargs={"a": 1})
+    finally:
+        env.close()
+    with pytest.raises(TypeError, match=r"is a TorchRL object .* but not an env"):
+        aiocollect.Collector(StepCounter(), None, frames_per_batch=10)
+    with pytest.raises(TypeError, match=r"gave a VectorEnv \(or a batched TorchRL env\)"):
+        aiocollect.Collector([serial_cartpole], None, frames_per_batch=10)
