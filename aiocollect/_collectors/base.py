@@ -412,7 +412,7 @@ class DataCollectorBase:
         if opts.postproc is not None:
             batch = opts.postproc(batch)
         if opts.replay_buffer is not None:
-            opts.replay_buffer.extend(batch)
+            opts.replay_buffer.extend(frames_for_buffer(batch, opts.replay_buffer))
             return None
         return batch
 
@@ -834,3 +834,40 @@ class _AsyncBatches:
         if batch is _DONE:
             raise StopAsyncIteration
         return batch
+
+
+_MASK = ("collector", "mask")
+
+
+def frames_for_buffer(batch: Any, buffer: Any) -> Any:
+    """What ``replay_buffer.extend`` receives for a delivered ``batch``.
+
+    A TorchRL buffer (one with a ``storage``) gets the batch's **frames, one per item**,
+    as TorchRL's collectors give them (its multi-process workers extend the buffer with
+    their own ``[T]`` batches), so that a sampled item is one transition whatever the
+    collector: a batch ``[envs, T]`` (``[workers, envs, T]`` for ``MultiSyncCollector``,
+    ``[trajectories, L]`` with ``split_trajs``) becomes ``[frames]``, each row's frames in
+    order, one row after the other, so a trajectory stays contiguous (as TorchRL's
+    ``SliceSampler`` wants it). Frames masked out in ``("collector", "mask")`` (the
+    padding of split trajectories, what a preempted or interrupted batch did not collect)
+    hold no transition and are left out, the mask with them: every frame that goes in is
+    a real one, and the items have one layout whether a batch was cut or not.
+
+    Left as they are: batches for a storage with more than one batch dim
+    (``LazyTensorStorage(..., ndim=2)`` asks for ``[envs, T]``), for a buffer of your own
+    without a ``storage`` (it decides what to keep, mask included), and whatever a
+    ``postproc`` returned that is not a TensorDict.
+    """
+    storage = getattr(buffer, "storage", None)
+    if storage is None or getattr(storage, "ndim", 1) > 1 or not isinstance(batch, TensorDictBase):
+        return batch
+    frames = batch
+    if batch.ndim != 1:
+        frames = batch.clone(recurse=False)  # a shallow copy: the names go, not the batch's
+        frames.names = None
+        frames = frames.reshape(-1)
+    mask = frames.get(_MASK, None)
+    if mask is None:
+        return frames
+    frames = frames.exclude(_MASK)
+    return frames if bool(mask.all()) else frames[mask.reshape(-1)]

@@ -519,11 +519,14 @@ class Scheduler:
         action = out["action"]
         if not isinstance(action, np.ndarray):
             action = action.numpy(force=True)
+        to_env = action  # what the envs are given; ``action``: what the batch stores
         if runner.kind != "random":
-            checked = self.check_action(action, n)
+            check = self.check_action
+            checked = check(action, n)
             if checked is not action:  # converted (booleans for a discrete space): store that
                 out = {**out, "action": checked}
                 action = checked
+            to_env = check.env_action(action)  # one-hot rows: their indices
         version = runner.version
         keys = tuple(out)
         for lane in ready:
@@ -533,16 +536,16 @@ class Scheduler:
                 st.check_outputs(out, lane.keys)
         if side_by_side:
             st.write(s, t, lo, hi, out, 0, version, tl.traj_ids, tl.step_count, action)
-            st.action[lo:hi] = action
+            st.action[lo:hi] = to_env
         elif gather:
             st.write_rows(s, cols, rows, out, version, tl.traj_ids, tl.step_count, action)
-            st.action[rows] = action
+            st.action[rows] = to_env
         else:
             start = 0
             for lane in ready:
                 st.write(lane.slot, lane.t, lane.lo, lane.hi, out, start, version, tl.traj_ids, tl.step_count,
                          action)
-                st.action[lane.lo : lane.hi] = action[start : start + lane.num_envs]
+                st.action[lane.lo : lane.hi] = to_env[start : start + lane.num_envs]
                 start += lane.num_envs
         self._busy += len(ready)
         for lane in ready:

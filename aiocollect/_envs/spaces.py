@@ -14,7 +14,20 @@ space               key                              per-env shape, dtype
 ``Dict``            the dict's keys, nested          per sub-space, as above
 ==================  ===============================  ============================
 
-The same table holds for the action, always under the key ``"action"``.
+The same table holds for the action, always under the key ``"action"``, with one
+addition: a ``Discrete`` action may also come one-hot (TorchRL's default encoding, the
+one a ``QValueActor`` or a ``OneHotCategorical`` actor writes), and then the batch keeps
+it as the policy wrote it:
+
+==============================  =========================  ==================================
+the policy writes               the env is stepped with    the batch's ``"action"`` holds
+==============================  =========================  ==================================
+indices ``[n]`` (integer/bool)  that index                 the indices (booleans as int64)
+one-hot rows ``[n, space.n]``   the index of each row's 1  the rows, as the policy wrote them
+==============================  =========================  ==================================
+
+so a batch carries the encoding of the policy that collected it, and a loss built for
+that encoding (TorchRL's ``DQNLoss(action_space="one-hot")``) takes it as it is.
 """
 
 from __future__ import annotations
@@ -174,6 +187,8 @@ class ActionCheck:
 
     Shape and dtype are checked on every step (cheap), the range of discrete spaces too:
     an index out of range would otherwise crash deep inside the env, or worse, not crash.
+    A ``Discrete`` action may be indices or one-hot rows (see the module docstring);
+    ``__call__`` returns what the batch stores, ``env_action`` what the envs are given.
     """
 
     space: spaces.Space
@@ -181,6 +196,8 @@ class ActionCheck:
     dtype: np.dtype
     low: np.ndarray | int | None
     high: np.ndarray | int | None
+    one_hot: int | None = None
+    """``space.n`` for a ``Discrete`` space (a one-hot action has that many columns), else ``None``."""
 
     @classmethod
     def for_space(cls, space: spaces.Space) -> ActionCheck:
@@ -191,24 +208,31 @@ class ActionCheck:
                 "space with a gymnasium wrapper."
             )
         dtype, shape = leaf[0].dtype, leaf[0].shape
-        low = high = None
+        low = high = one_hot = None
         if isinstance(space, spaces.Discrete):
-            low, high = int(space.start), int(space.start + space.n - 1)
+            low, high, one_hot = int(space.start), int(space.start + space.n - 1), int(space.n)
         elif isinstance(space, spaces.MultiDiscrete):
             low, high = np.asarray(space.start), np.asarray(space.start + space.nvec - 1)
         elif isinstance(space, spaces.MultiBinary):
             low, high = 0, 1
-        return cls(space, shape, dtype, low, high)
+        return cls(space, shape, dtype, low, high, one_hot)
 
     def __call__(self, action: np.ndarray, num_envs: int) -> np.ndarray:
         """``action`` if it is a valid batch of actions for ``num_envs`` envs, converted to
         the space's dtype where that is exact (booleans for a discrete space become 0/1
-        indices, so the batch holds what the envs were given); else an error naming it."""
+        indices, so the batch holds what the envs were given); one-hot rows for a
+        ``Discrete`` space as they are (``env_action`` turns them into indices); else an
+        error naming the action."""
         expected = (num_envs, *self.shape)
         if action.shape != expected:
+            if self.one_hot is not None and action.shape == (num_envs, self.one_hot):
+                return self._check_one_hot(action)
             hint = ""
-            if action.shape == (*expected, 1) and isinstance(self.space, spaces.Discrete):
+            if action.shape == (*expected, 1) and self.one_hot is not None:
                 hint = " Discrete actions are int64 indices of shape [num_envs]: squeeze the last dim."
+            elif self.one_hot is not None and action.ndim == 2:
+                hint = (f" A one-hot Discrete action has shape [num_envs, {self.one_hot}], one column "
+                        "per action.")
             raise ValueError(
                 f"action: the policy returned shape {list(action.shape)} for {num_envs} env(s), "
                 f"expected {list(expected)} for {self.space}.{hint}"
@@ -232,3 +256,33 @@ class ActionCheck:
                 f"(min {action.min()}, max {action.max()}; allowed {self.low}..{self.high})."
             )
         return action.astype(self.dtype) if action.dtype.kind == "b" else action
+
+    def _check_one_hot(self, action: np.ndarray) -> np.ndarray:
+        """``action`` if each row is exactly one-hot (one 1, the rest 0), else an error."""
+        if action.dtype.kind not in "biuf":
+            raise TypeError(
+                f"action: the policy returned one-hot rows of dtype {action.dtype} for {self.space}; "
+                "use bool, integer or float one-hot rows, or int64 indices of shape [num_envs]."
+            )
+        if action.dtype.kind == "b":
+            ones = action.sum(axis=1)
+            bad = ones != 1
+        else:
+            ones = (action == 1).sum(axis=1)
+            bad = (ones != 1) | ((action != 0) & (action != 1)).any(axis=1)
+        if bad.any():
+            row = int(np.flatnonzero(bad)[0])
+            raise ValueError(
+                f"action: the policy returned shape {list(action.shape)} for {self.space}, read as "
+                f"one-hot rows, but row {row} is not one-hot ({action[row].tolist()}): each row "
+                "needs exactly one 1 and zeros elsewhere (or return int64 indices of shape [num_envs])."
+            )
+        return action
+
+    def env_action(self, action: np.ndarray) -> np.ndarray:
+        """What the envs are stepped with for the checked ``action``: the action itself, or
+        for one-hot rows the index of each row's 1 (int64, the space's ``start`` added)."""
+        if action.ndim == len(self.shape) + 1:
+            return action
+        index = action.argmax(axis=1)
+        return index + self.low if self.low else index

@@ -72,6 +72,36 @@ class RandomPolicy(TensorDictModuleBase):
         """
         return self._draws.next(num_envs)
 
+    def sample_like(self, action: np.ndarray | torch.Tensor, num_envs: int) -> np.ndarray | torch.Tensor:
+        """A batch of random actions laid out as ``action``, a policy's batched action.
+
+        For ``init_random_frames``, whose batches must look like the policy's: the draw
+        takes ``action``'s dtype (and type: a tensor for a tensor), and for a ``Discrete``
+        space where ``action`` is one-hot rows ``[num_envs, n]``, it is one-hot rows too.
+        An ``action`` of neither layout is returned as it is, for the action check to name.
+
+        Args:
+            action: the policy's action for the same ``num_envs`` envs.
+            num_envs: how many actions.
+
+        Returns:
+            A numpy array, or a CPU tensor if ``action`` is a tensor.
+        """
+        drawn = self.sample(num_envs)
+        shape, space = tuple(action.shape), self.action_space
+        if shape == (num_envs, *self._shape):
+            if str(action.dtype) in ("bool", "torch.bool"):
+                return drawn  # boolean indices: the action check stores them as int64
+        elif isinstance(space, spaces.Discrete) and shape == (num_envs, int(space.n)):
+            rows = np.zeros(shape, np.int64)
+            rows[np.arange(num_envs), drawn - space.start] = 1
+            drawn = rows
+        else:
+            return action
+        if isinstance(action, torch.Tensor):
+            return torch.from_numpy(drawn).to(action.dtype)
+        return drawn.astype(action.dtype, copy=False)
+
     def forward(self, tensordict: TensorDictBase) -> TensorDictBase:
         """Write a random ``"action"`` for every element of ``tensordict``'s batch.
 

@@ -12,6 +12,8 @@ on the CPU). How it calls the policy depends on what the policy is:
   small policy);
 * any other ``TensorDictModuleBase`` (``ProbabilisticActor``, ``TensorDictSequential``...):
   called on a fresh ``TensorDict`` of the observations; every new leaf it writes is kept;
+* for the ``init_random_frames``, ``RandomActions``: the policy's layout (found by one
+  call), zeros but for a random ``"action"``, as TorchRL's collectors give;
 * an ``ArrayPolicy`` (a JAX policy): called with numpy
   views of the observations, its numpy outputs kept as they are;
 * any other callable: called with the observation tensor(s) (positional, in the order of
@@ -204,6 +206,63 @@ class PolicyRunner:
             f"{type(action).__name__}; to return several outputs wrap it in a TensorDictModule "
             "with out_keys=['action', ...]."
         )
+
+
+class RandomActions:
+    """The ``init_random_frames`` runner: random actions, in the layout of the policy's batches.
+
+    TorchRL's collectors act at random for the first ``init_random_frames`` frames
+    without running the policy, yet those batches have every key the policy writes, as
+    zeros (the policy ran once, when the collector was built, to find them), so a replay
+    buffer holds one layout. This does the same: the policy runs **once**, on the first
+    random step, to find what it writes; every random step then gives zeros of those
+    shapes and dtypes, and an ``"action"`` drawn by ``random`` in the policy's encoding
+    (its dtype; one-hot rows where the policy writes one-hot, see
+    [`RandomPolicy.sample_like`][aiocollect.RandomPolicy.sample_like]). So
+    ``action_value`` or ``sample_log_prob`` of a random frame are zeros, as in TorchRL:
+    placeholders, not values of the random action.
+
+    Args:
+        runner: the policy's own runner.
+        random: where the actions come from.
+    """
+
+    def __init__(self, runner: PolicyRunner, random: RandomPolicy):
+        self.runner = runner
+        self.random = random
+        self.kind = runner.kind
+        """The policy's: the random action is checked (and a one-hot one turned into
+        indices for the envs) as the policy's would be."""
+        self._probe: dict[NestedKey, Any] | None = None
+        """The policy's outputs at its one call."""
+        self._zeros: dict[int, dict[NestedKey, Any]] = {}
+        """Per number of envs: zeros laid out as the policy's outputs (read, never written)."""
+
+    @property
+    def version(self) -> int:
+        """The policy version in effect."""
+        weights = self.runner.weights
+        return self.runner.version if weights is None else weights.version
+
+    def __call__(self, obs: dict[NestedKey, torch.Tensor], num_envs: int) -> dict[NestedKey, Any]:
+        """Zeros for every output of the policy but ``"action"``, a random ``"action"``."""
+        zeros = self._zeros.get(num_envs)
+        if zeros is None:
+            if self._probe is None:
+                self._probe = self.runner(obs, num_envs)
+                check_outputs(self._probe, num_envs)
+            zeros = self._zeros[num_envs] = {key: _zeros(value, num_envs) for key, value in self._probe.items()}
+        out = dict(zeros)
+        out["action"] = self.random.sample_like(zeros["action"], num_envs)
+        return out
+
+
+def _zeros(like: Any, num_envs: int) -> Any:
+    """Zeros shaped as ``like`` (a policy output, one row per env) for ``num_envs`` envs."""
+    shape = (num_envs, *like.shape[1:])
+    if isinstance(like, torch.Tensor):
+        return torch.zeros(shape, dtype=like.dtype)
+    return np.zeros(shape, dtype=np.dtype(like.dtype))
 
 
 def check_outputs(out: dict[NestedKey, Any], num_envs: int) -> None:
