@@ -47,6 +47,10 @@ def serial_cartpole():
     return SerialEnv(2, counted_cartpole)
 
 
+def serial_pendulum():
+    return SerialEnv(2, lambda: TransformedEnv(pendulum(), StepCounter()))
+
+
 def onehot_cartpole():
     return TransformedEnv(GymEnv("CartPole-v1"), StepCounter())  # GymEnv's default: OneHot actions
 
@@ -153,9 +157,10 @@ def test_onehot_action_env_gets_one_hot_actions_and_the_batch_indices():
     assert (next_velocity > velocity).all(), (velocity, next_velocity)
 
 
+@pytest.mark.usefixtures("leak_check")
 def test_worker_collectors_build_and_step_torchrl_envs_in_their_workers():
     """MultiSync: a lambda and an EnvCreator, each built in its worker (OneHot actions,
-    a StepCounter); MultiAsync: a SerialEnv per worker entry."""
+    a StepCounter); MultiAsync: a SerialEnv of Pendulums (continuous actions) as the entry."""
     sync = aiocollect.MultiSyncCollector([onehot_cartpole, EnvCreator(onehot_cartpole)], None,
                                          frames_per_batch=40, total_frames=80)
     sync.set_seed(0)
@@ -169,10 +174,12 @@ def test_worker_collectors_build_and_step_torchrl_envs_in_their_workers():
         check_batch(td)
         assert td["action"].dtype == torch.int64 and td["step_count"].dtype == torch.int64
         assert torch.equal(td["next", "step_count"], td["step_count"] + 1)
-    asy = aiocollect.MultiAsyncCollector([serial_cartpole], None, frames_per_batch=20, total_frames=20)
+    asy = aiocollect.MultiAsyncCollector([serial_pendulum], None, frames_per_batch=20, total_frames=20)
     td = first_batch(asy)
     assert td.batch_size == (2, 10)
-    assert {"observation", "step_count", "episode_reward"} <= set(td.keys())
+    assert td["action"].dtype == torch.float32 and td["action"].shape == (2, 10, 1)
+    assert (td["action"].abs() <= 2).all()  # drawn from the Bounded action spec
+    assert {"observation", "step_count"} <= set(td.keys())
     check_batch(td)
 
 
