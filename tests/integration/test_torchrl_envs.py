@@ -16,12 +16,13 @@ import torch
 
 import aiocollect
 from support.checks import check_batch
+from support.envs import DictEnv
 
 with warnings.catch_warnings():
     warnings.simplefilter("ignore", DeprecationWarning)
     torchrl = pytest.importorskip("torchrl")
     from torchrl.collectors import Collector as TorchRLCollector
-    from torchrl.envs import Compose, EnvCreator, GymEnv, RewardSum, SerialEnv, StepCounter, TransformedEnv
+    from torchrl.envs import Compose, EnvCreator, GymEnv, GymWrapper, RewardSum, SerialEnv, StepCounter, TransformedEnv
 
 pytestmark = [
     pytest.mark.filterwarnings("ignore::DeprecationWarning"),
@@ -45,6 +46,11 @@ def counted_cartpole():
 
 def serial_cartpole():
     return SerialEnv(2, counted_cartpole)
+
+
+def dict_env():
+    """Nested observation keys, Discrete/MultiBinary/MultiDiscrete observations, MultiCategorical actions."""
+    return GymWrapper(DictEnv(), categorical_action_encoding=True)
 
 
 def serial_pendulum():
@@ -86,6 +92,7 @@ LAYOUTS = {
                                           {"observation", "step_count", "episode_reward"}, (20,)),
     "serialenv-one-entry": (serial_cartpole, serial_cartpole,
                             {"observation", "step_count", "episode_reward"}, (2, 10)),
+    "gymwrapper-nested-dict-multicategorical": (dict_env, dict_env, {"pos", "cell", "flags", "md", "nest"}, (20,)),
     "list-of-gymenv-factories": ([cartpole] * 2, lambda: SerialEnv(2, cartpole), {"observation"}, (2, 10)),
 }
 
