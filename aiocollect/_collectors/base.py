@@ -443,9 +443,11 @@ class DataCollectorBase:
     def update_policy_weights_(self, policy_or_weights: Any = None, *, worker_ids: Any = None) -> int:
         """Send new weights to the collector's policy; returns without waiting.
 
-        The collector runs its own copy of the policy, so your optimiser steps reach it only
-        through this call. The weights are copied before the call returns, so you may go on
-        changing yours at once. They take effect between two policy calls, all at once: no
+        The worker collectors run their own copy of the policy, so your optimiser steps reach
+        it only through this call; the weights are copied before the call returns, so you may
+        go on changing yours at once. A ``Collector`` acts with your module itself (as
+        TorchRL's does): there this call loads the given weights into your module, or, with
+        none, only makes a new version. They take effect between two policy calls, all at once: no
         action is computed from a mix of two versions. Every frame carries the version that
         computed its action in ``("collector", "policy_version")``. A policy without weights
         (``None``, a [`RandomPolicy`][aiocollect.RandomPolicy], a plain function) has nothing

@@ -34,6 +34,7 @@ from .._workers.shm import Layout, SharedArrays
 from .base import DataCollectorBase
 from .loop_thread import LoopThread
 from .options import env_seeds, options_from, validate_batching
+from .torchrl_compat import check_torchrl_keywords, resolve_policy
 
 
 class Collector(DataCollectorBase):
@@ -79,9 +80,12 @@ class Collector(DataCollectorBase):
         policy: a ``TensorDictModuleBase``, an ``nn.Module`` or callable taking the
             observation tensor(s) and returning the action, a
             [`JaxPolicy`][aiocollect.jax.JaxPolicy], or ``None`` for a
-            [`RandomPolicy`][aiocollect.RandomPolicy]. The collector runs its own copy
-            (``collector.policy``); see
-            [`update_policy_weights_`][aiocollect.DataCollectorBase.update_policy_weights_].
+            [`RandomPolicy`][aiocollect.RandomPolicy]. The collector acts with the object
+            you pass (a module is not copied, as in TorchRL's ``Collector``): your optimiser
+            steps between two batches reach the next one without ``update_policy_weights_``,
+            each a new ``policy_version``; with a ``policy_device`` the module's tensors are
+            not on, it runs a copy there that follows the module. A lazy module is
+            initialised by the first policy call. See [weights](../weights.md).
         max_batch_size: coroutine envs: at most this many envs per policy call (default:
             every ready env).
         min_batch_size: coroutine envs: a policy call waits for this many ready envs while
@@ -120,6 +124,33 @@ class Collector(DataCollectorBase):
         >>> collector = Collector([lambda: GymEnv("Pendulum-v1")] * 8, policy, frames_per_batch=400)
     """
 
+    def __new__(cls, create_env_fn: Any = None, policy: Any = None, *, num_collectors: int | None = None,
+                sync: bool | None = None, **kwargs: Any):
+        """``Collector(..., num_collectors=N)`` is TorchRL 0.14's entry point to its worker
+        collectors: it builds a [`MultiSyncCollector`][aiocollect.MultiSyncCollector]
+        (``sync=True``) or a [`MultiAsyncCollector`][aiocollect.MultiAsyncCollector]
+        (``sync=False``, TorchRL's default) over ``N`` workers, each with the env factory
+        (or the ``N`` entries of a list of factories)."""
+        if cls is not Collector or num_collectors is None:
+            return super().__new__(cls)
+        if isinstance(num_collectors, bool) or not isinstance(num_collectors, int) or num_collectors < 1:
+            raise ValueError(f"num_collectors={num_collectors!r}: give the number of worker processes (an int >= 1), "
+                             "or None for one process.")
+        if sync is not None and not isinstance(sync, bool):
+            raise TypeError(f"sync must be True or False, got {sync!r}")
+        if isinstance(create_env_fn, (list, tuple)):
+            if len(create_env_fn) != num_collectors:
+                raise ValueError(f"num_collectors={num_collectors} but create_env_fn has {len(create_env_fn)} "
+                                 "entries; give one entry per worker, or a single factory.")
+            entries = list(create_env_fn)
+        else:
+            entries = [create_env_fn] * num_collectors
+        from .multi_async import MultiAsyncCollector
+        from .multi_sync import MultiSyncCollector
+
+        target = MultiSyncCollector if sync else MultiAsyncCollector
+        return target(entries, policy, **kwargs)
+
     def __init__(
         self,
         create_env_fn: Any = None,
@@ -148,7 +179,17 @@ class Collector(DataCollectorBase):
         min_batch_size: int | None = None,
         batch_timeout: float | None = None,
         step_timeout: float | None = None,
+        num_collectors: int | None = None,
+        sync: bool | None = None,
+        policy_factory: Any = None,
+        compile_policy: Any = None,
+        **torchrl_options: Any,
     ):
+        if sync is not None:
+            raise ValueError("sync: it chooses between the worker collectors that num_collectors=N builds; "
+                             "a Collector without num_collectors steps its envs in this process. Remove it.")
+        check_torchrl_keywords(type(self).__name__, torchrl_options)
+        policy = resolve_policy(policy, policy_factory, compile_policy)
         options = options_from(locals())
         check_policy(policy)
         if create_env_fn is None:

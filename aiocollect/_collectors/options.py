@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import inspect
 import numbers
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -38,7 +39,8 @@ class CollectorOptions:
     frames_per_batch: int
     """Frames (env steps, summed over envs) in each batch; it must split evenly over the envs."""
     total_frames: int = -1
-    """Frames over the collector's life, a multiple of ``frames_per_batch``; ``-1``: endless."""
+    """Frames over the collector's life, a multiple of ``frames_per_batch`` (another value is
+    rounded up to one, with a warning, as in TorchRL); ``-1``: endless."""
     device: torch.device | None = None
     """Fills any of the three devices below that is not given."""
     storing_device: torch.device | None = None
@@ -74,7 +76,8 @@ class CollectorOptions:
     set_truncated: bool = False
     """Mark the last step of each batch as truncated."""
     replay_buffer: Any = None
-    """Anything with ``extend``: batches go there; iteration then yields ``None``."""
+    """Anything with ``extend``: batches go there (to a TorchRL buffer of one-dimensional
+    storage as frames, one per item, as TorchRL's collectors give it); iteration then yields ``None``."""
     progress: bool = False
     """Show a tqdm progress bar (frames, frames/s, mean episode return; a widget in Jupyter)."""
 
@@ -152,12 +155,14 @@ def validate_options(
     total = _int("total_frames", total_frames, allow="positive, or -1 for an endless collector")
     if total == 0 or total < -1:
         raise ValueError(f"total_frames must be positive, or -1 for an endless collector; got {total}")
-    if total > 0 and total % fpb:
-        lower, upper = total // fpb * fpb, -(-total // fpb) * fpb
-        raise ValueError(
-            f"total_frames={total} is not a multiple of frames_per_batch={fpb}; use "
-            f"total_frames={upper}" + (f" or {lower}" if lower else "") + "."
+    if total > 0 and total % fpb:  # TorchRL's rule: rounded up to whole batches, with a warning
+        upper = -(-total // fpb) * fpb
+        warnings.warn(
+            f"total_frames={total} is not a multiple of frames_per_batch={fpb}: it is rounded up to "
+            f"{upper} (whole batches), as TorchRL does; give total_frames={upper} to silence this.",
+            UserWarning, stacklevel=4,
         )
+        total = upper
     dev = parse_device("device", device)
     devices = {
         name: parse_device(name, value) or dev

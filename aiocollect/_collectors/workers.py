@@ -31,6 +31,7 @@ from .._workers.shm import Layout
 from .base import DataCollectorBase, WorkerStatistics
 from .loop_thread import LoopThread
 from .options import WorkerOptions, env_seeds, options_from, validate_batching, validate_worker_options, worker_indices
+from .torchrl_compat import check_torchrl_keywords, resolve_policy
 
 
 class WorkerCollectorBase(DataCollectorBase):
@@ -92,7 +93,22 @@ class WorkerCollectorBase(DataCollectorBase):
         max_batch_size: int | None = None,
         min_batch_size: int | None = None,
         batch_timeout: float | None = None,
+        policy_factory: Any = None,
+        compile_policy: Any = None,
+        num_workers: int | None = None,
+        **torchrl_options: Any,
     ):
+        check_torchrl_keywords(type(self).__name__, torchrl_options)
+        policy = resolve_policy(policy, policy_factory, compile_policy)
+        if num_workers is not None:  # TorchRL: that many workers of a single factory
+            if isinstance(num_workers, bool) or not isinstance(num_workers, int) or num_workers < 1:
+                raise ValueError(f"num_workers={num_workers!r}: give the number of worker processes (an int >= 1).")
+            if isinstance(create_env_fn, (list, tuple)):
+                if len(create_env_fn) != num_workers:
+                    raise ValueError(f"num_workers={num_workers} but create_env_fn has {len(create_env_fn)} entries; "
+                                     "give one entry per worker, or a single factory.")
+            else:
+                create_env_fn = [create_env_fn] * num_workers
         options = options_from(locals())
         worker_options = validate_worker_options(
             cat_results=cat_results, preemptive_threshold=preemptive_threshold,

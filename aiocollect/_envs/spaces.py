@@ -247,8 +247,8 @@ class ActionCheck:
         if action.dtype.kind not in "iub":
             raise TypeError(
                 f"action: the policy returned dtype {action.dtype} for {self.space}; "
-                "discrete actions must be integer tensors of indices (use argmax or sample "
-                "a Categorical, not one-hot or float values)."
+                "discrete actions are integer indices of shape [num_envs] (argmax, or a "
+                "Categorical sample), or one-hot rows of shape [num_envs, n]; not float indices."
             )
         if action.size and ((action < self.low).any() or (action > self.high).any()):
             raise ValueError(

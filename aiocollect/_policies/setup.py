@@ -34,7 +34,7 @@ from tensordict.nn import InteractionType
 
 from .array import ArrayPolicy
 from .random import RandomPolicy
-from .runner import PolicyRunner
+from .runner import PolicyRunner, RandomActions
 from .weights import CopyChannel, FollowChannel, TorchWeights, WeightsChannel
 
 logger = logging.getLogger("aiocollect")
@@ -105,8 +105,12 @@ class PolicySetup:
         self.runner = PolicyRunner(self.policy, obs_keys, device=device, exploration_type=exploration_type,
                                    weights=self.weights)
         self.random = self.policy if isinstance(self.policy, RandomPolicy) else RandomPolicy(action_space)
-        self.random_runner = PolicyRunner(self.random, obs_keys, device=None, exploration_type=exploration_type,
-                                          weights=self.weights)
+        # (with a real policy, random steps write every key it writes, zero-filled, as in
+        # TorchRL, so that every batch of a replay buffer has one layout)
+        self.random_runner = (
+            PolicyRunner(self.random, obs_keys, device=None, exploration_type=exploration_type, weights=self.weights)
+            if self.random is self.policy else RandomActions(self.runner, self.random)
+        )
 
     @property
     def has_weights(self) -> bool:

@@ -63,10 +63,6 @@ BAD_OPTIONS = [
     (dict(total_frames=0), ValueError, ["total_frames must be positive, or -1", "got 0"]),
     (dict(total_frames=-2), ValueError, ["total_frames must be positive, or -1", "got -2"]),
     (dict(total_frames=100.0), TypeError, ["total_frames must be an integer", "-1 for an endless collector"]),
-    (dict(total_frames=25), ValueError,
-     ["total_frames=25 is not a multiple of frames_per_batch=10", "use total_frames=30 or 20."]),
-    # below one batch there is no smaller multiple to suggest
-    (dict(total_frames=5), ValueError, ["total_frames=5 is not a multiple", "use total_frames=10."]),
     (dict(device="nonsense"), ValueError, ["device='nonsense' is not a device", "use 'cpu'"]),
     (dict(device=1.5), TypeError, ["device must be a device such as 'cpu'"]),
     (dict(storing_device="nonsense"), ValueError, ["storing_device='nonsense' is not a device"]),
@@ -218,8 +214,25 @@ def test_options_from_picks_the_options_among_a_constructors_locals():
                  "frames_per_batch": 8, "total_frames": 32, "split_trajs": None, "num_workers": 3}
     opts = options_from(arguments)
     assert (opts.frames_per_batch, opts.total_frames, opts.split_trajs) == (8, 32, False)
-    with pytest.raises(ValueError, match=r"total_frames=33 is not a multiple of frames_per_batch=8"):
-        options_from({**arguments, "total_frames": 33})
+    with pytest.warns(UserWarning, match=r"total_frames=33 is not a multiple of frames_per_batch=8"):
+        assert options_from({**arguments, "total_frames": 33}).total_frames == 40
+
+
+@pytest.mark.parametrize(("given", "expected"), [(25, 30), (5, 10), (30, 30)])
+def test_total_frames_is_rounded_up_to_whole_batches_with_a_warning_as_in_torchrl(given, expected):
+    # issue 18 item 6: TorchRL rounds up and warns; aiocollect raised
+    import warnings
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert validate_options(frames_per_batch=10, total_frames=given).total_frames == expected
+    messages = [str(w.message) for w in caught]
+    if given == expected:
+        assert not messages
+    else:
+        assert messages == [f"total_frames={given} is not a multiple of frames_per_batch=10: it is rounded up "
+                            f"to {expected} (whole batches), as TorchRL does; give total_frames={expected} to "
+                            "silence this."]
 
 
 # --------------------------------------------------------------------------- parse_device

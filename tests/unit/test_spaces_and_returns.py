@@ -170,8 +170,9 @@ def test_for_space_records_the_bounds_of_each_kind_of_space():
      "action: the policy returned dtype int64 for Box(-1.0, 1.0, (2,), float32); a Box action must be a "
      "floating-point tensor."),
     (spaces.Discrete(3), np.array([0.0, 1.0]), TypeError,
-     "action: the policy returned dtype float64 for Discrete(3); discrete actions must be integer tensors "
-     "of indices (use argmax or sample a Categorical, not one-hot or float values)."),
+     "action: the policy returned dtype float64 for Discrete(3); discrete actions are integer indices of "
+     "shape [num_envs] (argmax, or a Categorical sample), or one-hot rows of shape [num_envs, n]; not float "
+     "indices."),
     (spaces.Discrete(3), np.array([0, 3], np.int64), ValueError,
      "action: the policy returned values outside Discrete(3) (min 0, max 3; allowed 0..2)."),
     (spaces.Discrete(3, start=1), np.array([0, 1], np.int64), ValueError,

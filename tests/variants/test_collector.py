@@ -287,22 +287,21 @@ def test_vector_env_without_partial_reset_gets_a_clear_error():
     c.shutdown()
 
 
-def test_torchrl_env_gets_a_hint():
+def test_torchrl_env_instances_for_workers_and_other_torchrl_objects_say_what_to_pass():
+    # TorchRL envs are env sources now (tests/integration/test_torchrl_envs.py); a worker still
+    # builds its own envs, so an instance for a worker entry is refused, as a gymnasium one is
     torchrl_envs = pytest.importorskip("torchrl.envs")
     from aiocollect import MultiSyncCollector
 
     before = children()
-    with pytest.raises(TypeError, match="instead of a TorchRL env"):
-        Collector(lambda: torchrl_envs.GymEnv("CartPole-v1"), None, frames_per_batch=10)
-    env = torchrl_envs.GymEnv("CartPole-v1")  # an instance is callable: it must not pass for a factory
-    for make in (lambda: Collector(env, None, frames_per_batch=10),
-                 lambda: Collector([env, env], None, frames_per_batch=10),
-                 lambda: MultiSyncCollector([env], None, frames_per_batch=10),
-                 lambda: MultiSyncCollector([[env]], None, frames_per_batch=10),
-                 lambda: MultiSyncCollector([torchrl_envs.EnvCreator(lambda: torchrl_envs.GymEnv("CartPole-v1"))],
-                                            None, frames_per_batch=10)):
-        with pytest.raises(TypeError, match=r"create_env_fn(\[0\])* is a TorchRL object .* instead of a TorchRL env"):
-            make()
+    env = torchrl_envs.GymEnv("CartPole-v1")
+    with pytest.raises(TypeError, match=r"create_env_fn\[0\] is an env instance .* pass a factory instead"):
+        MultiSyncCollector([env], None, frames_per_batch=10)
+    with pytest.raises(TypeError, match=r"create_env_fn\[0\]\[0\]: expected an env factory or an env id"):
+        MultiSyncCollector([[env]], None, frames_per_batch=10)
+    with pytest.raises(TypeError, match="but not an env"):
+        Collector(torchrl_envs.StepCounter(), None, frames_per_batch=10)
+    env.close()
     assert children() == before
 
 

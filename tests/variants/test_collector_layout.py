@@ -199,7 +199,7 @@ def test_init_random_frames_uses_random_policy_first():
                           init_random_frames=25)  # rounded up to 2 batches
     batches = collect(collector, 3)
     collector.shutdown()
-    assert len(calls) == 10  # only the third batch ran the policy
+    assert len(calls) == 11  # the third batch ran the policy, and one probe of its outputs
     assert (batches[2]["action"] == 0).all()
     assert (batches[0]["action"] != 0).any() and (batches[1]["action"] != 0).any()
 

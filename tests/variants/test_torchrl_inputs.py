@@ -102,8 +102,6 @@ def test_a_row_that_is_not_exactly_one_hot_is_refused_naming_the_action():
 # --------------------------------------------------------------------------- init_random_frames
 
 
-@pytest.mark.xfail(strict=True, reason="needs PolicySetup to build its random_runner as "
-                   "RandomActions(self.runner, self.random) (aiocollect/_policies/setup.py)")
 def test_init_random_frames_batches_carry_every_key_the_policy_writes_as_torchrl_s_do():
     actor, calls = q_actor(), []
     actor.register_forward_hook(lambda *args: calls.append(1))

@@ -1,0 +1,144 @@
+"""TorchRL 0.14's collector keywords, taken so that a TorchRL program runs with only its import changed.
+
+Every keyword of TorchRL's collectors is accepted by the collector of the same name, in one
+of three ways:
+
+* **implemented**: ``policy_factory`` (the policy is ``policy_factory()``), ``compile_policy``
+  (``torch.compile`` of the policy's network: ``True`` or a dict of ``torch.compile``
+  arguments), ``num_collectors`` with ``sync`` (``Collector(..., num_collectors=N)``, TorchRL
+  0.14's entry point, builds a ``MultiSyncCollector`` when ``sync=True`` and a
+  ``MultiAsyncCollector`` otherwise, over ``N`` copies of the env factory), ``num_workers``
+  (the worker collectors: ``N`` copies of a single factory);
+* **already what aiocollect does**, so accepted at the values that mean it, e.g.
+  ``extend_buffer=True`` (the replay buffer is extended once per batch), ``track_policy_version``
+  (every frame carries ``("collector", "policy_version")`` anyway), ``no_cuda_sync`` (there is no
+  explicit CUDA synchronisation to skip);
+* **not supported**: accepted only at the value that turns them off (``trajs_per_batch=None``,
+  ``cudagraph_policy=None``, ``weight_sync_schemes=None``...); any other value is a
+  ``ValueError`` that says what to do instead.
+
+A keyword TorchRL does not have is the usual ``TypeError``, with the nearest valid name.
+"""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+_ANY = object()
+
+
+@dataclass(frozen=True)
+class _Keyword:
+    accepted: tuple
+    """The values taken (``_ANY``: every value)."""
+    meaning: str
+    """What aiocollect does about it, or what to do instead (the error's second half)."""
+
+
+_KEYWORDS: dict[str, _Keyword] = {
+    "extend_buffer": _Keyword((True,), "aiocollect extends the replay buffer once per batch, as TorchRL "
+                                       "does by default (extend_buffer=False is deprecated there); remove it"),
+    "track_policy_version": _Keyword((True, False), ""),  # every frame carries its policy version anyway
+    "track_traj_ids": _Keyword((True, False), ""),  # every frame carries its trajectory id anyway
+    "no_cuda_sync": _Keyword((True, False), ""),  # aiocollect makes no explicit CUDA synchronisation call
+    "use_buffers": _Keyword((None, True, False), ""),  # batches always go through preallocated storage
+    "trust_policy": _Keyword((None, True, False), ""),  # a policy's outputs are checked on its first calls
+    "compact_obs": _Keyword((False,), "aiocollect keeps the observation before and after each step, as "
+                                      "TorchRL's default layout does; remove it"),
+    "auto_register_policy_transforms": _Keyword((None, False), "aiocollect does not add env transforms for "
+                                                               "recurrent policies; give the env its "
+                                                               "InitTracker and TensorDictPrimer yourself"),
+    "cudagraph_policy": _Keyword((None, False), "CUDA-graph capture of the policy is not supported; use "
+                                                "compile_policy=True (or a dict of torch.compile arguments)"),
+    "weight_sync_schemes": _Keyword((None,), "the policy runs in this process for every worker: new weights "
+                                             "reach it through update_policy_weights_(), with no scheme to set"),
+    "weight_recv_schemes": _Keyword((None,), "weights reach the policy through update_policy_weights_()"),
+    "weight_updater": _Keyword((None,), "weights reach the policy through update_policy_weights_(); for "
+                                        "remote collectors use RayCollector or RPCCollector"),
+    "backend_options": _Keyword((None,), "pick the collector class instead (MultiSyncCollector, RayCollector...)"),
+    "pre_collect_hook": _Keyword((None,), "collection hooks are not supported; wrap the iteration instead"),
+    "post_collect_hook": _Keyword((None,), "collection hooks are not supported; use postproc= for batches"),
+    "worker_idx": _Keyword((None,), "it is set by TorchRL's own multi-process collectors; remove it"),
+    "trajs_per_batch": _Keyword((None,), "batches of complete trajectories are not supported yet; use "
+                                         "split_trajs=True (zero-padded trajectories of each batch)"),
+    "traj_format": _Keyword((None,), "it shapes trajs_per_batch's batches, which are not supported yet"),
+    "trajs_per_write": _Keyword((None,), "it shapes trajs_per_batch's writes, which are not supported yet"),
+    "init_fn": _Keyword((None,), "workers run no user code but the env factory; put setup in the factory"),
+    "collector_class": _Keyword((None,), "aiocollect's workers step envs only (the policy runs in this "
+                                         "process); remove it, or use RayCollector(collector_class=...)"),
+    "backend": _Keyword((None,), "pick the collector class instead: Collector (one process), "
+                                 "MultiSyncCollector or MultiAsyncCollector (worker processes), RayCollector"),
+}
+
+
+def check_torchrl_keywords(owner: str, given: dict[str, Any]) -> None:
+    """Raise for a keyword TorchRL's collectors do not have (``TypeError``) or one given a value
+    aiocollect cannot honour (``ValueError``); accept the rest (see the module docstring)."""
+    for name, value in given.items():
+        keyword = _KEYWORDS.get(name)
+        if keyword is None:
+            close = difflib.get_close_matches(name, [*_KEYWORDS, *_KNOWN_ELSEWHERE], n=1)
+            hint = f"; did you mean {close[0]!r}?" if close else ""
+            raise TypeError(f"{owner}() got an unexpected keyword argument {name!r}{hint}")
+        if not any(value is v or (isinstance(v, str) and value == v) for v in keyword.accepted):
+            off = " or ".join(repr(v) for v in keyword.accepted)
+            raise ValueError(f"{name}={value!r}: {keyword.meaning} (TorchRL's keyword is taken at {off}).")
+
+
+_KNOWN_ELSEWHERE = ("frames_per_batch", "total_frames", "create_env_fn", "policy", "device", "storing_device",
+                    "policy_device", "env_device", "max_frames_per_traj", "init_random_frames", "split_trajs",
+                    "reset_at_each_iter", "postproc", "exploration_type", "replay_buffer", "num_collectors",
+                    "compile_policy", "policy_factory", "num_workers", "sync")
+
+
+def resolve_policy(policy: Any, policy_factory: Callable[[], Any] | None, compile_policy: Any) -> Any:
+    """The policy to collect with: ``policy``, or ``policy_factory()``; compiled if asked."""
+    if policy_factory is not None:
+        if policy is not None:
+            raise ValueError("policy and policy_factory: give one of them, not both.")
+        if not callable(policy_factory):
+            raise TypeError(f"policy_factory must be a callable returning the policy, got {policy_factory!r}")
+        policy = policy_factory()
+    if compile_policy is None or compile_policy is False:
+        return policy
+    if compile_policy is True:
+        options: dict = {}
+    elif isinstance(compile_policy, dict):
+        options = dict(compile_policy)
+    else:
+        raise TypeError(f"compile_policy must be True, False, None or a dict of torch.compile arguments, "
+                        f"got {compile_policy!r}")
+    return _compiled(policy, options)
+
+
+def _compiled(policy: Any, options: dict) -> Any:
+    """``policy`` with its network compiled by ``torch.compile(**options)``.
+
+    A plain ``TensorDictModule`` keeps its keys and gets its ``module`` compiled (a new
+    ``TensorDictModule``: the user's object is not changed, and the parameters stay shared);
+    a bare ``nn.Module`` or a function of the observations is compiled whole. Other
+    TensorDict policies (``ProbabilisticActor``, a ``TensorDictSequential``) are refused with
+    a clear error: compiled whole they would no longer be called with a TensorDict."""
+    import torch
+    from tensordict.nn import TensorDictModule
+
+    if policy is None:
+        raise ValueError("compile_policy: there is no policy to compile (policy=None is a random policy).")
+    if type(policy) is TensorDictModule:
+        return TensorDictModule(torch.compile(policy.module, **options), in_keys=policy.in_keys,
+                                out_keys=policy.out_keys)
+    if callable(policy) and not _takes_tensordict_module(policy):
+        return torch.compile(policy, **options)
+    raise ValueError(
+        f"compile_policy: a {type(policy).__name__} cannot be compiled here without changing how it is "
+        "called; compile its network yourself (torch.compile(module)) and build the policy around it."
+    )
+
+
+def _takes_tensordict_module(policy: Any) -> bool:
+    from tensordict.nn import TensorDictModuleBase
+
+    return isinstance(policy, TensorDictModuleBase)

@@ -1,0 +1,109 @@
+"""TorchRL 0.14's collector keywords (issue 18 items 2 and 6): every one is taken by the
+aiocollect class of the same name at the value TorchRL gives it by default; the implemented
+ones work (``num_collectors``/``sync``, ``num_workers``, ``policy_factory``,
+``compile_policy``); any other value is an error that says what to do."""
+
+from __future__ import annotations
+
+import inspect
+
+import pytest
+import torch
+from tensordict.nn import TensorDictModule
+
+import aiocollect
+from aiocollect._collectors.torchrl_compat import _KEYWORDS, check_torchrl_keywords
+from support.envs import CounterEnv
+
+torchrl_collectors = pytest.importorskip("torchrl.collectors")
+
+CLASSES = ["Collector", "MultiSyncCollector", "MultiAsyncCollector", "AsyncCollector"]
+
+
+def torchrl_only_defaults(name: str) -> dict:
+    """TorchRL's keywords of class ``name`` that aiocollect's signature does not name, at
+    TorchRL's defaults."""
+    theirs = inspect.signature(getattr(torchrl_collectors, name).__init__).parameters
+    ours = inspect.signature(getattr(aiocollect, name).__init__).parameters
+    return {k: p.default for k, p in theirs.items()
+            if k not in ours and p.default is not p.empty and p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL)}
+
+
+@pytest.mark.parametrize("name", CLASSES)
+def test_every_torchrl_keyword_is_taken_at_its_default(name):
+    extra = torchrl_only_defaults(name)
+    if name == "Collector":
+        assert {"compile_policy", "num_collectors", "trajs_per_batch", "weight_sync_schemes"} <= (
+            set(extra) | set(inspect.signature(aiocollect.Collector.__init__).parameters))
+    env = CounterEnv if name in ("Collector", "AsyncCollector") else [CounterEnv, CounterEnv]
+    with getattr(aiocollect, name)(env, None, frames_per_batch=20, total_frames=40, **extra) as collector:
+        assert sum(b.numel() for b in collector) == 40
+
+
+@pytest.mark.parametrize("keyword", sorted(_KEYWORDS))
+def test_a_value_aiocollect_cannot_honour_is_an_error_saying_what_to_do(keyword):
+    with pytest.raises(ValueError, match=rf"^{keyword}=.*\(TorchRL's keyword is taken at "):
+        check_torchrl_keywords("Collector", {keyword: "something else"})
+
+
+def test_a_keyword_torchrl_does_not_have_is_a_type_error_with_the_nearest_name():
+    with pytest.raises(TypeError, match=r"Collector\(\) got an unexpected keyword argument 'total_frame'; "
+                                        r"did you mean 'total_frames'\?"):
+        aiocollect.Collector(CounterEnv, None, frames_per_batch=20, total_frame=40)
+
+
+@pytest.mark.parametrize(("sync", "cls"), [(True, aiocollect.MultiSyncCollector),
+                                           (False, aiocollect.MultiAsyncCollector),
+                                           (None, aiocollect.MultiAsyncCollector)])
+def test_num_collectors_builds_the_worker_collector_torchrl_does(sync, cls):
+    with aiocollect.Collector(CounterEnv, None, num_collectors=2, sync=sync, frames_per_batch=20,
+                              total_frames=40) as collector:
+        assert type(collector) is cls and collector.num_workers == 2
+        assert sum(b.numel() for b in collector) == 40
+    with pytest.raises(ValueError, match="sync: it chooses between the worker collectors"):
+        aiocollect.Collector(CounterEnv, None, sync=True, frames_per_batch=20)
+    with pytest.raises(ValueError, match="num_collectors=3 but create_env_fn has 2 entries"):
+        aiocollect.Collector([CounterEnv] * 2, None, num_collectors=3, frames_per_batch=20)
+
+
+def test_num_workers_repeats_a_single_factory():
+    with aiocollect.MultiSyncCollector(CounterEnv, None, num_workers=2, frames_per_batch=20) as collector:
+        assert collector.num_workers == 2 and collector.rollout().shape == (2, 10)
+
+
+def test_policy_factory_builds_the_policy():
+    built = []
+
+    def factory():
+        built.append(TensorDictModule(torch.nn.Linear(3, 3), in_keys=["observation"], out_keys=["logits"]))
+        return TensorDictModule(lambda obs: obs[..., 0].long() % 3, in_keys=["observation"], out_keys=["action"])
+
+    with aiocollect.Collector(CounterEnv, policy_factory=factory, frames_per_batch=20) as collector:
+        batch = collector.rollout()
+    assert len(built) == 1 and torch.equal(batch["action"], batch["observation"][..., 0].long() % 3)
+    with pytest.raises(ValueError, match="policy and policy_factory: give one of them"):
+        aiocollect.Collector(CounterEnv, lambda obs: obs, policy_factory=factory, frames_per_batch=20)
+
+
+@pytest.mark.parametrize("name", ["Collector", "MultiSyncCollector"])
+def test_compile_policy_compiles_the_network_and_the_weights_still_update(name):
+    net = torch.nn.Linear(3, 3)
+    policy = TensorDictModule(torch.nn.Sequential(net, _ArgMax()), in_keys=["observation"], out_keys=["action"])
+    env = CounterEnv if name == "Collector" else [CounterEnv, CounterEnv]
+    # (the "eager" backend: torch.compile's whole path, without minutes of code generation on CI)
+    with getattr(aiocollect, name)(env, policy, frames_per_batch=20, compile_policy={"backend": "eager"}) as c:
+        assert isinstance(c.policy.module, torch._dynamo.eval_frame.OptimizedModule)
+        assert type(policy.module) is torch.nn.Sequential  # the user's object is left as it was
+        c.rollout()
+        with torch.no_grad():
+            net.weight.zero_()
+            net.bias.copy_(torch.tensor([0.0, 0.0, 1.0]))
+        c.update_policy_weights_(policy)
+        later = c.rollout()
+    assert (later["action"][later["collector", "policy_version"] == 1] == 2).all()
+    assert (later["collector", "policy_version"] == 1).any()
+
+
+class _ArgMax(torch.nn.Module):
+    def forward(self, x):
+        return x.argmax(-1)
