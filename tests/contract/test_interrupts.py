@@ -72,7 +72,7 @@ CTRL_C_AND_ON = textwrap.dedent(
     random.seed({seed})
     c = variant(SlowCounterEnv, None, frames_per_batch=80, total_frames=-1)
     batches, landed = [], 0
-    while landed < 12:
+    while landed < 8:
         timer = threading.Timer(random.uniform(0.0, 0.06), os.kill, (os.getpid(), signal.SIGINT))
         timer.start()
         it = iter(c)
@@ -170,8 +170,8 @@ CTRL_C_AT_START = textwrap.dedent(
 def test_ctrl_c_while_the_loop_thread_starts_ends_the_program():
     # issue 17 item 9: an interrupt inside anyio's start_blocking_portal left a loop
     # nobody stopped, and the exit joined its thread: a hang until a second Ctrl-C
-    # (3 in 4 of these runs before)
-    for seed in range(6):
+    # (3 in 4 of these runs before: 4 runs all pass by chance 1 time in 250)
+    for seed in range(4):
         proc = subprocess.run([sys.executable, "-c", CTRL_C_AT_START.format(seed=seed)],
                               capture_output=True, text=True, timeout=30)
         assert "KeyboardInterrupt" in proc.stderr, proc.stderr[-2000:]
@@ -348,7 +348,9 @@ CTRL_C_IN_SHUTDOWN = textwrap.dedent(
     signal.signal(signal.SIGINT, on_sigint)
     random.seed(0)
     landed = 0
-    for trial in range(4):
+    for trial in range(8):
+        if landed >= 2:
+            break
         c = variant(frames_per_batch=40, total_frames=-1)
         c.rollout()
         pids = [w.pid for w in c.statistics().workers if w.pid is not None]
@@ -377,7 +379,7 @@ def test_ctrl_c_during_shutdown_then_shutdown_again_releases_everything(variant)
     script = CTRL_C_IN_SHUTDOWN.format(tests=TESTS, name=variant.name)
     proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120, cwd=TESTS)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert int(proc.stdout.split()[-1]) >= 1  # (the other interrupts came after shutdown had ended)
+    assert int(proc.stdout.split()[-1]) >= 1  # (an interrupt may come after shutdown has ended)
 
 
 def test_a_collector_whose_loop_thread_stop_was_cut_short_starts_a_new_one(monkeypatch):

@@ -73,7 +73,10 @@ def test_preemptive_threshold_masks_what_stragglers_did_not_collect():
     assert data.shape == (3, 50)
     mask = data["collector", "mask"]
     assert mask[:2].all()
-    assert 0 < mask[2].sum() < 50
+    # the straggler keeps what it collected before the cut (on a loaded machine that may be
+    # nothing yet: its first reset can still be under way), as a prefix, and not all of it
+    kept = int(mask[2].sum())
+    assert kept < 50 and mask[2, :kept].all()
     assert (data["collector", "traj_ids"][2][~mask[2]] == -1).all()
     assert (data["next", "reward"][2][~mask[2]] == 0).all()
     check_batch(data)
