@@ -17,6 +17,7 @@ import torch
 import aiocollect
 from support.checks import check_batch
 from support.envs import DictEnv
+from support.torchrl_marks import QUIET_TORCHRL
 
 with warnings.catch_warnings():
     warnings.simplefilter("ignore", DeprecationWarning)
@@ -24,12 +25,7 @@ with warnings.catch_warnings():
     from torchrl.collectors import Collector as TorchRLCollector
     from torchrl.envs import Compose, EnvCreator, GymEnv, GymWrapper, RewardSum, SerialEnv, StepCounter, TransformedEnv
 
-pytestmark = [
-    pytest.mark.filterwarnings("ignore::DeprecationWarning"),
-    pytest.mark.filterwarnings("ignore::FutureWarning"),
-    pytest.mark.filterwarnings("ignore::UserWarning:torchrl.*"),
-    pytest.mark.filterwarnings("ignore::UserWarning:tensordict.*"),
-]
+pytestmark = QUIET_TORCHRL
 
 
 def cartpole():

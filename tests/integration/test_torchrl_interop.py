@@ -19,6 +19,7 @@ from gymnasium import spaces
 from tensordict.nn import TensorDictModule
 
 import aiocollect
+from support.torchrl_marks import QUIET_TORCHRL
 
 with warnings.catch_warnings():
     # torchrl warns about its own deprecations on import; keep that out of the report
@@ -33,12 +34,7 @@ with warnings.catch_warnings():
     from torchrl.objectives import ClipPPOLoss
     from torchrl.objectives.value import GAE
 
-pytestmark = [
-    pytest.mark.filterwarnings("ignore::DeprecationWarning"),
-    pytest.mark.filterwarnings("ignore::FutureWarning"),
-    pytest.mark.filterwarnings("ignore::UserWarning:torchrl.*"),
-    pytest.mark.filterwarnings("ignore::UserWarning:tensordict.*"),
-]
+pytestmark = QUIET_TORCHRL
 
 GAMMA, LMBDA = 0.99, 0.95
 
