@@ -188,19 +188,24 @@ def test_set_seed_reproduces_the_trajectories(variant):
         return
 
     # MultiAsync: which worker fills a batch first is a race (a loaded machine can starve one
-    # for a while), so each run goes on until every env's first rows came, and those match
-    def first_rows(batches):  # the rows that start from the seeded reset: step 0, no action yet
-        return {rows(b)["observation"][i, 0].numpy().tobytes(): rows(b)["observation"][i]
-                for b in batches for i in range(rows(b).shape[0])
-                if rows(b)["observation"][i, 0, 0] == 0 and rows(b)["observation"][i, 0, 2] == -1}
+    # for a while), so each run goes on until every env's first rows came, and those match.
+    # Env k's first trajectory has id k: its first rows are the rows that start it.
+    def first_rows(batches):
+        found = {}
+        for b in batches:
+            r = rows(b)
+            for i in range(r.shape[0]):
+                traj = int(r["collector", "traj_ids"][i, 0])
+                if traj < variant.num_envs and r["observation"][i, 0, 0] == 0:
+                    found.setdefault(traj, r["observation"][i])
+        return found
 
     def every_env_started(batches):
-        return len(first_rows(batches)) >= variant.num_envs or len(batches) >= 200
+        return len(first_rows(batches)) == variant.num_envs or len(batches) >= 200
 
     a, b = first_rows(run(every_env_started)), first_rows(run(every_env_started))
-    common = a.keys() & b.keys()  # (a later episode may also start a row in one run)
-    assert len(common) >= variant.num_envs
-    assert all(torch.equal(a[k], b[k]) for k in common)
+    assert a.keys() == b.keys() == set(range(variant.num_envs))
+    assert all(torch.equal(a[k], b[k]) for k in a)
 
 
 def test_state_dict_round_trip_restores_counters_weights_and_ids(variant):
