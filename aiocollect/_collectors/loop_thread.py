@@ -49,8 +49,8 @@ class LoopThread:
     def __init__(self) -> None:
         self._ready: Future[BlockingPortal] = Future()
         self._abandoned = False
-        self._stopped = False
         self._stopping = False
+        """Set by ``stop()`` (or an abandoned start): the loop is not to be used any more."""
         self._live: set[_Job] = set()
         """Jobs handed to the loop and not settled yet: failed when the loop ends first."""
         self._exited = threading.Event()
@@ -98,7 +98,7 @@ class LoopThread:
         ``_ready`` before it looks at ``_abandoned``: one of the two sees the other's.
         """
         self._abandoned = True
-        self._stopped = True
+        self._stopping = True
         if self._ready.done() and self._ready.exception() is None:
             portal = self._ready.result()
             try:
@@ -189,15 +189,15 @@ class LoopThread:
         Called from the loop's own thread (a callback shutting the collector down), the
         join is left to a short-lived helper thread: a thread cannot join itself.
         """
+        first = not self._stopping
         self._stopping = True
         if self._exited.is_set():
             return
         if self.in_this_thread():
-            if not self._stopped:
+            if first:
                 threading.Thread(target=self._stop_and_join, args=(timeout,), daemon=True).start()
         else:  # (again after an interrupted stop: the portal stops once, the join is retried)
             self._stop_and_join(timeout)
-        self._stopped = True
 
     def _stop_and_join(self, timeout: float) -> None:
         try:
