@@ -42,7 +42,7 @@ from typing import Any
 import anyio
 from tensordict import TensorDict, TensorDictBase
 
-from .._engine.trajectories import split_trajectories
+from .._engine.trajectories import TrajectoryAssembler, split_trajectories
 from .._envs.spaces import nest
 from .._errors import CollectorBusyError, CollectorClosedError, CollectorError, CollectorFailedError
 from .._policies.setup import PolicySetup
@@ -291,6 +291,8 @@ class DataCollectorBase:
         self._stale_dropped = 0
         self._progress: ProgressBar | None = None
         self._returns = EpisodeReturns()
+        self._assembler = TrajectoryAssembler()
+        """``trajs_per_batch``'s trajectories, complete and under way (see ``_next_trajectories``)."""
         self._kept: tuple[TensorDictBase, int] | None = None
         """A raw batch collected on the loop thread for a caller that was cancelled; see ``_across``."""
         self._undelivered: Any = _NOTHING
@@ -392,6 +394,18 @@ class DataCollectorBase:
 
     async def _next_batch(self) -> Any:
         """The next delivered batch (``None`` with a replay buffer), or ``_DONE``."""
+        opts = self.options
+        if opts.trajs_per_batch is not None:
+            return await self._next_trajectories()
+        batch = await self._next_raw()
+        if batch is _DONE:
+            return _DONE
+        if opts.split_trajs:
+            batch = split_trajectories(batch)
+        return self._deliver(batch)
+
+    async def _next_raw(self) -> Any:
+        """The next collected batch, counted, measured and shown, or ``_DONE``."""
         self._check_usable()
         total = self.options.total_frames
         if total > 0 and self._frames >= total:
@@ -406,9 +420,30 @@ class DataCollectorBase:
                 self._progress = ProgressBar(self.options.total_frames, type(self).__name__, self._returns)
                 self._resources.closers.append(self._progress.close)
             self._progress.update(frames)
+        return batch
+
+    async def _next_trajectories(self) -> Any:
+        """``trajs_per_batch``: collect until that many trajectories are complete (with a replay
+        buffer: write those that ended in one collection); ``_DONE`` once ``total_frames``
+        are collected (trajectories still incomplete then are never delivered, as in TorchRL)."""
+        opts, assembler = self.options, self._assembler
+        while True:
+            if opts.replay_buffer is None and assembler.ready >= opts.trajs_per_batch:
+                return self._deliver(assembler.take(opts.trajs_per_batch, opts.traj_format))
+            batch = await self._next_raw()
+            if batch is _DONE:
+                return _DONE
+            assembler.add(batch)
+            if opts.reset_at_each_iter:
+                assembler.drop_partial()  # their envs restart: those trajectories never end
+            if opts.replay_buffer is not None:
+                for trajs in assembler.take_each(opts.trajs_per_write):
+                    opts.replay_buffer.extend(frames_for_buffer(trajs, opts.replay_buffer))
+                return None
+
+    def _deliver(self, batch: TensorDictBase) -> Any:
+        """``postproc``, then the replay buffer (``None`` is delivered) or the batch itself."""
         opts = self.options
-        if opts.split_trajs:
-            batch = split_trajectories(batch)
         if opts.postproc is not None:
             batch = opts.postproc(batch)
         if opts.replay_buffer is not None:

@@ -190,7 +190,7 @@ class Collector(DataCollectorBase):
                              "a Collector without num_collectors steps its envs in this process. Remove it.")
         check_torchrl_keywords(type(self).__name__, torchrl_options)
         policy = resolve_policy(policy, policy_factory, compile_policy)
-        options = options_from(locals())
+        options = options_from({**locals(), **torchrl_options})
         check_policy(policy)
         if create_env_fn is None:
             raise TypeError("create_env_fn is required: a callable returning a gymnasium env, or an env id.")
@@ -388,7 +388,10 @@ class Collector(DataCollectorBase):
 
         Trajectories cut this way are not counted as completed; the envs start new ones
         with new ids. TorchRL's ``reset_at_each_iter=True`` does this before every batch.
+        With ``trajs_per_batch``, the trajectories not yet delivered are dropped,
+        as TorchRL does.
         """
+        self._assembler.clear()
         self._on_engine(self._book.request_reset)
 
     def _check_worker_ids(self, worker_ids: Any) -> None:

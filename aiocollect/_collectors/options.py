@@ -80,6 +80,20 @@ class CollectorOptions:
     storage as frames, one per item, as TorchRL's collectors give it); iteration then yields ``None``."""
     progress: bool = False
     """Show a tqdm progress bar (frames, frames/s, mean episode return; a widget in Jupyter)."""
+    trajs_per_batch: int | None = None
+    """Deliver batches of exactly this many **complete** trajectories instead of
+    ``frames_per_batch`` frames (TorchRL 0.14's keyword): frames are still collected
+    ``frames_per_batch`` at a time, and each trajectory is delivered once it ended (a done
+    step), whole, however many collections it spanned. With a ``replay_buffer``, each
+    complete trajectory is written to it flat as soon as it ended (as TorchRL does, for
+    ``SliceSampler(end_key=("next", "done"))``). ``None``: frame batches."""
+    traj_format: str = "padded"
+    """The layout of ``trajs_per_batch``'s batches: ``"padded"``, ``[trajs, longest]``
+    zero-padded with a ``("collector", "mask")`` of the real frames; or ``"cat"``,
+    ``[frames]``, the trajectories one after the other."""
+    trajs_per_write: int | None = None
+    """With ``trajs_per_batch`` and a ``replay_buffer``: complete trajectories per
+    ``extend`` call (``None``: all those that ended in a collection, in one call)."""
 
 
 def _int(name: str, value: Any, *, allow: str) -> int:
@@ -147,6 +161,9 @@ def validate_options(
     set_truncated: Any = False,
     replay_buffer: Any = None,
     progress: Any = False,
+    trajs_per_batch: Any = None,
+    traj_format: Any = None,
+    trajs_per_write: Any = None,
 ) -> CollectorOptions:
     """Check every option; returns them normalised."""
     fpb = _int("frames_per_batch", frames_per_batch, allow="a positive number of frames")
@@ -209,6 +226,28 @@ def validate_options(
             f"replay_buffer must have an extend(batch) method (a TorchRL ReplayBuffer, say); "
             f"got {type(replay_buffer).__name__}"
         )
+    tpb = tpw = None
+    if trajs_per_batch is not None:
+        tpb = _int("trajs_per_batch", trajs_per_batch, allow="a number of trajectories, or None")
+        if tpb <= 0:
+            raise ValueError(f"trajs_per_batch={tpb}: give how many complete trajectories each batch holds "
+                             "(an int > 0), or None for batches of frames_per_batch frames.")
+        if split_trajs:
+            raise ValueError("split_trajs=True and trajs_per_batch: trajs_per_batch batches already hold "
+                             "whole trajectories (padded, with a mask); drop split_trajs.")
+    if traj_format is not None:
+        if traj_format not in ("padded", "cat"):
+            raise ValueError(f"traj_format={traj_format!r}: use 'padded' ([trajs, longest] with a mask) "
+                             "or 'cat' (the trajectories one after the other).")
+        if tpb is None:
+            raise ValueError(f"traj_format={traj_format!r} shapes trajs_per_batch's batches: set "
+                             "trajs_per_batch too (how many complete trajectories per batch).")
+    if trajs_per_write is not None:
+        tpw = _int("trajs_per_write", trajs_per_write, allow="a number of trajectories, or None")
+        if tpw <= 0 or tpb is None or replay_buffer is None:
+            raise ValueError(f"trajs_per_write={trajs_per_write!r}: it is the number of complete trajectories "
+                             "per replay_buffer.extend call (an int > 0), with trajs_per_batch and a "
+                             "replay_buffer set.")
     return CollectorOptions(
         frames_per_batch=fpb,
         total_frames=total,
@@ -226,6 +265,9 @@ def validate_options(
         set_truncated=set_truncated,
         replay_buffer=replay_buffer,
         progress=progress,
+        trajs_per_batch=tpb,
+        traj_format=traj_format or "padded",
+        trajs_per_write=tpw,
         **devices,
     )
 

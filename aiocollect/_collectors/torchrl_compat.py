@@ -8,14 +8,15 @@ of three ways:
   arguments), ``num_collectors`` with ``sync`` (``Collector(..., num_collectors=N)``, TorchRL
   0.14's entry point, builds a ``MultiSyncCollector`` when ``sync=True`` and a
   ``MultiAsyncCollector`` otherwise, over ``N`` copies of the env factory), ``num_workers``
-  (the worker collectors: ``N`` copies of a single factory);
+  (the worker collectors: ``N`` copies of a single factory), and ``trajs_per_batch``,
+  ``traj_format``, ``trajs_per_write``, which are collector options (``CollectorOptions``);
 * **already what aiocollect does**, so accepted at the values that mean it, e.g.
   ``extend_buffer=True`` (the replay buffer is extended once per batch), ``track_policy_version``
   (every frame carries ``("collector", "policy_version")`` anyway), ``no_cuda_sync`` (there is no
   explicit CUDA synchronisation to skip);
-* **not supported**: accepted only at the value that turns them off (``trajs_per_batch=None``,
-  ``cudagraph_policy=None``, ``weight_sync_schemes=None``...); any other value is a
-  ``ValueError`` that says what to do instead.
+* **not supported**: accepted only at the value that turns them off (``cudagraph_policy=None``,
+  ``weight_sync_schemes=None``...); any other value is a ``ValueError`` that says what to do
+  instead.
 
 A keyword TorchRL does not have is the usual ``TypeError``, with the nearest valid name.
 """
@@ -62,10 +63,6 @@ _KEYWORDS: dict[str, _Keyword] = {
     "pre_collect_hook": _Keyword((None,), "collection hooks are not supported; wrap the iteration instead"),
     "post_collect_hook": _Keyword((None,), "collection hooks are not supported; use postproc= for batches"),
     "worker_idx": _Keyword((None,), "it is set by TorchRL's own multi-process collectors; remove it"),
-    "trajs_per_batch": _Keyword((None,), "batches of complete trajectories are not supported yet; use "
-                                         "split_trajs=True (zero-padded trajectories of each batch)"),
-    "traj_format": _Keyword((None,), "it shapes trajs_per_batch's batches, which are not supported yet"),
-    "trajs_per_write": _Keyword((None,), "it shapes trajs_per_batch's writes, which are not supported yet"),
     "init_fn": _Keyword((None,), "workers run no user code but the env factory; put setup in the factory"),
     "collector_class": _Keyword((None,), "aiocollect's workers step envs only (the policy runs in this "
                                          "process); remove it, or use RayCollector(collector_class=...)"),
@@ -78,15 +75,21 @@ def check_torchrl_keywords(owner: str, given: dict[str, Any]) -> None:
     """Raise for a keyword TorchRL's collectors do not have (``TypeError``) or one given a value
     aiocollect cannot honour (``ValueError``); accept the rest (see the module docstring)."""
     for name, value in given.items():
+        if name in OPTION_KEYWORDS:
+            continue  # checked with the other options (validate_options)
         keyword = _KEYWORDS.get(name)
         if keyword is None:
-            close = difflib.get_close_matches(name, [*_KEYWORDS, *_KNOWN_ELSEWHERE], n=1)
+            close = difflib.get_close_matches(name, [*_KEYWORDS, *_KNOWN_ELSEWHERE, *OPTION_KEYWORDS], n=1)
             hint = f"; did you mean {close[0]!r}?" if close else ""
             raise TypeError(f"{owner}() got an unexpected keyword argument {name!r}{hint}")
         if not any(value is v or (isinstance(v, str) and value == v) for v in keyword.accepted):
             off = " or ".join(repr(v) for v in keyword.accepted)
             raise ValueError(f"{name}={value!r}: {keyword.meaning} (TorchRL's keyword is taken at {off}).")
 
+
+OPTION_KEYWORDS = ("trajs_per_batch", "traj_format", "trajs_per_write")
+"""TorchRL keywords that are collector options here: taken through ``**torchrl_options``
+and validated by ``validate_options`` with the others."""
 
 _KNOWN_ELSEWHERE = ("frames_per_batch", "total_frames", "create_env_fn", "policy", "device", "storing_device",
                     "policy_device", "env_device", "max_frames_per_traj", "init_random_frames", "split_trajs",

@@ -109,7 +109,7 @@ class WorkerCollectorBase(DataCollectorBase):
                                      "give one entry per worker, or a single factory.")
             else:
                 create_env_fn = [create_env_fn] * num_workers
-        options = options_from(locals())
+        options = options_from({**locals(), **torchrl_options})
         worker_options = validate_worker_options(
             cat_results=cat_results, preemptive_threshold=preemptive_threshold,
             update_at_each_batch=update_at_each_batch, num_threads=num_threads,
@@ -258,9 +258,11 @@ class WorkerCollectorBase(DataCollectorBase):
 
         Trajectories cut this way are not counted as completed; the envs start new ones
         with new ids.
+        With ``trajs_per_batch``, the trajectories not yet delivered are dropped,
+        as TorchRL does.
         """
         self._check_usable()
-
+        self._assembler.clear()
         self._on_engine(self._scheduler.timelines.request_reset)
 
     def _check_worker_ids(self, worker_ids: Any) -> None:

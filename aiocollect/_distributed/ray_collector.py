@@ -139,7 +139,9 @@ class RayCollector(RemoteCollectorsBase):
     The other arguments are TorchRL's (see [`CollectorOptions`][aiocollect.CollectorOptions])
     and go to every remote collector (``max_frames_per_traj``, ``init_random_frames``,
     ``exploration_type``, ``reset_at_each_iter``, devices), except ``total_frames``,
-    ``postproc``, ``split_trajs``, ``replay_buffer`` and ``progress``, which apply here.
+    ``postproc``, ``split_trajs``, ``replay_buffer``, ``progress`` and ``trajs_per_batch`` (with
+    ``traj_format``, ``trajs_per_write``: trajectories are assembled here, over every remote
+    collector's batches), which apply here.
 
     Raises:
         ImportError: Ray is not installed.
@@ -180,6 +182,9 @@ class RayCollector(RemoteCollectorsBase):
         exploration_type: InteractionType | str = InteractionType.RANDOM,
         replay_buffer: Any = None,
         progress: bool = False,
+        trajs_per_batch: int | None = None,
+        traj_format: str | None = None,
+        trajs_per_write: int | None = None,
         collector_class: Any = "single",
         collector_kwargs: dict | list[dict] | None = None,
         num_workers_per_collector: int = 1,

@@ -78,3 +78,96 @@ def split_trajectories(
     out = torch.stack(pieces, 0)
     out.refine_names(None, "time")
     return out
+
+
+class TrajectoryAssembler:
+    """Complete trajectories out of consecutive batches: the ``trajs_per_batch`` option.
+
+    Each batch's frames are grouped by trajectory id (``("collector", "traj_ids")``); a
+    trajectory's pieces wait here until a piece ends with ``("next", "done")``, and the
+    whole trajectory then joins the queue of complete ones, in the order they finished.
+    Frames an interrupted batch masked out are dropped first. This follows TorchRL 0.14's
+    ``trajs_per_batch`` (``torchrl.collectors.utils._traj_ingest``/``_traj_emit``), so a
+    batch of trajectories is laid out as there:
+
+    * ``"padded"``: ``[trajs, longest]``, zero-padded, with a ``("collector", "mask")``
+      marking the real frames (as [`split_trajectories`][aiocollect.split_trajectories]);
+    * ``"cat"``: ``[frames]``, the trajectories one after the other, each ending with a
+      done step.
+
+    Examples:
+        >>> assembler = TrajectoryAssembler()
+        >>> assembler.add(batch)                       # any [..., T] batch
+        >>> if assembler.ready >= 8:
+        ...     trajs = assembler.take(8, "padded")     # [8, longest]
+    """
+
+    def __init__(self) -> None:
+        self._partial: dict[int, list[TensorDictBase]] = {}
+        self._complete: list[TensorDictBase] = []
+
+    @property
+    def ready(self) -> int:
+        """How many complete trajectories wait to be taken."""
+        return len(self._complete)
+
+    @property
+    def pending(self) -> int:
+        """How many trajectories have begun and not ended."""
+        return len(self._partial)
+
+    def add(self, batch: TensorDictBase) -> None:
+        """Sort ``batch``'s frames into their trajectories."""
+        flat = batch.reshape(-1)
+        mask = flat.get(("collector", "mask"), None)
+        if mask is not None:
+            flat = flat[mask].exclude(("collector", "mask"))
+        ids = flat.get(("collector", "traj_ids"))
+        keep = ids >= 0  # blanked frames (an env that stopped early) carry id -1
+        if not keep.all():
+            flat, ids = flat[keep], ids[keep]
+        if not len(ids):
+            return
+        order = torch.argsort(ids, stable=True)  # each env's frames stay in time order
+        flat, ids = flat[order], ids[order]
+        unique, counts = torch.unique_consecutive(ids, return_counts=True)
+        done = flat.get(("next", "done")).reshape(len(ids), -1).any(-1)
+        ends = (counts.cumsum(0) - 1).tolist()
+        for tid, piece, last in zip(unique.tolist(), flat.split(counts.tolist(), 0), ends):
+            pieces = self._partial.setdefault(tid, [])
+            pieces.append(piece)
+            if done[last]:
+                del self._partial[tid]
+                self._complete.append(torch.cat(pieces, 0) if len(pieces) > 1 else pieces[0])
+
+    def take(self, count: int, traj_format: str) -> TensorDictBase:
+        """The first ``count`` complete trajectories (at most), as one ``traj_format`` batch."""
+        trajs, self._complete = self._complete[:count], self._complete[count:]
+        if traj_format == "cat":
+            out = torch.cat(trajs, 0) if len(trajs) > 1 else trajs[0].clone()
+            out.refine_names("time")
+            return out
+        longest = max(t.shape[0] for t in trajs)
+        rows = []
+        for traj in trajs:
+            traj = traj.copy()
+            traj.set(("collector", "mask"), torch.ones(traj.shape, dtype=torch.bool, device=traj.device))
+            rows.append(pad(traj, [0, longest - traj.shape[0]]))
+        out = torch.stack(rows, 0)
+        out.refine_names(None, "time")
+        return out
+
+    def take_each(self, per_write: int | None) -> list[TensorDictBase]:
+        """Every complete trajectory, flat, ``per_write`` of them per item (``None``: all in one)."""
+        trajs, self._complete = self._complete, []
+        step = per_write or max(len(trajs), 1)
+        return [torch.cat(trajs[i:i + step], 0) for i in range(0, len(trajs), step)]
+
+    def drop_partial(self) -> None:
+        """Forget the trajectories under way (their envs were reset: they will never end)."""
+        self._partial.clear()
+
+    def clear(self) -> None:
+        """Forget everything, complete trajectories included."""
+        self._partial.clear()
+        self._complete.clear()

@@ -156,3 +156,51 @@ class _Draws:
         # unbounded or integer boxes: gymnasium's sampler knows their distributions
         flat = [space.sample() for _ in range(blocks * num_envs)]
         return np.stack(flat).reshape(size)
+
+
+def is_torchrl_random(policy: object) -> bool:
+    """Whether ``policy`` is TorchRL's ``RandomPolicy`` (found by name: torchrl is not imported)."""
+    cls = type(policy)
+    return cls.__name__ == "RandomPolicy" and cls.__module__.startswith("torchrl.")
+
+
+class SpecRandomPolicy(TensorDictModuleBase):
+    """TorchRL's ``RandomPolicy(action_spec)`` made to act for a batch of envs.
+
+    TorchRL's ``RandomPolicy`` writes ``action_spec.rand()``: one draw of the *env's* spec,
+    whose shape is the env's batch shape (``[]`` for one ``GymEnv``, ``[4]`` for a
+    ``SerialEnv(4)``) and then the action's. A collector here calls its policy once for all
+    its envs, so this drops the spec's batch dims and draws ``[num_envs]`` actions in the
+    spec's own encoding (one-hot rows for a ``OneHot`` spec, as TorchRL's envs expect).
+
+    Args:
+        spec: the TorchRL ``action_spec`` (a ``Composite`` is drawn whole, as TorchRL does).
+        action_key: where a leaf spec's draw goes.
+        event_ndim: how many trailing dims of a leaf ``spec`` are one action's.
+    """
+
+    def __init__(self, spec, action_key, event_ndim: int):
+        super().__init__()
+        composite = hasattr(spec, "keys")
+        for _ in range(len(spec.shape) - (0 if composite else event_ndim)):
+            spec = spec[0]
+        self.spec, self.composite, self.action_key = spec, composite, action_key
+        self.in_keys = []
+        self.out_keys = list(spec.keys(True, True)) if composite else [action_key]
+
+    @classmethod
+    def wrap(cls, policy, action_space: spaces.Space) -> TensorDictModuleBase:
+        """The collector's stand-in for TorchRL's ``policy``: drawn from its spec, or, for a
+        ``RandomPolicy()`` without one, from ``action_space`` (TorchRL fills the spec from
+        the env; here the env's space is the same thing)."""
+        spec = policy.action_spec
+        if spec is None:
+            return RandomPolicy(action_space)
+        one_hot = "OneHot" in type(spec).__name__
+        return cls(spec, policy.action_key, 1 if one_hot else len(action_space.shape))
+
+    def forward(self, tensordict: TensorDictBase) -> TensorDictBase:
+        draw = self.spec.rand(tensordict.batch_size)
+        if self.composite:
+            return tensordict.update(draw)
+        return tensordict.set(self.action_key, draw)

@@ -33,7 +33,7 @@ import torch
 from tensordict.nn import InteractionType
 
 from .array import ArrayPolicy
-from .random import RandomPolicy
+from .random import RandomPolicy, SpecRandomPolicy, is_torchrl_random
 from .runner import PolicyRunner, RandomActions
 from .weights import CopyChannel, FollowChannel, TorchWeights, WeightsChannel
 
@@ -88,6 +88,8 @@ class PolicySetup:
         self.user_policy = policy
         if policy is None:
             policy = RandomPolicy(action_space)
+        elif is_torchrl_random(policy):
+            policy = SpecRandomPolicy.wrap(policy, action_space)
         module = isinstance(policy, torch.nn.Module) and not isinstance(policy, RandomPolicy)
         if share and module and _on(policy, device):
             self.policy = policy  # the user's module itself: nothing to copy, nothing to move

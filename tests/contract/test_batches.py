@@ -125,9 +125,66 @@ def test_split_trajs_gives_one_trajectory_per_row(variant):
     ids = batch["collector", "traj_ids"]
     assert mask.shape == ids.shape and mask.any(-1).all()
     for row_ids, row_mask in zip(ids, mask):
-        assert row_ids[row_mask].unique().numel() == 1
+        assert row_ids[row_mask].unique().numel() == 1, f"a row holds two trajectories: ids {ids}, mask {mask}"
         assert row_mask[: int(row_mask.sum())].all()  # left-aligned
     assert int(mask.sum()) == FPB
+
+
+def whole_trajectories(batch, traj_format: str) -> list:
+    """The trajectories of a ``trajs_per_batch`` batch: its rows' real frames ("padded"), or
+    its frames cut after each done step ("cat")."""
+    if traj_format == "padded":
+        assert batch.names == [None, "time"]
+        mask = batch["collector", "mask"]
+        for row in mask:  # left-aligned
+            assert row[: int(row.sum())].all()
+        return [row[m] for row, m in zip(batch, mask)]
+    assert batch.ndim == 1
+    ends = torch.nonzero(batch["next", "done"][:, 0]).flatten() + 1
+    return list(batch.split(torch.diff(ends, prepend=torch.zeros(1, dtype=ends.dtype)).tolist(), 0))
+
+
+def check_whole(traj, seen: set) -> None:
+    """One trajectory of ``CounterEnv``, from its reset to its done step, never seen before."""
+    obs, ids = traj["observation"], traj["collector", "traj_ids"]
+    assert (obs[:, 0] == torch.arange(len(traj))).all(), "not from its reset, or frames out of order"
+    assert (obs[:, 1] == obs[0, 1]).all() and (ids == ids[0]).all(), "two episodes in one trajectory"
+    done = traj["next", "done"][:, 0]
+    assert done[-1] and not done[:-1].any()
+    assert int(ids[0]) not in seen, "a trajectory delivered twice"
+    seen.add(int(ids[0]))
+
+
+def test_trajs_per_batch_delivers_whole_trajectories_across_collections(variant):
+    env = functools.partial(CounterEnv, max_len=30)  # up to 29 steps: longer than one collection
+    for traj_format in ("padded", "cat"):
+        seen: set[int] = set()
+        with variant(env, frames_per_batch=FPB, total_frames=5 * FPB, trajs_per_batch=3,
+                     traj_format=traj_format) as collector:
+            batches = list(collector)
+        assert batches, traj_format
+        for batch in batches:
+            assert batch.names[-1] == "time"
+            trajs = whole_trajectories(batch, traj_format)
+            assert len(trajs) == 3
+            for traj in trajs:
+                check_whole(traj, seen)
+        assert max(len(t) for b in batches for t in whole_trajectories(b, traj_format)) > FPB // 4
+
+
+async def test_trajs_per_batch_writes_whole_trajectories_to_the_replay_buffer(variant):
+    buffer = ListBuffer()
+    env = functools.partial(CounterEnv, max_len=30)
+    async with variant(env, frames_per_batch=FPB, total_frames=4 * FPB, trajs_per_batch=2,
+                       replay_buffer=buffer) as collector:
+        assert [b async for b in collector] == [None] * 4
+    assert all(item.ndim == 1 for item in buffer.items), "trajectories are written flat"
+    stored = torch.cat(buffer.items)
+    assert 0 < len(stored) <= 4 * FPB and stored["next", "done"][-1, 0]
+    seen: set[int] = set()
+    for traj in whole_trajectories(stored, "cat"):
+        check_whole(traj, seen)
+    assert ("collector", "mask") not in stored.keys(True)
 
 
 def test_postproc_is_applied_to_every_batch(variant):

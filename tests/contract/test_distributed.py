@@ -15,6 +15,7 @@ import sys
 import textwrap
 
 import pytest
+import torch
 
 from aiocollect import CollectorClosedError, CollectorError, EnvError, RemoteCollectorError
 from support.checks import check_batch
@@ -58,6 +59,17 @@ async def test_ray_layout_on_both_faces_and_total_frames(ray_cluster):
     assert len(batches) == 2 and all(tuple(b.shape) == (40,) for b in batches)
     for b in batches:
         check_batch(b)
+    # trajs_per_batch: assembled here, over both remote collectors' batches (ids made global)
+    with RayCollector(functools.partial(CounterEnv, max_len=30), None, frames_per_batch=40, total_frames=160,
+                      num_collectors=2, sync=True, collector_class="single", trajs_per_batch=3) as c:
+        trajs = list(c)
+    assert trajs and all(b.shape[0] == 3 for b in trajs)
+    ids = [int(row[mask][0]) for b in trajs for row, mask in zip(b["collector", "traj_ids"], b["collector", "mask"])]
+    assert len(set(ids)) == len(ids)
+    for b in trajs:
+        for row, mask in zip(b, b["collector", "mask"]):
+            t = row[mask]
+            assert (t["observation"][:, 0] == torch.arange(len(t))).all() and t["next", "done"][-1, 0]
 
 
 def test_ray_worker_ids_route_weights_to_the_named_remote_collector(ray_cluster):

@@ -235,6 +235,28 @@ def test_layout_matches_torchrl_collector(env_name, max_frames_per_traj, batched
     assert_same_layout(ours, theirs, f"{env_name}, max_frames_per_traj={max_frames_per_traj}, batched={batched}")
 
 
+@pytest.mark.parametrize("traj_format", ["padded", "cat"])
+def test_trajs_per_batch_layout_matches_torchrl_collector(traj_format):
+    """``trajs_per_batch`` batches: TorchRL's keys, dtypes and names; rows (or runs) of whole
+    trajectories, each ending on its only done step."""
+    aio_factory, torchrl_factory = ENVS["cartpole-discrete"]
+    kwargs = dict(frames_per_batch=32, total_frames=-1, trajs_per_batch=2, traj_format=traj_format)
+    ours = first_batch(aiocollect.Collector(aio_factory, None, max_frames_per_traj=12, **kwargs))
+    theirs = first_batch(TorchRLCollector(torchrl_factory(), None, max_frames_per_traj=12, **kwargs))
+    ours_layout, theirs_layout = leaf_layout(ours), leaf_layout(theirs)
+    assert set(ours_layout) - OUR_EXTRA_KEYS == set(theirs_layout)
+    for key, (dtype, shape) in theirs_layout.items():  # lengths differ with the episodes drawn
+        assert ours_layout[key][0] == dtype and len(ours_layout[key][1]) == len(shape), key
+    assert ours.names == theirs.names
+    done = ours["next", "done"][..., 0]
+    if traj_format == "padded":
+        assert ours.shape[0] == 2
+        mask = ours["collector", "mask"]
+        assert all(d[m][-1] and not d[m][:-1].any() for d, m in zip(done, mask))
+    else:
+        assert int(done.sum()) == 2 and done[-1]
+
+
 def test_layout_matches_torchrl_collector_with_probabilistic_actor():
     """A policy's extra outputs (logits, log-prob) land where TorchRL's collector puts them."""
     torch.manual_seed(0)

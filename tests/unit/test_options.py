@@ -86,6 +86,13 @@ BAD_OPTIONS = [
     (dict(exploration_type="greedy"), ValueError,
      ["exploration_type must be an InteractionType or one of", "'random'", "'mode'", "got 'greedy'"]),
     (dict(exploration_type=3), ValueError, ["exploration_type must be an InteractionType", "got 3"]),
+    (dict(trajs_per_batch=0), ValueError, ["trajs_per_batch=0", "complete trajectories", "or None"]),
+    (dict(trajs_per_batch=2.0), TypeError, ["trajs_per_batch must be an integer"]),
+    (dict(trajs_per_batch=4, split_trajs=True), ValueError,
+     ["split_trajs=True and trajs_per_batch", "drop split_trajs"]),
+    (dict(traj_format="flat"), ValueError, ["traj_format='flat'", "'padded'", "'cat'"]),
+    (dict(traj_format="cat"), ValueError, ["traj_format='cat'", "set trajs_per_batch too"]),
+    (dict(trajs_per_write=2), ValueError, ["trajs_per_write=2", "with trajs_per_batch and a replay_buffer"]),
 ]
 
 

@@ -7,6 +7,7 @@ import torch
 from tensordict import TensorDict
 
 from aiocollect import split_trajectories
+from aiocollect._engine.trajectories import TrajectoryAssembler
 
 
 def _batch(ids: list, *, done: list | None = None, mask: list | None = None, with_ids: bool = True) -> TensorDict:
@@ -163,3 +164,54 @@ def test_the_input_batch_is_not_modified():
     split_trajectories(batch)
     assert ("collector", "mask") not in batch.keys(True)
     assert batch["collector", "traj_ids"].tolist() == [[0, 0, 1], [2, 2, 2]]
+
+
+# ---------------------------------------------------------------- TrajectoryAssembler
+
+
+def _obs(td) -> list:
+    return td["obs"][..., 0].tolist()
+
+
+def test_assembler_joins_a_trajectory_across_batches_and_queues_it_once_done():
+    assembler = TrajectoryAssembler()
+    assembler.add(_batch([[0, 0, 0], [1, 1, 1]], done=[[0, 0, 0], [0, 0, 1]]))
+    assert (assembler.ready, assembler.pending) == (1, 1)  # env 1's ended, env 0's goes on
+    assembler.add(_batch([[0, 2, 2]], done=[[1, 0, 0]]))
+    assert (assembler.ready, assembler.pending) == (2, 1)
+    out = assembler.take(2, "padded")
+    assert out.shape == (2, 4) and out.names == [None, "time"]
+    assert _obs(out[0]) == [103, 104, 105, 0] and _obs(out[1]) == [100, 101, 102, 100]  # env 1 first: it ended first
+    assert out["collector", "mask"].tolist() == [[True] * 3 + [False], [True] * 4]
+    assert out["collector", "traj_ids"].tolist() == [[1, 1, 1, 0], [0, 0, 0, 0]]
+    assert assembler.ready == 0
+
+
+def test_assembler_cat_puts_the_trajectories_one_after_the_other():
+    assembler = TrajectoryAssembler()
+    assembler.add(_batch([0, 0, 1, 1, 1, 2], done=[0, 1, 0, 0, 1, 0]))
+    out = assembler.take(5, "cat")  # only two are complete
+    assert out.shape == (5,) and out.names == ["time"]
+    assert _obs(out) == [100, 101, 102, 103, 104]
+    assert out["next", "done"][:, 0].tolist() == [False, True, False, False, True]
+    assert ("collector", "mask") not in out.keys(True)
+
+
+def test_assembler_drops_masked_and_blanked_frames():
+    assembler = TrajectoryAssembler()
+    assembler.add(_batch([[0, 0, 0], [1, -1, -1]], done=[[0, 1, 0], [1, 0, 0]],
+                         mask=[[True, True, False], [True, False, False]]))
+    out = assembler.take(2, "cat")
+    assert _obs(out) == [100, 101, 103] and assembler.pending == 0
+
+
+def test_assembler_take_each_writes_per_write_trajectories_per_item_and_drop_partial_forgets():
+    assembler = TrajectoryAssembler()
+    assembler.add(_batch([0, 1, 2, 3, 4], done=[1, 1, 1, 0, 0]))
+    assert assembler.pending == 2
+    items = assembler.take_each(2)
+    assert [_obs(i) for i in items] == [[100, 101], [102]]
+    assembler.drop_partial()
+    assert (assembler.ready, assembler.pending) == (0, 0)
+    assembler.add(_batch([3, 4], done=[1, 1]))  # ids 3 and 4 start over: nothing kept from before
+    assert [_obs(i) for i in assembler.take_each(None)] == [[100, 101]]

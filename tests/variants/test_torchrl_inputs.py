@@ -5,7 +5,9 @@
 * ``init_random_frames`` batches with every key the policy writes, so that a replay
   buffer holds one layout;
 * a TorchRL ``ReplayBuffer`` gets frames, one per item, from every collector, without
-  masked-out frames.
+  masked-out frames;
+* TorchRL's ``RandomPolicy(action_spec)``, whose draw has the env's batch shape, acts for
+  every env of a collector, in the spec's encoding.
 
 Envs are ``CounterEnv``s: their observation's last entry is the action the env was given.
 """
@@ -162,3 +164,20 @@ def test_masked_out_frames_and_split_trajectory_padding_stay_out_of_the_buffer()
     assert frames.shape == (40,) and MASK not in frames.keys(True)
     assert (frames["collector", "traj_ids"] >= 0).all()
     assert_contiguous(frames["collector", "traj_ids"])
+
+
+@pytest.mark.parametrize("cls", [Collector, MultiSyncCollector])
+def test_torchrl_random_policy_draws_for_every_env_in_its_spec_encoding(cls):
+    from torchrl.envs import GymEnv
+    from torchrl.envs.utils import RandomPolicy
+
+    spec = GymEnv("CartPole-v1").action_spec  # one unbatched env's: OneHot, shape [2]
+    make = lambda: GymEnv("CartPole-v1")  # noqa: E731
+    with cls([make, make], RandomPolicy(spec), frames_per_batch=40, total_frames=80) as collector:
+        batches = list(collector)
+    actions = torch.cat([b["action"].reshape(-1, 2) for b in batches])
+    assert_one_hot(actions)
+    assert 0.3 < actions[:, 1].float().mean() < 0.7, "not uniform"
+    with Collector(CounterEnv, RandomPolicy(), frames_per_batch=20, total_frames=20) as collector:
+        batch = next(iter(collector))  # no spec: drawn from the env's space, as TorchRL fills it from the env
+    assert batch["action"].dtype == torch.int64 and set(batch["action"].tolist()) <= {0, 1, 2}
