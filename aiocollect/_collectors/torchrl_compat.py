@@ -44,7 +44,7 @@ _KEYWORDS: dict[str, _Keyword] = {
                                        "does by default (extend_buffer=False is deprecated there); remove it"),
     "track_policy_version": _Keyword((True, False), ""),  # every frame carries its policy version anyway
     "track_traj_ids": _Keyword((True, False), ""),  # every frame carries its trajectory id anyway
-    "no_cuda_sync": _Keyword((True, False), ""),  # aiocollect makes no explicit CUDA synchronisation call
+    "no_cuda_sync": _Keyword((None, True, False), ""),  # aiocollect makes no explicit CUDA synchronisation call
     "use_buffers": _Keyword((None, True, False), ""),  # batches always go through preallocated storage
     "trust_policy": _Keyword((None, True, False), ""),  # a policy's outputs are checked on its first calls
     "compact_obs": _Keyword((False,), "aiocollect keeps the observation before and after each step, as "
@@ -71,15 +71,33 @@ _KEYWORDS: dict[str, _Keyword] = {
 }
 
 
-def check_torchrl_keywords(owner: str, given: dict[str, Any]) -> None:
+DISTRIBUTED_KEYWORDS: dict[str, _Keyword] = {
+    "max_weight_update_interval": _Keyword((-1,), "remote collectors take new weights when you call "
+                                                  "update_policy_weights_() (or with update_after_each_batch=True); "
+                                                  "remove it"),
+    "use_env_creator": _Keyword((True, False), ""),  # env factories travel with cloudpickle either way
+    "slurm_kwargs": _Keyword((None,), "RPCCollector starts its workers on this machine, or joins an RPC world "
+                                      "you started (worker_names=[...]); SLURM submission is not supported"),
+    "launcher": _Keyword(("mp",), "RPCCollector starts its workers as local processes (TorchRL's 'mp'); to use "
+                                  "other machines, start the RPC world yourself and pass worker_names=[...]"),
+    "backend": _Keyword((None, "gloo"), "RPCCollector's transport is TensorPipe, with Gloo; remove it"),
+    "visible_devices": _Keyword((None,), "set CUDA_VISIBLE_DEVICES for the workers yourself"),
+    "tensorpipe_options": _Keyword((None,), "RPCCollector sets TensorPipe's options itself (see rpc_timeout)"),
+}
+"""The keywords of TorchRL's ``RayCollector`` and ``RPCCollector`` on top of the others."""
+
+
+def check_torchrl_keywords(owner: str, given: dict[str, Any], extra: dict[str, _Keyword] | None = None) -> None:
     """Raise for a keyword TorchRL's collectors do not have (``TypeError``) or one given a value
-    aiocollect cannot honour (``ValueError``); accept the rest (see the module docstring)."""
+    aiocollect cannot honour (``ValueError``); accept the rest (see the module docstring).
+    ``extra``: the keywords of ``owner`` on top of the shared ones (``DISTRIBUTED_KEYWORDS``)."""
+    keywords = {**_KEYWORDS, **(extra or {})}
     for name, value in given.items():
         if name in OPTION_KEYWORDS:
             continue  # checked with the other options (validate_options)
-        keyword = _KEYWORDS.get(name)
+        keyword = keywords.get(name)
         if keyword is None:
-            close = difflib.get_close_matches(name, [*_KEYWORDS, *_KNOWN_ELSEWHERE, *OPTION_KEYWORDS], n=1)
+            close = difflib.get_close_matches(name, [*keywords, *_KNOWN_ELSEWHERE, *OPTION_KEYWORDS], n=1)
             hint = f"; did you mean {close[0]!r}?" if close else ""
             raise TypeError(f"{owner}() got an unexpected keyword argument {name!r}{hint}")
         if not any(value is v or (isinstance(v, str) and value == v) for v in keyword.accepted):

@@ -19,6 +19,7 @@ from typing import Any
 from tensordict.nn import InteractionType
 
 from .._collectors.options import options_from
+from .._collectors.torchrl_compat import DISTRIBUTED_KEYWORDS, check_torchrl_keywords, resolve_policy
 from .base import RemoteCollectorsBase, _per_collector, forwarded_options, plan_remotes
 from .remote import RemoteCollector
 
@@ -141,7 +142,9 @@ class RayCollector(RemoteCollectorsBase):
     ``exploration_type``, ``reset_at_each_iter``, devices), except ``total_frames``,
     ``postproc``, ``split_trajs``, ``replay_buffer``, ``progress`` and ``trajs_per_batch`` (with
     ``traj_format``, ``trajs_per_write``: trajectories are assembled here, over every remote
-    collector's batches), which apply here.
+    collector's batches), which apply here. ``policy_factory`` builds the policy here (it is
+    then shipped as a policy is); TorchRL's other keywords are taken as by the local
+    collectors (see ``docs/migrating.md``).
 
     Raises:
         ImportError: Ray is not installed.
@@ -194,8 +197,12 @@ class RayCollector(RemoteCollectorsBase):
         num_collectors: int | None = None,
         update_after_each_batch: bool = False,
         start_timeout: float = 120.0,
+        policy_factory: Any = None,
+        **torchrl_options: Any,
     ):
-        options = options_from(locals())
+        check_torchrl_keywords(type(self).__name__, torchrl_options, DISTRIBUTED_KEYWORDS)
+        policy = resolve_policy(policy, policy_factory, None)
+        options = options_from({**locals(), **torchrl_options})
         ray = _import_ray()
         forwarded = forwarded_options(locals())
         num_collectors, payloads = plan_remotes(

@@ -23,6 +23,7 @@ from typing import Any
 from tensordict.nn import InteractionType
 
 from .._collectors.options import options_from
+from .._collectors.torchrl_compat import DISTRIBUTED_KEYWORDS, check_torchrl_keywords, resolve_policy
 from .._errors import CollectorError
 from . import rpc_rendezvous
 from .base import RemoteCollectorsBase, forwarded_options, plan_remotes
@@ -87,11 +88,15 @@ class RPCCollector(RemoteCollectorsBase):
             unauthenticated: anyone who reaches it can run code in these processes).
         master_port: the TCP port a launched world meets on (default: a free port; read
             it back from [`master_port`][aiocollect.RPCCollector.master_port]).
+            ``tcp_port``, TorchRL's name for it, is taken too.
         rpc_timeout: seconds an RPC call (a batch) may take.
         start_timeout: seconds the remote collectors may take to be built (and, when
             launched, the workers to join).
 
-    The other arguments are TorchRL's, as for [`RayCollector`][aiocollect.RayCollector].
+    The other arguments are TorchRL's, as for [`RayCollector`][aiocollect.RayCollector],
+    and TorchRL's RPC keywords are taken at the values that mean what happens here
+    (``launcher="mp"``, ``backend="gloo"``, ``slurm_kwargs=None``...); another value is a
+    ``ValueError`` saying what to do instead.
 
     Raises:
         RuntimeError: RPC is already initialised here without ``worker_names``, is not
@@ -152,8 +157,18 @@ class RPCCollector(RemoteCollectorsBase):
         master_port: int | None = None,
         rpc_timeout: float = 300.0,
         start_timeout: float = 120.0,
+        policy_factory: Any = None,
+        tcp_port: int | None = None,
+        **torchrl_options: Any,
     ):
-        options = options_from(locals())
+        check_torchrl_keywords(type(self).__name__, torchrl_options, DISTRIBUTED_KEYWORDS)
+        policy = resolve_policy(policy, policy_factory, None)
+        if tcp_port is not None:  # TorchRL's name for the rendezvous port
+            if master_port not in (None, tcp_port):
+                raise ValueError(f"tcp_port={tcp_port} and master_port={master_port}: they name the same "
+                                 "port (tcp_port is TorchRL's name); give one.")
+            master_port = tcp_port
+        options = options_from({**locals(), **torchrl_options})
         from torch.distributed import rpc
 
         forwarded = forwarded_options(locals())

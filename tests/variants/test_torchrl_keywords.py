@@ -12,7 +12,7 @@ import torch
 from tensordict.nn import TensorDictModule
 
 import aiocollect
-from aiocollect._collectors.torchrl_compat import _KEYWORDS, check_torchrl_keywords
+from aiocollect._collectors.torchrl_compat import _KEYWORDS, DISTRIBUTED_KEYWORDS, check_torchrl_keywords
 from support.envs import CounterEnv
 
 torchrl_collectors = pytest.importorskip("torchrl.collectors")
@@ -107,3 +107,30 @@ def test_compile_policy_compiles_the_network_and_the_weights_still_update(name):
 class _ArgMax(torch.nn.Module):
     def forward(self, x):
         return x.argmax(-1)
+
+
+@pytest.mark.parametrize("name", ["RayCollector", "RPCCollector"])
+def test_the_distributed_collectors_take_every_torchrl_keyword_at_its_default(name):
+    distributed = pytest.importorskip("torchrl.collectors.distributed")
+    theirs = inspect.signature(getattr(distributed, name).__init__).parameters
+    ours = inspect.signature(getattr(aiocollect, name).__init__).parameters
+    extra = {k: p.default for k, p in theirs.items() if k not in ours and p.default is not p.empty
+             and p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL)}
+    # RPCCollector's default launcher is SLURM's there; here the workers are local processes
+    assert extra.pop("launcher", "mp") == ("submitit" if name == "RPCCollector" else "mp")
+    check_torchrl_keywords(name, extra, DISTRIBUTED_KEYWORDS)  # raises if one is not taken
+    with pytest.raises(ValueError, match=r"^launcher='submitit': RPCCollector starts its workers as local"):
+        check_torchrl_keywords(name, {"launcher": "submitit"}, DISTRIBUTED_KEYWORDS)
+
+
+def test_the_distributed_collectors_check_torchrl_keywords_before_starting_anything():
+    with pytest.raises(ValueError, match=r"^slurm_kwargs=.*SLURM submission is not supported"):
+        aiocollect.RPCCollector(CounterEnv, None, frames_per_batch=20, slurm_kwargs={"timeout": 10})
+    with pytest.raises(ValueError, match="tcp_port=1234 and master_port=1235: they name the same port"):
+        aiocollect.RPCCollector(CounterEnv, None, frames_per_batch=20, tcp_port=1234, master_port=1235)
+    with pytest.raises(ValueError, match=r"^max_weight_update_interval=5: "):
+        aiocollect.RayCollector(CounterEnv, None, frames_per_batch=20, max_weight_update_interval=5)
+    with pytest.raises(ValueError, match="policy and policy_factory: give one of them"):
+        aiocollect.RayCollector(CounterEnv, lambda obs: obs, frames_per_batch=20, policy_factory=lambda: None)
+    with pytest.raises(TypeError, match="argument 'trajs_per_batchh'; did you mean 'trajs_per_batch'"):
+        aiocollect.RayCollector(CounterEnv, None, frames_per_batch=20, trajs_per_batchh=2)
