@@ -16,15 +16,17 @@ space               key                              per-env shape, dtype
 
 The same table holds for the action, always under the key ``"action"``, with one
 addition: a ``Discrete`` action may also come one-hot (TorchRL's default encoding, the
-one a ``QValueActor`` or a ``OneHotCategorical`` actor writes), and then the batch keeps
-it as the policy wrote it:
+one a ``QValueActor`` or a ``OneHotCategorical`` actor writes), and a ``MultiDiscrete``
+one (of one dimension) as TorchRL's ``MultiOneHot``: each sub-action's one-hot row, side
+by side. The batch then keeps it as the policy wrote it:
 
-==============================  =========================  ==================================
-the policy writes               the env is stepped with    the batch's ``"action"`` holds
-==============================  =========================  ==================================
-indices ``[n]`` (integer/bool)  that index                 the indices (booleans as int64)
-one-hot rows ``[n, space.n]``   the index of each row's 1  the rows, as the policy wrote them
-==============================  =========================  ==================================
+======================================  ==========================  ==================================
+the policy writes                       the env is stepped with     the batch's ``"action"`` holds
+======================================  ==========================  ==================================
+indices ``[n]`` (integer/bool)          that index                  the indices (booleans as int64)
+one-hot rows ``[n, space.n]``           the index of each row's 1   the rows, as the policy wrote them
+one-hot parts ``[n, sum(space.nvec)]``  each part's index           the rows, as the policy wrote them
+======================================  ==========================  ==================================
 
 so a batch carries the encoding of the policy that collected it, and a loss built for
 that encoding (TorchRL's ``DQNLoss(action_space="one-hot")``) takes it as it is.
@@ -197,7 +199,10 @@ class ActionCheck:
     low: np.ndarray | int | None
     high: np.ndarray | int | None
     one_hot: int | None = None
-    """``space.n`` for a ``Discrete`` space (a one-hot action has that many columns), else ``None``."""
+    """How many columns a one-hot action has: ``space.n`` for a ``Discrete`` space,
+    ``sum(nvec)`` for a one-dimensional ``MultiDiscrete`` one; else ``None``."""
+    parts: tuple[int, ...] = ()
+    """The one-hot parts' widths (``(n,)``, or ``nvec``)."""
 
     @classmethod
     def for_space(cls, space: spaces.Space) -> ActionCheck:
@@ -209,13 +214,18 @@ class ActionCheck:
             )
         dtype, shape = leaf[0].dtype, leaf[0].shape
         low = high = one_hot = None
+        parts: tuple[int, ...] = ()
         if isinstance(space, spaces.Discrete):
             low, high, one_hot = int(space.start), int(space.start + space.n - 1), int(space.n)
+            parts = (one_hot,)
         elif isinstance(space, spaces.MultiDiscrete):
             low, high = np.asarray(space.start), np.asarray(space.start + space.nvec - 1)
+            if space.nvec.ndim == 1:
+                parts = tuple(int(n) for n in space.nvec)
+                one_hot = sum(parts)
         elif isinstance(space, spaces.MultiBinary):
             low, high = 0, 1
-        return cls(space, shape, dtype, low, high, one_hot)
+        return cls(space, shape, dtype, low, high, one_hot, parts)
 
     def __call__(self, action: np.ndarray, num_envs: int) -> np.ndarray:
         """``action`` if it is a valid batch of actions for ``num_envs`` envs, converted to
@@ -231,8 +241,8 @@ class ActionCheck:
             if action.shape == (*expected, 1) and self.one_hot is not None:
                 hint = " Discrete actions are int64 indices of shape [num_envs]: squeeze the last dim."
             elif self.one_hot is not None and action.ndim == 2:
-                hint = (f" A one-hot Discrete action has shape [num_envs, {self.one_hot}], one column "
-                        "per action.")
+                hint = (f" A one-hot action has shape [num_envs, {self.one_hot}], one column per action"
+                        f"{' of each part' if len(self.parts) > 1 else ''}.")
             raise ValueError(
                 f"action: the policy returned shape {list(action.shape)} for {num_envs} env(s), "
                 f"expected {list(expected)} for {self.space}.{hint}"
@@ -264,25 +274,29 @@ class ActionCheck:
                 f"action: the policy returned one-hot rows of dtype {action.dtype} for {self.space}; "
                 "use bool, integer or float one-hot rows, or int64 indices of shape [num_envs]."
             )
-        if action.dtype.kind == "b":
-            ones = action.sum(axis=1)
-            bad = ones != 1
-        else:
-            ones = (action == 1).sum(axis=1)
-            bad = (ones != 1) | ((action != 0) & (action != 1)).any(axis=1)
+        bad = np.zeros(len(action), bool)
+        if action.dtype.kind != "b":
+            bad |= ((action != 0) & (action != 1)).any(axis=1)
+        for part in np.split(action, np.cumsum(self.parts)[:-1], axis=1):
+            bad |= (part == 1).sum(axis=1) != 1
         if bad.any():
             row = int(np.flatnonzero(bad)[0])
             raise ValueError(
                 f"action: the policy returned shape {list(action.shape)} for {self.space}, read as "
-                f"one-hot rows, but row {row} is not one-hot ({action[row].tolist()}): each row "
-                "needs exactly one 1 and zeros elsewhere (or return int64 indices of shape [num_envs])."
+                f"one-hot rows, but row {row} is not one-hot ({action[row].tolist()}): "
+                f"{'each of its parts (widths ' + str(list(self.parts)) + ')' if len(self.parts) > 1 else 'each row'}"
+                f" needs exactly one 1 and zeros elsewhere (or return int64 indices of shape "
+                f"{[len(action), *self.shape]})."
             )
         return action
 
     def env_action(self, action: np.ndarray) -> np.ndarray:
         """What the envs are stepped with for the checked ``action``: the action itself, or
         for one-hot rows the index of each row's 1 (int64, the space's ``start`` added)."""
-        if action.ndim == len(self.shape) + 1:
+        if action.shape[1:] == self.shape:
             return action
-        index = action.argmax(axis=1)
-        return index + self.low if self.low else index
+        if len(self.parts) == 1:
+            index = action.argmax(axis=1)
+        else:
+            index = np.stack([p.argmax(axis=1) for p in np.split(action, np.cumsum(self.parts)[:-1], axis=1)], 1)
+        return index + self.low if np.any(self.low) else index

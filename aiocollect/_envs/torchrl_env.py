@@ -168,12 +168,15 @@ class ActionEncoder:
     in that space (a numpy array, batched or not) to the tensor the env expects."""
 
     def __init__(self, spec: Any, device: Any, what: str):
-        self.dtype, self.device, self.one_hot = spec.dtype, device, 0
+        self.dtype, self.device, self.one_hot, self.parts = spec.dtype, device, 0, ()
         shape = tuple(spec.shape)
-        if isinstance(spec, MultiOneHot):
-            raise TypeError(f"{what}: MultiOneHot actions are not supported; build the env with "
-                            "categorical_action_encoding=True (MultiCategorical actions).")
-        if isinstance(spec, OneHot):
+        if isinstance(spec, MultiOneHot):  # one-hot parts side by side: a MultiDiscrete action
+            self.parts = tuple(int(n) for n in spec.nvec)
+            if len(shape) != 1:
+                raise TypeError(f"{what}: a batched MultiOneHot action spec {list(shape)} is not supported; "
+                                "build the env with categorical_action_encoding=True.")
+            self.space = spaces.MultiDiscrete(np.array(self.parts, np.int64))
+        elif isinstance(spec, OneHot):
             self.one_hot = spec.space.n
             self.space = spaces.Discrete(self.one_hot)
         elif isinstance(spec, MultiCategorical):
@@ -202,6 +205,8 @@ class ActionEncoder:
         tensor = torch.tensor(action, device=self.device)
         if self.one_hot:
             tensor = torch.nn.functional.one_hot(tensor, self.one_hot)
+        elif self.parts:
+            tensor = torch.cat([torch.nn.functional.one_hot(tensor[..., i], n) for i, n in enumerate(self.parts)], -1)
         return tensor.to(self.dtype)
 
 

@@ -76,8 +76,9 @@ class RandomPolicy(TensorDictModuleBase):
         """A batch of random actions laid out as ``action``, a policy's batched action.
 
         For ``init_random_frames``, whose batches must look like the policy's: the draw
-        takes ``action``'s dtype (and type: a tensor for a tensor), and for a ``Discrete``
-        space where ``action`` is one-hot rows ``[num_envs, n]``, it is one-hot rows too.
+        takes ``action``'s dtype (and type: a tensor for a tensor), and where ``action`` is
+        one-hot rows (``[num_envs, n]`` for a ``Discrete`` space, ``[num_envs, sum(nvec)]``
+        for a ``MultiDiscrete`` one), it is one-hot rows too.
         An ``action`` of neither layout is returned as it is, for the action check to name.
 
         Args:
@@ -95,6 +96,12 @@ class RandomPolicy(TensorDictModuleBase):
         elif isinstance(space, spaces.Discrete) and shape == (num_envs, int(space.n)):
             rows = np.zeros(shape, np.int64)
             rows[np.arange(num_envs), drawn - space.start] = 1
+            drawn = rows
+        elif (isinstance(space, spaces.MultiDiscrete) and space.nvec.ndim == 1
+              and shape == (num_envs, int(space.nvec.sum()))):  # TorchRL's MultiOneHot: parts side by side
+            rows = np.zeros(shape, np.int64)
+            offsets = np.concatenate([[0], np.cumsum(space.nvec)[:-1]])
+            rows[np.arange(num_envs)[:, None], offsets + drawn - space.start] = 1
             drawn = rows
         else:
             return action

@@ -198,6 +198,18 @@ def test_a_multi_discrete_value_is_checked_against_its_own_column():
         check(np.array([[2, 0]]), 1)  # 2 fits column 1's range but not column 0's
 
 
+def test_multi_discrete_one_hot_parts_side_by_side_step_the_envs_with_each_parts_index():
+    check = ActionCheck.for_space(spaces.MultiDiscrete([2, 3], start=[0, 1]))
+    assert (check.one_hot, check.parts) == (5, (2, 3))
+    rows = np.array([[0, 1, 0, 0, 1], [1, 0, 1, 0, 0]], np.uint8)  # TorchRL's MultiOneHot layout
+    assert check(rows, 2) is rows  # the batch keeps the rows
+    assert check.env_action(rows).tolist() == [[1, 3], [0, 1]]  # start added
+    indices = np.array([[1, 3], [0, 1]])
+    assert check.env_action(check(indices, 2)) is indices
+    with pytest.raises(ValueError, match=r"row 1 is not one-hot .* its parts \(widths \[2, 3\]\) needs exactly one"):
+        check(np.array([[0, 1, 0, 0, 1], [1, 1, 0, 0, 1]]), 2)
+
+
 def test_zero_envs_means_an_empty_action_passes():
     ActionCheck.for_space(spaces.Discrete(3))(np.zeros(0, np.int64), 0)
 

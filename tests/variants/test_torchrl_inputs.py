@@ -14,6 +14,8 @@ Envs are ``CounterEnv``s: their observation's last entry is the action the env w
 
 from __future__ import annotations
 
+import gymnasium as gym
+import numpy as np
 import pytest
 import torch
 from gymnasium import spaces
@@ -172,7 +174,7 @@ def test_torchrl_random_policy_draws_for_every_env_in_its_spec_encoding(cls):
     from torchrl.envs.utils import RandomPolicy
 
     spec = GymEnv("CartPole-v1").action_spec  # one unbatched env's: OneHot, shape [2]
-    make = lambda: GymEnv("CartPole-v1")  # noqa: E731
+    make = lambda: GymEnv("CartPole-v1")
     with cls([make, make], RandomPolicy(spec), frames_per_batch=40, total_frames=80) as collector:
         batches = list(collector)
     actions = torch.cat([b["action"].reshape(-1, 2) for b in batches])
@@ -181,3 +183,46 @@ def test_torchrl_random_policy_draws_for_every_env_in_its_spec_encoding(cls):
     with Collector(CounterEnv, RandomPolicy(), frames_per_batch=20, total_frames=20) as collector:
         batch = next(iter(collector))  # no spec: drawn from the env's space, as TorchRL fills it from the env
     assert batch["action"].dtype == torch.int64 and set(batch["action"].tolist()) <= {0, 1, 2}
+
+
+class EchoMultiEnv(gym.Env):
+    """MultiDiscrete([3, 4]) actions; the observation is the last action the env was given."""
+
+    observation_space = spaces.Box(-1, 10, (2,), np.float32)
+    action_space = spaces.MultiDiscrete([3, 4])
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        return np.full(2, -1, np.float32), {}
+
+    def step(self, action):
+        assert self.action_space.contains(np.asarray(action)), action
+        return np.asarray(action, np.float32), 0.0, False, False, {}
+
+
+def test_multi_one_hot_actions_step_a_multi_discrete_env_with_each_parts_index():
+    from torchrl.data import MultiOneHot
+    from torchrl.envs import GymWrapper
+    from torchrl.envs.utils import RandomPolicy
+
+    torch.manual_seed(0)
+    with Collector(EchoMultiEnv, RandomPolicy(MultiOneHot([3, 4])), frames_per_batch=30, total_frames=60,
+                   init_random_frames=30) as collector:
+        batches = list(collector)  # the first from init_random_frames, drawn one-hot like the policy
+    for batch in batches:
+        rows = batch["action"].long()
+        assert batch["action"].shape == (30, 7)
+        assert_one_hot(rows[:, :3])
+        assert_one_hot(rows[:, 3:])
+        assert torch.equal(batch["next", "observation"].long(), torch.stack([rows[:, :3].argmax(1),
+                                                                            rows[:, 3:].argmax(1)], 1))
+    # a TorchRL env over that env, in TorchRL's default encoding: its action spec is MultiOneHot
+    env = GymWrapper(EchoMultiEnv())
+    assert type(env.action_spec).__name__ == "MultiOneHot"
+    with Collector(lambda: GymWrapper(EchoMultiEnv()), RandomPolicy(env.action_spec), frames_per_batch=20,
+                   total_frames=20) as collector:
+        batch = next(iter(collector))
+    rows = batch["action"].long()
+    assert rows.shape == (20, 7)
+    given_indices = torch.stack([rows[:, :3].argmax(1), rows[:, 3:].argmax(1)], 1)
+    assert torch.equal(batch["next", "observation"].long(), given_indices)
