@@ -33,7 +33,7 @@ from .._workers.inline_worker import InlineWorker
 from .._workers.shm import Layout, SharedArrays
 from .base import DataCollectorBase
 from .loop_thread import LoopThread
-from .options import env_seeds, options_from, validate_batching
+from .options import env_seeds, fit_to_envs, options_from, validate_batching
 from .torchrl_compat import check_torchrl_keywords, resolve_policy
 
 
@@ -100,8 +100,7 @@ class Collector(DataCollectorBase):
     [`CollectorOptions`][aiocollect.CollectorOptions].
 
     Raises:
-        ValueError: an option is out of range, ``frames_per_batch`` does not split evenly
-            over the envs, the envs' spaces differ, or a coroutine-env argument is given
+        ValueError: an option is out of range, the envs' spaces differ, or a coroutine-env argument is given
             for other envs.
         TypeError: an argument has the wrong type (e.g. a factory that returns a TorchRL
             env: pass the gymnasium env).
@@ -209,13 +208,7 @@ class Collector(DataCollectorBase):
             self.shutdown()
             raise
         n = group.num_envs
-        if options.frames_per_batch % n:
-            self.shutdown()
-            lower = options.frames_per_batch // n * n
-            raise ValueError(
-                f"frames_per_batch={options.frames_per_batch} does not split evenly over {n} envs; "
-                f"use a multiple of {n}, such as {lower or n} or {lower + n}."
-            )
+        self.options = options = fit_to_envs(options, n, f"{n} envs", stacklevel=3)
         self.num_envs = n
         """How many envs the collector steps."""
         self._steps_per_batch = options.frames_per_batch // n

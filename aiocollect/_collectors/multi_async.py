@@ -11,6 +11,7 @@ docstring says what users see.
 from __future__ import annotations
 
 import asyncio
+import math
 import weakref
 from collections import deque
 
@@ -19,7 +20,7 @@ from tensordict import TensorDictBase
 
 from .._engine.scheduler import Lane, Sealed
 from .._workers.plan import WorkerPlan
-from .options import WorkerOptions
+from .options import CollectorOptions, WorkerOptions, fit_to_envs
 from .workers import WorkerCollectorBase
 
 
@@ -99,15 +100,10 @@ class MultiAsyncCollector(WorkerCollectorBase):
         >>> collector.statistics().stale_frames_dropped
     """
 
-    def _check_plan(self, plan: WorkerPlan, options, worker_options: WorkerOptions) -> None:
-        fpb = options.frames_per_batch
-        bad = sorted({w.num_envs for w in plan.workers if fpb % w.num_envs})
-        if bad:
-            raise ValueError(
-                f"frames_per_batch={fpb}: each batch is one worker's, so it must split evenly over "
-                f"that worker's envs, and some workers have {bad} envs; use a multiple of every "
-                "worker's env count."
-            )
+    def _check_plan(self, plan: WorkerPlan, options, worker_options: WorkerOptions) -> CollectorOptions:
+        counts = sorted({w.num_envs for w in plan.workers})
+        # each batch is one worker's: it must split evenly over any worker's envs
+        options = fit_to_envs(options, math.lcm(*counts), f"a worker's envs ({counts})", stacklevel=4)
         if options.interruptor is not None:
             raise ValueError(
                 "interruptor: a MultiAsyncCollector delivers each worker's batch as soon as it is "
@@ -123,6 +119,7 @@ class MultiAsyncCollector(WorkerCollectorBase):
         self._pump: asyncio.Task | None = None
         self._pump_error: BaseException | None = None
         self._arrived: anyio.Event | None = None
+        return options
 
     def _steps_per_env(self, num_envs: int) -> int:
         return self.options.frames_per_batch // num_envs

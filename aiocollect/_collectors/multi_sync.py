@@ -11,7 +11,7 @@ import torch
 from tensordict import TensorDictBase
 
 from .._workers.plan import WorkerPlan
-from .options import WorkerOptions
+from .options import CollectorOptions, WorkerOptions, fit_to_envs
 from .workers import WorkerCollectorBase
 
 
@@ -111,14 +111,9 @@ class MultiSyncCollector(WorkerCollectorBase):
         ...                                preemptive_threshold=0.5)
     """
 
-    def _check_plan(self, plan: WorkerPlan, options, worker_options: WorkerOptions) -> None:
-        n, fpb = plan.num_envs, options.frames_per_batch
-        if fpb % n:
-            lower = fpb // n * n
-            raise ValueError(
-                f"frames_per_batch={fpb} does not split evenly over the {n} envs of "
-                f"{len(plan.workers)} workers; use a multiple of {n}, such as {lower or n} or {lower + n}."
-            )
+    def _check_plan(self, plan: WorkerPlan, options, worker_options: WorkerOptions) -> CollectorOptions:
+        n = plan.num_envs
+        options = fit_to_envs(options, n, f"the {n} envs of {len(plan.workers)} workers", stacklevel=4)
         cat = worker_options.cat_results
         counts = {w.num_envs for w in plan.workers}
         if cat == "stack" and len(counts) > 1:
@@ -140,6 +135,7 @@ class MultiSyncCollector(WorkerCollectorBase):
                 "MultiAsyncCollector, which collects ahead. Remove the argument."
             )
         self._mask = options.interruptor is not None or worker_options.preemptive_threshold is not None
+        return options
 
     def _steps_per_env(self, num_envs: int) -> int:
         return self.options.frames_per_batch // self.num_envs

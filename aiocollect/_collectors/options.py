@@ -7,6 +7,7 @@ saying what would be accepted. The result is a frozen [`CollectorOptions`][aioco
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 import numbers
 import warnings
@@ -37,7 +38,8 @@ class CollectorOptions:
     """
 
     frames_per_batch: int
-    """Frames (env steps, summed over envs) in each batch; it must split evenly over the envs."""
+    """Frames (env steps, summed over envs) in each batch; a value that does not split evenly
+    over the envs is rounded up to one that does, with a warning, as in TorchRL."""
     total_frames: int = -1
     """Frames over the collector's life, a multiple of ``frames_per_batch`` (another value is
     rounded up to one, with a warning, as in TorchRL); ``-1``: endless."""
@@ -54,7 +56,8 @@ class CollectorOptions:
     max_frames_per_traj: int | None = None
     """Truncate (and reset) a trajectory after this many steps; ``None`` (or ``-1``): never."""
     init_random_frames: int = 0
-    """Frames collected with a random policy first (rounded up to whole batches)."""
+    """Frames collected with a random policy first (rounded up to whole batches); ``None``
+    or ``-1`` (TorchRL's spelling): none."""
     reset_at_each_iter: bool = False
     """Reset every env at the start of each batch."""
     postproc: Callable | None = None
@@ -200,11 +203,12 @@ def validate_options(
     irf = 0
     if init_random_frames is not None:
         irf = _int("init_random_frames", init_random_frames, allow="a number of frames, or None")
-        if irf < 0:
+        if irf < -1:
             raise ValueError(
                 f"init_random_frames={irf}: give how many frames to collect with a random policy "
-                "first (an int >= 0), or None for none."
+                "first (an int >= 0), or None (or -1, TorchRL's spelling) for none."
             )
+        irf = max(irf, 0)
         irf = -(-irf // fpb) * fpb  # whole batches
     for name, value in (
         ("reset_at_each_iter", reset_at_each_iter),
@@ -270,6 +274,24 @@ def validate_options(
         trajs_per_write=tpw,
         **devices,
     )
+
+
+def fit_to_envs(options: CollectorOptions, multiple: int, what: str, stacklevel: int) -> CollectorOptions:
+    """``options`` with ``frames_per_batch`` rounded up to a multiple of ``multiple`` (every
+    env steps the same number of times in a batch), with a warning, as TorchRL does; then
+    ``total_frames`` and ``init_random_frames`` again whole batches. ``what`` names the envs."""
+    fpb = options.frames_per_batch
+    if fpb % multiple == 0:
+        return options
+    new = -(-fpb // multiple) * multiple
+    warnings.warn(
+        f"frames_per_batch={fpb} does not split evenly over {what}: each batch has {new} frames, "
+        f"rounded up as TorchRL does; give frames_per_batch={new} to silence this.",
+        UserWarning, stacklevel=stacklevel,
+    )
+    total = options.total_frames if options.total_frames < 0 else -(-options.total_frames // new) * new
+    return dataclasses.replace(options, frames_per_batch=new, total_frames=total,
+                               init_random_frames=-(-options.init_random_frames // new) * new)
 
 
 def env_seeds(seed: Any, num_envs: int, static_seed: bool) -> list[int]:

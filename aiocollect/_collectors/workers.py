@@ -30,7 +30,15 @@ from .._workers.pool import WorkerPool
 from .._workers.shm import Layout
 from .base import DataCollectorBase, WorkerStatistics
 from .loop_thread import LoopThread
-from .options import WorkerOptions, env_seeds, options_from, validate_batching, validate_worker_options, worker_indices
+from .options import (
+    CollectorOptions,
+    WorkerOptions,
+    env_seeds,
+    options_from,
+    validate_batching,
+    validate_worker_options,
+    worker_indices,
+)
 from .torchrl_compat import check_torchrl_keywords, resolve_policy
 
 
@@ -119,7 +127,7 @@ class WorkerCollectorBase(DataCollectorBase):
         if create_env_fn is None:
             raise TypeError("create_env_fn is required: a list with one env factory per worker.")
         plan = plan_workers(self._entries(create_env_fn), options.create_env_kwargs)
-        self._check_plan(plan, options, worker_options)
+        options = self._check_plan(plan, options, worker_options)
         validate_batching(max_batch_size=max_batch_size, min_batch_size=min_batch_size,
                           batch_timeout=batch_timeout, step_timeout=None,
                           coroutine=any(w.coroutine for w in plan.workers),
@@ -174,8 +182,10 @@ class WorkerCollectorBase(DataCollectorBase):
     def _entries(create_env_fn: Any) -> Any:
         return create_env_fn
 
-    def _check_plan(self, plan: WorkerPlan, options, worker_options: WorkerOptions) -> None:
-        """Raise before any process starts if ``frames_per_batch`` does not fit the envs."""
+    def _check_plan(self, plan: WorkerPlan, options, worker_options: WorkerOptions) -> CollectorOptions:
+        """Raise before any process starts if the options do not fit the envs; returns them
+        with ``frames_per_batch`` rounded up to fit (``fit_to_envs``)."""
+        return options
 
     def _steps_per_env(self, num_envs: int) -> int:
         """Steps per env in a batch of a worker with ``num_envs`` envs."""

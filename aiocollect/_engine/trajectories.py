@@ -16,34 +16,56 @@ from tensordict import TensorDictBase, pad
 def split_trajectories(
     batch: TensorDictBase,
     *,
-    trajectory_key=("collector", "traj_ids"),
-    done_key=("next", "done"),
+    prefix=None,
+    trajectory_key=None,
+    done_key=None,
+    as_nested: bool = False,
 ) -> TensorDictBase:
     """Split ``batch`` along time into zero-padded trajectories.
 
     One row per trajectory, in order of first appearance (env by env), padded with zeros
-    to the longest. The output follows ``torchrl.collectors.utils.split_trajectories``
-    (tested against it), so code written for TorchRL's output reads it the same way. A
+    to the longest. Signature, keys and output follow ``torchrl.collectors.utils.split_trajectories``
+    (tested against it), so code written for TorchRL's reads ours the same way. A
     collector's ``split_trajs=True`` applies it to every batch.
 
     Args:
         batch: a collected batch, ``[T]`` or ``[envs, T]`` (time last).
-        trajectory_key (tuple | str): where the trajectory ids are. When missing,
-            trajectories are cut after every ``done_key`` and numbered row by row.
-        done_key (tuple | str): the done flags used when there are no trajectory ids.
+        prefix (str | tuple): where the trajectory ids (``"traj_ids"``) and the ``"mask"`` are read and
+            written: ``"collector"`` when ``batch`` has a ``"collector"`` entry (every
+            collected batch), else the root. Prefer ``trajectory_key``.
+        trajectory_key (tuple | str): the trajectory ids' key (the mask goes next to it);
+            supersedes ``prefix``. Where there are none, trajectories are cut after every
+            done step and numbered row by row (the ids are written there).
+        done_key (tuple | str): the done flag under ``"next"`` read then (default ``"done"``,
+            that is ``("next", "done")``).
+        as_nested (bool): TorchRL's nested-tensor output; not supported here (a ``ValueError``):
+            the padded output and its mask hold the same.
 
     Returns:
         A TensorDict ``[num_trajectories, max_len]`` with a ``mask`` entry next to the
-        trajectory ids (``("collector", "mask")`` by default). Frames already masked out in
-        ``batch`` (an interrupted batch) are dropped first.
+        trajectory ids (``("collector", "mask")`` for a collected batch). Frames already
+        masked out in ``batch`` (an interrupted batch) are dropped first.
 
     Examples:
         >>> data = next(iter(collector))                # [4, 100]
         >>> trajs = split_trajectories(data)            # [k, longest]
         >>> returns = (trajs["next", "reward"] * trajs["collector", "mask"][..., None]).sum(1)
     """
-    prefix = trajectory_key[:-1] if isinstance(trajectory_key, tuple) else ()
+    if as_nested:
+        raise ValueError("as_nested: nested-tensor trajectories are not supported; use the padded output "
+                         "(as_nested=False) and its mask.")
+    if trajectory_key is None:
+        if prefix is None and "collector" in batch.keys():  # noqa: SIM118 - a TensorDict's root keys
+            prefix = "collector"
+        prefix = () if prefix is None else (prefix if isinstance(prefix, tuple) else (prefix,))
+        trajectory_key = (*prefix, "traj_ids") if prefix else "traj_ids"
+    else:
+        prefix = trajectory_key[:-1] if isinstance(trajectory_key, tuple) else ()
     mask_key = (*prefix, "mask") if prefix else "mask"
+    if done_key is None:
+        done_key = ("next", "done")
+    elif not (isinstance(done_key, tuple) and done_key[0] == "next"):
+        done_key = ("next", *done_key) if isinstance(done_key, tuple) else ("next", done_key)
     batch = batch.copy()
     traj_ids = batch.get(trajectory_key, None)
     if traj_ids is None:

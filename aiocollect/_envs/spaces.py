@@ -29,7 +29,8 @@ one-hot parts ``[n, sum(space.nvec)]``  each part's index           the rows, as
 ======================================  ==========================  ==================================
 
 so a batch carries the encoding of the policy that collected it, and a loss built for
-that encoding (TorchRL's ``DQNLoss(action_space="one-hot")``) takes it as it is.
+that encoding (TorchRL's ``DQNLoss(action_space="one-hot")``) takes it as it is. A row with
+several 1s (a ``QValueModule``'s tie) steps the env with the first, as TorchRL's collectors do.
 """
 
 from __future__ import annotations
@@ -268,7 +269,9 @@ class ActionCheck:
         return action.astype(self.dtype) if action.dtype.kind == "b" else action
 
     def _check_one_hot(self, action: np.ndarray) -> np.ndarray:
-        """``action`` if each row is exactly one-hot (one 1, the rest 0), else an error."""
+        """``action`` if each row (each part of it) holds only 0s and 1s, with at least one 1,
+        else an error. Several 1s are a tie (a ``QValueModule``'s rows when action values are
+        equal): the env gets the first, as under TorchRL's collectors (an ``argmax``)."""
         if action.dtype.kind not in "biuf":
             raise TypeError(
                 f"action: the policy returned one-hot rows of dtype {action.dtype} for {self.space}; "
@@ -278,14 +281,14 @@ class ActionCheck:
         if action.dtype.kind != "b":
             bad |= ((action != 0) & (action != 1)).any(axis=1)
         for part in np.split(action, np.cumsum(self.parts)[:-1], axis=1):
-            bad |= (part == 1).sum(axis=1) != 1
+            bad |= ~(part == 1).any(axis=1)  # several 1s: a tie, stepped with the first (TorchRL's argmax)
         if bad.any():
             row = int(np.flatnonzero(bad)[0])
             raise ValueError(
                 f"action: the policy returned shape {list(action.shape)} for {self.space}, read as "
                 f"one-hot rows, but row {row} is not one-hot ({action[row].tolist()}): "
                 f"{'each of its parts (widths ' + str(list(self.parts)) + ')' if len(self.parts) > 1 else 'each row'}"
-                f" needs exactly one 1 and zeros elsewhere (or return int64 indices of shape "
+                f" needs a 1 (the env gets the first) and zeros elsewhere (or return int64 indices of shape "
                 f"{[len(action), *self.shape]})."
             )
         return action

@@ -54,7 +54,6 @@ async def test_the_async_twin_returns_once_the_weights_are_in_effect(variant):
 
 BAD = [
     ({"frames_per_batch": 0}, ValueError, "frames_per_batch must be positive"),
-    ({"frames_per_batch": 3}, ValueError, "frames_per_batch=3.*split evenly"),
     ({"frames_per_batch": 40, "max_frames_per_traj": 2.5}, TypeError, "max_frames_per_traj must be an integer"),
     ({"frames_per_batch": 40, "postproc": 3}, TypeError, "postproc must be a callable"),
     ({"frames_per_batch": 40, "replay_buffer": object()}, TypeError, "replay_buffer must have an extend"),

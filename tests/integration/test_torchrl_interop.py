@@ -16,6 +16,7 @@ import pytest
 import torch
 import torch.nn as nn
 from gymnasium import spaces
+from tensordict import TensorDict
 from tensordict.nn import TensorDictModule
 
 import aiocollect
@@ -426,3 +427,18 @@ def test_split_trajectories_matches_torchrl(case):
     assert int(mask.sum()) == frames
     ids = ours["collector", "traj_ids"]
     assert all(ids[i][mask[i]].unique().numel() == 1 for i in range(ids.shape[0]))
+
+
+@pytest.mark.parametrize("kwargs", [dict(done_key="done"), dict(trajectory_key="trajectory"), {}],
+                         ids=["done_key", "trajectory_key", "defaults"])
+def test_split_trajectories_takes_torchrl_s_arguments_and_keys(kwargs):
+    """TorchRL's own docstring example: no "collector" entry, so the ids and mask go at the root."""
+    obs = torch.cat([torch.arange(10), torch.arange(5)])
+    done = torch.zeros(15, dtype=torch.bool)
+    done[9] = True
+    data = TensorDict({"obs": obs, ("next", "obs"): obs + 1, ("next", "done"): done,
+                       "trajectory": torch.cat([torch.zeros(10, dtype=torch.int32), torch.ones(5, dtype=torch.int32)])},
+                      batch_size=[15])
+    ours, theirs = aiocollect.split_trajectories(data, **kwargs), torchrl_split_trajectories(data, **kwargs)
+    assert set(ours.keys(True, True)) == set(theirs.keys(True, True))
+    assert (ours == theirs).all()

@@ -130,9 +130,9 @@ def test_defaults_are_normalised_to_the_documented_values():
 
 
 @pytest.mark.parametrize(("given", "expected"), [
-    (None, 0), (0, 0), (1, 10), (10, 10), (11, 20), (25, 30), (30, 30),
+    (None, 0), (-1, 0), (0, 0), (1, 10), (10, 10), (11, 20), (25, 30), (30, 30),
 ])
-def test_init_random_frames_is_rounded_up_to_whole_batches(given, expected):
+def test_init_random_frames_is_rounded_up_to_whole_batches(given, expected):  # -1: none, as in TorchRL
     assert validate_options(frames_per_batch=10, init_random_frames=given).init_random_frames == expected
 
 

@@ -206,8 +206,10 @@ def test_multi_discrete_one_hot_parts_side_by_side_step_the_envs_with_each_parts
     assert check.env_action(rows).tolist() == [[1, 3], [0, 1]]  # start added
     indices = np.array([[1, 3], [0, 1]])
     assert check.env_action(check(indices, 2)) is indices
-    with pytest.raises(ValueError, match=r"row 1 is not one-hot .* its parts \(widths \[2, 3\]\) needs exactly one"):
-        check(np.array([[0, 1, 0, 0, 1], [1, 1, 0, 0, 1]]), 2)
+    tie = np.array([[0, 1, 0, 1, 1], [1, 1, 0, 0, 1]])  # several 1s in a part: the first is the index
+    assert check.env_action(check(tie, 2)).tolist() == [[1, 2], [0, 3]]
+    with pytest.raises(ValueError, match=r"row 1 is not one-hot .* its parts \(widths \[2, 3\]\) needs a 1"):
+        check(np.array([[0, 1, 0, 0, 1], [1, 0, 0, 0, 0]]), 2)
 
 
 def test_zero_envs_means_an_empty_action_passes():

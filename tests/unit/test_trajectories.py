@@ -3,6 +3,7 @@ ids or only done flags, with a mask already set; exact padded values and masks."
 
 from __future__ import annotations
 
+import pytest
 import torch
 from tensordict import TensorDict
 
@@ -144,12 +145,25 @@ def test_custom_keys_put_the_mask_next_to_the_ids():
     assert out["mask"].tolist() == [[True, True], [True, False]]
     assert out["x"].tolist() == [[1.0, 2.0], [3.0, 0.0]]
 
-    td = TensorDict({"ended": torch.tensor([False, True, False]), "x": torch.tensor([1.0, 2.0, 3.0])},
+    td = TensorDict({("next", "ended"): torch.tensor([False, True, False]), "x": torch.tensor([1.0, 2.0, 3.0])},
                     batch_size=[3])
-    out = split_trajectories(td, trajectory_key=("meta", "tid"), done_key="ended")
+    out = split_trajectories(td, trajectory_key=("meta", "tid"), done_key="ended")  # ("next", "ended")
     assert out["meta", "tid"].tolist() == [[0, 0], [1, 0]]
     assert out["meta", "mask"].tolist() == [[True, True], [True, False]]
     assert out["x"].tolist() == [[1.0, 2.0], [3.0, 0.0]]
+
+
+def test_keys_are_resolved_as_torchrl_does():
+    # no "collector" entry: ids and mask at the root; done_key is read under "next"
+    td = TensorDict({("next", "done"): torch.tensor([False, True, False]), "x": torch.tensor([1.0, 2.0, 3.0])},
+                    batch_size=[3])
+    out = split_trajectories(td, done_key="done")
+    assert out["traj_ids"].tolist() == [[0, 0], [1, 0]] and out["mask"].tolist() == [[True, True], [True, False]]
+    assert "collector" not in out.keys()  # noqa: SIM118 - root keys
+    out = split_trajectories(td, prefix="meta")
+    assert out["meta", "mask"].tolist() == [[True, True], [True, False]]
+    with pytest.raises(ValueError, match="as_nested: nested-tensor trajectories are not supported"):
+        split_trajectories(td, as_nested=True)
 
 
 def test_the_input_batch_is_not_modified():

@@ -221,12 +221,13 @@ def test_bad_create_env_fn(env_fn, exc, match):
     assert built == []
 
 
-def test_frames_per_batch_not_divisible_by_envs_says_what_would():
-    factory = EnvRecorder()
-
-    with pytest.raises(ValueError, match=r"frames_per_batch=10 does not split evenly over 3 envs.*9 or 12"):
-        Collector([factory] * 3, None, frames_per_batch=10)
-    assert all(e.closed for e in factory.envs)
+def test_frames_per_batch_not_divisible_by_envs_is_rounded_up_with_a_warning_as_in_torchrl():
+    with pytest.warns(UserWarning, match=r"frames_per_batch=10 does not split evenly over 3 envs: each batch "
+                                         r"has 12 frames, rounded up as TorchRL does"):
+        c = Collector([CounterEnv] * 3, None, frames_per_batch=10, total_frames=20, init_random_frames=5)
+    with c:
+        assert (c.frames_per_batch, c.total_frames, c.options.init_random_frames) == (12, 24, 12)
+        assert [tuple(b.shape) for b in c] == [(3, 4), (3, 4)]
 
 
 @pytest.mark.parametrize(

@@ -96,12 +96,18 @@ def test_max_policy_lag_is_validated_before_any_process_starts():
         MultiSyncCollector([IntObsEnv] * 2, None, frames_per_batch=10, max_policy_lag=1)
 
 
-def test_multiasync_rejects_preemption_and_uneven_batches():
+def test_multiasync_rejects_preemption_and_rounds_uneven_batches_up():
     before = children()
     with pytest.raises(ValueError, match="preemptive_threshold"):
         MultiAsyncCollector([lambda: CounterEnv()], None, frames_per_batch=10, preemptive_threshold=0.5)
     with pytest.raises(ValueError, match=r"interruptor: .* no batch to cut short; use MultiSyncCollector"):
         MultiAsyncCollector([lambda: CounterEnv()], None, frames_per_batch=10, interruptor=Interruptor())
     assert children() == before
-    with pytest.raises(ValueError, match="split evenly"):
-        MultiAsyncCollector([[lambda: CounterEnv()] * 3], None, frames_per_batch=10)
+    # a batch is one worker's: frames_per_batch is rounded up to split over any worker's envs
+    with pytest.warns(UserWarning, match=r"frames_per_batch=10 does not split evenly over a worker's envs "
+                                         r"\(\[2, 3\]\): each batch has 12 frames"):
+        collector = MultiAsyncCollector([[lambda: CounterEnv()] * 3, [lambda: CounterEnv()] * 2], None,
+                                        frames_per_batch=10)
+    with collector:
+        assert collector.frames_per_batch == 12
+        assert {tuple(collector.rollout().shape) for _ in range(4)} <= {(3, 4), (2, 6)}

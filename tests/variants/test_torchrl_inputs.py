@@ -91,16 +91,20 @@ def test_one_hot_samples_of_a_space_that_starts_at_1_give_the_env_index_plus_sta
     assert len(given(batch).unique()) > 1  # sampled, not constant
 
 
-def test_a_row_that_is_not_exactly_one_hot_is_refused_naming_the_action():
-    def two_ones(observation):
+def test_a_tie_steps_the_env_with_its_first_one_and_a_row_without_a_one_is_refused():
+    def tie_then_none(observation):  # a QValueModule's rows when action values tie: several 1s
         action = torch.zeros(observation.shape[0], 3)
-        action[:, 0] = 1
-        action[-1, 2] = 1
+        action[:, 1:] = 1
+        if (observation[:, 0] >= 1).any():
+            action[-1] = 0
         return action
 
-    with (Collector([CounterEnv] * 2, two_ones, frames_per_batch=4, total_frames=4) as collector,
-          pytest.raises(ValueError, match=r"^action: .* row 1 is not one-hot \(\[1\.0, 0\.0, 1\.0\]\)")):
-        list(collector)
+    with Collector([CounterEnv] * 2, tie_then_none, frames_per_batch=2, total_frames=4) as collector:
+        first = next(iter(collector))
+        assert (given(first) == 1).all(), "a tie steps the env with the first 1, as TorchRL's argmax does"
+        assert torch.equal(first["action"], torch.tensor([[[0.0, 1.0, 1.0]]] * 2)), "the rows are kept as written"
+        with pytest.raises(ValueError, match=r"^action: .* row 1 is not one-hot \(\[0\.0, 0\.0, 0\.0\]\)"):
+            next(iter(collector))
 
 
 # --------------------------------------------------------------------------- init_random_frames

@@ -201,3 +201,11 @@ def test_lambdas_and_main_classes_without_main_guard(tmp_path):
     out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "120"
+
+
+def test_multisync_rounds_frames_per_batch_up_to_split_over_every_env_as_torchrl_does():
+    with pytest.warns(UserWarning, match=r"frames_per_batch=10 does not split evenly over the 3 envs of 3 workers: "
+                                         r"each batch has 12 frames"):
+        collector = MultiSyncCollector([CounterEnv] * 3, None, frames_per_batch=10, total_frames=20)
+    with collector:
+        assert [tuple(b.shape) for b in collector] == [(3, 4), (3, 4)]

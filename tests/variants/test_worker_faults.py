@@ -131,7 +131,6 @@ class _Unpicklable:
         ([lambda: CounterEnv(), _Unpicklable()], {}, TypeError, r"create_env_fn\[1\] \(.*\) cannot be pickled"),
         ([lambda: CounterEnv()], dict(cat_results="concat"), ValueError, "cat_results='concat'"),
         ([lambda: CounterEnv()], dict(cat_results=3), ValueError, "cat_results=3"),
-        ([lambda: CounterEnv()] * 3, dict(frames_per_batch=10), ValueError, "does not split evenly over the 3 envs"),
         ([CounterEnv()], {}, TypeError, "env instance"),
         (lambda: CounterEnv(), {}, TypeError, "a list with one entry per worker"),
         ([lambda: CounterEnv()], dict(preemptive_threshold=1.5), ValueError, "preemptive_threshold"),
