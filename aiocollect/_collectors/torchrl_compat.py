@@ -15,8 +15,10 @@ of three ways:
   (every frame carries ``("collector", "policy_version")`` anyway), ``no_cuda_sync`` (there is no
   explicit CUDA synchronisation to skip);
 * **not supported**: accepted only at the value that turns them off (``cudagraph_policy=None``,
-  ``weight_sync_schemes=None``...); any other value is a ``ValueError`` that says what to do
-  instead.
+  ``weight_updater=None``...); any other value is a ``ValueError`` that says what to do
+  instead. TorchRL's weight-sync schemes (``weight_sync_schemes``) are taken: they carry
+  weights to policies in other processes, and here the policy runs in this process, where
+  ``update_policy_weights_()`` is that carrier.
 
 A keyword TorchRL does not have is the usual ``TypeError``, with the nearest valid name.
 """
@@ -28,15 +30,19 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-_ANY = object()
-
 
 @dataclass(frozen=True)
 class _Keyword:
     accepted: tuple
-    """The values taken (``_ANY``: every value)."""
+    """The values taken; a callable among them is a test of the value (TorchRL's weight-sync schemes)."""
     meaning: str
     """What aiocollect does about it, or what to do instead (the error's second half)."""
+
+
+def _torchrl_schemes(value: Any) -> bool:
+    """A TorchRL ``WeightSyncScheme``, or a dict of them (by model id)."""
+    values = value.values() if isinstance(value, dict) else [value]
+    return bool(values) and all(type(v).__module__.startswith("torchrl.weight_update") for v in values)
 
 
 _KEYWORDS: dict[str, _Keyword] = {
@@ -54,9 +60,12 @@ _KEYWORDS: dict[str, _Keyword] = {
                                                                "InitTracker and TensorDictPrimer yourself"),
     "cudagraph_policy": _Keyword((None, False), "CUDA-graph capture of the policy is not supported; use "
                                                 "compile_policy=True (or a dict of torch.compile arguments)"),
-    "weight_sync_schemes": _Keyword((None,), "the policy runs in this process for every worker: new weights "
-                                             "reach it through update_policy_weights_(), with no scheme to set"),
-    "weight_recv_schemes": _Keyword((None,), "weights reach the policy through update_policy_weights_()"),
+    # TorchRL's schemes carry weights to policies in other processes; here the policy runs in this
+    # process and update_policy_weights_() (or, for Collector, the shared module) is that carrier
+    "weight_sync_schemes": _Keyword((None, _torchrl_schemes), "give TorchRL weight-sync schemes (they are "
+                                                              "taken: weights reach the policy in this process "
+                                                              "through update_policy_weights_()), or None"),
+    "weight_recv_schemes": _Keyword((None, _torchrl_schemes), "give TorchRL weight-sync schemes, or None"),
     "weight_updater": _Keyword((None,), "weights reach the policy through update_policy_weights_(); for "
                                         "remote collectors use RayCollector or RPCCollector"),
     "backend_options": _Keyword((None,), "pick the collector class instead (MultiSyncCollector, RayCollector...)"),
@@ -100,8 +109,9 @@ def check_torchrl_keywords(owner: str, given: dict[str, Any], extra: dict[str, _
             close = difflib.get_close_matches(name, [*keywords, *_KNOWN_ELSEWHERE, *OPTION_KEYWORDS], n=1)
             hint = f"; did you mean {close[0]!r}?" if close else ""
             raise TypeError(f"{owner}() got an unexpected keyword argument {name!r}{hint}")
-        if not any(value is v or (isinstance(v, str) and value == v) for v in keyword.accepted):
-            off = " or ".join(repr(v) for v in keyword.accepted)
+        if not any(v(value) if callable(v) else value is v or (isinstance(v, str) and value == v)
+                   for v in keyword.accepted):
+            off = " or ".join(repr(v) for v in keyword.accepted if not callable(v))
             raise ValueError(f"{name}={value!r}: {keyword.meaning} (TorchRL's keyword is taken at {off}).")
 
 

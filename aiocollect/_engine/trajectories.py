@@ -38,8 +38,9 @@ def split_trajectories(
             done step and numbered row by row (the ids are written there).
         done_key (tuple | str): the done flag under ``"next"`` read then (default ``"done"``,
             that is ``("next", "done")``).
-        as_nested (bool): TorchRL's nested-tensor output; not supported here (a ``ValueError``):
-            the padded output and its mask hold the same.
+        as_nested (bool): give each leaf as a (strided) nested tensor instead,
+            ``[num_trajectories, their lengths, ...]``, without padding or mask, as TorchRL's
+            does (which, with this torch, also makes strided ones whatever layout it is given).
 
     Returns:
         A TensorDict ``[num_trajectories, max_len]`` with a ``mask`` entry next to the
@@ -51,9 +52,6 @@ def split_trajectories(
         >>> trajs = split_trajectories(data)            # [k, longest]
         >>> returns = (trajs["next", "reward"] * trajs["collector", "mask"][..., None]).sum(1)
     """
-    if as_nested:
-        raise ValueError("as_nested: nested-tensor trajectories are not supported; use the padded output "
-                         "(as_nested=False) and its mask.")
     if trajectory_key is None:
         if prefix is None and "collector" in batch.keys():  # noqa: SIM118 - a TensorDict's root keys
             prefix = "collector"
@@ -88,6 +86,12 @@ def split_trajectories(
     ids = flat.get(trajectory_key)
     _, lengths = torch.unique_consecutive(ids, return_counts=True)
     lengths = lengths.tolist()
+    if as_nested:  # one nested tensor per leaf, [trajectories, their own lengths, ...], no mask
+        flat = flat.exclude(mask_key).clone(False)
+        if flat.names[0] is not None:
+            flat.names = [None]
+        return flat.apply(lambda x: torch.nested.nested_tensor(list(x.split(lengths))),
+                          batch_size=[len(lengths), -1])
     if len(set(lengths)) == 1 and batch.ndim > 0 and lengths[0] == batch.shape[-1] and old_mask is None:
         # every row is exactly one whole trajectory: nothing to cut or pad
         batch.set(mask_key, torch.ones(batch.shape, dtype=torch.bool, device=batch.device))

@@ -29,12 +29,15 @@ one-hot parts ``[n, sum(space.nvec)]``  each part's index           the rows, as
 ======================================  ==========================  ==================================
 
 so a batch carries the encoding of the policy that collected it, and a loss built for
-that encoding (TorchRL's ``DQNLoss(action_space="one-hot")``) takes it as it is. A row with
-several 1s (a ``QValueModule``'s tie) steps the env with the first, as TorchRL's collectors do.
+that encoding (TorchRL's ``DQNLoss(action_space="one-hot")``) takes it as it is. Rows are
+read as TorchRL's ``OneHot`` spec reads them (the largest value cast to an integer): several
+1s (a ``QValueModule``'s tie) step the env with the first; rows that are not one-hot at all
+(logits) are read the same way, with a warning.
 """
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
 from typing import Any
 
@@ -269,9 +272,12 @@ class ActionCheck:
         return action.astype(self.dtype) if action.dtype.kind == "b" else action
 
     def _check_one_hot(self, action: np.ndarray) -> np.ndarray:
-        """``action`` if each row (each part of it) holds only 0s and 1s, with at least one 1,
-        else an error. Several 1s are a tie (a ``QValueModule``'s rows when action values are
-        equal): the env gets the first, as under TorchRL's collectors (an ``argmax``)."""
+        """``action``, rows read as TorchRL's ``OneHot`` specs read them: the env gets the
+        index of each row's (each part's) largest value cast to an integer. For one-hot rows
+        that is the 1; several 1s are a tie (a ``QValueModule``'s rows when action values are
+        equal), stepped with the first. Other rows (a policy writing logits to ``"action"``, as
+        TorchRL's weight-sync example does) are read the same way, with a warning, as they
+        run under TorchRL; a dtype that is not a number is an error."""
         if action.dtype.kind not in "biuf":
             raise TypeError(
                 f"action: the policy returned one-hot rows of dtype {action.dtype} for {self.space}; "
@@ -281,15 +287,14 @@ class ActionCheck:
         if action.dtype.kind != "b":
             bad |= ((action != 0) & (action != 1)).any(axis=1)
         for part in np.split(action, np.cumsum(self.parts)[:-1], axis=1):
-            bad |= ~(part == 1).any(axis=1)  # several 1s: a tie, stepped with the first (TorchRL's argmax)
+            bad |= ~(part == 1).any(axis=1)
         if bad.any():
-            row = int(np.flatnonzero(bad)[0])
-            raise ValueError(
-                f"action: the policy returned shape {list(action.shape)} for {self.space}, read as "
-                f"one-hot rows, but row {row} is not one-hot ({action[row].tolist()}): "
-                f"{'each of its parts (widths ' + str(list(self.parts)) + ')' if len(self.parts) > 1 else 'each row'}"
-                f" needs a 1 (the env gets the first) and zeros elsewhere (or return int64 indices of shape "
-                f"{[len(action), *self.shape]})."
+            warnings.warn(
+                f"action: the policy's rows of shape [num_envs, {self.one_hot}] for {self.space} are not "
+                "one-hot; they are read as TorchRL reads them, the index of the largest value cast to an "
+                f"integer{' in each part' if len(self.parts) > 1 else ''}. Return one-hot rows or int64 "
+                "indices (an argmax) to step the envs with the action you mean.",
+                UserWarning, stacklevel=2,
             )
         return action
 
@@ -298,6 +303,7 @@ class ActionCheck:
         for one-hot rows the index of each row's 1 (int64, the space's ``start`` added)."""
         if action.shape[1:] == self.shape:
             return action
+        action = action.astype(np.int64, copy=False)  # TorchRL's reading: val.long().argmax(-1)
         if len(self.parts) == 1:
             index = action.argmax(axis=1)
         else:

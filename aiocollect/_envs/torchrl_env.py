@@ -115,14 +115,14 @@ def _np_dtype(dtype: torch.dtype, what: str) -> np.dtype:
 def _observation_box(spec: Any, what: str) -> spaces.Box:
     """A ``Box`` with the spec's dtype and shape (its bounds if ``Bounded``, else its dtype's)."""
     dtype, shape = _np_dtype(spec.dtype, what), tuple(spec.shape)
+    if dtype.kind == "b":  # a flag (InitTracker's "is_init"): gymnasium wants plain bounds for bool
+        return spaces.Box(0, 1, shape, dtype)
     if isinstance(spec, Bounded):
         low = np.broadcast_to(spec.space.low.cpu().numpy(), shape)
         high = np.broadcast_to(spec.space.high.cpu().numpy(), shape)
         return spaces.Box(low.astype(dtype), high.astype(dtype), shape, dtype)
     if dtype.kind == "f":
         return spaces.Box(-np.inf, np.inf, shape, dtype)
-    if dtype.kind == "b":
-        return spaces.Box(False, True, shape, dtype)
     info = np.iinfo(dtype)
     return spaces.Box(info.min, info.max, shape, dtype)
 

@@ -23,7 +23,17 @@ with warnings.catch_warnings():
     warnings.simplefilter("ignore", DeprecationWarning)
     torchrl = pytest.importorskip("torchrl")
     from torchrl.collectors import Collector as TorchRLCollector
-    from torchrl.envs import Compose, EnvCreator, GymEnv, GymWrapper, RewardSum, SerialEnv, StepCounter, TransformedEnv
+    from torchrl.envs import (
+        Compose,
+        EnvCreator,
+        GymEnv,
+        GymWrapper,
+        InitTracker,
+        RewardSum,
+        SerialEnv,
+        StepCounter,
+        TransformedEnv,
+    )
 
 pytestmark = QUIET_TORCHRL
 
@@ -55,6 +65,10 @@ def serial_pendulum():
 
 def onehot_cartpole():
     return TransformedEnv(GymEnv("CartPole-v1"), StepCounter())  # GymEnv's default: OneHot actions
+
+
+def tracked_pendulum():
+    return TransformedEnv(pendulum(), InitTracker())  # a bool observation, "is_init" (SAC's sota env)
 
 
 def layout(td):
@@ -90,6 +104,7 @@ LAYOUTS = {
                             {"observation", "step_count", "episode_reward"}, (2, 10)),
     "gymwrapper-nested-dict-multicategorical": (dict_env, dict_env, {"pos", "cell", "flags", "md", "nest"}, (20,)),
     "list-of-gymenv-factories": ([cartpole] * 2, lambda: SerialEnv(2, cartpole), {"observation"}, (2, 10)),
+    "inittracker-bool-observation": (tracked_pendulum, tracked_pendulum, {"observation", "is_init"}, (20,)),
 }
 
 

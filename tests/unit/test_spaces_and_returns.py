@@ -208,8 +208,10 @@ def test_multi_discrete_one_hot_parts_side_by_side_step_the_envs_with_each_parts
     assert check.env_action(check(indices, 2)) is indices
     tie = np.array([[0, 1, 0, 1, 1], [1, 1, 0, 0, 1]])  # several 1s in a part: the first is the index
     assert check.env_action(check(tie, 2)).tolist() == [[1, 2], [0, 3]]
-    with pytest.raises(ValueError, match=r"row 1 is not one-hot .* its parts \(widths \[2, 3\]\) needs a 1"):
-        check(np.array([[0, 1, 0, 0, 1], [1, 0, 0, 0, 0]]), 2)
+    logits = np.array([[0.3, 2.7, -1.0, 0.5, 1.2], [-3.0, -0.5, 0.2, 0.1, 0.9]], np.float32)
+    with pytest.warns(UserWarning, match=r"are not one-hot; they are read as TorchRL reads them"):
+        assert check(logits, 2) is logits
+    assert check.env_action(logits).tolist() == [[1, 3], [1, 1]]  # argmax of [0, 2], [0, 0, 1]; [-3, 0], [0, 0, 0]
 
 
 def test_zero_envs_means_an_empty_action_passes():

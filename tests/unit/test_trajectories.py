@@ -3,7 +3,6 @@ ids or only done flags, with a mask already set; exact padded values and masks."
 
 from __future__ import annotations
 
-import pytest
 import torch
 from tensordict import TensorDict
 
@@ -162,8 +161,13 @@ def test_keys_are_resolved_as_torchrl_does():
     assert "collector" not in out.keys()  # noqa: SIM118 - root keys
     out = split_trajectories(td, prefix="meta")
     assert out["meta", "mask"].tolist() == [[True, True], [True, False]]
-    with pytest.raises(ValueError, match="as_nested: nested-tensor trajectories are not supported"):
-        split_trajectories(td, as_nested=True)
+
+
+def test_as_nested_gives_each_trajectory_at_its_own_length():
+    batch = _batch([[0, 0, 1], [2, 2, 2]], mask=[[True, True, True], [True, True, False]])
+    out = split_trajectories(batch, as_nested=True)
+    assert out.batch_size[0] == 3 and ("collector", "mask") not in out.keys(True)
+    assert [t.tolist() for t in out["obs"][..., 0].unbind(0)] == [[100, 101], [102], [103, 104]]
 
 
 def test_the_input_batch_is_not_modified():

@@ -91,7 +91,7 @@ def test_one_hot_samples_of_a_space_that_starts_at_1_give_the_env_index_plus_sta
     assert len(given(batch).unique()) > 1  # sampled, not constant
 
 
-def test_a_tie_steps_the_env_with_its_first_one_and_a_row_without_a_one_is_refused():
+def test_a_tie_steps_the_env_with_its_first_one_and_other_rows_are_read_as_torchrl_does_with_a_warning():
     def tie_then_none(observation):  # a QValueModule's rows when action values tie: several 1s
         action = torch.zeros(observation.shape[0], 3)
         action[:, 1:] = 1
@@ -103,8 +103,9 @@ def test_a_tie_steps_the_env_with_its_first_one_and_a_row_without_a_one_is_refus
         first = next(iter(collector))
         assert (given(first) == 1).all(), "a tie steps the env with the first 1, as TorchRL's argmax does"
         assert torch.equal(first["action"], torch.tensor([[[0.0, 1.0, 1.0]]] * 2)), "the rows are kept as written"
-        with pytest.raises(ValueError, match=r"^action: .* row 1 is not one-hot \(\[0\.0, 0\.0, 0\.0\]\)"):
-            next(iter(collector))
+        with pytest.warns(UserWarning, match=r"^action: the policy's rows .* are not one-hot; they are read as"):
+            second = next(iter(collector))
+        assert given(second).tolist() == [[1], [0]], "a row of zeros is index 0, as TorchRL's argmax reads it"
 
 
 # --------------------------------------------------------------------------- init_random_frames

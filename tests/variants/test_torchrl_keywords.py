@@ -134,3 +134,13 @@ def test_the_distributed_collectors_check_torchrl_keywords_before_starting_anyth
         aiocollect.RayCollector(CounterEnv, lambda obs: obs, frames_per_batch=20, policy_factory=lambda: None)
     with pytest.raises(TypeError, match="argument 'trajs_per_batchh'; did you mean 'trajs_per_batch'"):
         aiocollect.RayCollector(CounterEnv, None, frames_per_batch=20, trajs_per_batchh=2)
+
+
+def test_torchrl_weight_sync_schemes_are_taken_and_other_values_refused():
+    from torchrl.weight_update import MultiProcessWeightSyncScheme, SharedMemWeightSyncScheme
+
+    check_torchrl_keywords("MultiSyncCollector", {"weight_sync_schemes": {"policy": SharedMemWeightSyncScheme()}})
+    check_torchrl_keywords("Collector", {"weight_sync_schemes": MultiProcessWeightSyncScheme()})
+    for bad in ({"policy": object()}, {}, "shared_mem"):
+        with pytest.raises(ValueError, match=r"^weight_sync_schemes=.*give TorchRL weight-sync schemes"):
+            check_torchrl_keywords("Collector", {"weight_sync_schemes": bad})
