@@ -1,10 +1,12 @@
-"""TorchRL programs, run as written and with only their imports pointed at aiocollect
-(``corpus.port``): the port must run, use aiocollect's collector, and learn where the
-original learns. Each program is described in ``README.md``."""
+"""TorchRL programs with only their imports pointed at aiocollect (``corpus.port``): the port
+must run, use aiocollect's collector, and learn where the original learns (by the program's
+criterion, calibrated on the original; ``AIOCOLLECT_CORPUS_ORIGINALS=1`` runs the originals
+too). Each program is described in ``README.md``."""
 
 from __future__ import annotations
 
 import difflib
+import os
 
 import pytest
 
@@ -25,16 +27,22 @@ def test_porting_changes_only_import_lines():
 
 @pytest.mark.parametrize("name", NAMES)
 def test_program_runs_ported_and_learns_where_the_original_learns(name, tmp_path):
+    """The port learns by the program's criterion, which was calibrated to hold for the original
+    over several seeds (its docstring has the figures). The original runs too where
+    ``AIOCOLLECT_CORPUS_ORIGINALS=1`` (it doubles the time, and CI's 2 cores have none to
+    spare): then it must learn as well, and the port must have learned where it did."""
     path = PROGRAMS / f"{name}.py"
-    original = run(path, ported=False, workdir=tmp_path)
-    assert original.returncode == 0 and original.result, f"the original {name} failed: {original.explain()}"
-    assert original.result["collector"].startswith("torchrl."), original.result
     ported = run(path, ported=True, workdir=tmp_path)
     assert ported.returncode == 0 and ported.result, f"ported {name} failed: {ported.explain()}"
     assert ported.result["collector"].startswith("aiocollect."), ported.result
-    if original.result["learned"] is None:  # a program that does not train
-        assert ported.result["learned"] is None
-        return
-    assert original.result["learned"], f"the original {name} did not learn (too short?): {original.result}"
-    assert ported.result["learned"], f"{name} learned with TorchRL's collector, not with aiocollect's: " \
-                                     f"original {original.result}, ported {ported.result}"
+    original = None
+    if os.environ.get("AIOCOLLECT_CORPUS_ORIGINALS") == "1":
+        original = run(path, ported=False, workdir=tmp_path)
+        assert original.returncode == 0 and original.result, f"the original {name} failed: {original.explain()}"
+        assert original.result["collector"].startswith("torchrl."), original.result
+        assert (original.result["learned"] is None) == (ported.result["learned"] is None)
+        if original.result["learned"] is not None:
+            assert original.result["learned"], f"the original {name} did not learn (too short?): {original.result}"
+    if ported.result["learned"] is not None:
+        assert ported.result["learned"], (f"{name} did not learn with aiocollect's collector: ported {ported.result}"
+                                          + (f", original {original.result}" if original else ""))
