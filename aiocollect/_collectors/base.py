@@ -425,14 +425,17 @@ class DataCollectorBase:
     async def _next_trajectories(self) -> Any:
         """``trajs_per_batch``: collect until that many trajectories are complete (with a replay
         buffer: write those that ended in one collection); ``_DONE`` once ``total_frames``
-        are collected (trajectories still incomplete then are never delivered, as in TorchRL)."""
+        are collected (trajectories still incomplete then are never delivered, as in TorchRL).
+        ``postproc`` applies to each collected batch before assembly, as in TorchRL."""
         opts, assembler = self.options, self._assembler
         while True:
             if opts.replay_buffer is None and assembler.ready >= opts.trajs_per_batch:
-                return self._deliver(assembler.take(opts.trajs_per_batch, opts.traj_format))
+                return assembler.take(opts.trajs_per_batch, opts.traj_format)
             batch = await self._next_raw()
             if batch is _DONE:
                 return _DONE
+            if opts.postproc is not None:  # on each collected batch, before assembly, as in TorchRL
+                batch = opts.postproc(batch)
             assembler.add(batch)
             if opts.reset_at_each_iter:
                 assembler.drop_partial()  # their envs restart: those trajectories never end

@@ -384,8 +384,11 @@ class Collector(DataCollectorBase):
         With ``trajs_per_batch``, the trajectories not yet delivered are dropped,
         as TorchRL does.
         """
-        self._assembler.clear()
-        self._on_engine(self._book.request_reset)
+        def apply() -> None:  # on the engine's thread, where trajectories are assembled
+            self._assembler.clear()
+            self._book.request_reset()
+
+        self._on_engine(apply)
 
     def _check_worker_ids(self, worker_ids: Any) -> None:
         if worker_ids not in (None, 0, [0], (0,)):

@@ -46,8 +46,9 @@ class MultiAsyncCollector(WorkerCollectorBase):
 
     **Batches.** One worker's frames: ``[T]`` for a worker of one env, ``T =
     frames_per_batch``; ``[envs, T]`` for a worker with a list of factories or a
-    ``VectorEnv``, ``T = frames_per_batch // envs``. ``frames_per_batch`` must split evenly
-    over every worker's envs. Batches come in the order workers fill them, so consecutive
+    ``VectorEnv``, ``T = frames_per_batch // envs``. ``frames_per_batch`` is rounded up
+    (with a warning) to split evenly over every worker's envs: to a multiple of the least
+    common multiple of their env counts. Batches come in the order workers fill them, so consecutive
     batches may come from different workers (``("collector", "traj_ids")`` never repeats
     across them).
 
@@ -84,8 +85,8 @@ class MultiAsyncCollector(WorkerCollectorBase):
     one worker's, delivered as soon as it is full, so there is nothing to cut.
 
     Raises:
-        ValueError: ``frames_per_batch`` does not split evenly over some worker's envs,
-            the workers' spaces differ, or ``preemptive_threshold`` or ``interruptor`` is given.
+        ValueError: the workers' spaces differ, ``preemptive_threshold`` or ``interruptor``
+            is given, or ``max_policy_lag`` with ``trajs_per_batch``.
         TypeError: ``create_env_fn`` is not a list, or an entry is an env instance or
             cannot be pickled.
 
@@ -109,6 +110,11 @@ class MultiAsyncCollector(WorkerCollectorBase):
                 "interruptor: a MultiAsyncCollector delivers each worker's batch as soon as it is "
                 "full, so there is no batch to cut short; use MultiSyncCollector(interruptor=...) "
                 "or Collector(interruptor=...), or remove the argument."
+            )
+        if worker_options.max_policy_lag is not None and options.trajs_per_batch is not None:
+            raise ValueError(
+                "max_policy_lag with trajs_per_batch: max_policy_lag drops stale frames from the middle "
+                "of trajectories, so no trajectory could be delivered whole; use one or the other."
             )
         if worker_options.preemptive_threshold is not None:
             raise ValueError(

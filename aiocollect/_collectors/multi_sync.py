@@ -89,8 +89,7 @@ class MultiSyncCollector(WorkerCollectorBase):
     spaces.
 
     Raises:
-        ValueError: ``frames_per_batch`` does not split evenly over the envs, the workers'
-            spaces differ, ``cat_results="stack"`` with workers of different env counts,
+        ValueError: the workers' spaces differ, ``cat_results="stack"`` with workers of different env counts,
             an out-of-range ``cat_results`` dim, or ``max_policy_lag`` given.
         TypeError: ``create_env_fn`` is not a list, or an entry is an env instance or
             cannot be pickled.

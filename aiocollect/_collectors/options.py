@@ -284,12 +284,13 @@ def fit_to_envs(options: CollectorOptions, multiple: int, what: str, stacklevel:
     if fpb % multiple == 0:
         return options
     new = -(-fpb // multiple) * multiple
+    total = options.total_frames if options.total_frames < 0 else -(-options.total_frames // new) * new
     warnings.warn(
         f"frames_per_batch={fpb} does not split evenly over {what}: each batch has {new} frames, "
-        f"rounded up as TorchRL does; give frames_per_batch={new} to silence this.",
+        f"rounded up as TorchRL does{f' (and total_frames is {total})' if total > 0 else ''}; give "
+        f"frames_per_batch={new} to silence this.",
         UserWarning, stacklevel=stacklevel,
     )
-    total = options.total_frames if options.total_frames < 0 else -(-options.total_frames // new) * new
     return dataclasses.replace(options, frames_per_batch=new, total_frames=total,
                                init_random_frames=-(-options.init_random_frames // new) * new)
 

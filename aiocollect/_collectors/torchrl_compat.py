@@ -40,9 +40,15 @@ class _Keyword:
 
 
 def _torchrl_schemes(value: Any) -> bool:
-    """A TorchRL ``WeightSyncScheme``, or a dict of them (by model id)."""
-    values = value.values() if isinstance(value, dict) else [value]
-    return bool(values) and all(type(v).__module__.startswith("torchrl.weight_update") for v in values)
+    """A TorchRL ``WeightSyncScheme`` (or a subclass of one), or a dict of them for the policy
+    (``{}`` or ``{"policy": scheme}``: this collector has no other model to carry weights to)."""
+    if isinstance(value, dict):
+        if set(value) - {"policy"}:
+            return False
+        values = list(value.values())
+    else:
+        values = [value]
+    return all(any(c.__module__.startswith("torchrl.weight_update") for c in type(v).__mro__) for v in values)
 
 
 _KEYWORDS: dict[str, _Keyword] = {
@@ -62,9 +68,10 @@ _KEYWORDS: dict[str, _Keyword] = {
                                                 "compile_policy=True (or a dict of torch.compile arguments)"),
     # TorchRL's schemes carry weights to policies in other processes; here the policy runs in this
     # process and update_policy_weights_() (or, for Collector, the shared module) is that carrier
-    "weight_sync_schemes": _Keyword((None, _torchrl_schemes), "give TorchRL weight-sync schemes (they are "
-                                                              "taken: weights reach the policy in this process "
-                                                              "through update_policy_weights_()), or None"),
+    "weight_sync_schemes": _Keyword((None, _torchrl_schemes), "give a TorchRL weight-sync scheme for the "
+                                                              "policy (it is taken: weights reach the policy "
+                                                              "in this process through update_policy_weights_()), "
+                                                              "or None; no other model takes weights here"),
     "weight_recv_schemes": _Keyword((None, _torchrl_schemes), "give TorchRL weight-sync schemes, or None"),
     "weight_updater": _Keyword((None,), "weights reach the policy through update_policy_weights_(); for "
                                         "remote collectors use RayCollector or RPCCollector"),

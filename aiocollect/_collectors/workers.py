@@ -272,8 +272,11 @@ class WorkerCollectorBase(DataCollectorBase):
         as TorchRL does.
         """
         self._check_usable()
-        self._assembler.clear()
-        self._on_engine(self._scheduler.timelines.request_reset)
+        def apply() -> None:  # on the engine's thread, where trajectories are assembled
+            self._assembler.clear()
+            self._scheduler.timelines.request_reset()
+
+        self._on_engine(apply)
 
     def _check_worker_ids(self, worker_ids: Any) -> None:
         # the policy runs in this process for every worker: one copy serves them all

@@ -224,7 +224,7 @@ class ActionCheck:
             parts = (one_hot,)
         elif isinstance(space, spaces.MultiDiscrete):
             low, high = np.asarray(space.start), np.asarray(space.start + space.nvec - 1)
-            if space.nvec.ndim == 1:
+            if space.nvec.ndim == 1 and (space.nvec > 1).any():  # (all 1s: one-hot rows = indices' shape)
                 parts = tuple(int(n) for n in space.nvec)
                 one_hot = sum(parts)
         elif isinstance(space, spaces.MultiBinary):

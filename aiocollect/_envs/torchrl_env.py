@@ -203,6 +203,8 @@ class ActionEncoder:
     def __call__(self, action: np.ndarray) -> torch.Tensor:
         # a copy: ``action`` is a view of the collector's storage, which the next round reuses
         tensor = torch.tensor(action, device=self.device)
+        if self.one_hot or self.parts:
+            tensor = tensor.long()  # one_hot takes int64 indices; a policy may give int32 or uint8
         if self.one_hot:
             tensor = torch.nn.functional.one_hot(tensor, self.one_hot)
         elif self.parts:

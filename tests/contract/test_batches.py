@@ -177,10 +177,15 @@ def test_trajs_per_batch_delivers_whole_trajectories_across_collections(variant)
 async def test_trajs_per_batch_writes_whole_trajectories_to_the_replay_buffer(variant):
     buffer = ListBuffer()
     env = functools.partial(CounterEnv, max_len=30)
+    def tag(td):  # postproc: on each collected batch, before assembly, as in TorchRL
+        td.set("tagged", torch.ones(td.shape))
+        return td
+
     async with variant(env, frames_per_batch=FPB, total_frames=4 * FPB, trajs_per_batch=2,
-                       replay_buffer=buffer) as collector:
+                       replay_buffer=buffer, postproc=tag) as collector:
         assert [b async for b in collector] == [None] * 4
     assert all(item.ndim == 1 for item in buffer.items), "trajectories are written flat"
+    assert all(item["tagged"].all() for item in buffer.items), "postproc was not applied"
     stored = torch.cat(buffer.items)
     assert 0 < len(stored) <= 4 * FPB and stored["next", "done"][-1, 0]
     seen: set[int] = set()

@@ -103,6 +103,8 @@ def test_multiasync_rejects_preemption_and_rounds_uneven_batches_up():
     with pytest.raises(ValueError, match=r"interruptor: .* no batch to cut short; use MultiSyncCollector"):
         MultiAsyncCollector([lambda: CounterEnv()], None, frames_per_batch=10, interruptor=Interruptor())
     assert children() == before
+    with pytest.raises(ValueError, match=r"max_policy_lag with trajs_per_batch: .* use one or the other"):
+        MultiAsyncCollector([lambda: CounterEnv()], None, frames_per_batch=10, max_policy_lag=2, trajs_per_batch=2)
     # a batch is one worker's: frames_per_batch is rounded up to split over any worker's envs
     with pytest.warns(UserWarning, match=r"frames_per_batch=10 does not split evenly over a worker's envs "
                                          r"\(\[2, 3\]\): each batch has 12 frames"):

@@ -141,6 +141,7 @@ def test_torchrl_weight_sync_schemes_are_taken_and_other_values_refused():
 
     check_torchrl_keywords("MultiSyncCollector", {"weight_sync_schemes": {"policy": SharedMemWeightSyncScheme()}})
     check_torchrl_keywords("Collector", {"weight_sync_schemes": MultiProcessWeightSyncScheme()})
-    for bad in ({"policy": object()}, {}, "shared_mem"):
-        with pytest.raises(ValueError, match=r"^weight_sync_schemes=.*give TorchRL weight-sync schemes"):
+    check_torchrl_keywords("Collector", {"weight_sync_schemes": {}})
+    for bad in ({"policy": object()}, {"policy.transform": SharedMemWeightSyncScheme()}, "shared_mem"):
+        with pytest.raises(ValueError, match=r"^weight_sync_schemes=.*a TorchRL weight-sync scheme for the policy"):
             check_torchrl_keywords("Collector", {"weight_sync_schemes": bad})
