@@ -96,12 +96,19 @@ def split_trajectories(
         # every row is exactly one whole trajectory: nothing to cut or pad
         batch.set(mask_key, torch.ones(batch.shape, dtype=torch.bool, device=batch.device))
         return batch.unsqueeze(0) if batch.ndim == 1 else batch
-    longest = max(lengths) if lengths else 0
-    pieces = []
-    for piece in flat.split(lengths, 0):
-        piece.set(mask_key, torch.ones(piece.shape, dtype=torch.bool, device=piece.device))
-        pieces.append(pad(piece, [0, longest - piece.shape[0]]))
-    out = torch.stack(pieces, 0)
+    return _padded(flat.split(lengths, 0), mask_key)
+
+
+def _padded(trajs, mask_key) -> TensorDictBase:
+    """``trajs`` (``[T_i]`` each) zero-padded to the longest and stacked, ``[len, longest]``,
+    with ``mask_key`` marking the real frames."""
+    longest = max((t.shape[0] for t in trajs), default=0)
+    rows = []
+    for traj in trajs:
+        traj = traj.copy()
+        traj.set(mask_key, torch.ones(traj.shape, dtype=torch.bool, device=traj.device))
+        rows.append(pad(traj, [0, longest - traj.shape[0]]))
+    out = torch.stack(rows, 0)
     out.refine_names(None, "time")
     return out
 
@@ -173,15 +180,7 @@ class TrajectoryAssembler:
             out = torch.cat(trajs, 0) if len(trajs) > 1 else trajs[0].clone()
             out.refine_names("time")
             return out
-        longest = max(t.shape[0] for t in trajs)
-        rows = []
-        for traj in trajs:
-            traj = traj.copy()
-            traj.set(("collector", "mask"), torch.ones(traj.shape, dtype=torch.bool, device=traj.device))
-            rows.append(pad(traj, [0, longest - traj.shape[0]]))
-        out = torch.stack(rows, 0)
-        out.refine_names(None, "time")
-        return out
+        return _padded(trajs, ("collector", "mask"))
 
     def take_each(self, per_write: int | None) -> list[TensorDictBase]:
         """Every complete trajectory, flat, ``per_write`` of them per item (``None``: all in one)."""
