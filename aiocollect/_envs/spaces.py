@@ -286,7 +286,7 @@ class ActionCheck:
         bad = np.zeros(len(action), bool)
         if action.dtype.kind != "b":
             bad |= ((action != 0) & (action != 1)).any(axis=1)
-        for part in np.split(action, np.cumsum(self.parts)[:-1], axis=1):
+        for part in self._split(action):
             bad |= ~(part == 1).any(axis=1)
         if bad.any():
             warnings.warn(
@@ -307,5 +307,9 @@ class ActionCheck:
         if len(self.parts) == 1:
             index = action.argmax(axis=1)
         else:
-            index = np.stack([p.argmax(axis=1) for p in np.split(action, np.cumsum(self.parts)[:-1], axis=1)], 1)
+            index = np.stack([p.argmax(axis=1) for p in self._split(action)], 1)
         return index + self.low if np.any(self.low) else index
+
+    def _split(self, action: np.ndarray) -> list[np.ndarray]:
+        """One-hot rows ``[n, sum(parts)]`` cut into their parts (views), ``[n, width]`` each."""
+        return np.split(action, np.cumsum(self.parts)[:-1], axis=1)
