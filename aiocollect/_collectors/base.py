@@ -42,6 +42,8 @@ from typing import Any
 import anyio
 from tensordict import TensorDict, TensorDictBase
 
+from .._engine.staging import DeviceStaging
+from .._engine.storage import RolloutStorage
 from .._engine.trajectories import TrajectoryAssembler, split_trajectories
 from .._envs.spaces import nest
 from .._errors import CollectorBusyError, CollectorClosedError, CollectorError, CollectorFailedError
@@ -291,6 +293,11 @@ class DataCollectorBase:
         self._stale_dropped = 0
         self._progress: ProgressBar | None = None
         self._returns = EpisodeReturns()
+        self._staging: DeviceStaging | None = None
+        """Set by ``_stage_batches`` for a GPU storing device."""
+        self._reuse_td = False
+        """``return_same_td`` (``Collector``): each batch is written into the first one."""
+        self._same_td: TensorDictBase | None = None
         self._assembler = TrajectoryAssembler()
         """``trajs_per_batch``'s trajectories, complete and under way (see ``_next_trajectories``)."""
         self._kept: tuple[TensorDictBase, int] | None = None
@@ -312,9 +319,18 @@ class DataCollectorBase:
     def _worker_statistics(self) -> tuple[WorkerStatistics, ...]:
         return ()
 
+    def _stage_batches(self, storage: RolloutStorage) -> None:
+        """With a GPU ``storing_device``, batches are built in pinned blocks and reach the
+        device in one non-blocking copy each (``_engine.staging``); call once the storage exists."""
+        device = self.storing_device
+        if device is not None and device.type != "cpu":
+            self._staging = storage.staging = DeviceStaging(device)
+
     def _tensordict(self, tensors: dict, shape: list[int]) -> TensorDictBase:
-        """A batch's tensors (flat keys) as a TensorDict of ``shape``, last dim named ``"time"``."""
-        td = TensorDict(nest(tensors), batch_size=shape, device=self.storing_device)
+        """A batch's tensors (flat keys) as a TensorDict of ``shape``, last dim named ``"time"``
+        (on the host while a staging has it: ``_next_raw`` moves it to the device)."""
+        device = self.storing_device if self._staging is None else None
+        td = TensorDict(nest(tensors), batch_size=shape, device=device)
         td.refine_names(*([None] * (len(shape) - 1)), "time")
         return td
 
@@ -413,13 +429,25 @@ class DataCollectorBase:
         batch, frames = await self._guarded_collect()
         self._frames += frames
         self._batches += 1
-        self._measure_lag(batch)
+        self._measure_lag(batch)  # (both read the host's copy of the batch)
         self._returns.add(batch)
+        if self._staging is not None:
+            batch = self._staging.upload(batch)
+        if self._reuse_td:
+            batch = self._reuse(batch)
         if self.options.progress:
             if self._progress is None:
                 self._progress = ProgressBar(self.options.total_frames, type(self).__name__, self._returns)
                 self._resources.closers.append(self._progress.close)
             self._progress.update(frames)
+        return batch
+
+    def _reuse(self, batch: TensorDictBase) -> TensorDictBase:
+        """``return_same_td``: the batch written into the first batch delivered (whose keys it has)."""
+        same = self._same_td
+        if same is not None and set(batch.keys(True, True)) <= set(same.keys(True, True)):
+            return same.update_(batch)
+        self._same_td = batch
         return batch
 
     async def _next_trajectories(self) -> Any:

@@ -226,7 +226,7 @@ class Collector(DataCollectorBase):
         optimiser steps reach the next policy call, each a new policy version), or a copy
         on ``policy_device`` that follows it when the module's tensors are elsewhere; a
         [`RandomPolicy`][aiocollect.RandomPolicy] for ``policy=None``."""
-        self._same_td: TensorDictBase | None = None
+        self._reuse_td = options.return_same_td
         # the scheduler of the worker collectors, writing into a private (unshared) storage
         # of one batch, over one worker that steps the group inline, or one lane per
         # coroutine env
@@ -251,6 +251,7 @@ class Collector(DataCollectorBase):
                                     reset_when_done=options.reset_when_done,
                                     batching=batching if self._coroutine else None)
         self._book = self._scheduler.timelines
+        self._stage_batches(self._scheduler.storage)
         self._batch_start = 0
         """Env steps taken before the batch under way began (coroutine envs)."""
 
@@ -286,12 +287,6 @@ class Collector(DataCollectorBase):
             td = self._tensordict(tensors, [self.num_envs, frames])
         else:
             td = self._tensordict({k: v[0] for k, v in tensors.items()}, [frames])
-        if opts.return_same_td:
-            same = self._same_td
-            if same is not None and set(td.keys(True, True)) <= set(same.keys(True, True)):
-                td = same.update_(td)
-            else:
-                self._same_td = td
         return td, sum(part.valid * part.lane.num_envs for part in sealed)
 
     def _begin(self) -> None:

@@ -167,6 +167,7 @@ class WorkerCollectorBase(DataCollectorBase):
             self._scheduler = Scheduler(pool.shared, pool.lanes, obs_leaves, action,
                                         step_count=options.max_frames_per_traj is not None,
                                         reset_when_done=options.reset_when_done, spin_s=pool.spin_s)
+            self._stage_batches(self._scheduler.storage)
             self._worker_lanes = [[lane for lane in self._scheduler.lanes if lane.index == w.index]
                                   for w in plan.workers]
             """Each worker's lanes (the parts of its envs: ``_workers.plan``), by worker index."""

@@ -222,6 +222,9 @@ class Scheduler:
         a worker's parts), ``[envs, frames]``: one copy per field when the lanes share
         their slot (as they do unless a lane's batch was begun apart)."""
         first = sealed[0]
+        storage = self.storage
+        if storage.staging is not None:
+            storage.staging.begin()
         keys = next((b.keys for b in sealed if b.keys), ())
         valid = np.concatenate([np.full(b.lane.num_envs, b.valid, dtype=np.int64) for b in sealed])
         flags = None if first.start_flags is None else np.concatenate([b.start_flags for b in sealed], axis=1)
@@ -229,7 +232,7 @@ class Scheduler:
             return self.storage.batch(first.slot, first.lane.lo, sealed[-1].lane.hi, first.frames, valid, keys, flags,
                                       first.mask)
         parts = [self.batch(b, keys) for b in sealed]
-        return {k: concat([p[k] for p in parts]) for k in parts[0]}
+        return {k: concat([p[k] for p in parts], storage.empty) for k in parts[0]}
 
     def release(self, sealed: Sealed) -> None:
         """The batch was copied out: its slot may be filled again."""

@@ -23,6 +23,7 @@ import torch
 
 from .._envs.spaces import Leaf, NestedKey
 from .._workers.shm import SharedArrays
+from .staging import DeviceStaging
 
 
 @dataclass(frozen=True)
@@ -67,11 +68,12 @@ def host_empty(shape: tuple, dtype: np.dtype) -> tuple[torch.Tensor, np.ndarray]
     return torch.from_numpy(view), view
 
 
-def concat(tensors: list[torch.Tensor]) -> torch.Tensor:
-    """``torch.cat(tensors)``, filled by numpy where it can (see ``host_empty``)."""
+def concat(tensors: list[torch.Tensor], empty: Any = host_empty) -> torch.Tensor:
+    """``torch.cat(tensors)``, filled by numpy where it can (see ``host_empty``; ``empty``:
+    the allocator, ``host_empty``'s signature)."""
     if all(t.device.type == "cpu" and t.dtype in _NUMPY_DTYPES for t in tensors):
         arrays = [t.numpy() for t in tensors]
-        out, view = host_empty((sum(len(a) for a in arrays), *arrays[0].shape[1:]), arrays[0].dtype)
+        out, view = empty((sum(len(a) for a in arrays), *arrays[0].shape[1:]), arrays[0].dtype)
         np.concatenate(arrays, out=view)
         return out
     return torch.cat(tensors)
@@ -105,6 +107,13 @@ class RolloutStorage:
         self.specs: dict[NestedKey, OutputSpec] = {}
         self._out_t: dict[NestedKey, torch.Tensor] = {}
         self._out_np: dict[NestedKey, np.ndarray | None] = {}
+        self.staging: DeviceStaging | None = None
+        """Set for a GPU storing device: batches are built in its pinned blocks."""
+
+    @property
+    def empty(self) -> Any:
+        """The allocator of batch tensors: ``host_empty``, or the staging's pinned blocks."""
+        return host_empty if self.staging is None else self.staging.empty
 
     # ------------------------------------------------------------------ rounds
 
@@ -226,10 +235,11 @@ class RolloutStorage:
         """
         cols = slice(0, frames)
         rows = slice(lo, hi)
+        empty = self.empty
 
         def copy(x: np.ndarray) -> tuple[torch.Tensor, np.ndarray]:  # always a copy (see host_empty)
             src = x[s, cols, rows].swapaxes(0, 1)
-            out, view = host_empty(src.shape, src.dtype)
+            out, view = empty(src.shape, src.dtype)
             np.copyto(view, src)
             return out, view
 
@@ -246,7 +256,7 @@ class RolloutStorage:
             x = self._out_np[key]
             out[key] = take(self._out_t[key] if x is None else x)
         (terminated, term), (truncated, trunc) = copy(self.terminated), copy(self.truncated)
-        done, done_np = host_empty(term.shape, term.dtype)
+        done, done_np = empty(term.shape, term.dtype)
         np.logical_or(term, trunc, out=done_np)
         out[("next", "reward")] = take(self.reward).unsqueeze(-1)
         for flag, nxt in zip(("done", "terminated", "truncated"), (done, terminated, truncated)):
@@ -256,7 +266,7 @@ class RolloutStorage:
                 out[flag] = torch.zeros((*done.shape, 1), dtype=torch.bool)
         else:
             for flag, first, nxt in zip(("done", "terminated", "truncated"), start_flags, (done_np, term, trunc)):
-                root, view = host_empty(nxt.shape, nxt.dtype)
+                root, view = empty(nxt.shape, nxt.dtype)
                 view[:, 0] = first
                 view[:, 1:] = nxt[:, :-1]
                 out[flag] = root.unsqueeze(-1)
@@ -272,7 +282,7 @@ class RolloutStorage:
                 for key, tensor in out.items():
                     tensor[i, v:] = -1 if key in (("collector", "traj_ids"), ("collector", "policy_version")) else 0
         if mask:
-            mask_t, mask_np = host_empty((len(valid), frames), np.bool_)
+            mask_t, mask_np = empty((len(valid), frames), np.bool_)
             np.less(np.arange(frames)[None, :], valid[:, None], out=mask_np)
             out[("collector", "mask")] = mask_t
         return out
