@@ -21,6 +21,9 @@ on the CPU). How it calls the policy depends on what the policy is:
   argument is named ``tensordict``/``td`` or annotated as a ``TensorDictBase`` gets a
   TensorDict instead, as in TorchRL.
 
+On a GPU ``policy_device`` the observations cross in pinned buffers and the outputs come
+back the same way, with one wait per call (``_policies.transfer``).
+
 With a weights channel (``_policies.weights``), each call holds the channel's lock and first
 loads any pending weights: the call and the version it reports (``PolicyRunner.version``)
 always agree. Every call happens under ``torch.no_grad()`` and tensordict's ``set_interaction_type``
@@ -42,6 +45,7 @@ from tensordict.nn import InteractionType, TensorDictModule, TensorDictModuleBas
 from .._envs.spaces import NestedKey, nest
 from .array import ArrayPolicy
 from .random import RandomPolicy
+from .transfer import inputs_to, outputs_from
 from .weights import WeightsChannel
 
 
@@ -134,8 +138,9 @@ class PolicyRunner:
         if self.kind == "array":
             return self._call_array(obs)
         device = self.device
-        if device is not None and device.type != "cpu":
-            obs = {k: v.to(device, non_blocking=True) for k, v in obs.items()}
+        remote = device is not None and device.type != "cpu"
+        if remote:
+            obs = inputs_to(device, obs)
         with torch.no_grad(), set_interaction_type(self.exploration_type):
             if self.kind == "module":
                 out = self._call_module(obs)
@@ -143,9 +148,7 @@ class PolicyRunner:
                 out = self._call_tensordict(obs, num_envs)
             else:
                 out = {"action": self._call_plain(obs)}
-        if device is not None and device.type != "cpu":
-            out = {k: v.to("cpu") if isinstance(v, torch.Tensor) else v for k, v in out.items()}
-        return out
+        return outputs_from(device, out) if remote else out
 
     # the four ways of calling -------------------------------------------------------
 
