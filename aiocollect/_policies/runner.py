@@ -33,6 +33,7 @@ asked.
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 from collections.abc import Callable
 from typing import Any
@@ -100,6 +101,10 @@ class PolicyRunner:
         self.device = device
         self.exploration_type = exploration_type
         self._out_keys: list[NestedKey] | None = None
+        self._stream = None
+        """A CUDA policy's own stream (see ``_on_stream``)."""
+        if device is not None and device.type == "cuda" and not getattr(weights, "shared", False):
+            self._stream = torch.cuda.Stream(device)
         if isinstance(policy, RandomPolicy):
             self.kind = "random"
         elif isinstance(policy, ArrayPolicy):
@@ -126,13 +131,23 @@ class PolicyRunner:
             if weights is not None:
                 self.version = weights.version
             return {"action": self.policy.sample(num_envs)}
-        if weights is None:
-            return self._call(obs, num_envs)
-        with weights.lock:
-            if weights.has_pending:
-                weights.apply_pending()
-            self.version = weights.version
-            return self._call(obs, num_envs)
+        with self._on_stream():
+            if weights is None:
+                return self._call(obs, num_envs)
+            with weights.lock:
+                if weights.has_pending:
+                    weights.apply_pending()
+                self.version = weights.version
+                return self._call(obs, num_envs)
+
+    def _on_stream(self) -> Any:
+        """A CUDA copy of the policy runs, loads its weights and moves its inputs and outputs
+        on a stream of its own: its one wait per call (``_policies.transfer``) waits for its
+        own work only, never for a trainer's kernels queued on the default stream, and the
+        trainer's work overlaps collection. A policy that *is* the user's module (a
+        ``Collector`` sharing it) stays on the current stream, ordered after the user's
+        in-place updates of its weights."""
+        return contextlib.nullcontext() if self._stream is None else torch.cuda.stream(self._stream)
 
     def _call(self, obs: dict[NestedKey, torch.Tensor], num_envs: int) -> dict[NestedKey, Any]:
         if self.kind == "array":

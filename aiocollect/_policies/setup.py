@@ -16,6 +16,9 @@ policy object is depends on when the collector collects:
   through ``update_policy_weights_``, whole and versioned (``CopyChannel`` warns once if
   that never happens while the user's module changes).
 
+Without a ``policy_device``, a module whose tensors all sit on one GPU runs there (as in
+TorchRL): its inputs are moved to it and its outputs back.
+
 Then ``runner`` calls the policy batched; ``random_runner`` draws random actions for
 ``init_random_frames``; ``publish()`` snapshots whatever ``update_policy_weights_`` was
 given and returns the new version, which the engine loads before its next policy call.
@@ -31,6 +34,7 @@ import anyio
 import gymnasium as gym
 import torch
 from tensordict.nn import InteractionType
+from torch.nn.parameter import is_lazy
 
 from .array import ArrayPolicy
 from .random import RandomPolicy, SpecRandomPolicy, is_torchrl_random
@@ -68,6 +72,16 @@ def _own_copy(policy: Any, device: torch.device | None) -> Any:
     return own.to(device) if device is not None else own
 
 
+def _device_of(module: torch.nn.Module) -> torch.device | None:
+    """The one device other than the CPU that holds every tensor of ``module``, if any."""
+    devices = {t.device for t in module.state_dict(keep_vars=True).values() if not is_lazy(t)}
+    if len(devices) == 1:
+        (device,) = devices
+        if device.type not in ("cpu", "meta"):
+            return device
+    return None
+
+
 def _on(module: torch.nn.Module, device: torch.device | None) -> bool:
     """Whether every tensor of ``module`` already is on ``device`` (so it can be shared)."""
     if device is None:
@@ -91,6 +105,8 @@ class PolicySetup:
         elif is_torchrl_random(policy):
             policy = SpecRandomPolicy.wrap(policy, action_space)
         module = isinstance(policy, torch.nn.Module) and not isinstance(policy, RandomPolicy)
+        if device is None and module:
+            device = _device_of(policy)  # as TorchRL: a module on a GPU runs there
         if share and module and _on(policy, device):
             self.policy = policy  # the user's module itself: nothing to copy, nothing to move
         else:

@@ -17,6 +17,10 @@ times). A weight update goes through a ``WeightsChannel`` in two halves:
 Version 0 is the weights at construction; each publish adds one. The engine tags every
 frame with the version in effect when its action was computed.
 
+On a GPU, taking a snapshot and loading it are device-to-device copies queued on the
+trainer's stream and on the policy's, ordered by CUDA events (``_Snapshot``): the update
+call returns without waiting for the copy or for the collector's policy calls.
+
 How a snapshot is taken and loaded depends on the policy: ``TorchWeights`` copies
 tensors into preallocated buffers (recycled once applied: a 1M-parameter MLP costs two
 memcpy of 4 MB, ~60 us each, and no allocation); a JAX policy keeps immutable arrays and
@@ -126,6 +130,24 @@ def _plain(name: str) -> str:
     return name.replace(_COMPILED, "")
 
 
+class _Snapshot(list):
+    """A snapshot's tensors. On a GPU every copy is queued, not waited for: ``ready`` is
+    recorded on the trainer's stream after the snapshot was taken, ``loaded`` on the
+    policy's stream after it was loaded. A load waits for ``ready`` and a reuse of the
+    buffers for ``loaded``, on the GPU: the host never waits, and the copies are ordered
+    even when the trainer and the policy use different streams."""
+
+    ready: Any = None
+    loaded: Any = None
+
+
+def _stream_of(snap: list[torch.Tensor]) -> Any:
+    """The current CUDA stream of this thread on the snapshot's device, or ``None`` off CUDA."""
+    if snap and snap[0].is_cuda:
+        return torch.cuda.current_stream(snap[0].device)
+    return None
+
+
 class TorchWeights:
     """Snapshots of an ``nn.Module``'s parameters and buffers (see the module docstring).
 
@@ -214,13 +236,18 @@ class TorchWeights:
                 buf = self._free.pop() if self._free else None
         if buf is None:
             if lazy:  # shaped like the sources: they initialise the policy's lazy tensors
-                buf = [torch.empty(s.shape, dtype=p.dtype, device=p.device) for s, p in zip(sources, params)]
+                buf = _Snapshot(torch.empty(s.shape, dtype=p.dtype, device=p.device) for s, p in zip(sources, params))
             else:
-                buf = [torch.empty_like(t) for t in targets]
+                buf = _Snapshot(torch.empty_like(t) for t in targets)
+        stream = _stream_of(buf)
+        if stream is not None and buf.loaded is not None:
+            stream.wait_event(buf.loaded)  # a recycled buffer: its last load must be done
         # one call, one release of the GIL: while the engine thread runs the policy, each
         # torch call here would wait for the GIL to come back
         with torch.no_grad():
-            torch._foreach_copy_(buf, sources)
+            torch._foreach_copy_(buf, sources, non_blocking=True)
+        if stream is not None:
+            buf.ready = stream.record_event()
         return buf
 
     def load(self, snap: list[torch.Tensor]) -> None:
@@ -231,8 +258,13 @@ class TorchWeights:
                     param.materialize(src.shape)
             self._bind()
             targets = self._view[3]
+        stream = _stream_of(snap)
+        if stream is not None and snap.ready is not None:
+            stream.wait_event(snap.ready)  # taken on the trainer's stream, perhaps another one
         with torch.no_grad():
-            torch._foreach_copy_(targets, snap)
+            torch._foreach_copy_(targets, snap, non_blocking=True)
+        if stream is not None:
+            snap.loaded = stream.record_event()
 
     def recycle(self, snap: list[torch.Tensor]) -> None:
         targets = self._view[3]
