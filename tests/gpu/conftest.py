@@ -3,10 +3,16 @@ in the run's summary. ``bash scripts/gpu_tests.sh run`` runs them on a CUDA mach
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
 import torch
+
+from support.variants import VARIANTS
+
+# JAX takes 75% of the GPU's memory at its first use unless told not to; torch shares the GPU here
+os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
 
 REASON = ("no CUDA device here (torch.cuda.is_available() is False): "
           "run `bash scripts/gpu_tests.sh run` on a GPU machine")
@@ -26,3 +32,9 @@ def pytest_collection_modifyitems(config, items):
 @pytest.fixture(autouse=True)
 def _no_leaks(leak_check):
     """Nothing left behind, as in the contract suite (``tests/conftest.py``)."""
+
+
+@pytest.fixture(params=VARIANTS, ids=[v.name for v in VARIANTS])
+def variant(request):
+    """Each local collector variant (``support.variants``)."""
+    return request.param

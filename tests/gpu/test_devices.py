@@ -11,38 +11,13 @@ from __future__ import annotations
 
 import pytest
 import torch
-import torch.nn as nn
-from tensordict.nn import TensorDictModule
 
-from support.checks import check_batch
 from support.envs import CounterEnv, IntObsEnv
+from support.gpu import acts_as_the_cpu_policy, argmax_policy
 from support.variants import VARIANTS
 from support.weights import Trainer, check_versions, linear
 
 CUDA = torch.device("cuda", 0)
-
-
-@pytest.fixture(params=VARIANTS, ids=[v.name for v in VARIANTS])
-def variant(request):
-    return request.param
-
-
-class Argmax(nn.Module):
-    """The same weights every time it is built: ``argmax(W obs / 1000 + b)`` over 3 actions."""
-
-    def __init__(self):
-        super().__init__()
-        self.net = nn.Linear(3, 3)
-        with torch.no_grad():
-            self.net.weight.copy_(torch.tensor([[1.0, 0.5, -1.0], [-1.0, 1.0, 0.5], [0.5, -1.0, 1.0]]))
-            self.net.bias.copy_(torch.tensor([0.1, 0.0, -0.1]))
-
-    def forward(self, obs: torch.Tensor) -> torch.Tensor:
-        return self.net(obs / 1000).argmax(-1)
-
-
-def argmax_policy() -> TensorDictModule:
-    return TensorDictModule(Argmax(), in_keys=["observation"], out_keys=["action"])
 
 
 def batches(variant, count: int = 3, **kwargs) -> list:
@@ -55,14 +30,6 @@ def batches(variant, count: int = 3, **kwargs) -> list:
             if len(out) == count:
                 return out
     return out
-
-
-def acts_as_the_cpu_policy(batch) -> None:
-    host = batch.cpu()
-    check_batch(host.reshape(-1, host.shape[-1]) if host.ndim == 3 else host)
-    valid = host["collector", "policy_version"] >= 0
-    expected = Argmax()(host["observation"])
-    assert torch.equal(host["action"][valid], expected[valid])
 
 
 def test_policy_device_cuda_acts_as_the_same_policy_on_the_cpu(variant):

@@ -66,9 +66,12 @@ def test_a_tensor_built_elsewhere_joins_the_one_copy():
     host["extra"] = outside
     transposed = torch.arange(20).reshape(5, 4).T  # not contiguous
     host["strided"] = transposed
+    logits = torch.linspace(-1, 1, 40).reshape(4, 5, 2).to(torch.bfloat16)  # a dtype numpy lacks
+    host["logits"] = logits
     out = staging.upload(host)
     assert staging.copies == 1
     assert torch.equal(out["extra"], outside) and torch.equal(out["strided"], transposed)
+    assert out["logits"].dtype == torch.bfloat16 and torch.equal(out["logits"], logits)
     assert out["extra"].untyped_storage().data_ptr() == out["observation"].untyped_storage().data_ptr()
 
 

@@ -1,0 +1,103 @@
+"""Weights on the GPU: an update is a queued device-to-device copy that never waits for the
+collector's policy calls, and versions stay exact when the trainer uses another stream."""
+
+from __future__ import annotations
+
+import statistics
+import threading
+import time
+
+import torch
+import torch.nn as nn
+from tensordict.nn import TensorDictModule
+
+from support.envs import IntObsEnv
+from support.weights import check_versions, linear
+
+GPU_SLEEP_CYCLES = 40_000_000
+"""``torch.cuda._sleep`` cycles: some 20 ms of GPU time at an H100's clock."""
+
+
+class SlowLinear(nn.Module):
+    """``linear``'s policy, but each call first keeps the GPU busy for ~20 ms."""
+
+    def __init__(self):
+        super().__init__()
+        self.net = nn.Linear(3, 1)
+
+    def forward(self, obs: torch.Tensor) -> torch.Tensor:
+        torch.cuda._sleep(GPU_SLEEP_CYCLES)
+        return self.net(obs)
+
+
+def test_an_update_does_not_wait_for_the_policy_calls(variant):
+    policy = TensorDictModule(SlowLinear(), in_keys=["observation"], out_keys=["action"])
+    trainer = TensorDictModule(nn.Linear(3, 1), in_keys=["observation"], out_keys=["action"]).cuda()
+    times: list[float] = []
+    stop = threading.Event()
+
+    def train() -> None:
+        while not stop.is_set():
+            t0 = time.perf_counter()
+            collector.update_policy_weights_(trainer)
+            times.append(time.perf_counter() - t0)
+            time.sleep(0.002)
+
+    collector = variant(IntObsEnv, policy, frames_per_batch=variant.num_envs * 4, total_frames=-1,
+                        policy_device="cuda")
+    with collector:
+        thread = threading.Thread(target=train, daemon=True)
+        thread.start()
+        try:
+            for i, _ in enumerate(collector):
+                if i == 3:
+                    break
+        finally:
+            stop.set()
+            thread.join()
+    assert len(times) >= 10
+    # a policy call holds the GPU ~20 ms: an update that waited for one would take that long
+    assert statistics.median(times) < 0.005, sorted(times)[len(times) // 2:]
+
+
+class StreamTrainer(threading.Thread):
+    """The poison test's trainer (``support.weights.Trainer``), on the GPU and on a stream of
+    its own, with the GPU kept busy before each write so that a snapshot taken without
+    waiting for the trainer's stream would see the weights before the write (or the poison)."""
+
+    def __init__(self, collector):
+        super().__init__(daemon=True)
+        self.collector, self.policy = collector, linear(0.0).cuda()
+        self.stream = torch.cuda.Stream()
+        self.stop, self.sent, self.error = threading.Event(), 0, None
+
+    def run(self):
+        params = list(self.policy.parameters())
+        try:
+            with torch.cuda.stream(self.stream), torch.no_grad():
+                while not self.stop.is_set():
+                    torch.cuda._sleep(2_000_000)  # ~1 ms: the write below happens late on the GPU
+                    for p in params:
+                        p.fill_(self.sent + 1)
+                    self.sent = self.collector.update_policy_weights_(self.policy)
+                    for p in params:
+                        p.fill_(-1e9)  # poison: any frame computed from it would show
+                    time.sleep(0.0005)
+        except BaseException as exc:  # noqa: BLE001 - reported by the test
+            self.error = exc
+
+
+def test_a_trainer_on_another_stream_never_mixes_versions(variant):
+    collector = variant(IntObsEnv, linear(0.0), frames_per_batch=40, total_frames=40 * 30, policy_device="cuda")
+    trainer = StreamTrainer(collector)
+    seen: set[int] = set()
+    with collector:
+        trainer.start()
+        try:
+            for batch in collector:
+                seen |= check_versions(batch)
+        finally:
+            trainer.stop.set()
+            trainer.join()
+    assert trainer.error is None, trainer.error
+    assert len(seen) >= 3 and max(seen) <= trainer.sent

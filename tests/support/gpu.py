@@ -1,0 +1,36 @@
+"""Parts the GPU tests share (``tests/gpu``): a deterministic argmax policy and its CPU check."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn as nn
+from tensordict.nn import TensorDictModule
+
+from support.checks import check_batch
+
+
+class Argmax(nn.Module):
+    """The same weights every time it is built: ``argmax(W obs / 1000 + b)`` over 3 actions."""
+
+    def __init__(self):
+        super().__init__()
+        self.net = nn.Linear(3, 3)
+        with torch.no_grad():
+            self.net.weight.copy_(torch.tensor([[1.0, 0.5, -1.0], [-1.0, 1.0, 0.5], [0.5, -1.0, 1.0]]))
+            self.net.bias.copy_(torch.tensor([0.1, 0.0, -0.1]))
+
+    def forward(self, obs: torch.Tensor) -> torch.Tensor:
+        return self.net(obs / 1000).argmax(-1)
+
+
+def argmax_policy() -> TensorDictModule:
+    return TensorDictModule(Argmax(), in_keys=["observation"], out_keys=["action"])
+
+
+def acts_as_the_cpu_policy(batch) -> None:
+    """Every valid frame's action is what ``Argmax`` on the CPU picks for its observation."""
+    host = batch.cpu()
+    check_batch(host.reshape(-1, host.shape[-1]) if host.ndim == 3 else host)
+    valid = host["collector", "policy_version"] >= 0
+    expected = Argmax()(host["observation"])
+    assert torch.equal(host["action"][valid], expected[valid])
