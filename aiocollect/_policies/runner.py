@@ -92,6 +92,7 @@ class PolicyRunner:
         device: torch.device | None,
         exploration_type: InteractionType,
         weights: WeightsChannel | None = None,
+        stream: Any = None,
     ):
         self.policy = policy
         self.weights = weights
@@ -101,10 +102,8 @@ class PolicyRunner:
         self.device = device
         self.exploration_type = exploration_type
         self._out_keys: list[NestedKey] | None = None
-        self._stream = None
+        self._stream = stream
         """A CUDA policy's own stream (see ``_on_stream``)."""
-        if device is not None and device.type == "cuda" and not getattr(weights, "shared", False):
-            self._stream = torch.cuda.Stream(device)
         if isinstance(policy, RandomPolicy):
             self.kind = "random"
         elif isinstance(policy, ArrayPolicy):
@@ -141,12 +140,8 @@ class PolicyRunner:
                 return self._call(obs, num_envs)
 
     def _on_stream(self) -> Any:
-        """A CUDA copy of the policy runs, loads its weights and moves its inputs and outputs
-        on a stream of its own: its one wait per call (``_policies.transfer``) waits for its
-        own work only, never for a trainer's kernels queued on the default stream, and the
-        trainer's work overlaps collection. A policy that *is* the user's module (a
-        ``Collector`` sharing it) stays on the current stream, ordered after the user's
-        in-place updates of its weights."""
+        """The policy's own CUDA stream, if it has one (``PolicySetup`` says when): its calls
+        and the moves of its inputs and outputs are queued there."""
         return contextlib.nullcontext() if self._stream is None else torch.cuda.stream(self._stream)
 
     def _call(self, obs: dict[NestedKey, torch.Tensor], num_envs: int) -> dict[NestedKey, Any]:

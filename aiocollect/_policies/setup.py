@@ -19,6 +19,14 @@ policy object is depends on when the collector collects:
 Without a ``policy_device``, a module whose tensors all sit on one GPU runs there (as in
 TorchRL): its inputs are moved to it and its outputs back.
 
+**CUDA streams.** The collector's own copy of a module on a GPU gets a stream of its own:
+its calls, the moves of its inputs and outputs, and the loads of new weights are queued
+there, so the one wait per policy call waits for the policy's work only, never for a
+trainer's kernels queued on the default stream, and training overlaps collection (whichever
+thread loads, the load is ordered with the calls). A policy that *is* the user's module (a
+``Collector`` sharing it) stays on the current stream, ordered after the user's in-place
+changes to its weights.
+
 Then ``runner`` calls the policy batched; ``random_runner`` draws random actions for
 ``init_random_frames``; ``publish()`` snapshots whatever ``update_policy_weights_`` was
 given and returns the new version, which the engine loads before its next policy call.
@@ -112,16 +120,19 @@ class PolicySetup:
         else:
             self.policy = _own_copy(policy, device)
         self.weights: WeightsChannel | None = None
+        stream = None
         if isinstance(self.policy, ArrayPolicy):
             self.weights = WeightsChannel(self.policy.snapshot, self.policy.load)
         elif isinstance(self.policy, torch.nn.Module) and not isinstance(self.policy, RandomPolicy):
             weights = TorchWeights(self.policy)
+            if device is not None and device.type == "cuda" and self.policy is not policy:
+                stream = weights.stream = torch.cuda.Stream(device)
             if share:
                 self.weights = FollowChannel(weights, policy)
             else:
                 self.weights = CopyChannel(weights, policy if self.policy is not policy else None)
         self.runner = PolicyRunner(self.policy, obs_keys, device=device, exploration_type=exploration_type,
-                                   weights=self.weights)
+                                   weights=self.weights, stream=stream)
         self.random = self.policy if isinstance(self.policy, RandomPolicy) else RandomPolicy(action_space)
         # (with a real policy, random steps write every key it writes, zero-filled, as in
         # TorchRL, so that every batch of a replay buffer has one layout)

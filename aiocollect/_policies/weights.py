@@ -43,6 +43,7 @@ these channels look at the module.
 
 from __future__ import annotations
 
+import contextlib
 import operator
 import threading
 import time
@@ -166,6 +167,9 @@ class TorchWeights:
 
     def __init__(self, policy: torch.nn.Module):
         self.module = policy
+        self.stream: Any = None
+        """The CUDA stream the policy runs on, if it has its own (``PolicyRunner``): loads are
+        queued there, ordered with the policy's calls whichever thread loads."""
         self._free: list[list[torch.Tensor]] = []
         self._lock = threading.Lock()
         self._bind()
@@ -258,13 +262,15 @@ class TorchWeights:
                     param.materialize(src.shape)
             self._bind()
             targets = self._view[3]
-        stream = _stream_of(snap)
-        if stream is not None and snap.ready is not None:
-            stream.wait_event(snap.ready)  # taken on the trainer's stream, perhaps another one
-        with torch.no_grad():
-            torch._foreach_copy_(targets, snap, non_blocking=True)
-        if stream is not None:
-            snap.loaded = stream.record_event()
+        with contextlib.nullcontext() if self.stream is None else torch.cuda.stream(self.stream):
+            stream = _stream_of(snap)
+            ready = getattr(snap, "ready", None)  # (none for the sources themselves: FollowChannel)
+            if stream is not None and ready is not None:
+                stream.wait_event(ready)  # taken on the trainer's stream, perhaps another one
+            with torch.no_grad():
+                torch._foreach_copy_(targets, snap, non_blocking=True)
+            if stream is not None and isinstance(snap, _Snapshot):
+                snap.loaded = stream.record_event()
 
     def recycle(self, snap: list[torch.Tensor]) -> None:
         targets = self._view[3]
