@@ -1,0 +1,288 @@
+"""A policy and its batches on a GPU: throughput against TorchRL, and what weight updates cost.
+
+Three sections, in one run, every row round-robin (``--repeats`` runs each; the tables show
+the best and the median, ratios use the best):
+
+* **G. The pixel env, W workers x 8 envs, a Nature-CNN** (``--workers``, default 12; the env
+  and the network are ``bench_engine.py``'s: 4x84x84 uint8 frames, 200 us of CPU per step).
+  aiocollect batches the CNN over every ready worker in this process, with the policy on the
+  GPU (``policy_device``) and with the batches there too (``device``); the batches-by-hand row
+  stores on the host and calls ``batch.to(device)`` after each batch, as a user would without
+  ``storing_device``. TorchRL's ``MultiSyncCollector`` runs the same CNN in each worker on the
+  GPU. The limit is W cores stepping 8 envs each in a bare loop.
+* **J. The same, with the CNN written in JAX** (``JaxPolicy``, params on the GPU, batches
+  stored on the GPU and handed to JAX by ``to_jax`` after each one), against the torch CNN in
+  the same collector and TorchRL's.
+* **U. The update call for a CUDA module** (the Nature-CNN, 1.7M parameters) while the
+  collector collects in another thread: median, 90th percentile and worst of
+  ``update_policy_weights_`` in milliseconds, in ``Collector``, ``MultiSyncCollector`` and
+  ``MultiAsyncCollector``, and in TorchRL's ``MultiSyncCollector``. Goal (issue 16): < 1 ms median.
+
+Goals (issues 15 and 16, 16 cores and a GPU): G >= 0.8 of the limit and >= 3x TorchRL.
+
+    python benchmarks/bench_gpu.py                     # on a CUDA machine, ~4 min
+    python benchmarks/bench_gpu.py --quick             # smoke run
+    python benchmarks/bench_gpu.py --device cpu --quick --workers 2   # the script itself, anywhere
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import logging
+import os
+import statistics
+import sys
+import threading
+import time
+import warnings
+
+os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")  # torch shares the GPU
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import bench_engine as eng
+from _common import environment
+
+import aiocollect
+
+HAVE_TORCHRL = importlib.util.find_spec("torchrl") is not None
+HAVE_JAX = importlib.util.find_spec("jax") is not None
+ENVS = eng.P_ENVS
+
+
+# ---------------------------------------------------------------------------- the CNN in JAX
+
+def jax_cnn_params(seed: int = 0) -> dict:
+    """The Nature-CNN's shapes, initialised like torch's defaults (uniform, fan-in scaled)."""
+    import jax
+    import jax.numpy as jnp
+
+    shapes = {"c1": (32, 4, 8, 8), "c2": (64, 32, 4, 4), "c3": (64, 64, 3, 3), "l1": (3136, 512), "l2": (512, 6)}
+    keys = jax.random.split(jax.random.key(seed), 2 * len(shapes))
+    params = {}
+    for i, (name, shape) in enumerate(shapes.items()):
+        fan_in = shape[0] if name.startswith("l") else shape[1] * shape[2] * shape[3]
+        bound = 1 / fan_in ** 0.5
+        bias = shape[1] if name.startswith("l") else shape[0]
+        params[name] = jax.random.uniform(keys[2 * i], shape, jnp.float32, -bound, bound)
+        params[name + "_b"] = jax.random.uniform(keys[2 * i + 1], (bias,), jnp.float32, -bound, bound)
+    return params
+
+
+def jax_cnn_apply(params, obs):
+    import jax
+    import jax.numpy as jnp
+
+    x = obs.astype(jnp.float32) / 255
+    for name, stride in (("c1", 4), ("c2", 2), ("c3", 1)):
+        x = jax.lax.conv_general_dilated(x, params[name], (stride, stride), "VALID",
+                                         dimension_numbers=("NCHW", "OIHW", "NCHW"))
+        x = jax.nn.relu(x + params[name + "_b"][None, :, None, None])
+    x = x.reshape(x.shape[0], -1)
+    x = jax.nn.relu(x @ params["l1"] + params["l1_b"])
+    return jnp.argmax(x @ params["l2"] + params["l2_b"], axis=-1)
+
+
+# ---------------------------------------------------------------------------- rows
+
+def aio_cnn(cls_name: str, workers: int, steps: int, batches: int, policy, by_hand: str | None = None,
+            jax_learner: bool = False, **devices) -> float:
+    """Frames/s of an aiocollect collector over the pixel env with ``policy``."""
+    cls = getattr(aiocollect, cls_name)
+    fpb = ENVS * steps * (workers if cls_name == "MultiSyncCollector" else 1)
+    with cls([[eng.PixelEnv] * ENVS] * workers, policy, frames_per_batch=fpb, **devices) as c:
+        it = iter(c)
+        next(it)
+        frames = 0
+        t0 = time.perf_counter()
+        for _ in range(batches):
+            batch = next(it)
+            if by_hand is not None:
+                batch = batch.to(by_hand)
+            if jax_learner:
+                from aiocollect.jax import to_jax
+
+                to_jax(batch)
+            frames += batch.numel()
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
+        return frames / (time.perf_counter() - t0)
+
+
+class _Updates:
+    """Times ``update_policy_weights_`` from a trainer thread while the main thread collects."""
+
+    def __init__(self, collector, trainer: torch.nn.Module, calls: int):
+        self.collector, self.trainer, self.calls = collector, trainer, calls
+        self.times: list[float] = []
+        self.error: BaseException | None = None
+        self.thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        try:
+            while len(self.times) < self.calls:
+                t0 = time.perf_counter()
+                self.collector.update_policy_weights_(self.trainer)
+                self.times.append(time.perf_counter() - t0)
+                time.sleep(0.005)
+        except BaseException as exc:  # noqa: BLE001 - reported in the table
+            self.error = exc
+
+    def run(self) -> list[float]:
+        self.thread.start()
+        for _ in self.collector:
+            if not self.thread.is_alive():
+                break
+        self.thread.join()
+        if self.error is not None:
+            raise self.error
+        return sorted(self.times)
+
+
+def update_ms(kind: str, device: str, workers: int, calls: int) -> list[float]:
+    """Sorted update-call times (ms) of a CUDA Nature-CNN during collection."""
+    trainer = eng.cnn_policy().to(device)
+    steps = 10
+    if kind == "TorchRL":
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            logging.getLogger("torchrl").setLevel(logging.ERROR)
+            from torchrl.collectors import MultiSyncCollector
+
+            def make():
+                import gymnasium as gym
+                from torchrl.envs import GymWrapper
+
+                vec = gym.vector.SyncVectorEnv([eng.PixelEnv] * ENVS, autoreset_mode=gym.vector.AutoresetMode.DISABLED)
+                return GymWrapper(vec, categorical_action_encoding=True)
+
+            c = MultiSyncCollector([make] * workers, eng.cnn_policy(), frames_per_batch=workers * ENVS * steps,
+                                   total_frames=-1, policy_device=device)
+            try:
+                times = _Updates(c, trainer, calls).run()
+            finally:
+                c.shutdown()
+    else:
+        cls = getattr(aiocollect, kind)
+        envs = [eng.PixelEnv] * ENVS if kind == "Collector" else [[eng.PixelEnv] * ENVS] * workers
+        fpb = ENVS * steps * (workers if kind == "MultiSyncCollector" else 1)
+        with cls(envs, eng.cnn_policy(), frames_per_batch=fpb, policy_device=device) as c:
+            times = _Updates(c, trainer, calls).run()
+    return [t * 1e3 for t in times]
+
+
+def rows_for(args) -> list[eng.Row]:
+    w, dev, quick = args.workers, args.device, args.quick
+    steps, batches = (10, 2) if quick else (50, 12)
+    rows: list[eng.Row] = [eng.Row("G", "limit", lambda: eng.limit(eng.PixelEnv, ENVS, w, 400 if quick else 4_000))]
+    for cls in ("MultiSyncCollector", "MultiAsyncCollector"):
+        rows.append(eng.Row("G", f"aiocollect {cls} {w}x{ENVS}, CNN on {dev}",
+                            lambda cls=cls: aio_cnn(cls, w, steps, batches, eng.cnn_policy(), policy_device=dev)))
+    rows.append(eng.Row("G", f"aiocollect MultiSyncCollector {w}x{ENVS}, CNN and batches on {dev}",
+                        lambda: aio_cnn("MultiSyncCollector", w, steps, batches, eng.cnn_policy(), device=dev)))
+    rows.append(eng.Row("G", f"aiocollect MultiSyncCollector {w}x{ENVS}, CNN on {dev}, batch.to({dev!r}) by hand",
+                        lambda: aio_cnn("MultiSyncCollector", w, steps, batches, eng.cnn_policy(), by_hand=dev,
+                                        policy_device=dev)))
+    if HAVE_TORCHRL:
+        rows.append(eng.Row("G", f"TorchRL MultiSync {w}x GymWrapper(SyncVec{ENVS}), CNN on {dev}",
+                            lambda: eng.torchrl_cnn(w, dev, steps, max(2, batches // 2))))
+    if HAVE_JAX:
+        from aiocollect.jax import JaxPolicy
+
+        rows.append(eng.Row("J", "limit", lambda: eng.limit(eng.PixelEnv, ENVS, w, 400 if quick else 4_000)))
+        rows.append(eng.Row("J", f"aiocollect MultiSyncCollector {w}x{ENVS}, JAX CNN, batches on {dev}, to_jax",
+                            lambda: aio_cnn("MultiSyncCollector", w, steps, batches,
+                                            JaxPolicy(jax_cnn_apply, jax_cnn_params()), jax_learner=True,
+                                            storing_device=dev)))
+        rows.append(eng.Row("J", f"aiocollect MultiSyncCollector {w}x{ENVS}, torch CNN, batches on {dev}",
+                            lambda: aio_cnn("MultiSyncCollector", w, steps, batches, eng.cnn_policy(), device=dev)))
+        if HAVE_TORCHRL:
+            rows.append(eng.Row("J", f"TorchRL MultiSync {w}x GymWrapper(SyncVec{ENVS}), torch CNN on {dev}",
+                                lambda: eng.torchrl_cnn(w, dev, steps, max(2, batches // 2))))
+    calls = 20 if quick else 100
+    kinds = ["Collector", "MultiSyncCollector", "MultiAsyncCollector"] + (["TorchRL"] if HAVE_TORCHRL else [])
+    for kind in kinds:
+        rows.append(eng.Row("U", kind, lambda kind=kind: update_ms(kind, dev, min(w, 4), calls), "ms"))
+    return rows
+
+
+def report(rows: list[eng.Row], args) -> dict:
+    titles = {"G": f"G. Pixel env, {args.workers} workers x {ENVS} envs, a Nature-CNN policy on {args.device}",
+              "J": f"J. The same with the CNN in JAX ({args.workers} x {ENVS})",
+              "U": f"U. update_policy_weights_ of a Nature-CNN on {args.device} during collection (ms)"}
+    results = []
+    for section in dict.fromkeys(r.section for r in rows):
+        print(f"\n{titles[section]}\n")
+        part = [r for r in rows if r.section == section]
+        if section == "U":
+            print(f"{'collector':28s} | {'median':>8s} | {'p90':>8s} | {'worst':>8s}   (all runs pooled)")
+            print("-" * 64)
+            for r in part:
+                if r.error:
+                    print(f"{r.name:28s} | error: {r.error.splitlines()[-1][:60]}")
+                    continue
+                times = sorted(t for run in r.runs for t in run)
+                med, p90 = statistics.median(times), times[int(0.9 * (len(times) - 1))]
+                print(f"{r.name:28s} | {med:8.3f} | {p90:8.3f} | {times[-1]:8.3f}")
+                results.append({"section": section, "name": r.name, "unit": "ms", "median": med, "p90": p90,
+                                "worst": times[-1], "calls": len(times)})
+            continue
+        lim = next((r.best for r in part if r.name == "limit"), None)
+        print(f"{'name':76s} | {'best':>10s} | {'median':>10s} | {'vs limit':>8s}")
+        print("-" * 115)
+        for r in part:
+            if r.error:
+                print(f"{r.name:76s} | error: {r.error.splitlines()[-1][:60]}")
+                results.append({"section": section, "name": r.name, "error": r.error})
+                continue
+            med = statistics.median(r.runs)
+            ratio = f"{r.best / lim:.2f}" if lim else ""
+            print(f"{r.name:76s} | {r.best:10,.0f} | {med:10,.0f} | {ratio:>8s}")
+            results.append({"section": section, "name": r.name, "unit": "frames/s", "runs": r.runs,
+                            "best": r.best, "limit_ratio": r.best / lim if lim else None})
+        torchrl = next((r.best for r in part if r.name.startswith("TorchRL") and r.runs), None)
+        if torchrl:
+            for r in part:
+                if r.name.startswith("aiocollect") and r.runs:
+                    print(f"  {r.name}: {r.best / torchrl:.2f}x TorchRL")
+    return {"environment": environment(), "cores": eng.cores(), "device": args.device,
+            "gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else None, "results": results}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--quick", action="store_true", help="smoke run")
+    parser.add_argument("--repeats", type=int, default=None, help="runs per row (default 3; 1 with --quick)")
+    parser.add_argument("--workers", type=int, default=12, help="worker processes of G and J (default 12)")
+    parser.add_argument("--device", default="cuda", help="the policy's and the batches' device (default cuda)")
+    parser.add_argument("--json", metavar="PATH", help="also write the results as JSON to PATH")
+    args = parser.parse_args(argv)
+    if args.device.startswith("cuda") and not torch.cuda.is_available():
+        parser.error("no CUDA device here: run on a GPU machine, or give --device cpu to try the script")
+    repeats = args.repeats or (1 if args.quick else 3)
+    torch.set_num_threads(1)
+    env = environment()
+    gpu = torch.cuda.get_device_name() if torch.cuda.is_available() else "no GPU"
+    print(f"aiocollect {env['aiocollect']} | torch {env['torch']} | torchrl {env['torchrl']} | "
+          f"python {env['python']} | {eng.cores()} cores | {gpu} | load {env['load_average_1min']:.2f}")
+    rows = rows_for(args)
+    for i in range(repeats):
+        for r in rows:
+            print(f"  [{i + 1}/{repeats}] {r.section} {r.name}", file=sys.stderr, flush=True)
+            try:
+                r.runs.append(r.run())
+            except Exception as exc:  # noqa: BLE001 - reported in the table
+                r.error = f"{type(exc).__name__}: {exc}"
+    results = report(rows, args)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(results, f, indent=2)
+    print(f"\nload average {os.getloadavg()[0]:.2f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
