@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
-# The GPU tests (tests/gpu/) and the engine benchmark on a CUDA machine that has torch, JAX,
+# The GPU tests (tests/gpu/) and the GPU benchmarks on a CUDA machine that has torch, JAX,
 # anyio, uvloop, cloudpickle, tqdm and pytest but not the rest (the `device` machine of the
-# developers' workplace; tests/README.md says how it is used).
+# developers' workplace; tests/README.md says how it is used). Each step fits one device call
+# (10 minutes at most); logs go to $OUT (or gpu-out/).
 #
-#   bash scripts/gpu_tests.sh wheels     # here, with a network: the missing wheels into .whl/
-#   bash scripts/gpu_tests.sh run        # there: install .whl/ into /tmp/site, run the tests
-#                                        # and bench_engine.py --workers 2 8 15; logs in $OUT or gpu-out/
+#   bash scripts/gpu_tests.sh wheels        # here, with a network: the missing wheels into .whl/
+#   bash scripts/gpu_tests.sh run           # there: the GPU tests (tests/gpu), ~5 min
+#   bash scripts/gpu_tests.sh bench-gpu     # there: benchmarks/bench_gpu.py (G, J, U), ~6 min
+#   bash scripts/gpu_tests.sh bench-engine  # there: bench_engine.py --workers 2 8 15 with PufferLib, no G
 set -euo pipefail
 cd "$(dirname "$0")/.."
 case "${1:-}" in
@@ -22,22 +24,31 @@ wheels)
     done
     du -sh .whl
     ;;
-run)
+run|bench-gpu|bench-engine)
     out="${OUT:-gpu-out}"
     mkdir -p "$out"
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
     export PYTHONPATH="/tmp/site:$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
+    export XLA_PYTHON_CLIENT_PREALLOCATE=false  # JAX and torch share the GPU
     nvidia-smi -L | tee "$out/gpu.txt"
     python3 -c "import torch, jax; print('torch', torch.__version__, torch.cuda.is_available(), '| jax', jax.__version__, jax.devices())" \
         | tee -a "$out/gpu.txt"
-    set +e
-    python3 -m pytest -p no:cacheprovider -rs -q tests/gpu 2>&1 | tee "$out/gpu_tests.log"
-    status=${PIPESTATUS[0]}
-    (cd benchmarks && python3 bench_engine.py --workers 2 8 15 --json "$out/engine.json") 2>&1 | tee "$out/engine.log"
-    exit "$status"
+    case "$1" in
+    run)
+        python3 -m pytest -p no:cacheprovider -rs -q --durations=15 tests/gpu 2>&1 | tee "$out/gpu_tests.log"
+        exit "${PIPESTATUS[0]}"
+        ;;
+    bench-gpu)
+        (cd benchmarks && python3 bench_gpu.py --repeats 2 --json "$out/gpu.json") 2>&1 | tee "$out/bench_gpu.log"
+        ;;
+    bench-engine)
+        (cd benchmarks && python3 bench_engine.py --workers 2 8 15 --cnn "" --repeats 2 --json "$out/engine.json") 2>&1 \
+            | tee "$out/engine.log"
+        ;;
+    esac
     ;;
 *)
-    echo "usage: bash scripts/gpu_tests.sh wheels|run" >&2
+    echo "usage: bash scripts/gpu_tests.sh wheels|run|bench-gpu|bench-engine" >&2
     exit 2
     ;;
 esac

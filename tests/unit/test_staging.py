@@ -2,19 +2,17 @@
 
 On a CUDA machine the block is pinned and the copy non-blocking (``tests/gpu`` checks
 that); the packing, the views and the block reuse are the same code for any target, so
-they are tested here with the CPU as the "device".
+they are tested here with the CPU as the "device" (and through real collectors in
+``variants/test_staged_batches.py``).
 """
 
 from __future__ import annotations
 
 import numpy as np
-import pytest
 import torch
 from tensordict import TensorDict
 
-from aiocollect import Collector, MultiSyncCollector
 from aiocollect._engine.staging import DeviceStaging
-from support.envs import CounterEnv
 
 CPU = torch.device("cpu")
 
@@ -109,41 +107,3 @@ def test_an_empty_field_stays_empty():
     y_np[:] = 3
     out = staging.upload(TensorDict({"x": x, "y": y}, batch_size=[4]))
     assert out["x"].shape == (4, 0) and torch.equal(out["y"], torch.full((4, 2), 3.0))
-
-
-def cycle(observation: torch.Tensor) -> torch.Tensor:
-    """A deterministic policy (a random one draws differently as workers group their calls)."""
-    return (observation[:, 0] + observation[:, 1]).long() % 3
-
-
-@pytest.mark.parametrize("make", [
-    lambda: Collector([CounterEnv] * 4, cycle, frames_per_batch=40, total_frames=160),
-    lambda: MultiSyncCollector([[CounterEnv] * 2] * 2, cycle, frames_per_batch=40, total_frames=160,
-                               cat_results="stack"),
-    lambda: MultiSyncCollector([[CounterEnv] * 2] * 2, cycle, frames_per_batch=40, total_frames=160,
-                               cat_results=-1),  # joined by torch.cat: outside the block
-], ids=["Collector", "MultiSync-stack", "MultiSync-cat-time"])
-def test_collected_batches_are_the_same_staged_or_not(make):
-    """The whole batch path (storage, worker parts, joins) built through a staging gives the
-    batches it gives without one (the GPU run of this is in tests/gpu)."""
-    def run(staged: bool) -> list:
-        with make() as collector:
-            if staged:
-                collector._staging = collector._scheduler.storage.staging = DeviceStaging(CPU)
-            collector.set_seed(3)
-            out = [batch.clone() for batch in collector]
-            if staged:
-                assert collector._staging.copies == len(out)
-        return out
-
-    plain, staged = run(False), run(True)
-    assert len(plain) == len(staged) == 4
-    for a, b in zip(plain, staged):
-        assert a.batch_size == b.batch_size and a.names == b.names
-        assert set(a.keys(True, True)) == set(b.keys(True, True))
-        for key in a.keys(True, True):
-            if key == ("collector", "traj_ids"):  # numbered in the order workers finish episodes
-                x, y = a[key], b[key]
-                assert torch.equal(x[..., 1:] != x[..., :-1], y[..., 1:] != y[..., :-1])
-            else:
-                assert torch.equal(a[key], b[key]), key
