@@ -51,6 +51,7 @@ from .._policies.setup import PolicySetup
 from .loop_thread import LoopThread
 from .options import CollectorOptions
 from .progress import EpisodeReturns, ProgressBar, flat_numpy
+from .torchrl_compat import weights_given
 
 logger = logging.getLogger("aiocollect")
 
@@ -506,7 +507,9 @@ class DataCollectorBase:
     def _check_worker_ids(self, worker_ids: Any) -> None:
         """Raise if ``worker_ids`` names no worker of this collector."""
 
-    def update_policy_weights_(self, policy_or_weights: Any = None, *, worker_ids: Any = None) -> int:
+    def update_policy_weights_(self, policy_or_weights: Any = None, *, worker_ids: Any = None, weights: Any = None,
+                               policy: Any = None, model_id: str | None = None,
+                               weights_dict: dict | None = None) -> int:
         """Send new weights to the collector's policy; returns without waiting.
 
         The worker collectors run their own copy of the policy, so your optimiser steps reach
@@ -529,23 +532,29 @@ class DataCollectorBase:
                 It is checked here; it matters where weights live outside this process (the
                 distributed collectors). A local collector runs one copy of the policy, in
                 this process, for all its workers.
+            weights, policy, model_id, weights_dict: TorchRL's other spellings of the same
+                argument: ``weights=``, ``policy=``, ``weights_dict={"policy": ...}``;
+                ``model_id`` may only be ``"policy"`` (a collector has one model).
 
         Returns:
             The new policy version: 0 is the weights at construction and each update adds one.
 
         Raises:
             KeyError: the weights lack an entry of the policy's, or have one it does not.
-            ValueError: an entry has another shape than the policy's, or ``worker_ids``
-                names no worker of this collector.
+            ValueError: an entry has another shape than the policy's, ``worker_ids``
+                names no worker of this collector, or the weights were given twice (or for
+                another ``model_id``).
             TypeError: the weights are of a type the policy cannot load, or the policy has
                 no weights and some were given.
         """
         if self._closed:
             raise self._closed_error()
         self._check_worker_ids(worker_ids)
-        return self._policy.publish(policy_or_weights)
+        return self._policy.publish(weights_given(policy_or_weights, weights, policy, model_id, weights_dict))
 
-    async def update_policy_weights(self, policy_or_weights: Any = None, *, worker_ids: Any = None) -> int:
+    async def update_policy_weights(self, policy_or_weights: Any = None, *, worker_ids: Any = None, weights: Any = None,
+                                    policy: Any = None, model_id: str | None = None,
+                                    weights_dict: dict | None = None) -> int:
         """Send new weights, then wait until they are in effect.
 
         The same as [`update_policy_weights_`][aiocollect.DataCollectorBase.update_policy_weights_],
@@ -556,11 +565,13 @@ class DataCollectorBase:
         Args:
             policy_or_weights: as for ``update_policy_weights_``.
             worker_ids: as for ``update_policy_weights_``.
+            weights, policy, model_id, weights_dict: as for ``update_policy_weights_``.
 
         Returns:
             The new policy version.
         """
-        version = self.update_policy_weights_(policy_or_weights, worker_ids=worker_ids)
+        version = self.update_policy_weights_(policy_or_weights, worker_ids=worker_ids, weights=weights, policy=policy,
+                                              model_id=model_id, weights_dict=weights_dict)
         await self._policy.wait_applied(version)
         return version
 

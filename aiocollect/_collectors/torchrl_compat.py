@@ -180,3 +180,34 @@ def _takes_tensordict_module(policy: Any) -> bool:
     from tensordict.nn import TensorDictModuleBase
 
     return isinstance(policy, TensorDictModuleBase)
+
+
+def weights_given(policy_or_weights: Any, weights: Any = None, policy: Any = None, model_id: Any = None,
+                  weights_dict: Any = None) -> Any:
+    """The one weights argument among TorchRL's spellings of ``update_policy_weights_``:
+    positional, ``weights=``, ``policy=``, or ``weights_dict={"policy": ...}``; ``model_id``
+    may only name the policy (``"policy"``, TorchRL's default), the one model a collector has."""
+    if model_id is not None and model_id != "policy":
+        raise ValueError(
+            f"update_policy_weights_: model_id={model_id!r}: a collector has one model, the policy "
+            "(model_id='policy'); other models (a critic, a target network) stay with your trainer."
+        )
+    if weights_dict is not None:
+        if model_id is not None:
+            raise ValueError("update_policy_weights_: give model_id or weights_dict, not both.")
+        if not isinstance(weights_dict, dict) or set(weights_dict) != {"policy"}:
+            keys = list(weights_dict) if isinstance(weights_dict, dict) else type(weights_dict).__name__
+            raise ValueError(
+                f"update_policy_weights_: weights_dict has {keys}; a collector has one model: pass "
+                "weights_dict={'policy': weights}, or the weights themselves."
+            )
+    given = [(name, value) for name, value in (("policy_or_weights", policy_or_weights), ("weights", weights),
+                                               ("policy", policy)) if value is not None]
+    if weights_dict is not None:
+        given.append(("weights_dict", weights_dict["policy"]))
+    if len(given) > 1:
+        raise ValueError(
+            f"update_policy_weights_: {' and '.join(name for name, _ in given)} were both given; pass the "
+            "weights once."
+        )
+    return given[0][1] if given else None

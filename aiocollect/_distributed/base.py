@@ -32,6 +32,7 @@ from tensordict import TensorDictBase
 
 from .._collectors.base import DataCollectorBase, WorkerStatistics
 from .._collectors.options import CollectorOptions, env_seeds, worker_indices
+from .._collectors.torchrl_compat import weights_given
 from .remote import RemoteCollectorError, RemoteFailure, portable_weights, resolve_collector_class
 
 _RESERVED = ("create_env_fn", "policy", "frames_per_batch", "total_frames", "replay_buffer")
@@ -259,7 +260,9 @@ class RemoteCollectorsBase(DataCollectorBase):
         if exc is None:
             self._acked[index] = max(self._acked[index], version)
 
-    def update_policy_weights_(self, policy_or_weights: Any = None, *, worker_ids: Any = None) -> int:
+    def update_policy_weights_(self, policy_or_weights: Any = None, *, worker_ids: Any = None, weights: Any = None,
+                               policy: Any = None, model_id: str | None = None,
+                               weights_dict: dict | None = None) -> int:
         """Send new weights to the remote collectors; returns without waiting for any of them.
 
         One snapshot (a CPU state dict for torch weights, a JAX params pytree as it is),
@@ -274,6 +277,9 @@ class RemoteCollectorsBase(DataCollectorBase):
                 construction (nothing is sent if that was ``None``).
             worker_ids: the remote collectors to update: an int, a list of ints, or
                 ``None`` for all.
+            weights, policy, model_id, weights_dict: TorchRL's other spellings of the same
+                argument: ``weights=``, ``policy=``, ``weights_dict={"policy": ...}``;
+                ``model_id`` may only be ``"policy"`` (a collector has one model).
 
         Returns:
             The new policy version (the current one if nothing was sent).
@@ -281,15 +287,19 @@ class RemoteCollectorsBase(DataCollectorBase):
         Raises:
             ValueError: ``worker_ids`` names no remote collector.
         """
-        version, _ = self._send(policy_or_weights, worker_ids, wait=False)
+        given = weights_given(policy_or_weights, weights, policy, model_id, weights_dict)
+        version, _ = self._send(given, worker_ids, wait=False)
         return version
 
-    async def update_policy_weights(self, policy_or_weights: Any = None, *, worker_ids: Any = None) -> int:
+    async def update_policy_weights(self, policy_or_weights: Any = None, *, worker_ids: Any = None, weights: Any = None,
+                                    policy: Any = None, model_id: str | None = None,
+                                    weights_dict: dict | None = None) -> int:
         """Send new weights, then wait until every chosen remote collector has them in effect.
 
         Args:
             policy_or_weights: as for ``update_policy_weights_``.
             worker_ids: as for ``update_policy_weights_``.
+            weights, policy, model_id, weights_dict: as for ``update_policy_weights_``.
 
         Returns:
             The new policy version.
@@ -297,7 +307,8 @@ class RemoteCollectorsBase(DataCollectorBase):
         Raises:
             RemoteCollectorError: a remote collector failed to load them.
         """
-        version, handles = self._send(policy_or_weights, worker_ids, wait=True)
+        given = weights_given(policy_or_weights, weights, policy, model_id, weights_dict)
+        version, handles = self._send(given, worker_ids, wait=True)
         await asyncio.gather(*(self._fetch(i, h) for i, h in handles))
         return version
 
