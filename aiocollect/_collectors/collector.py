@@ -380,8 +380,7 @@ class Collector(DataCollectorBase):
         as TorchRL does.
         """
         def apply() -> None:  # on the engine's thread, where trajectories are assembled
-            self._assembler.clear()
-            self._book.request_reset()
+            self._assembler.clear(cut=self._book.request_reset())
 
         self._on_engine(apply)
 

@@ -274,8 +274,7 @@ class WorkerCollectorBase(DataCollectorBase):
         """
         self._check_usable()
         def apply() -> None:  # on the engine's thread, where trajectories are assembled
-            self._assembler.clear()
-            self._scheduler.timelines.request_reset()
+            self._assembler.clear(cut=self._scheduler.timelines.request_reset())
 
         self._on_engine(apply)
 

@@ -86,18 +86,21 @@ class Timelines:
 
     # ------------------------------------------------------------------ resets
 
-    def request_reset(self, seeds: list[int] | None = None, lo: int = 0, hi: int | None = None) -> None:
+    def request_reset(self, seeds: list[int] | None = None, lo: int = 0, hi: int | None = None) -> np.ndarray:
         """Reset envs ``lo:hi`` (all by default) before their next step, with these
         seeds (one per env of ``lo:hi``) if given. Envs midway through a trajectory start
-        a new one, with a new id, not counted as completed."""
+        a new one, with a new id, not counted as completed; returns the ids of the
+        trajectories so cut."""
         hi = self.num_envs if hi is None else hi
         midway = np.flatnonzero(~self.needs_reset[lo:hi]) + lo
+        cut = self.traj_ids[midway].copy()
         if len(midway):
             self._new_trajectories(midway, completed=False)
         self._mark(np.arange(lo, hi))
         if seeds is not None:
             self.seed[lo:hi] = seeds
             self.seed_set[lo:hi] = True
+        return cut
 
     def wants_reset(self, lo: int, hi: int) -> bool:
         return self.any_reset and bool(self.needs_reset[lo:hi].any())

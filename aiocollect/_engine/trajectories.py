@@ -9,6 +9,8 @@ reads ours the same way.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 import torch
 from tensordict import TensorDictBase, pad
 
@@ -138,6 +140,8 @@ class TrajectoryAssembler:
     def __init__(self) -> None:
         self._partial: dict[int, list[TensorDictBase]] = {}
         self._complete: list[TensorDictBase] = []
+        self._cut: set[int] = set()
+        """Trajectories a reset cut: their frames are dropped (``clear(cut=...)``)."""
 
     @property
     def ready(self) -> int:
@@ -157,6 +161,8 @@ class TrajectoryAssembler:
             flat = flat[mask].exclude(("collector", "mask"))
         ids = flat.get(("collector", "traj_ids"))
         keep = ids >= 0  # blanked frames (an env that stopped early) carry id -1
+        if self._cut:
+            keep &= ~torch.isin(ids, torch.tensor(sorted(self._cut), dtype=ids.dtype, device=ids.device))
         if not keep.all():
             flat, ids = flat[keep], ids[keep]
         if not len(ids):
@@ -192,7 +198,10 @@ class TrajectoryAssembler:
         """Forget the trajectories under way (their envs were reset: they will never end)."""
         self._partial.clear()
 
-    def clear(self) -> None:
-        """Forget everything, complete trajectories included."""
+    def clear(self, cut: Iterable[int] = ()) -> None:
+        """Forget everything, complete trajectories included. ``cut``: the ids of the
+        trajectories a reset cut. Their frames can still arrive, in batches sealed before the
+        reset: they are dropped, instead of waiting here for an end they never reach."""
         self._partial.clear()
         self._complete.clear()
+        self._cut.update(int(i) for i in cut)

@@ -108,12 +108,12 @@ def test_without_reset_when_done_ids_stay_and_the_root_flags_follow_the_last_ste
 def test_request_reset_midway_gives_new_ids_that_are_not_completed_trajectories():
     tl = started(4)
     tl.stepped(0, 4, flags(0, 0, 0, 0), flags(0, 0, 0, 0))
-    tl.request_reset()
+    assert tl.request_reset().tolist() == [0, 1, 2, 3]  # the trajectories cut
     assert tl.traj_ids.tolist() == [4, 5, 6, 7]
     assert tl.step_count.tolist() == [0, 0, 0, 0]
     assert tl.completed_trajectories == 0
     assert tl.needs_reset.all() and tl.any_reset
-    tl.request_reset()  # still waiting for their reset: no trajectory started, no new id
+    assert tl.request_reset().tolist() == []  # still waiting for their reset: nothing cut, no new id
     assert tl.traj_ids.tolist() == [4, 5, 6, 7]
 
 

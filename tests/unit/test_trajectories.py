@@ -233,3 +233,14 @@ def test_assembler_take_each_writes_per_write_trajectories_per_item_and_drop_par
     assert (assembler.ready, assembler.pending) == (0, 0)
     assembler.add(_batch([3, 4], done=[1, 1]))  # ids 3 and 4 start over: nothing kept from before
     assert [_obs(i) for i in assembler.take_each(None)] == [[100, 101]]
+
+
+def test_assembler_clear_drops_the_trajectories_a_reset_cut_when_their_frames_arrive_later():
+    assembler = TrajectoryAssembler()
+    assembler.add(_batch([[5, 5], [6, 6]]))
+    assembler.clear(cut=[5, 6])  # reset(): envs 0 and 1 start trajectories 7 and 8
+    # a batch sealed before the reset arrives afterwards: 5 and 6 would never end
+    assembler.add(_batch([[5, 5], [6, 6]]))
+    assembler.add(_batch([[7, 7], [8, 8]], done=[[0, 1], [0, 0]]))
+    assert (assembler.ready, assembler.pending) == (1, 1)  # 7 ended, 8 goes on: nothing of 5 or 6
+    assert assembler.take(1, "cat")["collector", "traj_ids"].tolist() == [7, 7]
