@@ -33,7 +33,6 @@ asked.
 
 from __future__ import annotations
 
-import contextlib
 import inspect
 from collections.abc import Callable
 from typing import Any
@@ -103,7 +102,8 @@ class PolicyRunner:
         self.exploration_type = exploration_type
         self._out_keys: list[NestedKey] | None = None
         self._stream = stream
-        """A CUDA policy's own stream (see ``_on_stream``)."""
+        """A CUDA policy's own stream: its calls and the moves of its inputs and outputs are
+        queued there (``PolicySetup``'s module docstring says why)."""
         if isinstance(policy, RandomPolicy):
             self.kind = "random"
         elif isinstance(policy, ArrayPolicy):
@@ -130,19 +130,21 @@ class PolicyRunner:
             if weights is not None:
                 self.version = weights.version
             return {"action": self.policy.sample(num_envs)}
-        with self._on_stream():
-            if weights is None:
-                return self._call(obs, num_envs)
-            with weights.lock:
-                if weights.has_pending:
-                    weights.apply_pending()
-                self.version = weights.version
-                return self._call(obs, num_envs)
+        if self._stream is not None:  # the policy's own CUDA stream (``PolicySetup`` says when)
+            with torch.cuda.stream(self._stream):
+                return self._versioned(weights, obs, num_envs)
+        return self._versioned(weights, obs, num_envs)
 
-    def _on_stream(self) -> Any:
-        """The policy's own CUDA stream, if it has one (``PolicySetup`` says when): its calls
-        and the moves of its inputs and outputs are queued there."""
-        return contextlib.nullcontext() if self._stream is None else torch.cuda.stream(self._stream)
+    def _versioned(self, weights: WeightsChannel | None, obs: dict[NestedKey, torch.Tensor],
+                   num_envs: int) -> dict[NestedKey, Any]:
+        """The call, after loading pending weights, with the version that computed it."""
+        if weights is None:
+            return self._call(obs, num_envs)
+        with weights.lock:
+            if weights.has_pending:
+                weights.apply_pending()
+            self.version = weights.version
+            return self._call(obs, num_envs)
 
     def _call(self, obs: dict[NestedKey, torch.Tensor], num_envs: int) -> dict[NestedKey, Any]:
         if self.kind == "array":
