@@ -432,15 +432,21 @@ class DataCollectorBase:
         self._batches += 1
         self._measure_lag(batch)  # (both read the host's copy of the batch)
         self._returns.add(batch)
-        if self._staging is not None:
-            batch = self._staging.upload(batch)
-        if self._reuse_td:
-            batch = self._reuse(batch)
+        batch = self._finish(batch)
         if self.options.progress:
             if self._progress is None:
                 self._progress = ProgressBar(self.options.total_frames, type(self).__name__, self._returns)
                 self._resources.closers.append(self._progress.close)
             self._progress.update(frames)
+        return batch
+
+    def _finish(self, batch: TensorDictBase) -> TensorDictBase:
+        """A collected batch as it is handed out: on the storing device (one copy, see
+        ``_stage_batches``), written into the first batch with ``return_same_td``."""
+        if self._staging is not None:
+            batch = self._staging.upload(batch)
+        if self._reuse_td:
+            batch = self._reuse(batch)
         return batch
 
     def _reuse(self, batch: TensorDictBase) -> TensorDictBase:
@@ -603,7 +609,7 @@ class DataCollectorBase:
             The batch, without ``split_trajs``, ``postproc`` or the replay buffer.
         """
         batch, _ = await self._guarded_collect()
-        return batch
+        return self._finish(batch)
 
     # ------------------------------------------------------------------ sync face
 

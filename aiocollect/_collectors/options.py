@@ -128,6 +128,10 @@ def parse_device(name: str, value: Any) -> torch.device | None:
         raise ValueError(
             f"{name}={value!r}: this machine has {torch.cuda.device_count()} CUDA device(s)."
         )
+    if device.type == "cuda" and device.index is None:
+        # the GPU meant now, in the caller's thread: the collector's threads may have another
+        # current device, and batches say ``cuda:N`` (as TensorDict(device="cuda") does)
+        device = torch.device("cuda", torch.cuda.current_device())
     return device
 
 

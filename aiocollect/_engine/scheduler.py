@@ -45,6 +45,7 @@ import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import anyio
 import numpy as np
@@ -54,7 +55,7 @@ from .._policies.runner import PolicyRunner, check_outputs
 from .._workers import protocol
 from .._workers.pool import Worker
 from .._workers.shm import SharedArrays
-from .storage import RolloutStorage, concat
+from .storage import RolloutStorage, concat, host_empty
 from .timelines import Timelines
 
 READY, STEPPING, RESETTING = "ready", "stepping", "resetting"  # compared with ``is``
@@ -209,13 +210,13 @@ class Scheduler:
         lane.held = True
         return sealed
 
-    def batch(self, sealed: Sealed, keys: tuple | None = None) -> dict:
+    def batch(self, sealed: Sealed, keys: tuple | None = None, empty: Any = None) -> dict:
         """The tensors of a sealed batch, ``[envs, frames]`` (``keys``: the policy outputs
-        to include, for a lane cut before its first step)."""
+        to include, for a lane cut before its first step; ``empty``: their allocator)."""
         lane = sealed.lane
         valid = np.full(lane.num_envs, sealed.valid, dtype=np.int64)
         return self.storage.batch(sealed.slot, lane.lo, lane.hi, sealed.frames, valid, keys or sealed.keys,
-                                  sealed.start_flags, sealed.mask)
+                                  sealed.start_flags, sealed.mask, empty)
 
     def batch_all(self, sealed: list[Sealed]) -> dict:
         """The tensors of the sealed batches of lanes that sit side by side (every lane, or
@@ -231,7 +232,7 @@ class Scheduler:
         if all(b.slot == first.slot for b in sealed):
             return self.storage.batch(first.slot, first.lane.lo, sealed[-1].lane.hi, first.frames, valid, keys, flags,
                                       first.mask)
-        parts = [self.batch(b, keys) for b in sealed]
+        parts = [self.batch(b, keys, host_empty) for b in sealed]  # only the joined batch is staged
         return {k: concat([p[k] for p in parts], storage.empty) for k in parts[0]}
 
     def release(self, sealed: Sealed) -> None:

@@ -10,10 +10,12 @@ pinned memory (a DMA the host does not wait for), where a field-by-field ``.to("
 of pageable memory costs one synchronous copy per field.
 
 * **What the user gets**: a TensorDict on the storing device whose tensors share one
-  device allocation (freed once every field is dropped). The copy is queued on the
-  current CUDA stream, so any kernel the user then runs on that stream sees the data;
-  work on another stream must wait for it (``torch.cuda.current_stream().synchronize()``,
-  or ``stream.wait_stream``), as with any ``non_blocking`` copy in torch.
+  device allocation (freed once every field is dropped). The copy runs on a stream of
+  its own, beside the trainer's kernels; the current stream of the thread that uploads
+  (the default stream for ``for batch in collector``, the iterating thread's for
+  ``async for``) waits for it on the GPU, so kernels queued there afterwards see the data.
+  Work on another stream must wait for that one (``stream.wait_stream``), as with any
+  ``non_blocking`` copy in torch.
 * **Blocks are recycled**: a block is filled again only once the event recorded after
   its copy has completed (by then the user holds the batch on the device). The first
   batch learns the size; later batches fit in one block, so the copy count per batch
@@ -71,6 +73,8 @@ class DeviceStaging:
     def __init__(self, device: torch.device):
         self.device = device
         self.cuda = device.type == "cuda"
+        self._copies = torch.cuda.Stream(device) if self.cuda else None
+        """The stream the uploads go on, beside the trainer's kernels (see ``upload``)."""
         self._lock = threading.Lock()
         self._pool: list[_Block] = []
         self._filling: list[_Block] = []
@@ -131,15 +135,8 @@ class DeviceStaging:
             blocks, self._filling = self._filling, []
         total = sum(b.used for b in blocks)
         self._want = max(self._want, total)
-        copies = []
-        for block in blocks:
-            dev = torch.empty(block.used, dtype=torch.uint8, device=self.device)
-            dev.copy_(block.host[: block.used], non_blocking=self.cuda)
-            if self.cuda:
-                block.event = torch.cuda.Event()
-                block.event.record(torch.cuda.current_stream(dev.device))
-            copies.append((block, dev))
-            self.copies += 1
+        copies = [(block, self._copy(block)) for block in blocks]
+        self.copies += len(copies)
 
         def move(tensor: torch.Tensor) -> torch.Tensor:
             if not tensor.numel():
@@ -157,3 +154,23 @@ class DeviceStaging:
         finally:
             with self._lock:
                 self._pool.extend(blocks)
+                if len(blocks) > 1:  # the first batch: make the block later batches fit in now
+                    self._pool.append(_Block(_round_up(total), pinned=self.cuda))
+                    del self._pool[: -_MAX_BLOCKS]
+
+    def _copy(self, block: _Block) -> torch.Tensor:
+        """The block's bytes on the device. On CUDA the copy goes on a stream of its own, so
+        it overlaps the kernels on the others; the stream of the thread that uploads (the
+        default one for ``for batch in collector``) waits for it on the GPU, and the device
+        memory is released only after the work queued there when the batch is freed."""
+        if not self.cuda:
+            dev = torch.empty(block.used, dtype=torch.uint8, device=self.device)
+            return dev.copy_(block.host[: block.used])
+        consumer = torch.cuda.current_stream(self.device)
+        with torch.cuda.stream(self._copies):
+            dev = torch.empty(block.used, dtype=torch.uint8, device=self.device)
+            dev.copy_(block.host[: block.used], non_blocking=True)
+            block.event = self._copies.record_event()
+        consumer.wait_event(block.event)
+        dev.record_stream(consumer)
+        return dev

@@ -226,16 +226,17 @@ class RolloutStorage:
             x[s, : filled - count, rows] = part.clone() if isinstance(part, torch.Tensor) else part.copy()
 
     def batch(self, s: int, lo: int, hi: int, frames: int, valid: np.ndarray, keys: tuple,
-              start_flags: np.ndarray | None, mask: bool) -> dict[NestedKey | tuple, torch.Tensor]:
+              start_flags: np.ndarray | None, mask: bool, empty: Any = None) -> dict[NestedKey | tuple, torch.Tensor]:
         """The tensors of envs ``lo:hi``, ``[envs, frames, ...]``, copied out of slot ``s``.
 
         ``valid[i]``: the columns env ``lo + i`` filled (the rest is blanked: zeros, ids
         and versions -1); ``keys``: the policy outputs written; ``start_flags``: the root
-        done flags of the first column, when ``reset_when_done`` is off (``None``: all false).
+        done flags of the first column, when ``reset_when_done`` is off (``None``: all false);
+        ``empty``: the allocator (``self.empty`` by default; parts to be joined take ``host_empty``).
         """
         cols = slice(0, frames)
         rows = slice(lo, hi)
-        empty = self.empty
+        empty = empty or self.empty
 
         def copy(x: np.ndarray) -> tuple[torch.Tensor, np.ndarray]:  # always a copy (see host_empty)
             src = x[s, cols, rows].swapaxes(0, 1)
@@ -263,7 +264,9 @@ class RolloutStorage:
             out[("next", flag)] = nxt.unsqueeze(-1)
         if start_flags is None:
             for flag in ("done", "terminated", "truncated"):
-                out[flag] = torch.zeros((*done.shape, 1), dtype=torch.bool)
+                root, view = empty((*done.shape, 1), np.bool_)
+                view.fill(False)
+                out[flag] = root
         else:
             for flag, first, nxt in zip(("done", "terminated", "truncated"), start_flags, (done_np, term, trunc)):
                 root, view = empty(nxt.shape, nxt.dtype)

@@ -101,7 +101,7 @@ class PolicyRunner:
         self.device = device
         self.exploration_type = exploration_type
         self._out_keys: list[NestedKey] | None = None
-        self._stream = stream
+        self.stream = stream
         """A CUDA policy's own stream: its calls and the moves of its inputs and outputs are
         queued there (``PolicySetup``'s module docstring says why)."""
         if isinstance(policy, RandomPolicy):
@@ -130,8 +130,8 @@ class PolicyRunner:
             if weights is not None:
                 self.version = weights.version
             return {"action": self.policy.sample(num_envs)}
-        if self._stream is not None:  # the policy's own CUDA stream (``PolicySetup`` says when)
-            with torch.cuda.stream(self._stream):
+        if self.stream is not None:  # the policy's own CUDA stream (``PolicySetup`` says when)
+            with torch.cuda.stream(self.stream):
                 return self._versioned(weights, obs, num_envs)
         return self._versioned(weights, obs, num_envs)
 

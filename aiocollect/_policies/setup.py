@@ -126,7 +126,10 @@ class PolicySetup:
         elif isinstance(self.policy, torch.nn.Module) and not isinstance(self.policy, RandomPolicy):
             weights = TorchWeights(self.policy)
             if device is not None and device.type == "cuda" and self.policy is not policy:
-                stream = weights.stream = torch.cuda.Stream(device)
+                # a high-priority stream: a policy call goes before a trainer's kernels; it
+                # first waits for the copy of the module, queued on this thread's stream
+                stream = weights.stream = torch.cuda.Stream(device, priority=-1)
+                stream.wait_stream(torch.cuda.current_stream(device))
             if share:
                 self.weights = FollowChannel(weights, policy)
             else:
@@ -198,6 +201,9 @@ class PolicySetup:
             self.weights.apply_pending()
             if isinstance(self.policy, ArrayPolicy):
                 return self.policy.snapshot(self.policy.weights)
+            stream = self.runner.stream
+            if stream is not None:  # the load above was queued on the policy's stream
+                torch.cuda.current_stream(stream.device).wait_stream(stream)
             return {k: v.detach().clone() for k, v in self.policy.state_dict().items()}
 
     def load_state_dict(self, state_dict: dict, strict: bool) -> None:

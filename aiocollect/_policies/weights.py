@@ -243,6 +243,9 @@ class TorchWeights:
                 buf = _Snapshot(torch.empty(s.shape, dtype=p.dtype, device=p.device) for s, p in zip(sources, params))
             else:
                 buf = _Snapshot(torch.empty_like(t) for t in targets)
+            if self.stream is not None and buf and buf[0].is_cuda:
+                for t in buf:  # made on this thread's stream, read on the policy's: freed only after both
+                    t.record_stream(self.stream)
         stream = _stream_of(buf)
         if stream is not None and buf.loaded is not None:
             stream.wait_event(buf.loaded)  # a recycled buffer: its last load must be done

@@ -30,6 +30,7 @@ def collector(policy=None, **kwargs) -> MultiSyncCollector:
 def test_to_jax_of_a_gpu_batch_shares_its_memory(gpu):
     with collector(storing_device="cuda") as c:
         batch = c.rollout()
+    assert batch.device.type == "cuda"
     data = to_jax(batch)
     for key in ("observation", ("next", "observation"), ("next", "reward"), ("next", "done")):
         tensor = batch[key]

@@ -82,6 +82,7 @@ class StreamTrainer(threading.Thread):
                     self.sent = self.collector.update_policy_weights_(self.policy)
                     for p in params:
                         p.fill_(-1e9)  # poison: any frame computed from it would show
+                    self.stream.synchronize()  # keep the stream's queue short (one sleep at a time)
                     time.sleep(0.0005)
         except BaseException as exc:  # noqa: BLE001 - reported by the test
             self.error = exc

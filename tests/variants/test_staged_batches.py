@@ -48,3 +48,27 @@ def test_collected_batches_are_the_same_staged_or_not(make):
                 assert torch.equal(x[..., 1:] != x[..., :-1], y[..., 1:] != y[..., :-1])
             else:
                 assert torch.equal(a[key], b[key]), key
+
+
+@pytest.mark.parametrize("make", [
+    lambda: Collector([CounterEnv] * 4, cycle, frames_per_batch=40, total_frames=-1),
+    lambda: MultiSyncCollector([[CounterEnv] * 2] * 2, cycle, frames_per_batch=40, total_frames=-1),
+], ids=["Collector", "MultiSync"])
+def test_rollout_is_staged_too_and_later_batches_do_not_change_it(make):
+    with make() as collector:
+        staging = collector._staging = collector._scheduler.storage.staging = DeviceStaging(CPU)
+        first = collector.rollout()
+        kept = first.clone()
+        second = collector.rollout()
+        assert staging.copies == 2
+        assert first["observation"].untyped_storage().data_ptr() != second["observation"].untyped_storage().data_ptr()
+        assert (first == kept).all()
+
+
+def test_return_same_td_holds_for_rollout():
+    with Collector([CounterEnv] * 4, cycle, frames_per_batch=40, total_frames=-1, return_same_td=True) as collector:
+        first = collector.rollout()
+        second = collector.rollout()
+        assert second is first
+        batch = next(iter(collector))
+        assert batch is first
