@@ -51,7 +51,6 @@ class _Block:
 
     def __init__(self, nbytes: int, pinned: bool):
         self.host = torch.empty(nbytes, dtype=torch.uint8, pin_memory=pinned)
-        self.array = self.host.numpy()
         self.base = self.host.data_ptr()
         self.capacity = nbytes
         self.used = 0
