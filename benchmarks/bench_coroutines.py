@@ -142,7 +142,7 @@ def aiocollect_fps(batches: int, steps: int) -> float:
         return frames / (time.perf_counter() - start)
 
 
-def torchrl_fps(batches: int) -> float | None:
+def torchrl_fps(batches: int, steps: int) -> float | None:
     try:
         from torchrl.collectors import AsyncBatchedCollector
         from torchrl.envs import GymWrapper
@@ -154,7 +154,7 @@ def torchrl_fps(batches: int) -> float | None:
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        collector = AsyncBatchedCollector([make] * NUM_ENVS, policy=policy(), frames_per_batch=NUM_ENVS * 10,
+        collector = AsyncBatchedCollector([make] * NUM_ENVS, policy=policy(), frames_per_batch=NUM_ENVS * steps,
                                           total_frames=-1, backend="threading", max_batch_size=NUM_ENVS)
     it = iter(collector)
     try:
@@ -174,7 +174,9 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(1)
     env = environment()
     print(f"# environment: {env}", file=sys.stderr)
-    seconds, our_batches, steps, their_batches = (1.0, 2, 40, 1) if args.quick else (4.0, 4, 100, 6)
+    # (quick: TorchRL's batches of 2 steps per env, not 10: its warm-up batch and its one timed
+    # batch, at about 500 frames/s here, would take 10 s of the smoke run)
+    seconds, our_batches, steps, their_batches, their_steps = (1.0, 2, 40, 1, 2) if args.quick else (4.0, 4, 100, 6, 10)
     runs: dict[str, list[float]] = {"barrier": [], "aiocollect": [], "torchrl": []}
     for r in range(args.repeats):
         for name in runs:
@@ -184,7 +186,7 @@ def main(argv: list[str] | None = None) -> int:
             elif name == "aiocollect":
                 value = aiocollect_fps(our_batches, steps)
             else:
-                value = torchrl_fps(their_batches)
+                value = torchrl_fps(their_batches, their_steps)
             if value is not None:
                 runs[name].append(value)
 

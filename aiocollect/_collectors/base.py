@@ -538,9 +538,10 @@ class DataCollectorBase:
                 It is checked here; it matters where weights live outside this process (the
                 distributed collectors). A local collector runs one copy of the policy, in
                 this process, for all its workers.
-            weights, policy, model_id, weights_dict: TorchRL's other spellings of the same
-                argument: ``weights=``, ``policy=``, ``weights_dict={"policy": ...}``;
-                ``model_id`` may only be ``"policy"`` (a collector has one model).
+            weights: TorchRL's keyword spelling of ``policy_or_weights`` (weights).
+            policy: TorchRL's keyword spelling of ``policy_or_weights`` (a module).
+            model_id: the model to update: only ``"policy"`` (a collector has one model).
+            weights_dict: TorchRL's ``{"policy": weights}`` spelling.
 
         Returns:
             The new policy version: 0 is the weights at construction and each update adds one.
@@ -571,7 +572,10 @@ class DataCollectorBase:
         Args:
             policy_or_weights: as for ``update_policy_weights_``.
             worker_ids: as for ``update_policy_weights_``.
-            weights, policy, model_id, weights_dict: as for ``update_policy_weights_``.
+            weights: as for ``update_policy_weights_``.
+            policy: as for ``update_policy_weights_``.
+            model_id: as for ``update_policy_weights_``.
+            weights_dict: as for ``update_policy_weights_``.
 
         Returns:
             The new policy version.

@@ -212,7 +212,7 @@ class Collector(DataCollectorBase):
         self.num_envs = n
         """How many envs the collector steps."""
         self._steps_per_batch = options.frames_per_batch // n
-        self.env_device = options.env_device or group.device or torch.device("cpu")
+        self.env_device = options.env_device or torch.device(group.device or "cpu")
         self.storing_device = options.storing_device
         self.policy_device = options.policy_device
 

@@ -277,9 +277,10 @@ class RemoteCollectorsBase(DataCollectorBase):
                 construction (nothing is sent if that was ``None``).
             worker_ids: the remote collectors to update: an int, a list of ints, or
                 ``None`` for all.
-            weights, policy, model_id, weights_dict: TorchRL's other spellings of the same
-                argument: ``weights=``, ``policy=``, ``weights_dict={"policy": ...}``;
-                ``model_id`` may only be ``"policy"`` (a collector has one model).
+            weights: TorchRL's keyword spelling of ``policy_or_weights`` (weights).
+            policy: TorchRL's keyword spelling of ``policy_or_weights`` (a module).
+            model_id: the model to update: only ``"policy"`` (a collector has one model).
+            weights_dict: TorchRL's ``{"policy": weights}`` spelling.
 
         Returns:
             The new policy version (the current one if nothing was sent).
@@ -299,7 +300,10 @@ class RemoteCollectorsBase(DataCollectorBase):
         Args:
             policy_or_weights: as for ``update_policy_weights_``.
             worker_ids: as for ``update_policy_weights_``.
-            weights, policy, model_id, weights_dict: as for ``update_policy_weights_``.
+            weights: as for ``update_policy_weights_``.
+            policy: as for ``update_policy_weights_``.
+            model_id: as for ``update_policy_weights_``.
+            weights_dict: as for ``update_policy_weights_``.
 
         Returns:
             The new policy version.

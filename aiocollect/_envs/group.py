@@ -288,8 +288,9 @@ def _check_env(env: Any, where: str) -> gym.Env | VectorEnv:
                     "coroutine env (aiocollect.AsyncEnv).")
 
 
-def _env_device(env: Any):
-    return getattr(env, "device", None) if isinstance(env, GymEnv) else None
+def _env_device(env: Any) -> str | None:
+    # the name, not GymEnv.device: that imports torch, which a worker process never needs
+    return env._device if isinstance(env, GymEnv) else None
 
 
 def _inner(env: gym.Env) -> gym.Env:

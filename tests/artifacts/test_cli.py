@@ -1,4 +1,5 @@
-"""The ``aiocollect`` command, run as a user runs it: the console script, in a subprocess."""
+"""The ``aiocollect`` command, run as a user runs it: the console script, in a subprocess, and its
+``main()`` in this process for the cases about what it checks and writes (``support.cli``)."""
 
 from __future__ import annotations
 
@@ -6,23 +7,17 @@ import json
 import re
 import subprocess
 import sys
-from pathlib import Path
 
 from tensordict import TensorDict
 
 from support.checks import check_batch
-
-SCRIPT = Path(sys.executable).parent / "aiocollect"
-
-
-def run(*args: str, timeout: float = 180) -> subprocess.CompletedProcess:
-    return subprocess.run([str(SCRIPT), *args], capture_output=True, text=True, timeout=timeout)
+from support.cli import run, run_main
 
 
 def test_collect_saves_a_memmapped_tensordict_and_prints_a_summary(tmp_path):
     out = tmp_path / "cartpole"
     proc = run("collect", "--env", "CartPole-v1", "--workers", "2", "--envs-per-worker", "4", "--frames", "4000",
-               "--out", str(out))
+               "--out", str(out), timeout=180)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert re.search(r"collected 4,000 frames of CartPole-v1 from 8 envs \(2 worker processes\) in [\d.]+ s: "
                      r"[\d,]+ frames/s", proc.stdout), proc.stdout
@@ -36,35 +31,34 @@ def test_collect_saves_a_memmapped_tensordict_and_prints_a_summary(tmp_path):
 
 
 def test_collect_in_process_with_workers_0(tmp_path):
-    proc = run("collect", "--env", "CartPole-v1", "--workers", "0", "--envs-per-worker", "2", "--frames", "300",
-               "--frames-per-batch", "100", "--out", str(tmp_path / "o"))
+    proc = run_main("collect", "--env", "CartPole-v1", "--workers", "0", "--envs-per-worker", "2", "--frames", "300",
+                    "--frames-per-batch", "100", "--out", str(tmp_path / "o"))
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert TensorDict.load_memmap(tmp_path / "o").shape == (2, 150)
     assert (tmp_path / "o" / "step_count.memmap").exists() is False
     # --overwrite replaces a previous save whole: no file of the old one is left
-    proc = run("collect", "--env", "CartPole-v1", "--workers", "0", "--envs-per-worker", "2", "--frames", "100",
-               "--max-frames-per-traj", "5", "--out", str(tmp_path / "o"), "--overwrite")
+    proc = run_main("collect", "--env", "CartPole-v1", "--workers", "0", "--envs-per-worker", "2", "--frames", "100",
+                    "--max-frames-per-traj", "5", "--out", str(tmp_path / "o"), "--overwrite")
     assert proc.returncode == 0, proc.stderr[-3000:]
     data = TensorDict.load_memmap(tmp_path / "o")
     assert data.shape == (2, 100) and int(data["step_count"].max()) == 4
-    proc = run("collect", "--env", "CartPole-v1", "--workers", "0", "--envs-per-worker", "2", "--frames", "100",
-               "--out", str(tmp_path / "o"), "--overwrite")
+    proc = run_main("collect", "--env", "CartPole-v1", "--workers", "0", "--envs-per-worker", "2", "--frames", "100",
+                    "--out", str(tmp_path / "o"), "--overwrite")
     assert proc.returncode == 0 and not (tmp_path / "o" / "step_count.memmap").exists()
 
 
-def test_bad_input_is_one_line_and_exit_code_2(tmp_path, monkeypatch):
+def assert_one_line_error(proc: subprocess.CompletedProcess, expected: str) -> None:
+    assert proc.returncode == 2, (proc.args, proc.stderr)
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("aiocollect: error:") and expected in lines[0], (proc.args, lines)
+    assert "Traceback" not in proc.stderr
+
+
+def test_bad_input_is_one_line_and_exit_code_2(tmp_path):
     (tmp_path / "full").mkdir()
     (tmp_path / "full" / "x").write_text("keep me")
     (tmp_path / "afile").write_text("keep me too")
-    # a registered env that cannot be built (as one whose optional dependency is missing)
-    (tmp_path / "broken_envs.py").write_text(
-        "import gymnasium\n"
-        "def make():\n    raise gymnasium.error.DependencyNotInstalled('the physics engine is not installed')\n"
-        "gymnasium.register('Broken-v0', entry_point=make)\n")
-    monkeypatch.setenv("PYTHONPATH", str(tmp_path))
     cases = [
-        (["collect", "--env", "broken_envs:Broken-v0", "--out", str(tmp_path / "e")],
-         "cannot be built here: DependencyNotInstalled: the physics engine is not installed"),
         (["collect", "--env", "CartPole-v1", "--frames-per-batch", "0", "--out", str(tmp_path / "f")],
          "--frames-per-batch must be >= 1"),
         (["collect", "--env", "CartPole-v1", "--max-frames-per-traj", "-3", "--out", str(tmp_path / "g")],
@@ -79,17 +73,31 @@ def test_bad_input_is_one_line_and_exit_code_2(tmp_path, monkeypatch):
         (["collect", "--env", "CartPole-v1", "--out", str(tmp_path / "full")], "pass --overwrite"),
         (["collect", "--env", "CartPole-v1", "--envs-per-worker", "3", "--frames-per-batch", "100", "--out",
           str(tmp_path / "d")], "does not split"),
+    ]
+    for args, expected in cases:
+        assert_one_line_error(run_main(*args), expected)
+    assert (tmp_path / "full" / "x").read_text() == "keep me"
+    assert (tmp_path / "afile").read_text() == "keep me too"
+    assert not any((tmp_path / name).exists() for name in "fg")  # nothing collected, nothing saved
+
+
+def test_bad_input_from_the_console_script(tmp_path, monkeypatch):
+    """The command itself, in a subprocess: a refusal of ``main()`` (an env that cannot be built)
+    and one of the argument parser both end the process with exit code 2 and one line."""
+    # a registered env that cannot be built (as one whose optional dependency is missing)
+    (tmp_path / "broken_envs.py").write_text(
+        "import gymnasium\n"
+        "def make():\n    raise gymnasium.error.DependencyNotInstalled('the physics engine is not installed')\n"
+        "gymnasium.register('Broken-v0', entry_point=make)\n")
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path))
+    cases = [
+        (["collect", "--env", "broken_envs:Broken-v0", "--out", str(tmp_path / "e")],
+         "cannot be built here: DependencyNotInstalled: the physics engine is not installed"),
         (["frobnicate"], "invalid choice"),
     ]
     for args, expected in cases:
-        proc = run(*args, timeout=60)
-        assert proc.returncode == 2, (args, proc.stderr)
-        lines = proc.stderr.strip().splitlines()
-        assert len(lines) == 1 and lines[0].startswith("aiocollect: error:") and expected in lines[0], (args, lines)
-        assert "Traceback" not in proc.stderr
-    assert (tmp_path / "full" / "x").read_text() == "keep me"
-    assert (tmp_path / "afile").read_text() == "keep me too"
-    assert not any((tmp_path / name).exists() for name in "efg")  # nothing collected, nothing saved
+        assert_one_line_error(run(*args), expected)
+    assert not (tmp_path / "e").exists()
 
 
 def test_bench_runs_the_benchmarks_prints_the_table_and_draws_the_chart(tmp_path):

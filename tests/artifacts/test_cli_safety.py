@@ -1,5 +1,6 @@
 """``aiocollect collect`` never loses what is in ``--out`` and never leaves a save that looks complete
-when it is not: real subprocesses, real files, real signals (issue 17, items 1, 2 and 14).
+when it is not: real files, real signals to real subprocesses (issue 17, items 1, 2 and 14). The
+runs that no signal interrupts call the command's ``main()`` in this process (``support.cli``).
 
 The interrupted runs collect from ``SlowCartPole-v0`` (``slow_envs``, written by the ``slow`` fixture):
 CartPole at about 500 steps a second, which touches a flag file once it has taken 100 steps, so a
@@ -13,7 +14,6 @@ import os
 import shutil
 import signal
 import subprocess
-import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 from tensordict import TensorDict
 
-SCRIPT = Path(sys.executable).parent / "aiocollect"
+from support.cli import SCRIPT, run_main
 
 SLOW_ENVS = '''
 import os
@@ -46,16 +46,12 @@ gymnasium.register("SlowCartPole-v0", entry_point=SlowCartPole, max_episode_step
 '''
 
 
-def run(*args: str, cwd: Path | None = None, timeout: float = 60) -> subprocess.CompletedProcess:
-    return subprocess.run([str(SCRIPT), *args], capture_output=True, text=True, timeout=timeout, cwd=cwd)
-
-
 @pytest.fixture(scope="module")
 def a_save(tmp_path_factory) -> Path:
     """A small save of the command's, made once: tests copy it (``small_save``)."""
     out = tmp_path_factory.mktemp("template") / "save"
-    proc = run("collect", "--env", "CartPole-v1", "--workers", "0", "--envs-per-worker", "2", "--frames", "200",
-               "--out", str(out))
+    proc = run_main("collect", "--env", "CartPole-v1", "--workers", "0", "--envs-per-worker", "2", "--frames", "200",
+                    "--out", str(out))
     assert proc.returncode == 0, proc.stderr[-3000:]
     return out
 
@@ -114,16 +110,17 @@ def start_slow_collect(tmp_path: Path, out: Path, workers: int, *extra: str) -> 
     return proc
 
 
-def test_overwrite_refuses_the_current_directory_and_its_ancestors(tmp_path):
+def test_overwrite_refuses_the_current_directory_and_its_ancestors(tmp_path, monkeypatch):
     home = tmp_path / "thesis"
     (home / "code").mkdir(parents=True)
     (home / "meta.json").write_text('{"shape": [1]}')
     (home / "thesis.tex").write_text("\\documentclass{article}")
     (home / "code" / "main.py").write_text("print('years of work')")
     before = contents(home)
+    monkeypatch.chdir(home)
     for out in (".", ".."):
-        proc = run("collect", "--env", "CartPole-v1", "--workers", "0", "--frames", "100", "--out", out,
-                   "--overwrite", cwd=home)
+        proc = run_main("collect", "--env", "CartPole-v1", "--workers", "0", "--frames", "100", "--out", out,
+                        "--overwrite")
         assert_refused(proc, f"--out {out}:", "current directory")
     assert contents(home) == before
 
@@ -135,8 +132,8 @@ def test_overwrite_replaces_only_a_provable_save_of_its_own(tmp_path, small_save
     (stranger / "precious.txt").write_text("keep me")
     (stranger / "sub" / "model.pt").write_bytes(b"weights")
     before = contents(stranger)
-    proc = run("collect", "--env", "CartPole-v1", "--workers", "0", "--frames", "100", "--out", str(stranger),
-               "--overwrite")
+    proc = run_main("collect", "--env", "CartPole-v1", "--workers", "0", "--frames", "100", "--out", str(stranger),
+                    "--overwrite")
     assert_refused(proc, f"--out {stranger}:", "replaces only a directory that aiocollect collect saved",
                    "no aiocollect.json")
     assert contents(stranger) == before
@@ -145,16 +142,16 @@ def test_overwrite_replaces_only_a_provable_save_of_its_own(tmp_path, small_save
     small_save(save)
     (save / "notes.txt").write_text("mine")
     before = contents(save)
-    proc = run("collect", "--env", "CartPole-v1", "--workers", "0", "--frames", "100", "--out", str(save),
-               "--overwrite")
+    proc = run_main("collect", "--env", "CartPole-v1", "--workers", "0", "--frames", "100", "--out", str(save),
+                    "--overwrite")
     assert_refused(proc, "it holds notes.txt, which aiocollect collect did not write")
     assert contents(save) == before
     (save / "notes.txt").unlink()
     record = json.loads((save / "aiocollect.json").read_text())
     record["files"]["precious.txt"] = {"size": 7}
     (save / "aiocollect.json").write_text(json.dumps(record))
-    proc = run("collect", "--env", "CartPole-v1", "--workers", "0", "--frames", "100", "--out", str(save),
-               "--overwrite")
+    proc = run_main("collect", "--env", "CartPole-v1", "--workers", "0", "--frames", "100", "--out", str(save),
+                    "--overwrite")
     assert_refused(proc, "was changed after aiocollect collect wrote it")
     assert TensorDict.load_memmap(save).shape == (2, 100)
 
@@ -164,8 +161,8 @@ def test_out_may_not_be_a_symbolic_link(tmp_path, small_save):
     small_save(save)
     before = contents(save)
     (tmp_path / "link").symlink_to(save)
-    proc = run("collect", "--env", "CartPole-v1", "--workers", "0", "--frames", "100", "--out", str(tmp_path / "link"),
-               "--overwrite")
+    proc = run_main("collect", "--env", "CartPole-v1", "--workers", "0", "--frames", "100",
+                    "--out", str(tmp_path / "link"), "--overwrite")
     assert_refused(proc, f"--out {tmp_path / 'link'}:", "symbolic link", "give a real path")
     assert contents(save) == before and (tmp_path / "link").is_symlink()
 
@@ -173,8 +170,8 @@ def test_out_may_not_be_a_symbolic_link(tmp_path, small_save):
 def test_sizes_that_cannot_fit_are_refused_before_any_worker_starts(tmp_path):
     for flag, value, expected in (("--frames", 10**15, "disk"), ("--frames-per-batch", 10**12, "memory")):
         start = time.monotonic()
-        proc = run("collect", "--env", "CartPole-v1", "--workers", "2", "--envs-per-worker", "2", flag, str(value),
-                   "--out", str(tmp_path / "o"))
+        proc = run_main("collect", "--env", "CartPole-v1", "--workers", "2", "--envs-per-worker", "2", flag, str(value),
+                        "--out", str(tmp_path / "o"))
         assert_refused(proc, f"{flag} {value}:", expected, "bytes a frame", f"use a smaller {flag}"
                        if flag == "--frames-per-batch" else "collect fewer frames")
         assert "Collector" not in proc.stderr  # no progress bar: nothing started
@@ -213,8 +210,8 @@ def test_sigkill_leaves_out_as_it_was_and_a_partial_named_as_such(tmp_path, slow
     record = json.loads((partial / "aiocollect.json").read_text())
     assert record["complete"] is False and 0 < record["frames_written"] < record["frames"] == 100_000
     # the next run says what is left over, and replaces the old save
-    proc = run("collect", "--env", "CartPole-v1", "--workers", "0", "--envs-per-worker", "2", "--frames", "100",
-               "--max-frames-per-traj", "5", "--out", str(out), "--overwrite")
+    proc = run_main("collect", "--env", "CartPole-v1", "--workers", "0", "--envs-per-worker", "2", "--frames", "100",
+                    "--max-frames-per-traj", "5", "--out", str(out), "--overwrite")
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert f"aiocollect: note: {partial} is left from a run of aiocollect collect that was killed" in proc.stderr
     assert int(TensorDict.load_memmap(out)["step_count"].max()) == 4
@@ -226,8 +223,8 @@ def test_a_save_set_aside_by_a_killed_replacement_is_named_as_the_previous_save(
     out = tmp_path / "o"
     aside = tmp_path / ".o.replaced-0123abcd"
     small_save(aside)
-    proc = run("collect", "--env", "CartPole-v1", "--workers", "0", "--envs-per-worker", "2", "--frames", "100",
-               "--out", str(out))
+    proc = run_main("collect", "--env", "CartPole-v1", "--workers", "0", "--envs-per-worker", "2", "--frames", "100",
+                    "--out", str(out))
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert f"aiocollect: note: {aside} is the previous save of {out}" in proc.stderr
     assert "mv " in proc.stderr and "rm -r" not in proc.stderr

@@ -58,6 +58,10 @@ def _parse(path: Path) -> _Anchors:
     return parser
 
 
+# the tests that read the built site run on one worker, which builds it once (scripts/test.sh runs pytest -n 2)
+ON_THE_SITE = pytest.mark.xdist_group("mkdocs-site")
+
+
 @pytest.fixture(scope="module")
 def site(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("site")
@@ -68,6 +72,7 @@ def site(tmp_path_factory) -> Path:
     return out
 
 
+@ON_THE_SITE
 def test_the_api_reference_documents_every_public_name(site):
     ids: set[str] = set()
     for page in (site / "api").rglob("index.html"):
@@ -81,6 +86,7 @@ def test_the_api_reference_documents_every_public_name(site):
     assert expected <= ids, sorted(expected - ids)
 
 
+@ON_THE_SITE
 def test_every_collector_variant_has_a_page_saying_when_to_use_it(site):
     for name in ("collector", "multi_sync", "multi_async", "async_collector", "ray", "rpc"):
         text = (DOCS / "collectors" / f"{name}.md").read_text()
@@ -88,6 +94,7 @@ def test_every_collector_variant_has_a_page_saying_when_to_use_it(site):
         assert (site / "collectors" / name / "index.html").exists()
 
 
+@ON_THE_SITE
 def test_the_benchmarks_page_shows_the_chart_the_benchmark_script_drew(site):
     images = _parse(site / "benchmarks" / "index.html").images
     charts = [src for src in images if src.endswith("benchmarks.png")]

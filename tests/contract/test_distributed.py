@@ -87,8 +87,8 @@ def test_ray_worker_ids_route_weights_to_the_named_remote_collector(ray_cluster)
             if i == 2:
                 assert c.update_policy_weights_(linear(1.0), worker_ids=[1]) == 1
                 updated = True
-            if updated and 1 in versions[200] and i > 12:
-                break
+            if updated and 1 in versions[200] and versions[100] and i > 12:
+                break  # (under load one remote collector can deliver every batch for a while)
             assert i < 200, "remote collector 1 never used the weights sent to it"
         assert versions[100] == {0}, "weights sent to remote collector 1 reached remote collector 0"
         assert 1 in versions[200]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import subprocess
 import sys
 import textwrap
@@ -21,9 +22,9 @@ from aiocollect.jax import JaxPolicy, from_jax, to_jax
 from support.checks import check_batch
 from support.envs import IntObsEnv
 
-
-def cartpole():
-    return gym.make("CartPole-v1")
+# (a partial of gym.make: a function of this module would make every worker import it, and
+# JAX and torch with it)
+cartpole = functools.partial(gym.make, "CartPole-v1")
 
 
 class ArgmaxLinear(nn.Module):

@@ -35,6 +35,14 @@ def alive(pid: int) -> bool:
         return False
 
 
+def test_the_ray_tests_run_on_one_worker(request):
+    """Under ``pytest -n 2 --dist loadgroup`` (scripts/test.sh) the tests of the ``ray`` group run
+    on one worker, one Ray instance at a time, because their node ids carry the group
+    (``tests/conftest.py`` writes it where pytest-xdist's does not take)."""
+    if getattr(request.config.option, "loadgroup", False):
+        assert request.node.nodeid.endswith("@ray"), request.node.nodeid
+
+
 def test_seed_example_starts_a_local_cluster_and_stops_it():
     assert not ray.is_initialized()
     policy = TensorDictModule(nn.Linear(3, 1), in_keys=["observation"], out_keys=["action"])

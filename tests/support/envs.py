@@ -1,7 +1,12 @@
-"""Gymnasium envs for the tests, each built to make one property visible in the batches."""
+"""Gymnasium envs for the tests, each built to make one property visible in the batches.
+
+Envs that worker processes step live here, or in another module that does not import torch: a
+worker unpickles a class (or a function) of a test module by importing that module, and the
+test module imports torch and tensordict, 2 to 3 s of every worker's start."""
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 
@@ -112,6 +117,20 @@ class SleepyEnv(gym.Env):
         return np.array([self.tag, self.t], np.float32), 1.0, False, self.t >= self.length, {}
 
 
+class StubbornEnv(SleepyEnv):
+    """Its close() hangs in any process but ``main_pid``'s: in a worker, shutdown must escalate
+    to SIGTERM/SIGKILL. (The collector also builds and closes one in the main process to learn
+    the spaces; that one closes normally.)"""
+
+    def __init__(self, main_pid: int):
+        super().__init__()
+        self.main_pid = main_pid
+
+    def close(self):
+        if os.getpid() != self.main_pid:
+            time.sleep(60)
+
+
 class TorchProbeEnv(gym.Env):
     """Its observation says whether torch was imported in the process stepping it."""
 
@@ -163,6 +182,23 @@ class TaggedIntObsEnv(IntObsEnv):
         obs = super()._obs()
         obs[0] = self.tag
         return obs
+
+
+TAG = 10_000
+
+
+class TaggedCounter(CounterEnv):
+    """``CounterEnv`` whose episode starts carry ``tag * TAG``: a batch says which worker made it."""
+
+    def __init__(self, tag: int, max_len: int = 9):
+        super().__init__(max_len=max_len)
+        self.tag = tag
+
+    def reset(self, *, seed=None, options=None):
+        obs, info = super().reset(seed=seed, options=options)
+        self.start += self.tag * TAG
+        obs[1] = self.start
+        return obs, info
 
 
 class StepEnv(gym.Env):

@@ -11,23 +11,7 @@ from tensordict.nn import TensorDictModule
 
 from aiocollect import EnvError, MultiAsyncCollector, MultiSyncCollector
 from support.checks import check_batch
-from support.envs import CounterEnv
-
-TAG = 10_000
-
-
-class TaggedCounter(CounterEnv):
-    """``CounterEnv`` whose episode starts carry ``tag * TAG``: a batch says which worker made it."""
-
-    def __init__(self, tag: int, max_len: int = 9):
-        super().__init__(max_len=max_len)
-        self.tag = tag
-
-    def reset(self, *, seed=None, options=None):
-        obs, info = super().reset(seed=seed, options=options)
-        self.start += self.tag * TAG
-        obs[1] = self.start
-        return obs, info
+from support.envs import TAG, CounterEnv, TaggedCounter
 
 
 class _Steps(nn.Module):

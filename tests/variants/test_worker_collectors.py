@@ -4,6 +4,8 @@ workers that never import torch, weights and state by worker, and lambdas withou
 
 from __future__ import annotations
 
+import functools
+
 import gymnasium as gym
 import pytest
 import torch
@@ -20,8 +22,8 @@ def flat(td):
     return td.flatten(0, td.ndim - 2) if td.ndim > 2 else td
 
 
-def pendulum():
-    return GymEnv("Pendulum-v1", device="cpu")
+# (a partial: a function of this module would make every worker import it, and tensordict with it)
+pendulum = functools.partial(GymEnv, "Pendulum-v1", device="cpu")
 
 
 def linear_policy():

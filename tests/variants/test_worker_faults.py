@@ -4,6 +4,7 @@ The leak check of tests/variants/conftest.py runs after every test."""
 
 from __future__ import annotations
 
+import functools
 import os
 import signal
 import subprocess
@@ -15,7 +16,7 @@ import gymnasium as gym
 import pytest
 
 from aiocollect import MultiSyncCollector, WorkerError
-from support.envs import CounterEnv, SleepyEnv
+from support.envs import CounterEnv, SleepyEnv, StubbornEnv
 from support.procs import alive, children, wait_until
 
 TESTS = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -37,24 +38,8 @@ def test_sigkilled_worker_is_reported_and_the_rest_stopped():
     c.shutdown()
 
 
-# workers inherit the environment, so they see the test process's pid here
-MAIN_PID = int(os.environ.setdefault("AIOCOLLECT_TEST_MAIN_PID", str(os.getpid())))
-
-
-class StubbornEnv(SleepyEnv):
-    """Its close() hangs in a worker: shutdown must escalate to SIGTERM/SIGKILL.
-
-    (The collector also builds and closes one in this process to learn the spaces; that
-    one closes normally.)
-    """
-
-    def close(self):
-        if os.getpid() != MAIN_PID:
-            time.sleep(60)
-
-
 def test_shutdown_escalates_when_a_worker_hangs(caplog):
-    c = MultiSyncCollector([StubbornEnv] * 2, None, frames_per_batch=4, total_frames=-1)
+    c = MultiSyncCollector([functools.partial(StubbornEnv, os.getpid())] * 2, None, frames_per_batch=4, total_frames=-1)
     c.rollout()
     t0 = time.monotonic()
     c.shutdown(timeout=0.5)
