@@ -13,10 +13,6 @@ shows the best and the median, ratios use the best):
   ``AsyncVectorEnv`` of the W*16 CartPole envs (one process each, as users write it).
 * **P. A pixel env, 2 workers x 8 envs, random policy**: observations ``4x84x84`` uint8, each
   step spins 200 us of CPU. The limit is one core stepping 8 of them, times 2 (or the cores).
-* **G. The pixel env, W workers x 8 envs, a Nature-CNN policy** on a GPU (``--cnn cuda``,
-  the default where there is one; ``--cnn-workers``, default 12): aiocollect batches the CNN
-  over every ready worker in this process; TorchRL's ``MultiSyncCollector`` runs it in each
-  worker, on the same device. The limit is section P's, for W workers.
 * **M. Main-process CPU per frame** for section E's collectors: the CPU time of every thread
   of this process over the timed batches, divided by the frames. With spinning on (the
   default) that includes the time the engine spins, yielding its core, while it waits for
@@ -163,49 +159,6 @@ def pufferlib_multiprocessing(workers: int, steps: int, batches: int) -> float:
         vec.close()
 
 
-class NatureCNN(torch.nn.Module):
-    """The DQN paper's network on 4x84x84 uint8 frames, argmax over the pixel env's 6 actions."""
-
-    def __init__(self):
-        super().__init__()
-        nn = torch.nn
-        self.net = nn.Sequential(
-            nn.Conv2d(4, 32, 8, 4), nn.ReLU(), nn.Conv2d(32, 64, 4, 2), nn.ReLU(), nn.Conv2d(64, 64, 3, 1),
-            nn.ReLU(), nn.Flatten(), nn.Linear(3136, 512), nn.ReLU(), nn.Linear(512, 6),
-        )
-
-    def forward(self, obs: torch.Tensor) -> torch.Tensor:
-        return self.net(obs.float() / 255).argmax(-1)
-
-
-def cnn_policy():
-    from tensordict.nn import TensorDictModule
-
-    torch.manual_seed(0)
-    return TensorDictModule(NatureCNN(), in_keys=["observation"], out_keys=["action"])
-
-
-def torchrl_cnn(workers: int, device: str, steps: int, batches: int) -> float:
-    """TorchRL's MultiSyncCollector over the pixel env, each worker running the CNN on ``device``."""
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        logging.getLogger("torchrl").setLevel(logging.ERROR)
-        from torchrl.collectors import MultiSyncCollector
-        from torchrl.envs import GymWrapper
-
-        def make():
-            vec = gym.vector.SyncVectorEnv([PixelEnv] * P_ENVS, autoreset_mode=gym.vector.AutoresetMode.DISABLED)
-            return GymWrapper(vec, categorical_action_encoding=True)  # the CNN's argmax, not one-hot
-
-        fpb = workers * P_ENVS * steps
-        c = MultiSyncCollector([make] * workers, cnn_policy(), frames_per_batch=fpb,
-                               total_frames=fpb * (batches + 1), policy_device=device)
-        try:
-            return timed(c, batches)
-        finally:
-            c.shutdown()
-
-
 def torchrl_vector_cartpole():
     from torchrl.envs import GymWrapper
 
@@ -292,17 +245,6 @@ def rows_for(args) -> list[Row]:
     for cls in ("MultiSyncCollector", "MultiAsyncCollector"):
         rows.append(Row("P", f"aiocollect {cls} {P_WORKERS}x{P_ENVS}",
                         lambda cls=cls: aio(cls, PixelEnv, P_WORKERS, P_ENVS, p_steps, p_batches)))
-    if args.cnn:
-        w, dev = args.cnn_workers, args.cnn
-        g_steps, g_batches = (10, 2) if quick else (50, 12)
-        rows.append(Row("G", "limit", lambda: limit(PixelEnv, P_ENVS, w, 400 if quick else 4_000)))
-        for cls in ("MultiSyncCollector", "MultiAsyncCollector"):
-            rows.append(Row("G", f"aiocollect {cls} {w}x{P_ENVS}, CNN on {dev}",
-                            lambda cls=cls: aio(cls, PixelEnv, w, P_ENVS, g_steps, g_batches, None,
-                                                    cnn_policy(), dev)))
-        if HAVE_TORCHRL:
-            rows.append(Row("G", f"TorchRL MultiSync {w}x GymWrapper(SyncVec8), CNN on {dev}",
-                            lambda: torchrl_cnn(w, dev, g_steps, max(2, g_batches // 2))))
     w = args.workers[0]
     for cls in ("MultiSyncCollector", "MultiAsyncCollector"):
         for spin in ("1",) if quick else ("1", "0"):
@@ -314,8 +256,7 @@ def rows_for(args) -> list[Row]:
 def report(rows: list[Row], args) -> dict:
     titles = {"P": f"P. Pixel env {PIXEL_SHAPE} uint8, {PIXEL_STEP_S * 1e6:.0f} us CPU per step, "
                    f"{P_WORKERS} workers x {P_ENVS} envs, random policy",
-              "M": "M. Main-process CPU per frame (all its threads), CartPole",
-              "G": f"G. Pixel env, {args.cnn_workers} workers x {P_ENVS} envs, a Nature-CNN policy on {args.cnn}"}
+              "M": "M. Main-process CPU per frame (all its threads), CartPole"}
     results = []
     for section in dict.fromkeys(r.section for r in rows):
         title = titles.get(section) or f"E. CartPole-v1, {section[1:]} workers x {E_ENVS} envs, random policy"
@@ -343,9 +284,6 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=None, help="runs per row (default 3; 1 with --quick)")
     parser.add_argument("--workers", type=int, nargs="+", default=[2], help="worker counts of section E")
     parser.add_argument("--json", metavar="PATH", help="also write the results as JSON to PATH")
-    parser.add_argument("--cnn", metavar="DEVICE", default="cuda" if torch.cuda.is_available() else None,
-                        help="section G on this policy device (default: cuda where there is one, else no G)")
-    parser.add_argument("--cnn-workers", type=int, default=12, help="worker processes of section G (default 12)")
     args = parser.parse_args(argv)
     repeats = args.repeats or (1 if args.quick else 3)
     torch.set_num_threads(1)

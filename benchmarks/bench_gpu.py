@@ -4,7 +4,8 @@ Three sections, in one run, every row round-robin (``--repeats`` runs each; the 
 the best and the median, ratios use the best):
 
 * **G. The pixel env, W workers x 8 envs, a Nature-CNN** (``--workers``, default 12; the env
-  and the network are ``bench_engine.py``'s: 4x84x84 uint8 frames, 200 us of CPU per step).
+  is ``bench_engine.py``'s: 4x84x84 uint8 frames, 200 us of CPU per step; the network is the
+  DQN paper's).
   aiocollect batches the CNN over every ready worker in this process, with the policy on the
   GPU (``policy_device``) and with the batches there too (``device``); the batches-by-hand row
   stores on the host and calls ``batch.to(device)`` after each batch, as a user would without
@@ -40,6 +41,7 @@ import warnings
 
 os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")  # torch shares the GPU
 
+import gymnasium as gym
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -51,6 +53,60 @@ import aiocollect
 HAVE_TORCHRL = importlib.util.find_spec("torchrl") is not None
 HAVE_JAX = importlib.util.find_spec("jax") is not None
 ENVS = eng.P_ENVS
+
+
+# ---------------------------------------------------------------------------- the CNN in torch
+
+class NatureCNN(torch.nn.Module):
+    """The DQN paper's network on 4x84x84 uint8 frames, argmax over the pixel env's 6 actions."""
+
+    def __init__(self):
+        super().__init__()
+        nn = torch.nn
+        self.net = nn.Sequential(
+            nn.Conv2d(4, 32, 8, 4), nn.ReLU(), nn.Conv2d(32, 64, 4, 2), nn.ReLU(), nn.Conv2d(64, 64, 3, 1),
+            nn.ReLU(), nn.Flatten(), nn.Linear(3136, 512), nn.ReLU(), nn.Linear(512, 6),
+        )
+
+    def forward(self, obs: torch.Tensor) -> torch.Tensor:
+        return self.net(obs.float() / 255).argmax(-1)
+
+
+def cnn_policy():
+    from tensordict.nn import TensorDictModule
+
+    torch.manual_seed(0)
+    return TensorDictModule(NatureCNN(), in_keys=["observation"], out_keys=["action"])
+
+
+def torchrl_pixel_env():
+    """A TorchRL worker's env: the pixel env's ``SyncVectorEnv`` of 8, wrapped."""
+    from torchrl.envs import GymWrapper
+
+    vec = gym.vector.SyncVectorEnv([eng.PixelEnv] * ENVS, autoreset_mode=gym.vector.AutoresetMode.DISABLED)
+    return GymWrapper(vec, categorical_action_encoding=True)  # the CNN's argmax, not one-hot
+
+
+def torchrl_multisync(workers: int, device: str, frames_per_batch: int, total_frames: int):
+    """TorchRL's MultiSyncCollector over the pixel env, each worker running the CNN on ``device``."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        logging.getLogger("torchrl").setLevel(logging.ERROR)
+        from torchrl.collectors import MultiSyncCollector
+
+        return MultiSyncCollector([torchrl_pixel_env] * workers, cnn_policy(), frames_per_batch=frames_per_batch,
+                                  total_frames=total_frames, policy_device=device)
+
+
+def torchrl_cnn(workers: int, device: str, steps: int, batches: int) -> float:
+    """Frames/s of ``torchrl_multisync``."""
+    fpb = workers * ENVS * steps
+    c = torchrl_multisync(workers, device, fpb, fpb * (batches + 1))
+    try:
+        return eng.timed(c, batches)
+    finally:
+        c.shutdown()
+
 
 
 # ---------------------------------------------------------------------------- the CNN in JAX
@@ -145,32 +201,19 @@ class _Updates:
 
 def update_ms(kind: str, device: str, workers: int, calls: int) -> list[float]:
     """Sorted update-call times (ms) of a CUDA Nature-CNN during collection."""
-    trainer = eng.cnn_policy().to(device)
+    trainer = cnn_policy().to(device)
     steps = 10
     if kind == "TorchRL":
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            logging.getLogger("torchrl").setLevel(logging.ERROR)
-            from torchrl.collectors import MultiSyncCollector
-
-            def make():
-                import gymnasium as gym
-                from torchrl.envs import GymWrapper
-
-                vec = gym.vector.SyncVectorEnv([eng.PixelEnv] * ENVS, autoreset_mode=gym.vector.AutoresetMode.DISABLED)
-                return GymWrapper(vec, categorical_action_encoding=True)
-
-            c = MultiSyncCollector([make] * workers, eng.cnn_policy(), frames_per_batch=workers * ENVS * steps,
-                                   total_frames=-1, policy_device=device)
-            try:
-                times = _Updates(c, trainer, calls).run()
-            finally:
-                c.shutdown()
+        c = torchrl_multisync(workers, device, workers * ENVS * steps, -1)
+        try:
+            times = _Updates(c, trainer, calls).run()
+        finally:
+            c.shutdown()
     else:
         cls = getattr(aiocollect, kind)
         envs = [eng.PixelEnv] * ENVS if kind == "Collector" else [[eng.PixelEnv] * ENVS] * workers
         fpb = ENVS * steps * (workers if kind == "MultiSyncCollector" else 1)
-        with cls(envs, eng.cnn_policy(), frames_per_batch=fpb, policy_device=device) as c:
+        with cls(envs, cnn_policy(), frames_per_batch=fpb, policy_device=device) as c:
             times = _Updates(c, trainer, calls).run()
     return [t * 1e3 for t in times]
 
@@ -181,15 +224,15 @@ def rows_for(args) -> list[eng.Row]:
     rows: list[eng.Row] = [eng.Row("G", "limit", lambda: eng.limit(eng.PixelEnv, ENVS, w, 400 if quick else 4_000))]
     for cls in ("MultiSyncCollector", "MultiAsyncCollector"):
         rows.append(eng.Row("G", f"aiocollect {cls} {w}x{ENVS}, CNN on {dev}",
-                            lambda cls=cls: aio_cnn(cls, w, steps, batches, eng.cnn_policy(), policy_device=dev)))
+                            lambda cls=cls: aio_cnn(cls, w, steps, batches, cnn_policy(), policy_device=dev)))
     rows.append(eng.Row("G", f"aiocollect MultiSyncCollector {w}x{ENVS}, CNN and batches on {dev}",
-                        lambda: aio_cnn("MultiSyncCollector", w, steps, batches, eng.cnn_policy(), device=dev)))
+                        lambda: aio_cnn("MultiSyncCollector", w, steps, batches, cnn_policy(), device=dev)))
     rows.append(eng.Row("G", f"aiocollect MultiSyncCollector {w}x{ENVS}, CNN on {dev}, batch.to({dev!r}) by hand",
-                        lambda: aio_cnn("MultiSyncCollector", w, steps, batches, eng.cnn_policy(), by_hand=dev,
+                        lambda: aio_cnn("MultiSyncCollector", w, steps, batches, cnn_policy(), by_hand=dev,
                                         policy_device=dev)))
     if HAVE_TORCHRL:
         rows.append(eng.Row("G", f"TorchRL MultiSync {w}x GymWrapper(SyncVec{ENVS}), CNN on {dev}",
-                            lambda: eng.torchrl_cnn(w, dev, steps, max(2, batches // 2))))
+                            lambda: torchrl_cnn(w, dev, steps, max(2, batches // 2))))
     if HAVE_JAX:
         from aiocollect.jax import JaxPolicy
 
@@ -199,10 +242,10 @@ def rows_for(args) -> list[eng.Row]:
                                             JaxPolicy(jax_cnn_apply, jax_cnn_params()), jax_learner=True,
                                             storing_device=dev)))
         rows.append(eng.Row("J", f"aiocollect MultiSyncCollector {w}x{ENVS}, torch CNN, batches on {dev}",
-                            lambda: aio_cnn("MultiSyncCollector", w, steps, batches, eng.cnn_policy(), device=dev)))
+                            lambda: aio_cnn("MultiSyncCollector", w, steps, batches, cnn_policy(), device=dev)))
         if HAVE_TORCHRL:
             rows.append(eng.Row("J", f"TorchRL MultiSync {w}x GymWrapper(SyncVec{ENVS}), torch CNN on {dev}",
-                                lambda: eng.torchrl_cnn(w, dev, steps, max(2, batches // 2))))
+                                lambda: torchrl_cnn(w, dev, steps, max(2, batches // 2))))
     calls = 20 if quick else 100
     kinds = ["Collector", "MultiSyncCollector", "MultiAsyncCollector"] + (["TorchRL"] if HAVE_TORCHRL else [])
     for kind in kinds:

@@ -7,7 +7,7 @@
 #   bash scripts/gpu_tests.sh wheels        # here, with a network: the missing wheels into .whl/
 #   bash scripts/gpu_tests.sh run           # there: the GPU tests (tests/gpu), ~5 min
 #   bash scripts/gpu_tests.sh bench-gpu     # there: benchmarks/bench_gpu.py (G, J, U), ~6 min
-#   bash scripts/gpu_tests.sh bench-engine  # there: bench_engine.py --workers 2 8 15 with PufferLib, no G
+#   bash scripts/gpu_tests.sh bench-engine  # there: bench_engine.py --workers 2 8 15 with PufferLib
 set -euo pipefail
 cd "$(dirname "$0")/.."
 case "${1:-}" in
@@ -42,7 +42,7 @@ run|bench-gpu|bench-engine)
         (cd benchmarks && python3 bench_gpu.py --repeats 2 --json "$out/gpu.json") 2>&1 | tee "$out/bench_gpu.log"
         ;;
     bench-engine)
-        (cd benchmarks && python3 bench_engine.py --workers 2 8 15 --cnn "" --repeats 2 --json "$out/engine.json") 2>&1 \
+        (cd benchmarks && python3 bench_engine.py --workers 2 8 15 --repeats 2 --json "$out/engine.json") 2>&1 \
             | tee "$out/engine.log"
         ;;
     esac
