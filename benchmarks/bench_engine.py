@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
-import json
 import logging
 import os
 import statistics
@@ -44,7 +43,7 @@ import numpy as np
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _common import environment
+from _common import environment, finish
 
 import aiocollect
 
@@ -222,6 +221,20 @@ class Row:
         return min(self.runs) if self.unit.startswith("us") else max(self.runs)
 
 
+def run_rows(rows: list[Row], repeats: int, after: Callable[[], None] | None = None) -> None:
+    """Each row ``repeats`` times, round-robin (machine noise hits every row alike); an
+    exception is kept as the row's error. ``after()`` runs after each row."""
+    for i in range(repeats):
+        for r in rows:
+            print(f"  [{i + 1}/{repeats}] {r.section} {r.name}", file=sys.stderr, flush=True)
+            try:
+                r.runs.append(r.run())
+            except Exception as exc:  # noqa: BLE001 - reported in the table
+                r.error = f"{type(exc).__name__}: {exc}"
+            if after is not None:
+                after()
+
+
 def rows_for(args) -> list[Row]:
     quick = args.quick
     e_steps, e_batches = (25, 3) if quick else (100, 40)
@@ -291,19 +304,9 @@ def main(argv: list[str] | None = None) -> int:
     print(f"aiocollect {env['aiocollect']} | torch {env['torch']} | torchrl {env['torchrl']} | "
           f"python {env['python']} | {cores()} cores | load {env['load_average_1min']:.2f}")
     rows = rows_for(args)
-    for i in range(repeats):
-        for r in rows:
-            print(f"  [{i + 1}/{repeats}] {r.section} {r.name}", file=sys.stderr, flush=True)
-            try:
-                r.runs.append(r.run())
-            except Exception as exc:  # noqa: BLE001 - reported in the table
-                r.error = f"{type(exc).__name__}: {exc}"
-    results = report(rows, args)
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(results, f, indent=2)
-    print(f"\nload average {os.getloadavg()[0]:.2f}")
-    return 0
+    run_rows(rows, repeats)
+    print()
+    return finish(report(rows, args), args)
 
 
 if __name__ == "__main__":

@@ -46,7 +46,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import bench_engine as eng
-from _common import environment
+from _common import environment, finish
 
 import aiocollect
 
@@ -313,23 +313,15 @@ def main(argv: list[str] | None = None) -> int:
     print(f"aiocollect {env['aiocollect']} | torch {env['torch']} | torchrl {env['torchrl']} | "
           f"python {env['python']} | {eng.cores()} cores | {gpu} | load {env['load_average_1min']:.2f}")
     rows = rows_for(args)
-    for i in range(repeats):
-        for r in rows:
-            print(f"  [{i + 1}/{repeats}] {r.section} {r.name}", file=sys.stderr, flush=True)
-            try:
-                r.runs.append(r.run())
-            except Exception as exc:  # noqa: BLE001 - reported in the table
-                r.error = f"{type(exc).__name__}: {exc}"
-            if args.json:  # the runs so far, should the run be cut short
-                with open(args.json + ".partial", "w") as f:
-                    json.dump([{"section": r.section, "name": r.name, "runs": r.runs, "error": r.error}
-                               for r in rows], f)
-    results = report(rows, args)
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(results, f, indent=2)
-    print(f"\nload average {os.getloadavg()[0]:.2f}")
-    return 0
+
+    def keep() -> None:  # the runs so far, should the run be cut short
+        if args.json:
+            with open(args.json + ".partial", "w") as f:
+                json.dump([{"section": r.section, "name": r.name, "runs": r.runs, "error": r.error} for r in rows], f)
+
+    eng.run_rows(rows, repeats, keep)
+    print()
+    return finish(report(rows, args), args)
 
 
 if __name__ == "__main__":

@@ -15,7 +15,7 @@ import torch
 from support.envs import CounterEnv, IntObsEnv
 from support.gpu import acts_as_the_cpu_policy, argmax_policy
 from support.variants import VARIANTS
-from support.weights import Trainer, check_versions, linear
+from support.weights import Trainer, linear, versions_while_training
 
 CUDA = torch.device("cuda", 0)
 
@@ -65,18 +65,7 @@ def test_cpu_and_cuda_copies_give_the_same_rollouts():
 
 def test_weight_updates_of_a_cuda_policy_never_mix_versions(variant):
     collector = variant(IntObsEnv, linear(0.0), frames_per_batch=40, total_frames=40 * 30, policy_device="cuda")
-    trainer = Trainer(collector)
-    seen: set[int] = set()
-    with collector:
-        trainer.start()
-        try:
-            for batch in collector:
-                seen |= check_versions(batch)
-        finally:
-            trainer.stop.set()
-            trainer.join()
-    assert trainer.error is None, trainer.error
-    assert len(seen) >= 3 and max(seen) <= trainer.sent
+    versions_while_training(collector, Trainer(collector))
 
 
 def test_a_cuda_index_names_the_device():

@@ -12,7 +12,7 @@ import torch.nn as nn
 from tensordict.nn import TensorDictModule
 
 from support.envs import IntObsEnv
-from support.weights import check_versions, linear
+from support.weights import linear, versions_while_training
 
 GPU_SLEEP_CYCLES = 40_000_000
 """``torch.cuda._sleep`` cycles: some 20 ms of GPU time at an H100's clock."""
@@ -90,15 +90,4 @@ class StreamTrainer(threading.Thread):
 
 def test_a_trainer_on_another_stream_never_mixes_versions(variant):
     collector = variant(IntObsEnv, linear(0.0), frames_per_batch=40, total_frames=40 * 30, policy_device="cuda")
-    trainer = StreamTrainer(collector)
-    seen: set[int] = set()
-    with collector:
-        trainer.start()
-        try:
-            for batch in collector:
-                seen |= check_versions(batch)
-        finally:
-            trainer.stop.set()
-            trainer.join()
-    assert trainer.error is None, trainer.error
-    assert len(seen) >= 3 and max(seen) <= trainer.sent
+    versions_while_training(collector, StreamTrainer(collector))

@@ -28,13 +28,19 @@ def memcpys(run) -> list[str]:
     return [e.name for e in prof.events() if e.name.startswith("Memcpy")]
 
 
-def test_each_batch_reaches_the_storing_device_in_one_pinned_copy(variant):
-    with variant(CounterEnv, None, frames_per_batch=variant.num_envs * 10, total_frames=-1,
-                 storing_device="cuda") as collector:
+def profiled(variant, policy, count: int, **devices) -> tuple[list[str], list]:
+    """``count`` batches of ``variant`` after a first one (it sizes the staging block), and the
+    memcpy records of the GPU while they were collected."""
+    with variant(CounterEnv, policy, frames_per_batch=variant.num_envs * 10, total_frames=-1, **devices) as collector:
         batches = iter(collector)
-        next(batches)  # the first batch sizes the staging block
-        got = []
-        names = memcpys(lambda: got.extend(itertools.islice(batches, 3)))
+        next(batches)
+        got: list = []
+        names = memcpys(lambda: got.extend(itertools.islice(batches, count)))
+    return names, got
+
+
+def test_each_batch_reaches_the_storing_device_in_one_pinned_copy(variant):
+    names, got = profiled(variant, None, 3, storing_device="cuda")
     to_device = [n for n in names if "HtoD" in n]
     assert len(to_device) == 3, names
     assert all("Pinned" in n for n in to_device), names
@@ -43,12 +49,7 @@ def test_each_batch_reaches_the_storing_device_in_one_pinned_copy(variant):
 
 
 def test_a_gpu_policys_inputs_and_outputs_cross_in_pinned_memory(variant):
-    with variant(CounterEnv, argmax_policy(), frames_per_batch=variant.num_envs * 10, total_frames=-1,
-                 policy_device="cuda") as collector:
-        batches = iter(collector)
-        next(batches)
-        got = []
-        names = memcpys(lambda: got.extend(itertools.islice(batches, 2)))
+    names, got = profiled(variant, argmax_policy(), 2, policy_device="cuda")
     assert any("HtoD" in n for n in names) and any("DtoH" in n for n in names), names
     assert not [n for n in names if "Pageable" in n], names
     for batch in got:
@@ -57,12 +58,7 @@ def test_a_gpu_policys_inputs_and_outputs_cross_in_pinned_memory(variant):
 
 def test_storing_and_policy_on_the_gpu_together(variant):
     """``device="cuda"``: both of the above at once, and the batch holds what the policy did."""
-    with variant(CounterEnv, argmax_policy(), frames_per_batch=variant.num_envs * 10, total_frames=-1,
-                 device="cuda") as collector:
-        batches = iter(collector)
-        next(batches)
-        got = []
-        names = memcpys(lambda: got.extend(itertools.islice(batches, 2)))
+    names, got = profiled(variant, argmax_policy(), 2, device="cuda")
     assert not [n for n in names if "Pageable" in n], names
     for batch in got:
         assert batch.device.type == "cuda"

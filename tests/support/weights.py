@@ -56,3 +56,22 @@ class Trainer(threading.Thread):
                 time.sleep(0.0005)
         except BaseException as exc:  # noqa: BLE001 - reported by the test
             self.error = exc
+
+
+def versions_while_training(collector, trainer) -> set[int]:
+    """Collect every batch of ``collector`` (the sync face) while ``trainer`` (a started-here
+    ``Trainer`` thread or the like) publishes; each batch passes ``check_versions``. Returns the
+    versions seen; asserts the trainer raised nothing and no batch carries an unsent version."""
+    seen: set[int] = set()
+    with collector:
+        trainer.start()
+        try:
+            for batch in collector:
+                seen |= check_versions(batch)
+        finally:
+            trainer.stop.set()
+            trainer.join()
+    assert trainer.error is None, trainer.error
+    assert len(seen) >= 3, f"too few versions collected to test anything: {seen}"
+    assert max(seen) <= trainer.sent
+    return seen
