@@ -230,8 +230,8 @@ class Scheduler:
         valid = np.concatenate([np.full(b.lane.num_envs, b.valid, dtype=np.int64) for b in sealed])
         flags = None if first.start_flags is None else np.concatenate([b.start_flags for b in sealed], axis=1)
         if all(b.slot == first.slot for b in sealed):
-            return self.storage.batch(first.slot, first.lane.lo, sealed[-1].lane.hi, first.frames, valid, keys, flags,
-                                      first.mask)
+            return storage.batch(first.slot, first.lane.lo, sealed[-1].lane.hi, first.frames, valid, keys, flags,
+                                 first.mask)
         parts = [self.batch(b, keys, host_empty) for b in sealed]  # only the joined batch is staged
         return {k: concat([p[k] for p in parts], storage.empty) for k in parts[0]}
 

@@ -9,29 +9,13 @@ import torch
 
 from support.envs import CounterEnv, IntObsEnv
 from support.procs import children
-from support.weights import Trainer, check_versions, linear
+from support.weights import Trainer, check_versions, linear, versions_while_training
 
 
 @pytest.mark.parametrize("face", ["sync", "async"])
 async def test_concurrent_updates_never_mix_versions(variant, face):
     collector = variant(IntObsEnv, linear(0.0), frames_per_batch=40, total_frames=40 * 30)
-    trainer = Trainer(collector)
-    seen: set[int] = set()
-    with collector:
-        trainer.start()
-        try:
-            if face == "sync":
-                for batch in collector:
-                    seen |= check_versions(batch)
-            else:
-                async for batch in collector:
-                    seen |= check_versions(batch)
-        finally:
-            trainer.stop.set()
-            trainer.join()
-    assert trainer.error is None, trainer.error
-    assert len(seen) >= 3, f"too few versions collected to test anything: {seen}"
-    assert max(seen) <= trainer.sent
+    await versions_while_training(collector, Trainer(collector), face)
 
 
 async def test_the_async_twin_returns_once_the_weights_are_in_effect(variant):

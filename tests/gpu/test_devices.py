@@ -63,9 +63,9 @@ def test_cpu_and_cuda_copies_give_the_same_rollouts():
             assert torch.equal(a[key], b[key]), key
 
 
-def test_weight_updates_of_a_cuda_policy_never_mix_versions(variant):
+async def test_weight_updates_of_a_cuda_policy_never_mix_versions(variant):
     collector = variant(IntObsEnv, linear(0.0), frames_per_batch=40, total_frames=40 * 30, policy_device="cuda")
-    versions_while_training(collector, Trainer(collector))
+    await versions_while_training(collector, Trainer(collector))
 
 
 def test_a_cuda_index_names_the_device():

@@ -88,6 +88,6 @@ class StreamTrainer(threading.Thread):
             self.error = exc
 
 
-def test_a_trainer_on_another_stream_never_mixes_versions(variant):
+async def test_a_trainer_on_another_stream_never_mixes_versions(variant):
     collector = variant(IntObsEnv, linear(0.0), frames_per_batch=40, total_frames=40 * 30, policy_device="cuda")
-    versions_while_training(collector, StreamTrainer(collector))
+    await versions_while_training(collector, StreamTrainer(collector))

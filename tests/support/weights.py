@@ -58,16 +58,21 @@ class Trainer(threading.Thread):
             self.error = exc
 
 
-def versions_while_training(collector, trainer) -> set[int]:
-    """Collect every batch of ``collector`` (the sync face) while ``trainer`` (a started-here
-    ``Trainer`` thread or the like) publishes; each batch passes ``check_versions``. Returns the
-    versions seen; asserts the trainer raised nothing and no batch carries an unsent version."""
+async def versions_while_training(collector, trainer, face: str = "sync") -> set[int]:
+    """Collect every batch of ``collector`` through ``face`` (``"sync"``: ``for``, ``"async"``:
+    ``async for``) while ``trainer`` (a ``Trainer`` thread, started here) publishes; each batch
+    passes ``check_versions``. Returns the versions seen; asserts the trainer raised nothing,
+    enough versions were seen to test anything, and no batch carries an unsent version."""
     seen: set[int] = set()
     with collector:
         trainer.start()
         try:
-            for batch in collector:
-                seen |= check_versions(batch)
+            if face == "sync":
+                for batch in collector:
+                    seen |= check_versions(batch)
+            else:
+                async for batch in collector:
+                    seen |= check_versions(batch)
         finally:
             trainer.stop.set()
             trainer.join()
