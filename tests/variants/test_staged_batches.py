@@ -72,3 +72,14 @@ def test_return_same_td_holds_for_rollout():
         assert second is first
         batch = next(iter(collector))
         assert batch is first
+
+
+async def test_async_for_is_staged_too():
+    """The async face: each batch is uploaded once and is the user's (later batches do not change it)."""
+    async with MultiSyncCollector([[CounterEnv] * 2] * 2, cycle, frames_per_batch=40, total_frames=160) as collector:
+        staging = collector._staging = collector._scheduler.storage.staging = DeviceStaging(CPU)
+        got = []
+        async for batch in collector:
+            got.append((batch, batch.clone()))
+        assert staging.copies == len(got) == 4
+        assert all((batch == kept).all() for batch, kept in got)
