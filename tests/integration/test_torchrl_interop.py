@@ -248,7 +248,14 @@ def test_trajs_per_batch_layout_matches_torchrl_collector(traj_format):
     assert set(ours_layout) - OUR_EXTRA_KEYS == set(theirs_layout)
     for key, (dtype, shape) in theirs_layout.items():  # lengths differ with the episodes drawn
         assert ours_layout[key][0] == dtype and len(ours_layout[key][1]) == len(shape), key
-    assert ours.names == theirs.names
+    if traj_format == "padded":
+        # TorchRL's names follow the draw: ``tensordict.pad`` drops them when any trajectory is
+        # padded (about one seed in six with these lengths), else its stack keeps ``"time"``.
+        # Ours always name the time dimension, as its unpadded batches do.
+        assert ours.names == [None, "time"]
+        assert theirs.names in ([None, "time"], [None, None])
+    else:
+        assert ours.names == theirs.names
     done = ours["next", "done"][..., 0]
     if traj_format == "padded":
         assert ours.shape[0] == 2
