@@ -72,7 +72,7 @@ CTRL_C_AND_ON = textwrap.dedent(
     random.seed({seed})
     c = variant(SlowCounterEnv, None, frames_per_batch=80, total_frames=-1)
     batches, landed = [], 0
-    while landed < 8:
+    while landed < 8 or len(batches) < 5:  # (on a loaded machine interrupts may land before any batch)
         timer = threading.Timer(random.uniform(0.0, 0.06), os.kill, (os.getpid(), signal.SIGINT))
         timer.start()
         it = iter(c)
@@ -108,7 +108,6 @@ def test_ctrl_c_mid_batch_then_carrying_on_breaks_no_trajectory(variant):
     proc = subprocess.run([sys.executable, "-c", script], capture_output=True, timeout=120, cwd=TESTS)
     assert proc.returncode == 0, proc.stderr.decode()[-3000:]
     batches, delivered, counted = pickle.loads(proc.stdout)
-    assert len(batches) >= 5
     assert trajectory_breaks(batches) == []
     assert delivered == counted, "a batch was counted but never delivered"
 
