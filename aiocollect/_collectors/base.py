@@ -698,6 +698,29 @@ class DataCollectorBase:
     async def _next_batch_kept(self) -> None:
         self._undelivered = await self._next_batch()
 
+    def next(self) -> Any:
+        """The next batch of the collection: TorchRL's ``collector.next()``.
+
+        The batch ``for batch in collector`` would give next, counted towards
+        ``total_frames`` (with ``postproc``, ``split_trajs``, ``trajs_per_batch`` and the
+        replay buffer applied), so calls to ``next()`` and iterations share one collection.
+        As in TorchRL, ``None`` once ``total_frames`` are collected (and, with a replay
+        buffer, for every batch, which went to the buffer).
+
+        Returns:
+            The next batch, or ``None``.
+
+        Raises:
+            CollectorBusyError: called from the collector's own event loop; use
+                ``async for`` or ``await collector.arollout()`` there.
+        """
+        with self._loop_thread("next()") as loop:
+            if self._undelivered is _NOTHING:  # (a batch an interrupted iteration kept comes first)
+                with self._closed_meanwhile():
+                    loop.call(self._next_batch_kept)
+            batch, self._undelivered = self._undelivered, _NOTHING
+        return None if batch is _DONE else batch
+
     def rollout(self) -> TensorDictBase:
         """Collect one batch and return it as collected.
 

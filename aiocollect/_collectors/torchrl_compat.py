@@ -137,6 +137,12 @@ def resolve_policy(policy: Any, policy_factory: Callable[[], Any] | None, compil
     if policy_factory is not None:
         if policy is not None:
             raise ValueError("policy and policy_factory: give one of them, not both.")
+        if isinstance(policy_factory, (list, tuple)):
+            raise TypeError(
+                f"policy_factory: a list of {len(policy_factory)} factories (TorchRL's per-worker policies); "
+                "aiocollect runs one policy in this process for the envs of every worker: give one factory. "
+                "(RayCollector and RPCCollector take a list, one per remote collector.)"
+            )
         if not callable(policy_factory):
             raise TypeError(f"policy_factory must be a callable returning the policy, got {policy_factory!r}")
         policy = policy_factory()

@@ -35,7 +35,7 @@ from .._collectors.options import CollectorOptions, env_seeds, worker_indices
 from .._collectors.torchrl_compat import weights_given
 from .remote import RemoteCollectorError, RemoteFailure, portable_weights, resolve_collector_class
 
-_RESERVED = ("create_env_fn", "policy", "frames_per_batch", "total_frames", "replay_buffer")
+_RESERVED = ("create_env_fn", "policy", "policy_factory", "frames_per_batch", "total_frames", "replay_buffer")
 
 
 def _per_collector(value: Any, n: int, name: str, default: Callable[[], Any]) -> list:
@@ -59,11 +59,36 @@ def forwarded_options(arguments: dict) -> dict:
     return {name: arguments[name] for name in FORWARDED}
 
 
+def check_policy_factory(policy: Any, policy_factory: Any, update_after_each_batch: Any) -> None:
+    """``policy_factory`` as the distributed collectors take it (TorchRL's): a callable, or a
+    list of them (one per remote collector), each called in its remote collector's process,
+    never here; so it is only checked here. There is then no policy in this process whose
+    weights ``update_after_each_batch`` could send."""
+    if policy_factory is None:
+        return
+    if policy is not None:
+        raise ValueError("policy and policy_factory: give one of them, not both.")
+    factories = policy_factory if isinstance(policy_factory, (list, tuple)) else [policy_factory]
+    if not factories or not all(callable(f) for f in factories):
+        raise TypeError(f"policy_factory must be a callable returning the policy (or a list of them, one per "
+                        f"remote collector), got {policy_factory!r}")
+    if update_after_each_batch is True:
+        raise ValueError(
+            "update_after_each_batch=True sends this process's policy weights, but with policy_factory each "
+            "remote collector builds its own policy and there is none here: pass policy=... instead, or call "
+            "update_policy_weights_(weights) yourself."
+        )
+
+
 def plan_remotes(create_env_fn: Any, policy: Any, options: CollectorOptions, forwarded: dict, *,
                  collector_class: Any, collector_kwargs: Any, num_workers_per_collector: int,
-                 num_collectors: int | None, sync: bool) -> tuple[int, list[bytes]]:
+                 num_collectors: int | None, sync: bool, policy_factory: Any = None) -> tuple[int, list[bytes]]:
     """Validate the distributed arguments; returns ``num_collectors`` and each remote
-    collector's cloudpickled ``(class, args, kwargs, index)``. Nothing starts here."""
+    collector's cloudpickled ``(class, args, kwargs, index)``. Nothing starts here.
+
+    ``policy_factory`` (checked by ``check_policy_factory``): each remote collector gets its
+    own factory and calls it, as TorchRL's remote collectors do (so a policy that cannot be
+    pickled can still be used)."""
     cls = resolve_collector_class(collector_class)
     single = cls.__name__ == "Collector"
     if create_env_fn is None:
@@ -86,9 +111,10 @@ def plan_remotes(create_env_fn: Any, policy: Any, options: CollectorOptions, for
     envs = (create_env_fn if isinstance(create_env_fn, list) and single and len(create_env_fn) == num_collectors
             else [create_env_fn] * num_collectors)
     kwargs_list = _per_collector(collector_kwargs, num_collectors, "collector_kwargs", dict)
+    factories = _per_collector(policy_factory, num_collectors, "policy_factory", lambda: None)
     per_batch = fpb // num_collectors if sync else fpb
     payloads = []
-    for i, (env, kw) in enumerate(zip(envs, kwargs_list)):
+    for i, (env, kw, factory) in enumerate(zip(envs, kwargs_list, factories)):
         if not isinstance(kw, dict):
             raise TypeError(f"collector_kwargs must be a dict (or a list of dicts); entry {i} is {type(kw).__name__}.")
         clash = sorted(set(kw) & set(_RESERVED))
@@ -98,11 +124,13 @@ def plan_remotes(create_env_fn: Any, policy: Any, options: CollectorOptions, for
         if not single and not isinstance(env, list):
             env = [env] * num_workers_per_collector
         kwargs = {**forwarded, **kw, "frames_per_batch": per_batch, "total_frames": -1}
+        if factory is not None:
+            kwargs["policy_factory"] = factory
         try:
             payloads.append(cloudpickle.dumps((cls, (env, policy), kwargs, i)))
         except Exception as exc:
-            raise TypeError(f"remote collector {i}: its env factory, policy or collector_kwargs cannot be "
-                            f"pickled with cloudpickle: {type(exc).__name__}: {exc}") from exc
+            raise TypeError(f"remote collector {i}: its env factory, policy (or policy_factory) or collector_kwargs "
+                            f"cannot be pickled with cloudpickle: {type(exc).__name__}: {exc}") from exc
     return num_collectors, payloads
 
 

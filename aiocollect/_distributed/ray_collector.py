@@ -19,8 +19,8 @@ from typing import Any
 from tensordict.nn import InteractionType
 
 from .._collectors.options import options_from
-from .._collectors.torchrl_compat import DISTRIBUTED_KEYWORDS, check_torchrl_keywords, resolve_policy
-from .base import RemoteCollectorsBase, _per_collector, forwarded_options, plan_remotes
+from .._collectors.torchrl_compat import DISTRIBUTED_KEYWORDS, check_torchrl_keywords
+from .base import RemoteCollectorsBase, _per_collector, check_policy_factory, forwarded_options, plan_remotes
 from .remote import RemoteCollector
 
 
@@ -142,9 +142,11 @@ class RayCollector(RemoteCollectorsBase):
     ``exploration_type``, ``reset_at_each_iter``, devices), except ``total_frames``,
     ``postproc``, ``split_trajs``, ``replay_buffer``, ``progress`` and ``trajs_per_batch`` (with
     ``traj_format``, ``trajs_per_write``: trajectories are assembled here, over every remote
-    collector's batches), which apply here. ``policy_factory`` builds the policy here (it is
-    then shipped as a policy is); TorchRL's other keywords are taken as by the local
-    collectors (see ``docs/migrating.md``).
+    collector's batches), which apply here. ``policy_factory`` (a callable, or a list of them,
+    one per remote collector) is called in each remote collector's process, as in TorchRL, so
+    a policy that cannot be pickled still works; there is no policy here then, so weights go
+    out with ``update_policy_weights_(weights)``. TorchRL's other keywords are taken as by the
+    local collectors (see ``docs/migrating.md``).
 
     Raises:
         ImportError: Ray is not installed.
@@ -201,14 +203,14 @@ class RayCollector(RemoteCollectorsBase):
         **torchrl_options: Any,
     ):
         check_torchrl_keywords(type(self).__name__, torchrl_options, DISTRIBUTED_KEYWORDS)
-        policy = resolve_policy(policy, policy_factory, None)
+        check_policy_factory(policy, policy_factory, update_after_each_batch)
         options = options_from({**locals(), **torchrl_options})
         ray = _import_ray()
         forwarded = forwarded_options(locals())
         num_collectors, payloads = plan_remotes(
             create_env_fn, policy, options, forwarded, collector_class=collector_class,
             collector_kwargs=collector_kwargs, num_workers_per_collector=num_workers_per_collector,
-            num_collectors=num_collectors, sync=sync)
+            num_collectors=num_collectors, sync=sync, policy_factory=policy_factory)
         configs = _per_collector(remote_configs, num_collectors, "remote_configs", lambda: {"num_cpus": 1})
         if not all(isinstance(c, dict) for c in configs):
             raise TypeError("remote_configs must be a dict of ray.remote options (or a list of them).")

@@ -23,10 +23,10 @@ from typing import Any
 from tensordict.nn import InteractionType
 
 from .._collectors.options import options_from
-from .._collectors.torchrl_compat import DISTRIBUTED_KEYWORDS, check_torchrl_keywords, resolve_policy
+from .._collectors.torchrl_compat import DISTRIBUTED_KEYWORDS, check_torchrl_keywords
 from .._errors import CollectorError
 from . import rpc_rendezvous
-from .base import RemoteCollectorsBase, forwarded_options, plan_remotes
+from .base import RemoteCollectorsBase, check_policy_factory, forwarded_options, plan_remotes
 from .remote import RemoteCollector
 
 _PACKAGE_ROOT = str(Path(__file__).resolve().parents[2])
@@ -162,7 +162,7 @@ class RPCCollector(RemoteCollectorsBase):
         **torchrl_options: Any,
     ):
         check_torchrl_keywords(type(self).__name__, torchrl_options, DISTRIBUTED_KEYWORDS)
-        policy = resolve_policy(policy, policy_factory, None)
+        check_policy_factory(policy, policy_factory, update_after_each_batch)
         if tcp_port is not None:  # TorchRL's name for the rendezvous port
             if master_port not in (None, tcp_port):
                 raise ValueError(f"tcp_port={tcp_port} and master_port={master_port}: they name the same "
@@ -199,7 +199,7 @@ class RPCCollector(RemoteCollectorsBase):
         num_collectors, payloads = plan_remotes(
             create_env_fn, policy, options, forwarded, collector_class=collector_class,
             collector_kwargs=collector_kwargs, num_workers_per_collector=num_workers_per_collector,
-            num_collectors=num_collectors, sync=sync)
+            num_collectors=num_collectors, sync=sync, policy_factory=policy_factory)
         super().__init__(options, policy, num_collectors, sync, update_after_each_batch)
         self._rpc = rpc
         self._launched = worker_names is None

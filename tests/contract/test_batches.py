@@ -48,6 +48,22 @@ def check_rows_continue(variant, batches) -> None:
         check_continuity(prev, cur)
 
 
+def test_next_goes_on_with_the_iteration_and_gives_none_at_the_end(variant):
+    """TorchRL's ``collector.next()``: the batches of one collection, shared with ``for``,
+    counted towards ``total_frames``; ``None`` once they are collected."""
+    with variant(frames_per_batch=FPB, total_frames=3 * FPB) as collector:
+        first = collector.next()
+        second = next(iter(collector))
+        third = collector.next()
+        for batch in (first, second, third):
+            check_batch(batch)
+            assert batch.shape == variant.batch_shape(FPB)
+        check_rows_continue(variant, [first, second, third])
+        assert collector.next() is None and collector.next() is None
+        assert list(collector) == []
+        assert collector.statistics().frames == 3 * FPB
+
+
 async def test_layout_and_invariants_on_both_faces(variant):
     for face in ("sync", "async"):
         collector = variant(frames_per_batch=FPB, total_frames=4 * FPB)

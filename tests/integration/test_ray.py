@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import os
 import signal
 import subprocess
@@ -9,6 +10,7 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
 import torch.nn as nn
 from tensordict.nn import TensorDictModule
 
@@ -16,7 +18,7 @@ from aiocollect import Collector, EnvError, GymEnv, MultiSyncCollector, RayColle
 from support.checks import check_batch
 from support.envs import CounterEnv, IntObsEnv
 from support.procs import wait_until
-from support.weights import check_versions, linear
+from support.weights import check_versions, linear, unpicklable_linear
 
 ray = pytest.importorskip("ray")
 pytestmark = pytest.mark.xdist_group("ray")  # one Ray instance at a time (scripts/test.sh runs pytest -n 2)
@@ -117,6 +119,28 @@ async def test_async_face_and_the_async_twin(ray_cluster):
             break
         stats = c.statistics()  # sync: each remote collector gave half of both batches
         assert [w.env_steps for w in stats.workers] == [40, 40] and stats.env_steps == 80
+    finally:
+        c.shutdown()
+
+
+def test_policy_factories_are_called_in_their_remote_collectors(ray_cluster):
+    """TorchRL's ``policy_factory``: one per remote collector, each called there (its policy
+    cannot be pickled, and the factory refuses to run in this process); weights then go out
+    with ``update_policy_weights_(weights)``."""
+    factories = [functools.partial(unpicklable_linear, float(i), os.getpid()) for i in range(2)]
+    c = RayCollector(lambda: IntObsEnv(), frames_per_batch=40, total_frames=-1, num_collectors=2, sync=True,
+                     policy_factory=factories)
+    try:
+        batch = c.next()
+        assert batch.shape[0] == 2 and (batch["collector", "policy_version"] == 0).all()
+        for i, row in enumerate(batch.unbind(0)):  # row i: remote collector i, with factory i's policy
+            check_batch(row)
+            assert torch.equal(row["action"][..., 0], i * (row["observation"].sum(-1) + 1))
+        assert c.update_policy_weights_() == 0  # no policy here: nothing to send
+        assert c.update_policy_weights_(linear(2.0)) == 1
+        batch = c.next()
+        assert (batch["collector", "policy_version"] == 1).all()
+        assert torch.equal(batch["action"][..., 0], 2 * (batch["observation"].sum(-1) + 1))
     finally:
         c.shutdown()
 

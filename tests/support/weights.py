@@ -3,6 +3,7 @@ trainer thread that publishes a new version as fast as it can, then poisons its 
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 
@@ -20,6 +21,16 @@ def linear(value: float) -> TensorDictModule:
         module.weight.fill_(value)
         module.bias.fill_(value)
     return TensorDictModule(module, in_keys=["observation"], out_keys=["action"])
+
+
+def unpicklable_linear(value: float, driver_pid: int) -> TensorDictModule:
+    """``linear(value)`` holding a lock, so it cannot be pickled: a ``policy_factory`` for
+    remote collectors, which must call it there (it refuses to run in ``driver_pid``)."""
+    if os.getpid() == driver_pid:
+        raise RuntimeError("policy_factory was called in the driver")
+    policy = linear(value)
+    policy.module.lock = threading.Lock()
+    return policy
 
 
 def check_versions(batch) -> set[int]:

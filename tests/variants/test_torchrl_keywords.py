@@ -5,7 +5,9 @@ ones work (``num_collectors``/``sync``, ``num_workers``, ``policy_factory``,
 
 from __future__ import annotations
 
+import functools
 import inspect
+import os
 
 import pytest
 import torch
@@ -14,6 +16,7 @@ from tensordict.nn import TensorDictModule
 import aiocollect
 from aiocollect._collectors.torchrl_compat import _KEYWORDS, DISTRIBUTED_KEYWORDS, check_torchrl_keywords
 from support.envs import CounterEnv
+from support.weights import unpicklable_linear
 
 torchrl_collectors = pytest.importorskip("torchrl.collectors")
 
@@ -134,6 +137,21 @@ def test_the_distributed_collectors_check_torchrl_keywords_before_starting_anyth
         aiocollect.RayCollector(CounterEnv, lambda obs: obs, frames_per_batch=20, policy_factory=lambda: None)
     with pytest.raises(TypeError, match="argument 'trajs_per_batchh'; did you mean 'trajs_per_batch'"):
         aiocollect.RayCollector(CounterEnv, None, frames_per_batch=20, trajs_per_batchh=2)
+    # policy_factory is called in each remote collector: never here, and there is no policy here to send
+    factory = functools.partial(unpicklable_linear, 0.0, os.getpid())
+    with pytest.raises(ValueError, match=r"update_after_each_batch=True sends this process's policy weights"):
+        aiocollect.RayCollector(CounterEnv, frames_per_batch=20, policy_factory=factory, update_after_each_batch=True)
+    with pytest.raises(ValueError, match=r"policy_factory: a list of 3 entries for 2 remote collectors"):
+        aiocollect.RPCCollector(CounterEnv, frames_per_batch=20, num_collectors=2, policy_factory=[factory] * 3)
+    with pytest.raises(TypeError, match=r"policy_factory must be a callable .* one per remote collector"):
+        aiocollect.RayCollector(CounterEnv, frames_per_batch=20, policy_factory=[factory, "not callable"])
+
+
+def test_a_list_of_policy_factories_is_refused_by_the_local_collectors():
+    """TorchRL's per-worker factories: here one policy runs for every worker's envs."""
+    for cls in (aiocollect.Collector, aiocollect.MultiSyncCollector, aiocollect.MultiAsyncCollector):
+        with pytest.raises(TypeError, match=r"a list of 2 factories .* give one factory"):
+            cls([CounterEnv] * 2, policy_factory=[lambda: None] * 2, frames_per_batch=20)
 
 
 def test_torchrl_weight_sync_schemes_are_taken_and_other_values_refused():
