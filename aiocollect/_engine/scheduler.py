@@ -53,7 +53,7 @@ import numpy as np
 from .._envs.spaces import ActionCheck
 from .._policies.runner import PolicyRunner, check_outputs
 from .._workers import protocol
-from .._workers.pool import Worker
+from .._workers.pool import Port, Worker
 from .._workers.shm import SharedArrays
 from .storage import RolloutStorage, concat, host_empty
 from .timelines import Timelines
@@ -148,6 +148,12 @@ class Scheduler:
         self.lanes = [Lane(w) for w in workers]
         for worker in workers:
             worker.on_reply = self._on_reply
+        self._lanes_of: dict[int, list[Lane]] = {}
+        """The lanes of each process (or coroutine entry) that calls ``_on_reply``: its
+        doorbell says that one of them completed, so only those are looked at."""
+        for lane in self.lanes:
+            owner = lane.worker.worker if isinstance(lane.worker, Port) else lane.worker
+            self._lanes_of.setdefault(id(owner), []).append(lane)
         self._pumping: tuple[Callable[[], PolicyRunner], Callable[[], bool]] | None = None
         self._on_full: Callable[[Lane], None] | None = None
         self._waiter: asyncio.Future | None = None
@@ -275,7 +281,7 @@ class Scheduler:
         if self._landed is not None:  # per-env lanes: each reports its own completion
             self._landed.append(self.lanes[worker.lo])
         try:
-            self._harvest()  # (it may call the collector's on_full)
+            self._harvest(self._lanes_of.get(id(worker)))  # (it may call the collector's on_full)
         except BaseException as exc:  # noqa: BLE001 - the pump raises it; a callback must not
             self._error = exc
             self._wake()
@@ -287,8 +293,10 @@ class Scheduler:
         else:
             self.poke()
 
-    def _harvest(self) -> bool:
-        """Take in every completed command; ``True`` if there was one."""
+    def _harvest(self, lanes: list[Lane] | None = None) -> bool:
+        """Take in every completed command (of ``lanes``, by default of every lane); ``True``
+        if there was one. (A completion whose doorbell was missed, see ``_workers.protocol``,
+        is found by the next full look: a spin, or ``_recheck``.)"""
         if self._landed is not None:
             landed, self._landed = self._landed, []
             for lane in landed:
@@ -296,7 +304,7 @@ class Scheduler:
                     self._take(lane)
             return bool(landed)
         got = False
-        for lane in self.lanes:
+        for lane in self.lanes if lanes is None else lanes:
             if lane.state is not READY and lane.worker.completed():
                 self._take(lane)
                 got = True
