@@ -118,6 +118,8 @@ class Lane:
         self.mask = False
         self.keys: tuple | None = None
         """The policy outputs of this batch (known after its first step)."""
+        self.carry: list = []
+        """Those the next step starts from (``RolloutStorage.carried``): a recurrent state."""
         self.start_flags: np.ndarray | None = None
         self.completed_trajectories = 0
         self.reserved: list[int] = []
@@ -544,6 +546,7 @@ class Scheduler:
         for lane in ready:
             if lane.keys is None:
                 lane.keys = keys
+                lane.carry = st.carried(keys)
             elif lane.keys != keys:
                 st.check_outputs(out, lane.keys)
         if side_by_side:
@@ -572,6 +575,8 @@ class Scheduler:
             before = tl.completed_trajectories
             # (one-env lanes: no cached views, there would be one per env and column)
             tl.stepped(lo, hi, *self.storage.flags(lane.slot, t, lo, hi, cache=self._queue is None))
+            if lane.carry:
+                self.storage.carry(lane.slot, t, lo, hi, lane.carry, self.reset_when_done)
             lane.completed_trajectories += tl.completed_trajectories - before
             lane.worker.env_steps += lane.num_envs
             lane.t = t + 1

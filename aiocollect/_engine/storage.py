@@ -193,6 +193,38 @@ class RolloutStorage:
                 value = value.numpy(force=True)  # a view (slicing a tensor costs more than an array)
             dst[s, t, lo:hi] = value if whole else value[start:stop]
 
+    def carried(self, keys: tuple) -> list[tuple[int, NestedKey]]:
+        """The policy outputs among ``keys`` that the next step starts from: ``("next", k)``
+        for an observation ``k`` (a recurrent state, which an env's ``TensorDictPrimer``
+        keys), as ``(index of k, output key)``. See ``carry``."""
+        pairs = []
+        for key in keys:
+            if isinstance(key, tuple) and len(key) > 1 and key[0] == "next":
+                root = key[1] if len(key) == 2 else key[1:]
+                if root in self.keys:
+                    pairs.append((self.keys.index(root), key))
+        return pairs
+
+    def carry(self, s: int, t: int, lo: int, hi: int, pairs: list[tuple[int, NestedKey]], reset: bool) -> None:
+        """After the step at column ``t`` of envs ``lo:hi``: the policy's ``("next", k)``
+        outputs (``pairs``, from ``carried``) become ``k`` of the next observation, and of
+        the observation the next step starts from, as TorchRL's ``step_mdp`` carries a
+        recurrent policy's state (a primer copies the state it is given, so the env's own
+        value is the one it started from). Envs the step ended (``reset``: and that their
+        worker reset) keep the reset's value, as after TorchRL's reset."""
+        rows = slice(lo, hi)
+        keep = None
+        if reset:
+            keep = ~(self.terminated[s, t, rows] | self.truncated[s, t, rows])
+        for i, key in pairs:
+            value = self._out_np[key]
+            value = (self._out_t[key][s, t, rows].float().numpy() if value is None else value[s, t, rows])
+            self.next_obs[i][s, t, rows] = value
+            if keep is None:
+                self.obs[i][s, t + 1, rows] = value
+            else:
+                np.copyto(self.obs[i][s, t + 1, rows], value, where=keep.reshape(-1, *[1] * (value.ndim - 1)))
+
     def _allocate(self, key: NestedKey, value: Any) -> np.ndarray | None:
         spec = OutputSpec.of(value)
         self.specs[key] = spec
