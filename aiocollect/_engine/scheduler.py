@@ -205,14 +205,9 @@ class Scheduler:
         """Close ``lane``'s batch; its slot stays reserved until ``release``."""
         valid = lane.t
         if set_truncated and valid:
-            st = self.storage
-            last = valid - 1
-            rows = slice(lane.lo, lane.hi)
-            ongoing = ~(st.terminated[lane.slot, last, rows] | st.truncated[lane.slot, last, rows])
-            st.truncated[lane.slot, last, rows] = True
-            before = self.timelines.completed_trajectories
-            self.timelines.truncate(np.flatnonzero(ongoing) + lane.lo)
-            lane.completed_trajectories += self.timelines.completed_trajectories - before
+            # TorchRL's set_truncated: the batch's last step says truncated (so done), and value
+            # targets bootstrap there; the envs and their trajectories (ids, step counts) go on
+            self.storage.truncated[lane.slot, valid - 1, lane.lo : lane.hi] = True
         sealed = Sealed(lane, lane.slot, lane.frames, valid, lane.keys or (), lane.start_flags, lane.mask)
         lane.reserved.append(lane.slot)
         lane.held = True

@@ -7,8 +7,8 @@ worker (``lo:hi``), every operation vectorised over those rows.
 
 Finished envs need no reset from here: their worker resets them on its own right after
 the step (``_workers.rows``), so a finished env only gets a new trajectory id. A reset
-*is* needed after ``reset()``, ``set_seed()``, ``load_state_dict()`` and ``set_truncated``
-(the worker did not end those trajectories); ``take_resets`` hands those out.
+*is* needed after ``reset()``, ``set_seed()`` and ``load_state_dict()`` (the worker did not
+end those trajectories); ``take_resets`` hands those out.
 """
 
 from __future__ import annotations
@@ -72,17 +72,6 @@ class Timelines:
             flags[2] = truncated
         elif np.count_nonzero(terminated) or np.count_nonzero(truncated):  # cheaper than .any()
             self._new_trajectories(np.flatnonzero(terminated | truncated) + lo)
-
-    def truncate(self, rows: np.ndarray) -> None:
-        """``set_truncated`` ended the trajectories of envs ``rows``: new ids, and a reset
-        before their next step."""
-        if self.reset_when_done:
-            if len(rows):
-                self._new_trajectories(rows)
-                self._mark(rows)
-        else:
-            self.root_flags[0, rows] = True
-            self.root_flags[2, rows] = True
 
     # ------------------------------------------------------------------ resets
 

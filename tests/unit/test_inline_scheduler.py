@@ -176,18 +176,22 @@ def test_a_cut_batch_blanks_and_masks_its_tail():
     assert not td["next", "done"][:, 2:].any()
 
 
-def test_set_truncated_ends_every_ongoing_trajectory_on_the_last_valid_step():
+def test_set_truncated_flags_the_last_valid_step_and_the_trajectories_go_on():
+    """TorchRL's ``set_truncated``: the flags of the batch's last step, nothing else (value
+    targets bootstrap there); the envs are not reset and keep their trajectory ids."""
     sched = make(3, 100)
     tl = sched.timelines
     td = run(sched, 3, set_truncated=True)
     assert td["next", "truncated"][..., 0].tolist() == [[False, False, True], [False, False, True]]
     assert td["next", "terminated"][..., 0].tolist() == [[False, False, True], [False, False, False]]
     assert td["next", "done"][:, -1, 0].tolist() == [True, True]
-    # env 0 got its new id when it terminated, env 1 when the batch truncated it: once each
-    assert tl.traj_ids.tolist() == [2, 3] and tl.completed_trajectories == 2
-    assert tl.needs_reset.tolist() == [False, True]  # env 0 was reset by its own step, env 1 is next
-    run(sched, 1)
-    assert [env.resets for env in envs(sched)] == [2, 2]
+    # env 0 ended (terminated) and got a new id; env 1 goes on with its own
+    assert tl.traj_ids.tolist() == [2, 1] and tl.completed_trajectories == 1
+    assert not tl.needs_reset.any()
+    td = run(sched, 2)
+    assert td["collector", "traj_ids"].tolist() == [[2, 2], [1, 1]]
+    assert td["observation"][..., 0].tolist() == [[0, 1], [3, 4]]  # env 1 steps on from step 3
+    assert [env.resets for env in envs(sched)] == [2, 1]
 
 
 def test_set_truncated_on_a_cut_batch_truncates_its_last_valid_step():
@@ -195,16 +199,16 @@ def test_set_truncated_on_a_cut_batch_truncates_its_last_valid_step():
     td = run(sched, 4, mask=True, valid=2, set_truncated=True)[0]
     assert td["next", "truncated"][..., 0].tolist() == [False, True, False, False]
     assert td["next", "done"][..., 0].tolist() == [False, True, False, False]
-    assert sched.timelines.traj_ids.tolist() == [1]
+    assert sched.timelines.traj_ids.tolist() == [0]
 
 
-def test_set_truncated_without_reset_when_done_sets_the_root_flags_of_the_next_batch():
+def test_set_truncated_without_reset_when_done_leaves_the_next_batch_alone():
     sched = make(100, reset_when_done=False)
-    run(sched, 2, set_truncated=True)
-    assert sched.timelines.root_flags[:, 0].tolist() == [True, False, True]  # done, terminated, truncated
+    assert run(sched, 2, set_truncated=True)[0]["next", "truncated"][..., 0].tolist() == [False, True]
+    assert not sched.timelines.root_flags.any()
     td = run(sched, 2)[0]
-    assert td["done"][..., 0].tolist() == [True, False]
-    assert td["truncated"][..., 0].tolist() == [True, False]
+    assert not td["done"].any() and not td["truncated"].any()
+    assert td["observation"][..., 0].tolist() == [2, 3]
     assert sched.timelines.traj_ids.tolist() == [0]
 
 

@@ -171,25 +171,6 @@ def test_resets_done_clears_the_pending_resets_and_any_reset_once_none_is_left()
     assert not tl.root_flags.any()
 
 
-def test_truncate_ends_trajectories_and_asks_for_their_reset():
-    tl = started(4)
-    tl.stepped(0, 4, flags(0, 0, 0, 0), flags(0, 0, 0, 0))
-    tl.truncate(np.array([1, 2]))
-    assert tl.traj_ids.tolist() == [0, 4, 5, 3]
-    assert tl.completed_trajectories == 2
-    assert tl.needs_reset.tolist() == [False, True, True, False] and tl.any_reset
-    assert tl.step_count.tolist() == [1, 0, 0, 1]
-    tl.truncate(np.array([], dtype=np.int64))
-    assert tl.traj_ids.tolist() == [0, 4, 5, 3] and tl.completed_trajectories == 2
-
-
-def test_truncate_without_reset_when_done_sets_the_root_done_and_truncated_flags():
-    tl = started(3, reset_when_done=False)
-    tl.truncate(np.array([2]))
-    assert tl.traj_ids.tolist() == [0, 1, 2]
-    assert tl.root_flags.tolist() == [[False, False, True], [False, False, False], [False, False, True]]
-
-
 # --------------------------------------------------------------------------- checkpoints
 
 

@@ -14,7 +14,7 @@ from tensordict.nn import TensorDictModule
 
 from aiocollect import Collector, GymEnv, Interruptor
 from support.checks import check_batch, check_continuity, leaf_keys
-from support.envs import CounterEnv, DictEnv
+from support.envs import CounterEnv, DictEnv, StepEnv
 
 
 def collect(collector, n):
@@ -158,8 +158,10 @@ def test_return_same_td_and_postproc():
     assert torch.equal(batches[0]["extra"], batches[0]["next", "reward"] * 2)
 
 
-def test_set_truncated_marks_last_step_and_restarts():
-    collector = Collector([lambda: CounterEnv(max_len=1000)] * 2, None, frames_per_batch=10, total_frames=30,
+def test_set_truncated_marks_the_last_step_and_the_episodes_go_on():
+    """As in TorchRL: the last step of each batch says truncated and done, and the envs step
+    on, in the same trajectories (so episodes are not capped at a batch's length)."""
+    collector = Collector([lambda: StepEnv(100)] * 2, None, frames_per_batch=10, total_frames=30,
                           set_truncated=True)
     batches = collect(collector, 3)
     collector.shutdown()
@@ -167,8 +169,9 @@ def test_set_truncated_marks_last_step_and_restarts():
         assert b["next", "truncated"][:, -1].all() and b["next", "done"][:, -1].all()
         check_batch(b)
     for prev, cur in itertools.pairwise(batches):
-        check_continuity(prev, cur)
-        assert (cur["observation"][:, 0, 0] == 0).all()
+        assert torch.equal(cur["collector", "traj_ids"][:, 0], prev["collector", "traj_ids"][:, -1])
+        assert torch.equal(cur["observation"][:, 0], prev["next", "observation"][:, -1])
+    assert batches[-1]["observation"][:, -1, 0].tolist() == [14.0, 14.0]  # step 14 of each 100-step episode
 
 
 def test_reset_when_done_false_keeps_stepping_and_carries_flags():
