@@ -36,14 +36,22 @@ class EpisodeReturns:
         self.recent: deque[float] = deque(maxlen=window)
         self.episodes = 0
 
-    def add(self, batch: TensorDictBase | None) -> None:
+    def add(self, batch: TensorDictBase | None, set_truncated: bool = False) -> None:
+        """Book ``batch``'s rewards. ``set_truncated``: its last step's ``done`` is the
+        collector's mark, not an episode's end (the episode goes on in the next batch), unless
+        it terminated there (an episode an env truncated on that very step stays open, and is
+        forgotten, rather than reported short)."""
         ids = batch.get(("collector", "traj_ids"), None) if batch is not None else None
         if ids is None:
             return
         # numpy, not torch: torch's indexing kernels run on its OpenMP threads, whose
         # spinning after each call took a quarter of the engine's CPU (and the workers')
+        done = batch.get(("next", "done"))
+        if set_truncated and done.shape[-2] > 0:
+            done = done.clone()
+            done[..., -1, :] = batch.get(("next", "terminated"))[..., -1, :]
         ids = flat_numpy(ids)
-        reward, done = flat_numpy(batch.get(("next", "reward"))), flat_numpy(batch.get(("next", "done")))
+        reward, done = flat_numpy(batch.get(("next", "reward"))), flat_numpy(done)
         valid = ids >= 0
         mask = batch.get(("collector", "mask"), None)
         if mask is not None:

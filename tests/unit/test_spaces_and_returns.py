@@ -285,6 +285,20 @@ def test_masked_out_and_blank_frames_are_not_counted():
     assert list(returns.recent) == [3.0] and returns.episodes == 1
 
 
+def test_the_marks_of_set_truncated_are_not_episode_ends():
+    returns = EpisodeReturns()
+    first = _batch([[0, 0, 0], [1, 1, 1]], [[1, 1, 1], [2, 2, 2]], [[0, 0, 1], [0, 0, 1]])
+    first["next", "terminated"] = torch.tensor([[0, 0, 0], [0, 0, 1]], dtype=torch.bool).reshape(2, 3, 1)
+    returns.add(first, set_truncated=True)
+    assert list(returns.recent) == [6.0]  # env 1 terminated on the last step; env 0's episode goes on
+    second = _batch([[0, 0, 2]], [[1, 1, 1]], [[0, 1, 1]])
+    second["next", "terminated"] = torch.tensor([[0, 1, 0]], dtype=torch.bool).reshape(1, 3, 1)
+    returns.add(second, set_truncated=True)
+    assert list(returns.recent) == [6.0, 5.0] and returns.episodes == 2
+    returns.add(first)  # without set_truncated, a done is an end
+    assert list(returns.recent) == [6.0, 5.0, 3.0, 6.0]
+
+
 def test_the_window_keeps_only_the_latest_returns():
     returns = EpisodeReturns(window=2)
     for tid, reward in enumerate([1.0, 2.0, 4.0]):
