@@ -47,11 +47,12 @@ from .._engine.storage import RolloutStorage
 from .._engine.trajectories import TrajectoryAssembler, split_trajectories
 from .._envs.spaces import nest
 from .._errors import CollectorBusyError, CollectorClosedError, CollectorError, CollectorFailedError
+from .._policies.random import SpecRandomPolicy
 from .._policies.setup import PolicySetup
 from .loop_thread import LoopThread
 from .options import CollectorOptions
 from .progress import EpisodeReturns, ProgressBar, flat_numpy
-from .torchrl_compat import weights_given
+from .torchrl_compat import envs_as_given, weights_given
 
 logger = logging.getLogger("aiocollect")
 
@@ -431,7 +432,7 @@ class DataCollectorBase:
         self._frames += frames
         self._batches += 1
         self._measure_lag(batch)  # (both read the host's copy of the batch)
-        self._returns.add(batch)
+        self._returns.add(batch, self.options.set_truncated)
         batch = self._finish(batch)
         if self.options.progress:
             if self._progress is None:
@@ -442,9 +443,12 @@ class DataCollectorBase:
 
     def _finish(self, batch: TensorDictBase) -> TensorDictBase:
         """A collected batch as it is handed out: on the storing device (one copy, see
-        ``_stage_batches``), written into the first batch with ``return_same_td``."""
+        ``_stage_batches``), with TorchRL's version keys if asked for, written into the first
+        batch with ``return_same_td``."""
         if self._staging is not None:
             batch = self._staging.upload(batch)
+        if self.options.track_policy_version:
+            with_torchrl_versions(batch)
         if self._reuse_td:
             batch = self._reuse(batch)
         return batch
@@ -584,6 +588,210 @@ class DataCollectorBase:
                                               model_id=model_id, weights_dict=weights_dict)
         await self._policy.wait_applied(version)
         return version
+
+    # ------------------------------------------------------------------ TorchRL's accessors
+
+    @property
+    def policy_version(self) -> int:
+        """The newest policy version: TorchRL's ``collector.policy_version``.
+
+        0 is the weights at construction; each
+        [`update_policy_weights_`][aiocollect.DataCollectorBase.update_policy_weights_] (or
+        [`increment_version`][aiocollect.DataCollectorBase.increment_version]) adds one, and
+        it is in effect from the next policy call on (the one in effect now is
+        ``statistics().policy_version``). For a ``Collector``, an optimiser step on your
+        module becomes a version when the next policy call finds it. TorchRL gives ``None``
+        unless ``track_policy_version=True``; aiocollect versions every frame anyway, so this
+        is always an int (0 for a policy without weights, which keeps its one version).
+        """
+        versions = self._versions()
+        return 0 if versions is None else versions[1]
+
+    def get_policy_version(self) -> int:
+        """[`policy_version`][aiocollect.DataCollectorBase.policy_version], as a method (TorchRL's
+        spelling for remote calls, where properties cannot be read).
+
+        Returns:
+            The newest policy version.
+        """
+        return self.policy_version
+
+    def increment_version(self) -> int:
+        """Make a new policy version: TorchRL's ``increment_version()``.
+
+        In aiocollect a version is a set of weights, so this is
+        ``update_policy_weights_()`` with no argument: the weights of the policy object given
+        at construction become the new version, in effect from the next policy call. A
+        ``Collector`` acts with your module itself: nothing is copied, the version is only
+        counted. The worker collectors copy your module's weights into theirs (TorchRL's
+        multi-process collectors count the version and leave the weights alone). A policy
+        without weights (``None``, a plain function) has one version, 0, and this changes
+        nothing.
+
+        Returns:
+            The new version (TorchRL returns ``None``).
+        """
+        return self.update_policy_weights_()
+
+    def getattr_policy(self, attr: str) -> Any:
+        """An attribute of the collector's policy: TorchRL's ``getattr_policy(attr)``.
+
+        Every local collector runs its policy in this process, so the attribute is read
+        here, from the policy the collector runs (``collector.policy``: for a ``Collector``
+        your module itself, or its copy on ``policy_device``; for the worker collectors the
+        one copy that acts for every worker, where TorchRL asks its first worker's), and
+        then from the object you gave (first from it for a TorchRL ``RandomPolicy``, which
+        the collector runs through a stand-in).
+
+        Args:
+            attr: the attribute's name.
+
+        Returns:
+            Its value (the object itself, not a copy).
+
+        Raises:
+            AttributeError: neither policy object has it.
+            NotImplementedError: the collector has no policy in this process (a distributed
+                collector: each remote collector runs its own).
+        """
+        setup = self._policy
+        if setup is None:
+            raise NotImplementedError(
+                f"getattr_policy: {type(self).__name__} runs its policy in its remote collectors, not in "
+                "this process; read the attribute from the policy object you built."
+            )
+        order = (setup.policy, setup.user_policy)
+        if isinstance(setup.policy, SpecRandomPolicy):  # a stand-in for the TorchRL RandomPolicy given
+            order = order[::-1]
+        for policy in order:
+            if policy is not None and hasattr(policy, attr):
+                return getattr(policy, attr)
+        raise AttributeError(f"getattr_policy: the collector's policy ({type(setup.policy).__name__}) has no "
+                             f"attribute {attr!r}")
+
+    @property
+    def env(self) -> Any:
+        """The env this collector steps in this process: TorchRL's ``collector.env``.
+
+        For a [`Collector`][aiocollect.Collector]: the env as built from ``create_env_fn``
+        (a TorchRL env as the TorchRL env; a ``VectorEnv`` as it is), or the list of envs
+        for a list of factories. Use it to read the env, not to step or reset it: the
+        collector owns its state between batches. The worker collectors have their envs in
+        their worker processes, and no ``env`` (``AttributeError``, so ``hasattr`` is false).
+        """
+        group = self.__dict__.get("group")  # (the in-process env group: Collector's ``group``)
+        if group is None:
+            raise AttributeError(
+                f"{type(self).__name__} has no env in this process: its envs are its workers' (worker "
+                "processes, or remote collectors), which step envs and answer nothing else; build one with "
+                "your env factory to look at it."
+            )
+        return envs_as_given(group, bool(self.__dict__.get("_batched")))
+
+    def getattr_env(self, attr: str) -> Any:
+        """An attribute of the collector's env: TorchRL's ``getattr_env(attr)``.
+
+        A [`Collector`][aiocollect.Collector] answers from its env in this process
+        ([`env`][aiocollect.DataCollectorBase.env]; for a list of envs, from the first, as
+        TorchRL's multi-process collectors answer from their first worker's). The worker
+        collectors refuse: their envs live in worker processes that step envs and answer
+        nothing else, and an answer from a copy built here could silently differ from the
+        live env's (its state, its seed); build one with your env factory to read a static
+        attribute such as a spec.
+
+        Args:
+            attr: the attribute's name.
+
+        Returns:
+            Its value.
+
+        Raises:
+            AttributeError: the env has no such attribute.
+            NotImplementedError: the collector's envs are not in this process.
+        """
+        try:
+            env = self.env
+        except AttributeError as exc:
+            raise NotImplementedError(f"getattr_env({attr!r}): {exc}") from None
+        if isinstance(env, list):
+            env = env[0]
+        return getattr(env, attr)
+
+    def getattr_rb(self, attr: str) -> Any:
+        """An attribute of the ``replay_buffer``: TorchRL's ``getattr_rb(attr)``.
+
+        Args:
+            attr: the attribute's name.
+
+        Returns:
+            ``getattr(collector.replay_buffer, attr)``.
+
+        Raises:
+            AttributeError: the collector has no replay buffer, or it has no such attribute.
+        """
+        if self.options.replay_buffer is None:
+            raise AttributeError(f"getattr_rb({attr!r}): {type(self).__name__} has no replay_buffer.")
+        return getattr(self.options.replay_buffer, attr)
+
+    @property
+    def n_env(self) -> int:
+        """How many envs the collector steps: TorchRL's ``n_env`` (``num_envs``, over every worker)."""
+        num = self.__dict__.get("num_envs")
+        if num is None:
+            raise AttributeError(f"{type(self).__name__} has no n_env: its envs live in its remote collectors.")
+        return num
+
+    @property
+    def requested_frames_per_batch(self) -> int:
+        """Frames in each batch, summed over its envs: TorchRL's ``requested_frames_per_batch``.
+
+        ``frames_per_batch`` as the collector uses it: rounded up (with a warning) to split
+        evenly over the envs, as TorchRL's ``Collector`` does.
+        """
+        return self.options.frames_per_batch
+
+    def enable_profile(self, **profile_options: Any) -> None:
+        """TorchRL's worker profiler: not available here (``NotImplementedError``).
+
+        TorchRL profiles the rollouts of its workers, where its policy and envs run.
+        aiocollect's workers step envs only, and the policy runs in this process: profile
+        the main process with ``torch.profiler.profile()`` around your loop instead.
+
+        Raises:
+            NotImplementedError: always.
+        """
+        raise NotImplementedError(
+            "enable_profile: aiocollect does not profile collection itself. The policy runs in this "
+            "process: wrap your loop in torch.profiler.profile() to see it; worker processes only step envs."
+        )
+
+    def init_updater(self, *args: Any, **kwargs: Any) -> None:
+        """TorchRL's ``init_updater(...)``: nothing to do here.
+
+        TorchRL passes the arguments to its ``weight_updater``, and does nothing without
+        one. An aiocollect collector never has one (``weight_updater=None``): weights reach
+        the policy through ``update_policy_weights_``. So this does nothing.
+        """
+
+    def register_scheme_receiver(self, weight_recv_schemes: dict, *, synchronize_weights: bool = True) -> None:
+        """TorchRL's ``register_scheme_receiver``: not available for a scheme (``NotImplementedError``).
+
+        In TorchRL it makes a collector receive weights from a parent collector through
+        weight-sync schemes. No collector sends weights to an aiocollect collector that
+        way: send them with ``update_policy_weights_``. An empty dict registers nothing.
+
+        Args:
+            weight_recv_schemes: ``{model_id: scheme}``.
+            synchronize_weights: TorchRL's; unused.
+
+        Raises:
+            NotImplementedError: ``weight_recv_schemes`` names a scheme.
+        """
+        if weight_recv_schemes:
+            raise NotImplementedError(
+                f"register_scheme_receiver({sorted(weight_recv_schemes)}): an aiocollect collector receives "
+                "weights only through update_policy_weights_(weights); call it with the weights instead."
+            )
 
     # ------------------------------------------------------------------ async face
 
@@ -949,6 +1157,22 @@ class _AsyncBatches:
 
 
 _MASK = ("collector", "mask")
+_VERSION = ("collector", "policy_version")
+
+
+def with_torchrl_versions(batch: TensorDictBase) -> None:
+    """Add TorchRL's ``track_policy_version=True`` keys to ``batch``: ``"policy_version"`` and
+    ``("next", "policy_version")``, int64, one per frame (the batch's shape, as TorchRL's),
+    each a copy of ``("collector", "policy_version")``: the version that computed the
+    frame's action (-1 for masked-out frames). TorchRL writes them through an env transform,
+    so its root entry holds the version of the step before (the first frame after an update
+    still has the old one); here both hold the frame's own version. A batch without
+    ``("collector", "policy_version")`` is left as it is."""
+    version = batch.get(_VERSION, None)
+    if version is None:
+        return
+    batch.set("policy_version", version.clone())
+    batch.set(("next", "policy_version"), version.clone())
 
 
 def frames_for_buffer(batch: Any, buffer: Any) -> Any:

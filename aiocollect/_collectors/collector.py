@@ -32,8 +32,9 @@ from .._workers.coroutine_envs import CoroutineEnvs
 from .._workers.inline_worker import InlineWorker
 from .._workers.shm import Layout, SharedArrays
 from .base import DataCollectorBase
+from .checkpoint import counters_state, read_checkpoint
 from .loop_thread import LoopThread
-from .options import env_seeds, fit_to_envs, options_from, validate_batching
+from .options import env_seeds, fit_to_envs, next_seed, options_from, validate_batching
 from .torchrl_compat import check_torchrl_keywords, resolve_policy
 
 
@@ -357,7 +358,10 @@ class Collector(DataCollectorBase):
             static_seed: give every env ``seed`` itself.
 
         Returns:
-            The last seed used: ``seed + num_envs - 1``, or ``seed`` with ``static_seed``.
+            The seed to give the next collector or env, as TorchRL's ``set_seed``:
+            ``seed + num_envs``, the first seed these envs did not take, so that
+            ``seed = c1.set_seed(seed); c2.set_seed(seed)`` never seeds two envs alike;
+            ``seed`` itself with ``static_seed``.
 
         Raises:
             TypeError: ``seed`` is not an int.
@@ -369,7 +373,7 @@ class Collector(DataCollectorBase):
             self._policy.random.seed(seed)
 
         self._on_engine(apply)
-        return seeds[-1]
+        return next_seed(seed, self.num_envs, static_seed)
 
     def reset(self) -> None:
         """Reset every env before the next step; ongoing trajectories end there.
@@ -394,17 +398,21 @@ class Collector(DataCollectorBase):
         Returns:
             An ``OrderedDict``: ``policy_state_dict`` (a copy of the policy's weights, any
             pending update applied first; only for a policy with weights), ``env_state_dict``
-            (empty: gymnasium envs have no state to save), ``frames`` and ``iter`` (frames
-            and batches delivered), and ``traj_pool`` (the next trajectory id and the
-            completed trajectories).
+            (empty: gymnasium envs have no state to save), ``frames`` (frames delivered),
+            ``iter`` (TorchRL's: the index of the last batch delivered, ``-1`` before the
+            first), ``traj_pool`` (``next_traj_id``, the next trajectory id, and
+            ``completed_trajectories``) and ``aiocollect_format`` (``2``: the meaning of
+            ``iter``; checkpoints without it, from earlier versions, counted batches there).
         """
         state = OrderedDict()
         if self._policy.has_weights:
             state["policy_state_dict"] = self._policy.state_dict()
         state["env_state_dict"] = OrderedDict()
-        state["frames"] = self._frames
-        state["iter"] = self._batches
+        counters = counters_state(self._frames, self._batches)
+        state["frames"] = counters["frames"]
+        state["iter"] = counters["iter"]
         state["traj_pool"] = self._book.state_dict()
+        state["aiocollect_format"] = counters["aiocollect_format"]
         return state
 
     def load_state_dict(self, state_dict: dict, strict: bool = True) -> None:
@@ -415,22 +423,34 @@ class Collector(DataCollectorBase):
         frame and batch counters are restored (so ``total_frames`` counts on from them), and
         trajectory ids go on after the saved counter, so none is ever reused.
 
+        The whole state is checked first: on any error nothing is loaded. A checkpoint of
+        an earlier aiocollect (``iter`` counting batches) loads with its meaning. A TorchRL
+        collector's checkpoint is refused (its env and trajectory state are TorchRL's): load
+        its weights alone with ``update_policy_weights_(state_dict["policy_state_dict"])``.
+
         Args:
             state_dict: what ``state_dict()`` returned, here or in a collector built the
                 same way.
             strict: raise if ``policy_state_dict`` is missing while the policy has weights.
 
         Raises:
-            KeyError: ``strict`` and no ``policy_state_dict`` for a policy with weights, or
-                weights that lack an entry of the policy's.
+            KeyError: ``frames``, ``iter`` or ``traj_pool`` (with ``next_traj_id``) is
+                missing (not an aiocollect checkpoint); ``strict`` and no
+                ``policy_state_dict`` for a policy with weights; or weights that lack an
+                entry of the policy's.
+            TypeError: an entry has the wrong type.
+            ValueError: a negative counter, or a checkpoint from a newer aiocollect.
         """
-        self._policy.load_state_dict(state_dict, strict)
+        saved = read_checkpoint(state_dict, type(self).__name__)
+        if self._closed:
+            raise self._closed_error()
+        self._policy.load_state_dict(state_dict, strict)  # raises before it changes anything
 
         def apply():
-            self._frames = int(state_dict.get("frames", self._frames))
-            self._batches = int(state_dict.get("iter", self._batches))
-            if "traj_pool" in state_dict:
-                self._book.load_state_dict(state_dict["traj_pool"])
+            self._frames = saved.frames
+            self._batches = saved.batches
+            self._book.load_state_dict({"next_traj_id": saved.next_traj_id,
+                                        "completed_trajectories": saved.completed_trajectories})
 
         self._on_engine(apply)
 

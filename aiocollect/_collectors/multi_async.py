@@ -130,6 +130,26 @@ class MultiAsyncCollector(WorkerCollectorBase):
     def _steps_per_env(self, num_envs: int) -> int:
         return self.options.frames_per_batch // num_envs
 
+    def frames_per_batch_worker(self, *, worker_idx: int | None = None) -> int:
+        """Frames in a worker's batch: TorchRL's ``frames_per_batch_worker()``.
+
+        Each batch is one worker's, so this is ``frames_per_batch`` whichever worker it is.
+
+        Args:
+            worker_idx: the worker (checked); ``None``: any.
+
+        Returns:
+            ``frames_per_batch``.
+
+        Raises:
+            ValueError: ``worker_idx`` names no worker.
+        """
+        n = len(self._plan.workers)
+        if worker_idx is not None and (isinstance(worker_idx, bool) or not isinstance(worker_idx, int)
+                                       or not 0 <= worker_idx < n):
+            raise ValueError(f"frames_per_batch_worker: worker_idx={worker_idx!r} names no worker (0..{n - 1}).")
+        return self.options.frames_per_batch
+
     def _begin(self, lanes: list[Lane]) -> None:
         """Start a worker's next batch: on each of its lanes (the parts of its envs)."""
         sched = self._scheduler

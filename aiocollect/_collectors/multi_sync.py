@@ -139,6 +139,35 @@ class MultiSyncCollector(WorkerCollectorBase):
     def _steps_per_env(self, num_envs: int) -> int:
         return self.options.frames_per_batch // self.num_envs
 
+    def frames_per_batch_worker(self, *, worker_idx: int | None = None) -> int:
+        """Frames each worker contributes to a batch: TorchRL's ``frames_per_batch_worker()``.
+
+        Each env takes ``frames_per_batch // num_envs`` steps, so a worker's share is that
+        times its env count (TorchRL's ``ceil(frames_per_batch / num_workers)`` when every
+        worker has the same number of envs).
+
+        Args:
+            worker_idx: the worker; ``None``: the share every worker has.
+
+        Returns:
+            The worker's frames per batch.
+
+        Raises:
+            ValueError: ``worker_idx`` is ``None`` and the workers' shares differ (their env
+                counts do, with an integer ``cat_results``), or it names no worker.
+        """
+        steps = self._steps_per_env(0)
+        shares = [steps * w.num_envs for w in self._plan.workers]
+        if worker_idx is None:
+            if len(set(shares)) > 1:
+                raise ValueError(f"frames_per_batch_worker: the workers' shares differ ({shares}); "
+                                 "pass worker_idx=...")
+            return shares[0]
+        if isinstance(worker_idx, bool) or not isinstance(worker_idx, int) or not 0 <= worker_idx < len(shares):
+            raise ValueError(f"frames_per_batch_worker: worker_idx={worker_idx!r} names no worker "
+                             f"(0..{len(shares) - 1}).")
+        return shares[worker_idx]
+
     async def _collect_here(self) -> tuple[TensorDictBase, int]:
         opts, wopts = self.options, self.worker_options
         sched = self._scheduler

@@ -77,7 +77,11 @@ class CollectorOptions:
     """An object whose ``collection_stopped()`` cuts the current batch short (see
     [`Interruptor`][aiocollect.Interruptor])."""
     set_truncated: bool = False
-    """Mark the last step of each batch as truncated."""
+    """Mark the last step of each batch as truncated (and done), as TorchRL does; the episodes
+    go on in the next batch, with the same trajectory ids."""
+    track_policy_version: bool = False
+    """TorchRL's keyword: batches also carry ``"policy_version"`` and ``("next",
+    "policy_version")`` (every frame has ``("collector", "policy_version")`` anyway)."""
     replay_buffer: Any = None
     """Anything with ``extend``: batches go there (to a TorchRL buffer of one-dimensional
     storage as frames, one per item, as TorchRL's collectors give it); iteration then yields ``None``."""
@@ -166,6 +170,7 @@ def validate_options(
     reset_when_done: Any = True,
     interruptor: Any = None,
     set_truncated: Any = False,
+    track_policy_version: Any = False,
     replay_buffer: Any = None,
     progress: Any = False,
     trajs_per_batch: Any = None,
@@ -219,6 +224,7 @@ def validate_options(
         ("return_same_td", return_same_td),
         ("reset_when_done", reset_when_done),
         ("set_truncated", set_truncated),
+        ("track_policy_version", track_policy_version),
         ("progress", progress),
     ):
         if not isinstance(value, bool):
@@ -271,6 +277,7 @@ def validate_options(
         reset_when_done=reset_when_done,
         interruptor=interruptor,
         set_truncated=set_truncated,
+        track_policy_version=track_policy_version,
         replay_buffer=replay_buffer,
         progress=progress,
         trajs_per_batch=tpb,
@@ -304,6 +311,16 @@ def env_seeds(seed: Any, num_envs: int, static_seed: bool) -> list[int]:
     if isinstance(seed, bool) or not isinstance(seed, int):
         raise TypeError(f"seed must be an integer, got {seed!r}")
     return [seed] * num_envs if static_seed else [seed + i for i in range(num_envs)]
+
+
+def next_seed(seed: int, num_envs: int, static_seed: bool) -> int:
+    """What ``set_seed`` returns: the seed to give the next collector or env, as TorchRL's.
+
+    ``seed + num_envs``, the first seed these envs did not take, so that TorchRL's chaining
+    (``seed = c1.set_seed(seed); c2.set_seed(seed)``) never gives two envs the same seed;
+    ``seed`` itself with ``static_seed`` (TorchRL's: the seed is not incremented).
+    """
+    return seed if static_seed else seed + num_envs
 
 
 def worker_indices(worker_ids: Any, count: int, what: str) -> list[int]:

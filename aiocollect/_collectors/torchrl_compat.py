@@ -11,9 +11,10 @@ of three ways:
   (the worker collectors: ``N`` copies of a single factory), and ``trajs_per_batch``,
   ``traj_format``, ``trajs_per_write``, which are collector options (``CollectorOptions``);
 * **already what aiocollect does**, so accepted at the values that mean it, e.g.
-  ``extend_buffer=True`` (the replay buffer is extended once per batch), ``track_policy_version``
-  (every frame carries ``("collector", "policy_version")`` anyway), ``no_cuda_sync`` (there is no
-  explicit CUDA synchronisation to skip);
+  ``extend_buffer=True`` (the replay buffer is extended once per batch), ``no_cuda_sync`` (there
+  is no explicit CUDA synchronisation to skip). ``track_policy_version`` is a collector option
+  (every frame carries ``("collector", "policy_version")`` anyway; ``True`` also adds TorchRL's
+  own keys for it, ``"policy_version"`` and ``("next", "policy_version")``);
 * **not supported**: accepted only at the value that turns them off (``cudagraph_policy=None``,
   ``weight_updater=None``...); any other value is a ``ValueError`` that says what to do
   instead. TorchRL's weight-sync schemes (``weight_sync_schemes``) are taken: they carry
@@ -26,6 +27,7 @@ A keyword TorchRL does not have is the usual ``TypeError``, with the nearest val
 from __future__ import annotations
 
 import difflib
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -54,7 +56,6 @@ def _torchrl_schemes(value: Any) -> bool:
 _KEYWORDS: dict[str, _Keyword] = {
     "extend_buffer": _Keyword((True,), "aiocollect extends the replay buffer once per batch, as TorchRL "
                                        "does by default (extend_buffer=False is deprecated there); remove it"),
-    "track_policy_version": _Keyword((True, False), ""),  # every frame carries its policy version anyway
     "track_traj_ids": _Keyword((True, False), ""),  # every frame carries its trajectory id anyway
     "no_cuda_sync": _Keyword((None, True, False), ""),  # aiocollect makes no explicit CUDA synchronisation call
     "use_buffers": _Keyword((None, True, False), ""),  # batches always go through preallocated storage
@@ -122,7 +123,7 @@ def check_torchrl_keywords(owner: str, given: dict[str, Any], extra: dict[str, _
             raise ValueError(f"{name}={value!r}: {keyword.meaning} (TorchRL's keyword is taken at {off}).")
 
 
-OPTION_KEYWORDS = ("trajs_per_batch", "traj_format", "trajs_per_write")
+OPTION_KEYWORDS = ("trajs_per_batch", "traj_format", "trajs_per_write", "track_policy_version")
 """TorchRL keywords that are collector options here: taken through ``**torchrl_options``
 and validated by ``validate_options`` with the others."""
 
@@ -217,3 +218,30 @@ def weights_given(policy_or_weights: Any, weights: Any = None, policy: Any = Non
             "weights once."
         )
     return given[0][1] if given else None
+
+
+def envs_as_given(group: Any, batched: bool) -> Any:
+    """The env objects an in-process env group steps, as the user made them: TorchRL's
+    ``collector.env`` for ``Collector``.
+
+    One env: that env; a ``VectorEnv`` (or a batched TorchRL env): that env; a list of
+    factories: the list of their envs. A TorchRL env is given back as the TorchRL env
+    (not aiocollect's gymnasium adapter around it), and a gymnasium env that aiocollect
+    adapted to run among coroutine envs as the gymnasium env. (An ``aiocollect.GymEnv``,
+    which only carries a device, is given back as the gymnasium env it wraps.)
+    """
+    venv = getattr(group, "venv", None)
+    if venv is not None:
+        return _unwrapped(venv)
+    envs = [_unwrapped(env) for env in group.envs]
+    return envs if batched else envs[0]
+
+
+def _unwrapped(env: Any) -> Any:
+    coroutine = sys.modules.get("aiocollect._envs.coroutine_group")
+    if coroutine is not None and type(env) is coroutine.SyncEnvAdapter:
+        env = env.env
+    adapters = sys.modules.get("aiocollect._envs.torchrl_env")  # (loaded only once a TorchRL env was given)
+    if adapters is not None and isinstance(env, (adapters.TorchRLEnv, adapters.TorchRLVectorEnv)):
+        env = env.torchrl_env
+    return env

@@ -14,7 +14,6 @@ takes per batch (``_steps_per_env``).
 
 from __future__ import annotations
 
-import copy
 from collections import OrderedDict
 from typing import Any
 
@@ -29,11 +28,13 @@ from .._workers.plan import WorkerPlan, plan_workers
 from .._workers.pool import WorkerPool
 from .._workers.shm import Layout
 from .base import DataCollectorBase, WorkerStatistics
+from .checkpoint import counters_state, read_checkpoint
 from .loop_thread import LoopThread
 from .options import (
     CollectorOptions,
     WorkerOptions,
     env_seeds,
+    next_seed,
     options_from,
     validate_batching,
     validate_worker_options,
@@ -250,7 +251,9 @@ class WorkerCollectorBase(DataCollectorBase):
             static_seed: give every env ``seed`` itself.
 
         Returns:
-            The last seed used: ``seed + num_envs - 1``, or ``seed`` with ``static_seed``.
+            The seed to give the next collector or env, as TorchRL's ``set_seed``:
+            ``seed + num_envs`` (all workers' envs), the first seed these envs did not
+            take; ``seed`` itself with ``static_seed``.
 
         Raises:
             TypeError: ``seed`` is not an int.
@@ -262,7 +265,7 @@ class WorkerCollectorBase(DataCollectorBase):
             self._policy.random.seed(seed)
 
         self._on_engine(apply)
-        return seeds[-1]
+        return next_seed(seed, self.num_envs, static_seed)
 
     def reset(self) -> None:
         """Reset every env before its next step; ongoing trajectories end there.
@@ -289,8 +292,10 @@ class WorkerCollectorBase(DataCollectorBase):
             An ``OrderedDict``: ``policy_state_dict`` (a copy of the policy's weights, any
             pending update applied first; only for a policy with weights), ``worker0``,
             ``worker1``... (each with an empty ``env_state_dict``, its completed
-            trajectories and env steps), ``frames`` and ``iter`` (frames and batches
-            delivered), and ``traj_pool`` (the next trajectory id).
+            trajectories and env steps), ``frames`` (frames delivered), ``iter`` (TorchRL's:
+            the index of the last batch delivered, ``-1`` before the first), ``traj_pool``
+            (``next_traj_id``, the next trajectory id) and ``aiocollect_format`` (as for
+            [`Collector.state_dict`][aiocollect.Collector.state_dict]).
         """
         state: OrderedDict = OrderedDict()
         if self._policy.has_weights:
@@ -301,35 +306,46 @@ class WorkerCollectorBase(DataCollectorBase):
                 completed_trajectories=sum(lane.completed_trajectories for lane in lanes),
                 env_steps=sum(lane.worker.env_steps for lane in lanes),
             )
-        state["frames"] = self._frames
-        state["iter"] = self._batches
+        counters = counters_state(self._frames, self._batches)
+        state["frames"] = counters["frames"]
+        state["iter"] = counters["iter"]
         state["traj_pool"] = {"next_traj_id": self._scheduler.ids.next}
+        state["aiocollect_format"] = counters["aiocollect_format"]
         return state
 
     def load_state_dict(self, state_dict: dict, strict: bool = True) -> None:
         """Restore what ``state_dict()`` saved, as
         [`Collector.load_state_dict`][aiocollect.Collector.load_state_dict] does; each
-        worker's count of completed trajectories is restored too.
+        worker's count of completed trajectories is restored too (``0`` for a worker the
+        checkpoint does not name). The whole state is checked first: on any error nothing
+        is loaded.
 
         Args:
             state_dict: what ``state_dict()`` returned, here or in a collector built the
                 same way.
             strict: raise if ``policy_state_dict`` is missing while the policy has weights.
+
+        Raises:
+            KeyError: as [`Collector.load_state_dict`][aiocollect.Collector.load_state_dict].
+            TypeError: an entry has the wrong type.
+            ValueError: a negative counter, or a checkpoint from a newer aiocollect.
         """
-        self._policy.load_state_dict(state_dict, strict)
-        state = copy.deepcopy(dict(state_dict))
+        saved = read_checkpoint(state_dict, type(self).__name__)
+        if self._closed:
+            raise self._closed_error()
+        self._policy.load_state_dict(state_dict, strict)  # raises before it changes anything
 
         def apply():
-            self._frames = int(state.get("frames", self._frames))
-            self._batches = int(state.get("iter", self._batches))
-            next_id = int(state.get("traj_pool", {}).get("next_traj_id", 0))
+            self._frames = saved.frames
+            self._batches = saved.batches
             completed = 0
             for lanes in self._worker_lanes:
-                worker = state.get(f"worker{lanes[0].index}", {})
+                done = saved.workers.get(lanes[0].index, 0)
                 for k, lane in enumerate(lanes):  # the worker's count goes to its first part
-                    lane.completed_trajectories = int(worker.get("completed_trajectories", 0)) if k == 0 else 0
-                completed += lanes[0].completed_trajectories
-            self._scheduler.timelines.load_state_dict({"next_traj_id": next_id, "completed_trajectories": completed})
+                    lane.completed_trajectories = done if k == 0 else 0
+                completed += done
+            self._scheduler.timelines.load_state_dict({"next_traj_id": saved.next_traj_id,
+                                                      "completed_trajectories": completed})
 
         self._on_engine(apply)
 

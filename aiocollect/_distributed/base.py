@@ -23,7 +23,8 @@ A transport implements ``_launch`` (start the remote collectors, return their ``
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+from collections import OrderedDict
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import cloudpickle
@@ -31,7 +32,8 @@ import torch
 from tensordict import TensorDictBase
 
 from .._collectors.base import DataCollectorBase, WorkerStatistics
-from .._collectors.options import CollectorOptions, env_seeds, worker_indices
+from .._collectors.checkpoint import read_checkpoint
+from .._collectors.options import CollectorOptions, env_seeds, next_seed, worker_indices
 from .._collectors.torchrl_compat import weights_given
 from .remote import RemoteCollectorError, RemoteFailure, portable_weights, resolve_collector_class
 
@@ -357,12 +359,15 @@ class RemoteCollectorsBase(DataCollectorBase):
             static_seed: give every env ``seed`` itself.
 
         Returns:
-            The last seed used: ``seed + num_envs - 1``, or ``seed`` with ``static_seed``.
+            The seed to give the next collector or env, as TorchRL's ``set_seed``:
+            ``seed + num_envs`` (all remote collectors' envs), the first seed these envs
+            did not take; ``seed`` itself with ``static_seed``.
 
         Raises:
             TypeError: ``seed`` is not an int.
         """
-        seeds = env_seeds(seed, sum(n for _, n in self._info), static_seed)
+        num_envs = sum(n for _, n in self._info)
+        seeds = env_seeds(seed, num_envs, static_seed)
         self._check_usable()
         offset, calls = 0, []
         for i, (_, n) in enumerate(self._info):  # each remote collector seeds its envs from its first one's
@@ -373,7 +378,76 @@ class RemoteCollectorsBase(DataCollectorBase):
             await asyncio.gather(*(self._fetch(i, h) for i, h in calls))
 
         self._run_sync("set_seed()", wait_all)
-        return seeds[-1]
+        return next_seed(seed, num_envs, static_seed)
+
+    def state_dict(self) -> list[OrderedDict]:
+        """The remote collectors' states, as TorchRL's ``RayCollector.state_dict``.
+
+        Returns:
+            A list: each remote collector's ``state_dict()``, in order (the keys of
+            [`Collector.state_dict`][aiocollect.Collector.state_dict] or a worker
+            collector's). As in TorchRL, this driver's own counters are not in it: after
+            ``load_state_dict``, ``total_frames`` counts from this driver's construction.
+        """
+        self._check_usable()
+        calls = [(i, self._submit(i, "state_dict")) for i in range(self.num_collectors)]
+
+        async def gather():
+            return await asyncio.gather(*(self._fetch(i, h) for i, h in calls))
+
+        return list(self._run_sync("state_dict()", gather))
+
+    def load_state_dict(self, state_dict: Any, strict: bool = False) -> None:
+        """Load ``state_dict()``'s list back, one state per remote collector, as TorchRL's
+        ``RayCollector.load_state_dict``; returns once every remote collector has it.
+
+        Every state is checked here first, so a bad one loads nothing anywhere. Policy
+        weights in them become a new policy version of this driver, as with
+        ``update_policy_weights_``; trajectory ids go on after the saved counters.
+
+        Args:
+            state_dict: the list ``state_dict()`` returned (one state per remote
+                collector), or one state for all of them.
+            strict: each remote collector raises if its state has no ``policy_state_dict``
+                while its policy has weights (TorchRL's remote collectors load with
+                ``strict=False``, the default).
+
+        Raises:
+            ValueError: a list whose length is not ``num_collectors``.
+            KeyError: a state lacks an entry (TypeError, ValueError: a bad entry), as
+                [`Collector.load_state_dict`][aiocollect.Collector.load_state_dict] says.
+            RemoteCollectorError: a remote collector failed to load its state.
+        """
+        states = [state_dict] if isinstance(state_dict, Mapping) else list(state_dict)
+        if len(states) == 1:
+            states *= self.num_collectors
+        if len(states) != self.num_collectors:
+            raise ValueError(f"load_state_dict: {len(states)} states for {self.num_collectors} remote collectors; "
+                             "give the list state_dict() returned, or one state for all.")
+        for i, state in enumerate(states):
+            read_checkpoint(state, f"{type(self).__name__} (remote collector {i})")
+        self._check_usable()
+        with_weights = any("policy_state_dict" in state for state in states)
+        if with_weights:
+            self._version += 1
+        version = self._version
+        calls = []
+        for i, state in enumerate(states):
+            state = dict(state)
+            if "policy_state_dict" in state:
+                state["policy_state_dict"] = portable_weights(state["policy_state_dict"])  # (on CPU)
+            handle = self._submit(i, "load_state_dict", state, version, strict)
+            if "policy_state_dict" in state:
+                self._on_done(handle, lambda exc, i=i, v=version: self._ack(i, v, exc))
+            calls.append((i, handle))
+
+        async def wait_all():
+            await asyncio.gather(*(self._fetch(i, h) for i, h in calls))
+
+        self._run_sync("load_state_dict()", wait_all)
+        for i, state in enumerate(states):  # sync mode: their next batches wait for these weights
+            if "policy_state_dict" in state:
+                self._sent[i] = max(self._sent[i], version)
 
     def __repr__(self) -> str:
         return (f"{type(self).__name__}(num_collectors={self.num_collectors}, sync={self.sync}, "

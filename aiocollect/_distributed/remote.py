@@ -149,6 +149,23 @@ class RemoteCollector:
                 time.sleep(0.0005)
         return version
 
+    def state_dict(self) -> Any:
+        return self.collector.state_dict()
+
+    def load_state_dict(self, state_dict: dict, version: int, strict: bool) -> int:
+        """Load a checkpoint; its policy weights (if any) become the driver's ``version``,
+        mapped as ``load_weights`` maps them."""
+        with self._lock:
+            weights = state_dict.get("policy_state_dict")
+            if weights is not None:
+                local = self.collector._policy.latest + 1
+                self._global.extend([version] * (local + 1 - len(self._global)))
+                self._global[local] = version
+            self.collector.load_state_dict(state_dict, strict)
+            if weights is not None:
+                self._published = max(self._published, version)
+        return version
+
     def statistics(self) -> Any:
         return self.collector.statistics()
 

@@ -163,6 +163,10 @@ class TorchWeights:
     Its first policy call initialises it (torch's own first-forward rule), or, when an
     update comes first, the update's shapes do (as ``load_state_dict`` would); either way
     every later update must match the shapes it then has.
+
+    **No tensors** (an ``nn.Module`` policy without parameters or buffers, e.g. a random one):
+    an update still makes a new version, and copies nothing (TorchRL's update does
+    nothing to such a policy either).
     """
 
     def __init__(self, policy: torch.nn.Module):
@@ -250,9 +254,11 @@ class TorchWeights:
         if stream is not None and buf.loaded is not None:
             stream.wait_event(buf.loaded)  # a recycled buffer: its last load must be done
         # one call, one release of the GIL: while the engine thread runs the policy, each
-        # torch call here would wait for the GIL to come back
-        with torch.no_grad():
-            torch._foreach_copy_(buf, sources, non_blocking=True)
+        # torch call here would wait for the GIL to come back (none for a policy without
+        # tensors: the update is a new version with nothing to copy)
+        if buf:
+            with torch.no_grad():
+                torch._foreach_copy_(buf, sources, non_blocking=True)
         if stream is not None:
             buf.ready = stream.record_event()
         return buf
@@ -270,8 +276,9 @@ class TorchWeights:
             ready = getattr(snap, "ready", None)  # (none for the sources themselves: FollowChannel)
             if stream is not None and ready is not None:
                 stream.wait_event(ready)  # taken on the trainer's stream, perhaps another one
-            with torch.no_grad():
-                torch._foreach_copy_(targets, snap, non_blocking=True)
+            if targets:  # (a module without parameters or buffers: nothing to load)
+                with torch.no_grad():
+                    torch._foreach_copy_(targets, snap, non_blocking=True)
             if stream is not None and isinstance(snap, _Snapshot):
                 snap.loaded = stream.record_event()
 
