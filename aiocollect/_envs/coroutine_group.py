@@ -23,7 +23,7 @@ import gymnasium as gym
 
 from .._errors import StepTimeoutError
 from .async_env import AsyncEnv, check_async_env, is_async_env
-from .group import _blame, _GroupBase, check_same_spaces
+from .group import _blame, _GroupBase, check_same_spaces, check_step_types
 
 logger = logging.getLogger("aiocollect")
 
@@ -128,6 +128,7 @@ class CoroutineGroup(_GroupBase):
     async def step_one(self, i: int, action: Any) -> None:
         try:
             obs, reward, terminated, truncated, _ = await self.envs[i].step(action)
+            check_step_types(reward, terminated, truncated)  # (every step: a coroutine's step costs far more)
             self._writer.write_one(i, obs)
         except Exception as exc:
             _blame(exc, i)

@@ -83,6 +83,22 @@ def check_same_spaces(envs: Sequence[Any]) -> None:
             )
 
 
+def check_step_types(reward: Any, terminated: Any, truncated: Any) -> None:
+    """Raise ``TypeError`` unless ``reward`` is a number and the flags are booleans (or 0/1):
+    what numpy would otherwise store without a word (``None`` as NaN, any string as True)."""
+    if isinstance(reward, np.ndarray) and reward.size == 1:
+        reward = reward.item()
+    if not isinstance(reward, (int, float, np.integer, np.floating)):
+        raise TypeError(f"step() returned reward={reward!r} ({type(reward).__name__}); a gymnasium env returns "
+                        "a number (a float).")
+    for name, flag in (("terminated", terminated), ("truncated", truncated)):
+        if isinstance(flag, np.ndarray) and flag.size == 1:
+            flag = flag.item()
+        if not (isinstance(flag, (bool, np.bool_)) or (isinstance(flag, (int, np.integer)) and flag in (0, 1))):
+            raise TypeError(f"step() returned {name}={flag!r} ({type(flag).__name__}); a gymnasium env returns "
+                            "True or False.")
+
+
 def _blame(exc: BaseException, i: int | None) -> None:
     """Record on ``exc`` that env ``i`` of the group raised it (``None``: one of a ``VectorEnv``'s).
 
@@ -111,8 +127,14 @@ class InProcessGroup(_GroupBase):
         self.envs = list(envs)
         self.first = first
         """The index of ``envs[0]`` among its worker's envs (for errors: ``split``)."""
+        self._returns_checked = False
+        """The types of what ``step`` returned were checked (at the first step, as gymnasium's
+        env checker does: a reward of ``None`` would be stored as NaN, a flag of ``"False"`` as True)."""
 
     def step_now(self, action: np.ndarray) -> None:
+        if not self._returns_checked:
+            self._first_step(action)
+            return
         reward, terminated, truncated = self.reward, self.terminated, self.truncated
         i = 0
         try:
@@ -130,6 +152,20 @@ class InProcessGroup(_GroupBase):
         except Exception as exc:
             _blame(exc, self.first + i)
             raise
+
+    def _first_step(self, action: np.ndarray) -> None:
+        """``step_now``, checking the types of each env's reward and flags first."""
+        i = 0
+        try:
+            for i, env in enumerate(self.envs):
+                o, r, term, trunc, _ = env.step(action[i])
+                check_step_types(r, term, trunc)
+                self.reward[i], self.terminated[i], self.truncated[i] = r, term, trunc
+                self._writer.write_one(i, o)
+        except Exception as exc:
+            _blame(exc, self.first + i)
+            raise
+        self._returns_checked = True
 
     def reset_now(self, idx: np.ndarray, seeds: Sequence[int | None] | None = None) -> None:
         i = 0
