@@ -116,9 +116,9 @@ class EnvError(WorkerError):
     def of(cls, exc: BaseException, *, worker: int, pid: int | None, in_process: bool = False) -> EnvError:
         """Wrap ``exc``, raised by an env (``exc.env_index`` names it), as an ``EnvError``."""
         env = getattr(exc, "env_index", None)
-        trace = "".join(traceback.format_exception(exc))
+        trace = exception_traceback(exc)
         error = cls(
-            f"{_where(worker, pid, env, in_process)} raised {type(exc).__name__}: {exc}\n\n"
+            f"{_where(worker, pid, env, in_process)} raised {type(exc).__name__}: {exception_text(exc)}\n\n"
             f"Traceback of the env:\n{trace.rstrip()}",
             worker=worker, pid=pid, env=env, remote_type=type(exc).__name__, remote_traceback=trace,
         )
@@ -230,8 +230,8 @@ class RemoteCollectorError(CollectorError):
 
     @classmethod
     def wrap(cls, index: int, where: str, pid: int | None, exc: BaseException) -> RemoteCollectorError:
-        error = cls(f"remote collector {index} ({where}, pid {pid}) failed: {type(exc).__name__}: {exc}",
-                    index=index, where=where, pid=pid)
+        error = cls(f"remote collector {index} ({where}, pid {pid}) failed: "
+                    f"{type(exc).__name__}: {exception_text(exc)}", index=index, where=where, pid=pid)
         error.__cause__ = exc
         return error
 
@@ -271,6 +271,36 @@ def _where(worker: int, pid: int | None, env: int | None, in_process: bool) -> s
     return place if env is None else f"env {env} of {place}"
 
 
+MAX_TEXT = 64 * 1024
+"""The most characters of an exception's message, and of its traceback, that an error
+carries (a bigger one is cut in its middle): a 50 MB message would otherwise take seconds
+to travel from a worker, and flood the terminal."""
+
+
+def truncated(text: str, limit: int = MAX_TEXT) -> str:
+    """``text``, cut in its middle to at most about ``limit`` characters, saying so."""
+    if len(text) <= limit:
+        return text
+    half = limit // 2
+    return f"{text[:half]}\n[... {len(text) - 2 * half} characters truncated ...]\n{text[-half:]}"
+
+
+def exception_text(exc: BaseException) -> str:
+    """``str(exc)``, truncated; ``<unprintable TYPE>`` when ``__str__`` itself raises."""
+    try:
+        return truncated(str(exc))
+    except BaseException:  # noqa: BLE001 - a hostile __str__ must not hide the env's error
+        return f"<unprintable {type(exc).__name__}>"
+
+
+def exception_traceback(exc: BaseException) -> str:
+    """``exc``'s formatted traceback, truncated (whatever its ``__str__`` or notes do)."""
+    try:
+        return truncated("".join(traceback.format_exception(exc)))
+    except BaseException:  # noqa: BLE001 - as above
+        return f"<the traceback of {type(exc).__name__} could not be formatted>\n"
+
+
 def unpickled_exception(data: bytes | None) -> BaseException | None:
     """The exception ``pickled_exception`` made bytes of, if it unpickles here (else ``None``)."""
     if not data:
@@ -282,14 +312,20 @@ def unpickled_exception(data: bytes | None) -> BaseException | None:
     return exc if isinstance(exc, BaseException) else None
 
 
+_MAX_PICKLED = 1024 * 1024
+"""The biggest pickled exception sent along with its text (a bigger one is left out)."""
+
+
 def pickled_exception(exc: BaseException) -> bytes | None:
-    """``exc`` as bytes for another process (``None`` if it cannot be pickled)."""
+    """``exc`` as bytes for another process (``None`` if it cannot be pickled, or is
+    bigger than ``_MAX_PICKLED``)."""
     try:
         import cloudpickle
 
-        return cloudpickle.dumps(exc)
+        data = cloudpickle.dumps(exc)
     except Exception:  # noqa: BLE001 - the text of the exception still travels
         return None
+    return data if len(data) <= _MAX_PICKLED else None
 
 
 def _portable(cause: BaseException | None) -> BaseException | None:

@@ -50,7 +50,7 @@ from .._errors import CollectorBusyError, CollectorClosedError, CollectorError, 
 from .._policies.random import SpecRandomPolicy
 from .._policies.setup import PolicySetup
 from .loop_thread import LoopThread
-from .options import CollectorOptions
+from .options import CollectorOptions, validate_timeout
 from .progress import EpisodeReturns, ProgressBar, flat_numpy
 from .torchrl_compat import envs_as_given, weights_given
 
@@ -1066,8 +1066,11 @@ class DataCollectorBase:
             close_env: passed to [`shutdown()`][aiocollect.DataCollectorBase.shutdown].
 
         Raises:
+            TypeError: ``timeout`` is not a number (checked before anything is stopped).
+            ValueError: ``timeout`` is negative, ``nan`` or infinite (likewise).
             Exception: the error that ended the background collection, if one did.
         """
+        timeout = validate_timeout(timeout)
         bg = self._background
         if bg is not None and not bg.done():
             bg.cancel()
@@ -1089,7 +1092,13 @@ class DataCollectorBase:
                 a grace period.
             close_env: ``False`` leaves the envs open (for envs passed as instances that
                 the caller goes on using).
+
+        Raises:
+            TypeError: ``timeout`` is not a number; checked first, as by every collector,
+                so a refused call changes nothing and ``shutdown()`` still works.
+            ValueError: ``timeout`` is negative, ``nan`` or infinite (likewise).
         """
+        validate_timeout(timeout)
         if not self._shutting_down.acquire(blocking=False):
             return  # another thread is shutting it down
         try:

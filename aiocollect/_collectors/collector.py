@@ -34,7 +34,7 @@ from .._workers.shm import Layout, SharedArrays
 from .base import DataCollectorBase
 from .checkpoint import counters_state, read_checkpoint
 from .loop_thread import LoopThread
-from .options import env_seeds, fit_to_envs, next_seed, options_from, validate_batching
+from .options import as_int, env_seeds, fit_to_envs, next_seed, options_from, validate_batching
 from .torchrl_compat import check_torchrl_keywords, resolve_policy
 
 
@@ -133,9 +133,10 @@ class Collector(DataCollectorBase):
         (or the ``N`` entries of a list of factories)."""
         if cls is not Collector or num_collectors is None:
             return super().__new__(cls)
-        if isinstance(num_collectors, bool) or not isinstance(num_collectors, int) or num_collectors < 1:
+        if as_int(num_collectors) is None or num_collectors < 1:
             raise ValueError(f"num_collectors={num_collectors!r}: give the number of worker processes (an int >= 1), "
                              "or None for one process.")
+        num_collectors = as_int(num_collectors)
         if sync is not None and not isinstance(sync, bool):
             raise TypeError(f"sync must be True or False, got {sync!r}")
         if isinstance(create_env_fn, (list, tuple)):
@@ -364,9 +365,12 @@ class Collector(DataCollectorBase):
             ``seed`` itself with ``static_seed``.
 
         Raises:
-            TypeError: ``seed`` is not an int.
+            TypeError: ``seed`` is not an integer (numpy integers are taken).
+            ValueError: a seed gymnasium refuses (``< 0``) or too large (env seeds must stay
+                below ``2**63``); nothing is queued then.
         """
         seeds = env_seeds(seed, self.num_envs, static_seed)
+        seed = seeds[0]  # a Python int, numpy's converted
 
         def apply():
             self._book.request_reset(seeds)

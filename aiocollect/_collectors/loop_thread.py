@@ -57,13 +57,21 @@ class LoopThread:
         """Set when the thread's loop has ended (not ``Thread.join``, which a Ctrl-C can
         leave believing a running thread is gone)."""
         self._thread = threading.Thread(target=self._main, name="aiocollect-loop", daemon=True)
-        self._thread.start()
+        # Everything from start() on is in the try: a Ctrl-C can land inside start() (it
+        # waits on an event, after the thread began), in result(), or in reading ``ident``
+        # (a property), and each leaves a running loop that nobody else holds.
         try:
+            self._thread.start()
             self.portal: BlockingPortal = self._ready.result()
+            self.ident: int = self._thread.ident
         except BaseException:
+            # Plain stores first: no interrupt lands between entering this handler and
+            # them (no call), so the loop stops once up even if a second Ctrl-C then cuts
+            # _abandon short.
+            self._abandoned = True
+            self._stopping = True
             self._abandon()
             raise
-        self.ident: int = self._thread.ident
 
     # the thread ------------------------------------------------------------------
 
@@ -99,12 +107,12 @@ class LoopThread:
         """
         self._abandoned = True
         self._stopping = True
-        if self._ready.done() and self._ready.exception() is None:
-            portal = self._ready.result()
-            try:
+        try:
+            if self._ready.done() and self._ready.exception() is None:
+                portal = self._ready.result()
                 portal.call(portal.stop, True)
-            except BaseException:  # noqa: BLE001 - stopped already, or a second Ctrl-C
-                pass
+        except BaseException:  # noqa: BLE001 - stopped already, or a second Ctrl-C
+            pass
 
     # use -------------------------------------------------------------------------
 

@@ -20,7 +20,7 @@ from tensordict import TensorDictBase
 
 from .._engine.scheduler import Lane, Sealed
 from .._workers.plan import WorkerPlan
-from .options import CollectorOptions, WorkerOptions, fit_to_envs
+from .options import CollectorOptions, WorkerOptions, as_int, fit_to_envs
 from .workers import WorkerCollectorBase
 
 
@@ -107,7 +107,7 @@ class MultiAsyncCollector(WorkerCollectorBase):
         options = fit_to_envs(options, math.lcm(*counts), f"a worker's envs ({counts})", stacklevel=4)
         if options.interruptor is not None:
             raise ValueError(
-                "interruptor: a MultiAsyncCollector delivers each worker's batch as soon as it is "
+                f"interruptor: a {type(self).__name__} delivers each worker's batch as soon as it is "
                 "full, so there is no batch to cut short; use MultiSyncCollector(interruptor=...) "
                 "or Collector(interruptor=...), or remove the argument."
             )
@@ -119,7 +119,7 @@ class MultiAsyncCollector(WorkerCollectorBase):
         if worker_options.preemptive_threshold is not None:
             raise ValueError(
                 "preemptive_threshold: only MultiSyncCollector cuts batches early; a "
-                "MultiAsyncCollector never waits for a slow worker anyway. Remove the argument."
+                f"{type(self).__name__} never waits for a slow worker anyway. Remove the argument."
             )
         self._outbox: deque[list[Sealed]] = deque()
         self._pump: asyncio.Task | None = None
@@ -145,8 +145,7 @@ class MultiAsyncCollector(WorkerCollectorBase):
             ValueError: ``worker_idx`` names no worker.
         """
         n = len(self._plan.workers)
-        if worker_idx is not None and (isinstance(worker_idx, bool) or not isinstance(worker_idx, int)
-                                       or not 0 <= worker_idx < n):
+        if worker_idx is not None and (as_int(worker_idx) is None or not 0 <= worker_idx < n):
             raise ValueError(f"frames_per_batch_worker: worker_idx={worker_idx!r} names no worker (0..{n - 1}).")
         return self.options.frames_per_batch
 

@@ -11,7 +11,7 @@ import torch
 from tensordict import TensorDictBase
 
 from .._workers.plan import WorkerPlan
-from .options import CollectorOptions, WorkerOptions, fit_to_envs
+from .options import CollectorOptions, WorkerOptions, as_int, fit_to_envs
 from .workers import WorkerCollectorBase
 
 
@@ -163,10 +163,10 @@ class MultiSyncCollector(WorkerCollectorBase):
                 raise ValueError(f"frames_per_batch_worker: the workers' shares differ ({shares}); "
                                  "pass worker_idx=...")
             return shares[0]
-        if isinstance(worker_idx, bool) or not isinstance(worker_idx, int) or not 0 <= worker_idx < len(shares):
+        if as_int(worker_idx) is None or not 0 <= worker_idx < len(shares):
             raise ValueError(f"frames_per_batch_worker: worker_idx={worker_idx!r} names no worker "
                              f"(0..{len(shares) - 1}).")
-        return shares[worker_idx]
+        return shares[as_int(worker_idx)]
 
     async def _collect_here(self) -> tuple[TensorDictBase, int]:
         opts, wopts = self.options, self.worker_options

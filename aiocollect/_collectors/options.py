@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
+import math
 import numbers
+import threading
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -103,10 +105,69 @@ class CollectorOptions:
     ``extend`` call (``None``: all those that ended in a collection, in one call)."""
 
 
-def _int(name: str, value: Any, *, allow: str) -> int:
+def as_int(value: Any) -> int | None:
+    """``value`` as a Python ``int`` if it is an integer (numpy's and torch's count), else ``None``.
+
+    Every integer argument goes through here, so that ``np.int64(3)`` is taken wherever ``3``
+    is. ``True``/``False`` are not integers here: ``max_policy_lag=True`` is a mistake, not 1.
+
+    Examples:
+        >>> as_int(np.int64(3)), as_int(3.0), as_int(True)
+        (3, None, None)
+    """
     if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        raise TypeError(f"{name} must be an integer ({allow}), got {value!r}")
+        return None
     return int(value)
+
+
+def _int(name: str, value: Any, *, allow: str) -> int:
+    number = as_int(value)
+    if number is None:
+        raise TypeError(f"{name} must be an integer ({allow}), got {value!r}")
+    return number
+
+
+def _finite(value: Any) -> float | None:
+    """``value`` as a float if it is a real, finite number (not a bool), else ``None``.
+
+    For the float options: seconds, and ``preemptive_threshold``'s fraction.
+
+    ``nan`` must not slip through a ``not value > 0``-style check (every comparison with
+    ``nan`` is false), and ``inf`` is no number of seconds: Python's waits refuse it
+    (``OverflowError``) or wait forever, which is what ``None`` already says.
+    """
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        return None
+    number = float(value)
+    return number if math.isfinite(number) else None
+
+
+LONGEST_WAIT = threading.TIMEOUT_MAX / 4
+"""The longest ``timeout`` taken, in seconds (about 73 years): the collectors add margins to
+it, and Python's waits refuse anything over ``threading.TIMEOUT_MAX``."""
+
+
+def validate_timeout(timeout: Any) -> float | None:
+    """``shutdown``'s and ``async_shutdown``'s ``timeout``: ``None`` or seconds, as a float.
+
+    Checked before anything is stored or stopped, so a bad value leaves the collector as it
+    was (and shut-downable).
+
+    Raises:
+        TypeError: ``timeout`` is not a number (or is a bool).
+        ValueError: ``timeout`` is negative, ``nan``, infinite or absurdly large.
+    """
+    if timeout is None:
+        return None
+    if isinstance(timeout, bool) or not isinstance(timeout, numbers.Real):
+        raise TypeError(f"timeout must be a number of seconds (an int or float >= 0), or None; got {timeout!r}")
+    seconds = _finite(timeout)
+    if seconds is None or not 0 <= seconds <= LONGEST_WAIT:
+        raise ValueError(
+            f"timeout={timeout!r}: give the seconds to wait, a finite number in 0..{LONGEST_WAIT:.0f}, "
+            "or None for the default."
+        )
+    return seconds
 
 
 def parse_device(name: str, value: Any) -> torch.device | None:
@@ -306,11 +367,32 @@ def fit_to_envs(options: CollectorOptions, multiple: int, what: str, stacklevel:
                                init_random_frames=-(-options.init_random_frames // new) * new)
 
 
+SEED_LIMIT = 2**63
+"""Seeds must be below this: they are kept in an int64 tensor until the env is reset
+(gymnasium itself takes any int >= 0)."""
+
+
 def env_seeds(seed: Any, num_envs: int, static_seed: bool) -> list[int]:
-    """``set_seed``'s seeds, env by env: ``seed + i`` (or ``seed`` for all with ``static_seed``)."""
-    if isinstance(seed, bool) or not isinstance(seed, int):
+    """``set_seed``'s seeds, env by env: ``seed + i`` (or ``seed`` for all with ``static_seed``).
+
+    Checked whole before any seed is queued, so a refused ``seed`` leaves the envs as they
+    were: every seed must be an int gymnasium takes (``>= 0``) and that fits an int64.
+
+    Raises:
+        TypeError: ``seed`` is not an integer (numpy integers are; bools are not).
+        ValueError: ``seed`` is negative, or ``seed + num_envs - 1`` is ``>= 2**63``.
+    """
+    first = as_int(seed)
+    if first is None:
         raise TypeError(f"seed must be an integer, got {seed!r}")
-    return [seed] * num_envs if static_seed else [seed + i for i in range(num_envs)]
+    last = first if static_seed else first + num_envs - 1
+    if first < 0 or last >= SEED_LIMIT:
+        top = SEED_LIMIT - 1 if static_seed else SEED_LIMIT - num_envs
+        raise ValueError(
+            f"seed={seed!r}: give an int in 0..{top}; env k is seeded with seed + k "
+            f"({num_envs} env(s)), and every env seed must be >= 0 (gymnasium's rule) and below 2**63."
+        )
+    return [first] * num_envs if static_seed else [first + i for i in range(num_envs)]
 
 
 def next_seed(seed: int, num_envs: int, static_seed: bool) -> int:
@@ -328,13 +410,12 @@ def worker_indices(worker_ids: Any, count: int, what: str) -> list[int]:
     ``0..count-1``; ``what`` names them in the error ("worker", "remote collector")."""
     if worker_ids is None:
         return list(range(count))
-    ids = [worker_ids] if isinstance(worker_ids, int) and not isinstance(worker_ids, bool) else worker_ids
+    ids = [worker_ids] if as_int(worker_ids) is not None else worker_ids
     try:
-        ids = list(ids)
+        ids = [as_int(i) for i in ids]
     except TypeError:
-        ids = [ids]
-    bad = [i for i in ids if isinstance(i, bool) or not isinstance(i, int) or not 0 <= i < count]
-    if bad:
+        ids = [None]
+    if any(i is None or not 0 <= i < count for i in ids):
         raise ValueError(
             f"worker_ids={worker_ids!r}: give {what} indices in 0..{count - 1} "
             f"(an int or a list of ints), or None for every {what}."
@@ -371,30 +452,34 @@ def validate_worker_options(*, cat_results: Any, preemptive_threshold: Any, upda
     """Check the multi-process options; see ``WorkerOptions``."""
     if cat_results is None:
         cat_results = "stack"
-    if isinstance(cat_results, bool) or not (cat_results == "stack" or isinstance(cat_results, int)):
+    if as_int(cat_results) is not None:
+        cat_results = as_int(cat_results)
+    elif not (isinstance(cat_results, str) and cat_results == "stack"):
         raise ValueError(
             f"cat_results={cat_results!r}: use 'stack' (a new leading worker dim) or an integer "
             "dim to concatenate the workers' batches along (0, or -1 for time)."
         )
     if preemptive_threshold is not None:
-        if isinstance(preemptive_threshold, bool) or not isinstance(preemptive_threshold, numbers.Real) \
-                or not 0.0 < float(preemptive_threshold) <= 1.0:
+        fraction = _finite(preemptive_threshold)
+        if fraction is None or not 0.0 < fraction <= 1.0:
             raise ValueError(
                 f"preemptive_threshold={preemptive_threshold!r}: give the fraction of workers (in "
                 "(0, 1]) that must have their share before the batch is cut, or None."
             )
-        preemptive_threshold = float(preemptive_threshold)
+        preemptive_threshold = fraction
     if not isinstance(update_at_each_batch, bool):
         raise TypeError(f"update_at_each_batch must be True or False, got {update_at_each_batch!r}")
     for name, value in (("num_threads", num_threads), ("num_sub_threads", num_sub_threads)):
-        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+        if value is not None and (as_int(value) is None or value < 1):
             raise ValueError(f"{name}={value!r}: give a positive number of threads, or None.")
-    if max_policy_lag is not None and (isinstance(max_policy_lag, bool) or not isinstance(max_policy_lag, int)
-                                       or max_policy_lag < 0):
-        raise ValueError(
-            f"max_policy_lag={max_policy_lag!r}: give how many policy versions a delivered frame may "
-            "lag behind the newest (an int >= 0), or None for no bound."
-        )
+    if max_policy_lag is not None:
+        lag = as_int(max_policy_lag)
+        if lag is None or lag < 0:
+            raise ValueError(
+                f"max_policy_lag={max_policy_lag!r}: give how many policy versions a delivered frame may "
+                "lag behind the newest (an int >= 0), or None for no bound."
+            )
+        max_policy_lag = lag
     return WorkerOptions(cat_results, preemptive_threshold, bool(update_at_each_batch), max_policy_lag)
 
 
@@ -436,20 +521,38 @@ def validate_batching(*, max_batch_size: Any, min_batch_size: Any, batch_timeout
             "envs in a Collector (one list of factories), which batches them env by env, or remove "
             "the argument(s)."
         )
-    for name in ("max_batch_size", "min_batch_size"):
-        value = given.get(name)
-        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
-            raise ValueError(f"{name}={value!r}: give a number of envs >= 1, or None.")
-    if max_batch_size is not None and min_batch_size is not None and min_batch_size > max_batch_size:
+    envs = {name: _batch_size(name, given.get(name)) for name in ("max_batch_size", "min_batch_size")}
+    if None not in envs.values() and envs["min_batch_size"] > envs["max_batch_size"]:
         raise ValueError(f"min_batch_size={min_batch_size} is larger than max_batch_size={max_batch_size}.")
-    for name in ("batch_timeout", "step_timeout"):
-        value = given.get(name)
-        if value is not None and (isinstance(value, bool) or not isinstance(value, numbers.Real) or value <= 0):
-            raise ValueError(f"{name}={value!r}: give a positive number of seconds, or None.")
+    seconds = {name: _timeout_knob(name, given.get(name)) for name in ("batch_timeout", "step_timeout")}
     defaults = Batching()
     return Batching(
-        max_batch_size=max_batch_size,
-        min_batch_size=defaults.min_batch_size if min_batch_size is None else min_batch_size,
-        batch_timeout=defaults.batch_timeout if batch_timeout is None else float(batch_timeout),
-        step_timeout=None if step_timeout is None else float(step_timeout),
+        max_batch_size=envs["max_batch_size"],
+        min_batch_size=defaults.min_batch_size if envs["min_batch_size"] is None else envs["min_batch_size"],
+        batch_timeout=defaults.batch_timeout if seconds["batch_timeout"] is None else seconds["batch_timeout"],
+        step_timeout=seconds["step_timeout"],
     )
+
+
+def _batch_size(name: str, value: Any) -> int | None:
+    """``max_batch_size``/``min_batch_size``: ``None`` or a number of envs >= 1, as an int."""
+    if value is None:
+        return None
+    envs = as_int(value)
+    if envs is None or envs < 1:
+        raise ValueError(f"{name}={value!r}: give a number of envs >= 1, or None.")
+    return envs
+
+
+def _timeout_knob(name: str, value: Any) -> float | None:
+    """``batch_timeout``/``step_timeout``: ``None`` or a positive, finite number of seconds.
+
+    ``nan`` and ``inf`` are refused: ``nan`` passes every ``<= 0`` check and then makes
+    each wait fail (or never end); for "no limit", ``step_timeout=None`` says it.
+    """
+    if value is None:
+        return None
+    seconds = _finite(value)
+    if seconds is None or seconds <= 0:
+        raise ValueError(f"{name}={value!r}: give a positive, finite number of seconds, or None.")
+    return seconds

@@ -33,10 +33,12 @@ from .loop_thread import LoopThread
 from .options import (
     CollectorOptions,
     WorkerOptions,
+    as_int,
     env_seeds,
     next_seed,
     options_from,
     validate_batching,
+    validate_timeout,
     validate_worker_options,
     worker_indices,
 )
@@ -110,8 +112,9 @@ class WorkerCollectorBase(DataCollectorBase):
         check_torchrl_keywords(type(self).__name__, torchrl_options)
         policy = resolve_policy(policy, policy_factory, compile_policy)
         if num_workers is not None:  # TorchRL: that many workers of a single factory
-            if isinstance(num_workers, bool) or not isinstance(num_workers, int) or num_workers < 1:
+            if as_int(num_workers) is None or num_workers < 1:
                 raise ValueError(f"num_workers={num_workers!r}: give the number of worker processes (an int >= 1).")
+            num_workers = as_int(num_workers)
             if isinstance(create_env_fn, (list, tuple)):
                 if len(create_env_fn) != num_workers:
                     raise ValueError(f"num_workers={num_workers} but create_env_fn has {len(create_env_fn)} entries; "
@@ -256,9 +259,12 @@ class WorkerCollectorBase(DataCollectorBase):
             take; ``seed`` itself with ``static_seed``.
 
         Raises:
-            TypeError: ``seed`` is not an int.
+            TypeError: ``seed`` is not an integer (numpy integers are taken).
+            ValueError: a seed gymnasium refuses (``< 0``) or too large (env seeds must stay
+                below ``2**63``); nothing is queued then.
         """
         seeds = env_seeds(seed, self.num_envs, static_seed)
+        seed = seeds[0]  # a Python int, numpy's converted
 
         def apply():
             self._scheduler.timelines.request_reset(seeds)
@@ -361,7 +367,13 @@ class WorkerCollectorBase(DataCollectorBase):
         Args:
             timeout: the workers' grace period in seconds (``None``: 5 s).
             close_env: ignored: worker envs are always closed (they live in the workers).
+
+        Raises:
+            TypeError: ``timeout`` is not a number; checked before anything is stored or
+                stopped, so a refused call changes nothing and ``shutdown()`` still works.
+            ValueError: ``timeout`` is negative, ``nan`` or infinite (likewise).
         """
+        timeout = validate_timeout(timeout)
         pool = getattr(self, "_pool", None)
         if pool is not None:
             if timeout is not None:

@@ -149,7 +149,7 @@ class InProcessGroup(_GroupBase):
                 for i, env in enumerate(self.envs):
                     o, reward[i], terminated[i], truncated[i], _ = env.step(action[i])
                     write(i, o)
-        except Exception as exc:
+        except BaseException as exc:  # (a SystemExit or KeyboardInterrupt an env raises is its error too)
             _blame(exc, self.first + i)
             raise
 
@@ -162,7 +162,7 @@ class InProcessGroup(_GroupBase):
                 check_step_types(r, term, trunc)
                 self.reward[i], self.terminated[i], self.truncated[i] = r, term, trunc
                 self._writer.write_one(i, o)
-        except Exception as exc:
+        except BaseException as exc:  # (a SystemExit or KeyboardInterrupt an env raises is its error too)
             _blame(exc, self.first + i)
             raise
         self._returns_checked = True
@@ -173,7 +173,7 @@ class InProcessGroup(_GroupBase):
             for i in idx:
                 o, _ = self.envs[i].reset(seed=None if seeds is None else seeds[i])
                 self._writer.write_one(i, o)
-        except Exception as exc:
+        except BaseException as exc:  # (a SystemExit or KeyboardInterrupt an env raises is its error too)
             _blame(exc, self.first + int(i))
             raise
 
@@ -208,7 +208,7 @@ class VectorEnvGroup(_GroupBase):
     def step_now(self, action: np.ndarray) -> None:
         try:
             obs, reward, terminated, truncated, info = self.venv.step(action)
-        except Exception as exc:
+        except BaseException as exc:  # (a SystemExit or KeyboardInterrupt an env raises is its error too)
             _blame(exc, None)
             raise
         self._writer.write_all(obs)

@@ -43,7 +43,6 @@ import signal
 import socket
 import sys
 import time
-import traceback
 
 
 def _die_with_parent() -> None:
@@ -61,13 +60,18 @@ def _die_with_parent() -> None:
 
 
 def describe_exception(exc: BaseException) -> dict:
-    from .._errors import pickled_exception
+    """What the engine needs to report ``exc`` (``EnvError.from_remote``), whatever ``exc``
+    does: a ``__str__`` that raises gives ``<unprintable TYPE>``, a huge message or
+    traceback is truncated (``_errors.MAX_TEXT``), an exception that cannot be pickled, or
+    pickles too big, travels as text only."""
+    from .._errors import exception_text, exception_traceback, pickled_exception
 
+    env = getattr(exc, "env_index", None)
     return {
         "type": type(exc).__name__,
-        "message": str(exc),
-        "traceback": "".join(traceback.format_exception(exc)),
-        "env": getattr(exc, "env_index", None),
+        "message": exception_text(exc),
+        "traceback": exception_traceback(exc),
+        "env": env if isinstance(env, int) else None,
         "pickled": pickled_exception(exc),
     }
 
@@ -190,7 +194,9 @@ class _Worker:
                     rows.step(group, int(ctl[SLOT]), int(ctl[COL]))
                 else:
                     rows.reset(group, int(ctl[SLOT]), int(ctl[COL]))
-            except Exception as exc:  # noqa: BLE001 - reported to the engine
+            except BaseException as exc:  # noqa: BLE001 - reported to the engine
+                # SystemExit, KeyboardInterrupt... raised by the env's own code are its
+                # errors too: no signal raises them here (SIGINT is ignored, SIGTERM kills).
                 sock.sendall(protocol.ERROR + protocol.frame(describe_exception(exc)))
                 continue
             ctl[DONE] = seq
@@ -251,7 +257,7 @@ class _Worker:
     def close(self) -> None:
         try:
             self.group.close()
-        except Exception:  # noqa: BLE001 - exiting anyway
+        except BaseException:  # noqa: BLE001 - exiting anyway (SystemExit from an env's close too)
             pass
 
 

@@ -15,6 +15,7 @@ process, so that bad input fails with a clear error *before* a worker is spawned
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -111,6 +112,23 @@ def _pickle(i: int, entry: Any) -> bytes:
         ) from exc
 
 
+def _close_probe(i: int, entry: Any, group: Any) -> None:
+    """Close the envs built to read ``create_env_fn[i]``'s spaces. An env whose ``close()``
+    raises still runs in its worker (which ignores such errors when it exits): warn, naming
+    the factory, instead of failing the constructor."""
+    try:
+        group.close()
+    except Exception as exc:  # noqa: BLE001 - see above
+        from .._errors import exception_text
+
+        name = getattr(entry, "__qualname__", None) or _kind(entry)
+        warnings.warn(
+            f"create_env_fn[{i}] ({name}): close() of the env built in this process to read its "
+            f"spaces raised {type(exc).__name__}: {exception_text(exc)}",
+            RuntimeWarning, stacklevel=4,
+        )
+
+
 def plan_workers(create_env_fn: Any, create_env_kwargs: dict | None) -> WorkerPlan:
     """Validate ``create_env_fn`` and lay the workers out; see the module docstring."""
     if isinstance(create_env_fn, (str, gym.Env, VectorEnv)) or not isinstance(create_env_fn, (list, tuple)):
@@ -139,7 +157,7 @@ def plan_workers(create_env_fn: Any, create_env_kwargs: dict | None) -> WorkerPl
                 probed[key] = (group.observation_space, group.action_space, group.num_envs, batched,
                                isinstance(group, CoroutineGroup), isinstance(group, InProcessGroup))
             finally:
-                group.close()
+                _close_probe(i, entry, group)
         obs_space, action_space, n, batched, coroutine, separable_here = probed[key]
         if first is None:
             first = (obs_space, action_space)

@@ -15,6 +15,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 
 import gymnasium as gym
@@ -199,6 +200,48 @@ def test_a_loop_thread_abandoned_while_it_starts_stops(monkeypatch):
     (loop,) = started
     loop._thread.join(5)
     assert not loop._thread.is_alive()
+
+
+class _InterruptedThread(threading.Thread):
+    """A loop thread whose ``start()`` (or first read of ``ident``) raises KeyboardInterrupt
+    once the thread runs, as a Ctrl-C landing in ``Thread.start``'s wait does."""
+
+    made: list[threading.Thread] = []
+    at = "start"
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.made.append(self)
+
+    def start(self):
+        super().start()
+        if self.at == "start":
+            raise KeyboardInterrupt
+
+    @property
+    def ident(self):
+        if self.at == "ident":
+            raise KeyboardInterrupt
+        return super().ident
+
+
+@pytest.mark.parametrize("at", ["start", "ident"])
+def test_ctrl_c_inside_thread_start_leaves_no_loop_thread(monkeypatch, at):
+    # audit: a KeyboardInterrupt inside Thread.start() (which waits on an event once the
+    # thread runs) was outside the try that abandons the loop: an aiocollect-loop thread
+    # and its fds survived shutdown() and gc
+    from aiocollect._collectors import loop_thread
+
+    made = []
+    monkeypatch.setattr(_InterruptedThread, "made", made)
+    monkeypatch.setattr(_InterruptedThread, "at", at)
+    monkeypatch.setattr(loop_thread.threading, "Thread", _InterruptedThread)
+    with pytest.raises(KeyboardInterrupt):
+        LoopThread()
+    monkeypatch.undo()
+    (thread,) = made
+    threading.Thread.join(thread, 5)
+    assert not threading.Thread.is_alive(thread)
 
 
 def test_an_abandoned_iteration_releases_everything(variant):

@@ -262,3 +262,39 @@ class BadObsEnv(CounterEnv):
         if self.t != 3:
             return obs, *rest
         return (None if self.bad == "none" else obs[:1]), *rest
+
+
+class UnprintableError(Exception):
+    """An exception whose ``__str__`` raises."""
+
+    def __str__(self):
+        raise RuntimeError("__str__ fails")
+
+
+class HostileEnv(CounterEnv):
+    """``CounterEnv`` whose step ``fail_at`` raises something hard to report: ``how`` is
+    ``"unprintable"`` (``UnprintableError``), ``"huge"`` (a ``ValueError`` of 50 MB),
+    ``"exit"`` (``sys.exit(3)``) or ``"interrupt"`` (``KeyboardInterrupt``)."""
+
+    def __init__(self, how: str, fail_at: int = 3):
+        super().__init__(max_len=100)
+        self.how, self.fail_at_step = how, fail_at
+
+    def step(self, action):
+        if self.total_steps + 1 >= self.fail_at_step:
+            if self.how == "unprintable":
+                raise UnprintableError
+            if self.how == "huge":
+                raise ValueError("x" * 50_000_000)
+            if self.how == "exit":
+                sys.exit(3)
+            if self.how == "interrupt":
+                raise KeyboardInterrupt
+        return super().step(action)
+
+
+class CloseRaisesEnv(CounterEnv):
+    """``CounterEnv`` whose ``close()`` raises."""
+
+    def close(self):
+        raise RuntimeError("close failed on purpose")

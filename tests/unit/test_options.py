@@ -17,6 +17,7 @@ import torch
 from tensordict.nn import InteractionType
 
 from aiocollect._collectors.options import (
+    LONGEST_WAIT,
     CollectorOptions,
     WorkerOptions,
     env_seeds,
@@ -25,6 +26,7 @@ from aiocollect._collectors.options import (
     parse_exploration_type,
     validate_batching,
     validate_options,
+    validate_timeout,
     validate_worker_options,
     worker_indices,
 )
@@ -310,6 +312,9 @@ BAD_WORKER = [
     (dict(preemptive_threshold=-0.5), ValueError, ["preemptive_threshold=-0.5"]),
     (dict(preemptive_threshold=True), ValueError, ["preemptive_threshold=True"]),
     (dict(preemptive_threshold="0.5"), ValueError, ["preemptive_threshold='0.5'"]),
+    (dict(preemptive_threshold=float("nan")), ValueError, ["preemptive_threshold=nan", "(0, 1]"]),
+    (dict(preemptive_threshold=float("inf")), ValueError, ["preemptive_threshold=inf", "(0, 1]"]),
+    (dict(preemptive_threshold=np.float64("nan")), ValueError, ["preemptive_threshold=", "(0, 1]"]),
     (dict(update_at_each_batch=1), TypeError, ["update_at_each_batch must be True or False, got 1"]),
     (dict(update_at_each_batch=None), TypeError, ["update_at_each_batch must be True or False, got None"]),
     (dict(num_threads=0), ValueError, ["num_threads=0: give a positive number of threads, or None."]),
@@ -319,6 +324,8 @@ BAD_WORKER = [
     (dict(max_policy_lag=-1), ValueError, ["max_policy_lag=-1", "an int >= 0", "or None for no bound"]),
     (dict(max_policy_lag=True), ValueError, ["max_policy_lag=True"]),
     (dict(max_policy_lag=1.5), ValueError, ["max_policy_lag=1.5"]),
+    (dict(max_policy_lag=np.int64(-1)), ValueError, ["max_policy_lag=", "an int >= 0"]),
+    (dict(num_threads=np.float64(2)), ValueError, ["num_threads=", "positive number of threads"]),
 ]
 
 
@@ -344,10 +351,16 @@ def test_validate_worker_options_defaults():
     (dict(update_at_each_batch=True), WorkerOptions("stack", None, True, None)),
     (dict(max_policy_lag=0), WorkerOptions("stack", None, False, 0)),
     (dict(max_policy_lag=3, num_threads=1, num_sub_threads=4), WorkerOptions("stack", None, False, 3)),
+    # numpy numbers are numbers: taken wherever a Python one is, and stored as Python's
+    (dict(cat_results=np.int64(0)), WorkerOptions(0, None, False, None)),
+    (dict(max_policy_lag=np.int64(2), num_threads=np.int32(2)), WorkerOptions("stack", None, False, 2)),
+    (dict(preemptive_threshold=np.float32(0.5)), WorkerOptions("stack", 0.5, False, None)),
 ])
 def test_validate_worker_options_keeps_good_values(kwargs, expected):
     opts = validate_worker_options(**{**GOOD_WORKER, **kwargs})
     assert opts == expected
+    assert type(opts.cat_results) in (str, int)
+    assert opts.max_policy_lag is None or type(opts.max_policy_lag) is int
     if opts.preemptive_threshold is not None:
         assert type(opts.preemptive_threshold) is float
 
@@ -383,11 +396,17 @@ BAD_BATCHING = [
     (dict(max_batch_size=2.0), "max_batch_size=2.0: give a number of envs >= 1, or None."),
     (dict(min_batch_size=-3), "min_batch_size=-3: give a number of envs >= 1, or None."),
     (dict(min_batch_size=5, max_batch_size=4), "min_batch_size=5 is larger than max_batch_size=4."),
-    (dict(batch_timeout=0), "batch_timeout=0: give a positive number of seconds, or None."),
-    (dict(batch_timeout=-0.1), "batch_timeout=-0.1: give a positive number of seconds, or None."),
-    (dict(batch_timeout="1"), "batch_timeout='1': give a positive number of seconds, or None."),
-    (dict(step_timeout=True), "step_timeout=True: give a positive number of seconds, or None."),
-    (dict(step_timeout=0.0), "step_timeout=0.0: give a positive number of seconds, or None."),
+    (dict(batch_timeout=0), "batch_timeout=0: give a positive, finite number of seconds, or None."),
+    (dict(batch_timeout=-0.1), "batch_timeout=-0.1: give a positive, finite number of seconds, or None."),
+    (dict(batch_timeout="1"), "batch_timeout='1': give a positive, finite number of seconds, or None."),
+    (dict(step_timeout=True), "step_timeout=True: give a positive, finite number of seconds, or None."),
+    (dict(step_timeout=0.0), "step_timeout=0.0: give a positive, finite number of seconds, or None."),
+    # nan passes a `<= 0` check (every comparison with nan is false), then hangs or blames the env
+    (dict(step_timeout=float("nan")), "step_timeout=nan: give a positive, finite number of seconds, or None."),
+    (dict(step_timeout=float("inf")), "step_timeout=inf: give a positive, finite number of seconds, or None."),
+    (dict(batch_timeout=float("nan")), "batch_timeout=nan: give a positive, finite number of seconds, or None."),
+    (dict(batch_timeout=float("-inf")),
+     "batch_timeout=-inf: give a positive, finite number of seconds, or None."),
 ]
 
 
@@ -402,6 +421,10 @@ def test_validate_batching_keeps_good_knobs_and_makes_timeouts_floats():
     b = validate_batching(max_batch_size=8, min_batch_size=8, batch_timeout=1, step_timeout=3, coroutine=True)
     assert b == Batching(max_batch_size=8, min_batch_size=8, batch_timeout=1.0, step_timeout=3.0)
     assert type(b.batch_timeout) is float and type(b.step_timeout) is float
+    numpy = validate_batching(max_batch_size=np.int64(8), min_batch_size=np.int32(2),
+                              batch_timeout=np.float32(0.5), step_timeout=np.int64(3), coroutine=True)
+    assert numpy == Batching(max_batch_size=8, min_batch_size=2, batch_timeout=0.5, step_timeout=3.0)
+    assert type(numpy.max_batch_size) is int and type(numpy.min_batch_size) is int
     only_min = validate_batching(**{**NO_BATCHING, "min_batch_size": 3}, coroutine=True)
     assert only_min == Batching(max_batch_size=None, min_batch_size=3, batch_timeout=0.005, step_timeout=None)
 
@@ -443,7 +466,21 @@ def test_env_seeds_count_up_from_the_seed_or_repeat_it():
     assert env_seeds(7, 4, static_seed=False) == [7, 8, 9, 10]
     assert env_seeds(7, 4, static_seed=True) == [7, 7, 7, 7]
     assert env_seeds(0, 1, static_seed=False) == [0]
-    assert env_seeds(-2, 3, static_seed=False) == [-2, -1, 0]
+    assert env_seeds(np.int64(5), 2, static_seed=False) == [5, 6]
+    assert all(type(seed) is int for seed in env_seeds(np.uint32(5), 2, static_seed=False))
+    # the largest seeds that fit: every env seed below 2**63
+    assert env_seeds(2**63 - 3, 3, static_seed=False)[-1] == 2**63 - 1
+    assert env_seeds(2**63 - 1, 3, static_seed=True) == [2**63 - 1] * 3
+
+
+@pytest.mark.parametrize(("seed", "static_seed", "top"), [
+    (-5, False, 2**63 - 3), (-1, True, 2**63 - 1), (2**63 - 2, False, 2**63 - 3),
+    (2**64, False, 2**63 - 3), (2**63, True, 2**63 - 1), (np.int64(-1), False, 2**63 - 3),
+])
+def test_env_seeds_rejects_seeds_gymnasium_or_int64_cannot_hold(seed, static_seed, top):
+    with pytest.raises(ValueError) as info:
+        env_seeds(seed, 3, static_seed=static_seed)
+    assert str(info.value).startswith(f"seed={seed!r}: give an int in 0..{top}; env k is seeded with seed + k")
 
 
 @pytest.mark.parametrize("seed", [True, 1.0, "1", None])
@@ -461,6 +498,9 @@ def test_env_seeds_rejects_what_is_not_an_integer(seed):
     ((1,), [1]),
     (range(1, 3), [1, 2]),
     ([], []),
+    (np.int64(1), [1]),
+    ([np.int32(2), 0], [2, 0]),
+    (np.array([0, 2]), [0, 2]),
 ])
 def test_worker_indices_accepts_none_an_int_or_ints(worker_ids, expected):
     assert worker_indices(worker_ids, 3, "worker") == expected
@@ -474,3 +514,28 @@ def test_worker_indices_rejects_out_of_range_or_non_int_ids(worker_ids):
         f"worker_ids={worker_ids!r}: give remote collector indices in 0..2 "
         "(an int or a list of ints), or None for every remote collector."
     )
+
+
+# --------------------------------------------------------------------------- validate_timeout (shutdown)
+
+
+@pytest.mark.parametrize(("timeout", "expected"), [(None, None), (0, 0.0), (2, 2.0), (0.5, 0.5),
+                                                   (np.float32(1.5), 1.5), (LONGEST_WAIT, LONGEST_WAIT)])
+def test_validate_timeout_takes_none_or_finite_seconds(timeout, expected):
+    seconds = validate_timeout(timeout)
+    assert seconds == expected
+    assert seconds is None or type(seconds) is float
+
+
+@pytest.mark.parametrize("timeout", ["x", True, [1], b"1"])
+def test_validate_timeout_rejects_what_is_not_a_number(timeout):
+    with pytest.raises(TypeError) as info:
+        validate_timeout(timeout)
+    assert str(info.value) == f"timeout must be a number of seconds (an int or float >= 0), or None; got {timeout!r}"
+
+
+@pytest.mark.parametrize("timeout", [float("nan"), float("inf"), -1, -0.5, 10**30, LONGEST_WAIT * 2])
+def test_validate_timeout_rejects_nan_negative_and_endless_waits(timeout):
+    with pytest.raises(ValueError) as info:
+        validate_timeout(timeout)
+    assert str(info.value).startswith(f"timeout={timeout!r}: give the seconds to wait, a finite number in 0..")

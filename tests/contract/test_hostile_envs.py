@@ -1,0 +1,69 @@
+"""Envs that make their own errors hard to report: an exception whose ``__str__`` raises,
+a 50 MB message, ``SystemExit`` or ``KeyboardInterrupt`` raised by env code, a ``close()``
+that raises. Each still gives the usual error, naming worker and env, at once."""
+
+from __future__ import annotations
+
+import functools
+import time
+
+import pytest
+
+from aiocollect import EnvError, MultiSyncCollector
+from support.envs import CloseRaisesEnv, CounterEnv, HostileEnv
+
+
+def _failing(variant, how: str):
+    k = variant.num_envs - 1
+    collector = variant([CounterEnv] * k + [functools.partial(HostileEnv, how)], frames_per_batch=40,
+                        total_frames=-1)
+    t0 = time.monotonic()
+    with pytest.raises(EnvError) as info:
+        for _ in collector:
+            pass
+    elapsed = time.monotonic() - t0
+    collector.shutdown()
+    return info.value, variant.locate(k), elapsed
+
+
+def test_an_exception_whose_str_raises_is_still_an_env_error(variant):
+    err, (worker, env), elapsed = _failing(variant, "unprintable")
+    assert elapsed < 5
+    assert (err.worker, err.env) == (worker, env)
+    assert "raised UnprintableError: <unprintable UnprintableError>" in str(err)
+    assert err.remote_type == "UnprintableError" and "in step" in err.remote_traceback
+
+
+def test_a_huge_exception_message_is_truncated():
+    collector = MultiSyncCollector([[functools.partial(HostileEnv, "huge")]], frames_per_batch=10, total_frames=-1)
+    t0 = time.monotonic()
+    with pytest.raises(EnvError) as info:
+        for _ in collector:
+            pass
+    assert time.monotonic() - t0 < 3
+    collector.shutdown()
+    err = info.value
+    assert (err.worker, err.env) == (0, 0)
+    assert "characters truncated" in str(err) and len(str(err)) < 300_000
+    assert "in step" in err.remote_traceback and len(err.remote_traceback) < 100_000
+
+
+@pytest.mark.parametrize(("how", "kind"), [("exit", "SystemExit"), ("interrupt", "KeyboardInterrupt")])
+def test_system_exit_or_keyboard_interrupt_from_env_code_is_an_env_error(how, kind):
+    collector = MultiSyncCollector([[CounterEnv] * 2, [CounterEnv, functools.partial(HostileEnv, how)]],
+                                   frames_per_batch=32, total_frames=-1)
+    with pytest.raises(EnvError) as info:
+        for _ in collector:
+            pass
+    collector.shutdown()
+    err = info.value
+    assert (err.worker, err.env, err.remote_type) == (1, 1, kind)
+    assert "env 1 of worker 1" in str(err) and "in step" in err.remote_traceback
+    assert err.exitcode is None  # reported by the worker, not seen as its death
+
+
+def test_a_probe_env_whose_close_raises_only_warns():
+    with pytest.warns(RuntimeWarning, match=r"create_env_fn\[0\] \(CloseRaisesEnv\).*close failed on purpose"):
+        collector = MultiSyncCollector([CloseRaisesEnv], frames_per_batch=10, total_frames=20)
+    assert sum(1 for _ in collector) == 2
+    collector.shutdown()
