@@ -49,6 +49,7 @@ from .._envs.spaces import nest
 from .._errors import CollectorBusyError, CollectorClosedError, CollectorError, CollectorFailedError
 from .._policies.random import SpecRandomPolicy
 from .._policies.setup import PolicySetup
+from .checkpoint import Checkpoint, read_checkpoint
 from .loop_thread import LoopThread
 from .options import CollectorOptions, validate_timeout
 from .progress import EpisodeReturns, ProgressBar, flat_numpy
@@ -588,6 +589,17 @@ class DataCollectorBase:
                                               model_id=model_id, weights_dict=weights_dict)
         await self._policy.wait_applied(version)
         return version
+
+    def _checked_and_weights_loaded(self, state_dict: dict, strict: bool) -> Checkpoint:
+        """What every local ``load_state_dict`` does first: the whole state checked
+        (``_collectors.checkpoint``, which raises before anything changes), then the
+        policy's weights loaded (checked before they are published); returns the rest of
+        the state, for the collector to restore."""
+        saved = read_checkpoint(state_dict, type(self).__name__)
+        if self._closed:
+            raise self._closed_error()
+        self._policy.load_state_dict(state_dict, strict)
+        return saved
 
     # ------------------------------------------------------------------ TorchRL's accessors
 

@@ -32,7 +32,7 @@ from .._workers.coroutine_envs import CoroutineEnvs
 from .._workers.inline_worker import InlineWorker
 from .._workers.shm import Layout, SharedArrays
 from .base import DataCollectorBase
-from .checkpoint import counters_state, read_checkpoint
+from .checkpoint import counters_state
 from .loop_thread import LoopThread
 from .options import as_int, env_seeds, fit_to_envs, next_seed, options_from, validate_batching
 from .torchrl_compat import check_torchrl_keywords, resolve_policy
@@ -445,14 +445,10 @@ class Collector(DataCollectorBase):
             TypeError: an entry has the wrong type.
             ValueError: a negative counter, or a checkpoint from a newer aiocollect.
         """
-        saved = read_checkpoint(state_dict, type(self).__name__)
-        if self._closed:
-            raise self._closed_error()
-        self._policy.load_state_dict(state_dict, strict)  # raises before it changes anything
+        saved = self._checked_and_weights_loaded(state_dict, strict)
 
         def apply():
-            self._frames = saved.frames
-            self._batches = saved.batches
+            self._frames, self._batches = saved.frames, saved.batches
             self._book.load_state_dict({"next_traj_id": saved.next_traj_id,
                                         "completed_trajectories": saved.completed_trajectories})
 

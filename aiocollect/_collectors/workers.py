@@ -28,7 +28,7 @@ from .._workers.plan import WorkerPlan, plan_workers
 from .._workers.pool import WorkerPool
 from .._workers.shm import Layout
 from .base import DataCollectorBase, WorkerStatistics
-from .checkpoint import counters_state, read_checkpoint
+from .checkpoint import counters_state
 from .loop_thread import LoopThread
 from .options import (
     CollectorOptions,
@@ -336,14 +336,10 @@ class WorkerCollectorBase(DataCollectorBase):
             TypeError: an entry has the wrong type.
             ValueError: a negative counter, or a checkpoint from a newer aiocollect.
         """
-        saved = read_checkpoint(state_dict, type(self).__name__)
-        if self._closed:
-            raise self._closed_error()
-        self._policy.load_state_dict(state_dict, strict)  # raises before it changes anything
+        saved = self._checked_and_weights_loaded(state_dict, strict)
 
         def apply():
-            self._frames = saved.frames
-            self._batches = saved.batches
+            self._frames, self._batches = saved.frames, saved.batches
             completed = 0
             for lanes in self._worker_lanes:
                 done = saved.workers.get(lanes[0].index, 0)
