@@ -45,7 +45,7 @@ from .coroutine_worker import CoroutineWorker
 from .plan import WorkerPlan, WorkerSpec
 from .process import WorkerProcess, worker_command
 from .shm import Layout, SharedArrays, create_segment
-from .watchdog import watch_steps
+from .watchdog import overdue, watch_steps
 
 logger = logging.getLogger("aiocollect")
 
@@ -238,6 +238,8 @@ class WorkerPool:
             line[protocol.W_ASLEEP] = 1
         self._lines = {id(lane): k for k, lane in enumerate(self.lanes)}
         self.stop_timeout = 5.0
+        self._since: dict[int, tuple[int, float]] = {}
+        """The watchdog's clocks of outstanding commands (``_workers.watchdog``)."""
         self._stopping = False
         self._stop: anyio.Event | None = None
 
@@ -258,7 +260,7 @@ class WorkerPool:
                 for worker in processes:
                     tg.start_soon(self._watch, worker)
                 if self.step_timeout is not None and processes:
-                    tg.start_soon(watch_steps, processes, self.step_timeout, lambda: self._stopping)
+                    tg.start_soon(watch_steps, processes, self.step_timeout, lambda: self._stopping, self._since)
                 task_status.started()
                 await self._stop.wait()
                 tg.cancel_scope.cancel()
@@ -369,6 +371,15 @@ class WorkerPool:
         live = [w for w in self.workers if w.process is not None]
         for w in live:
             w.stop_reading()
+            if w.process.returncode is None and self.step_timeout is not None and w.error is None \
+                    and isinstance(w, Worker) and overdue(w, self._since, self.step_timeout):
+                # hung as well (the watchdog's next look would say so): no CLOSE can reach it
+                logger.warning("aiocollect: worker %s is hung too (a command over step_timeout): SIGKILL", w.index)
+                try:
+                    w.process.send_signal(signal.SIGKILL)  # (the waits below see it go)
+                except ProcessLookupError:
+                    pass
+                continue
             if w.process.returncode is None:
                 try:
                     if w.ready:

@@ -20,6 +20,9 @@ With a ``step_timeout``, the pool runs ``watch_steps`` next to its workers:
   ``/proc/PID/stat``) cannot answer and is named as stopped instead. Then ``SIGKILL``.
 
 The collector then raises the error and stops the other workers, as for any worker fault.
+Workers whose commands are overdue too are hung as well: the pool kills them at once
+instead of giving them the grace a ``CLOSE`` gets (``overdue``), so several hung workers
+cost no more time than one.
 """
 
 from __future__ import annotations
@@ -48,11 +51,13 @@ def period(step_timeout: float) -> float:
     return min(max(step_timeout / 4, 0.05), 0.5)
 
 
-async def watch_steps(workers: list[Worker], step_timeout: float, stopping) -> None:
+async def watch_steps(workers: list[Worker], step_timeout: float, stopping,
+                      since: dict[int, tuple[int, float]] | None = None) -> None:
     """Fail and kill any worker whose command stays outstanding over ``step_timeout``
-    (until cancelled; ``stopping()`` true: the pool is stopping its workers, leave them)."""
-    since: dict[int, tuple[int, float]] = {}
-    """id(port) -> (outstanding command's seq, when it was first seen outstanding)."""
+    (until cancelled; ``stopping()`` true: the pool is stopping its workers, leave them).
+    ``since``: id(port) -> (outstanding command's seq, when it was first seen outstanding),
+    the pool's, which ``overdue`` reads when it stops the workers."""
+    since = {} if since is None else since
     tick = period(step_timeout)
     while True:
         await anyio.sleep(tick)
@@ -65,6 +70,13 @@ async def watch_steps(workers: list[Worker], step_timeout: float, stopping) -> N
                 if late:
                     await _kill_hung(worker, port, step_timeout, stopping)
                     break
+
+
+def overdue(worker: Worker, since: dict[int, tuple[int, float]], step_timeout: float) -> bool:
+    """Whether a command of ``worker`` was seen outstanding more than ``step_timeout`` ago
+    (by the watchdog's looks, ``since``): it is hung, as the watchdog's next look would say."""
+    now = time.monotonic()
+    return any(_late(port, since, now, step_timeout) for port in worker.ports)
 
 
 def _late(port: Port, since: dict[int, tuple[int, float]], now: float, step_timeout: float) -> bool:

@@ -65,3 +65,22 @@ def test_an_env_that_never_answers_is_a_step_timeout_naming_worker_and_env(varia
     assert "in step" in err.remote_traceback and "test_hangs.py" in err.remote_traceback
     assert "Python stack of the worker" in str(err)
     assert wait_until(lambda: not alive(err.pid))
+
+
+def test_every_env_hung_is_a_step_timeout_as_soon_as_one(variant):
+    """Several hung workers cost no more than one: those whose commands are overdue too are
+    killed at once, without the grace a ``CLOSE`` gets (it was 5 s more per stop)."""
+    if variant.envs in ("inline", "vector"):
+        with pytest.raises(ValueError, match="step_timeout: these apply to coroutine envs"):
+            variant(frames_per_batch=40, step_timeout=TIMEOUT)
+        return
+    fns = [HangingEnv if variant.coroutine else StuckEnv] * variant.num_envs
+    with variant(fns, frames_per_batch=40, total_frames=-1, step_timeout=TIMEOUT) as collector:
+        t0 = time.monotonic()
+        with pytest.raises(StepTimeoutError):
+            for _ in collector:
+                assert time.monotonic() - t0 < 30, "no StepTimeoutError"
+        elapsed = time.monotonic() - t0
+        assert elapsed < TIMEOUT + 2, f"raised after {elapsed:.1f} s"
+        t1 = time.monotonic()
+    assert time.monotonic() - t1 < 3, "shutdown after the timeout was slow"
