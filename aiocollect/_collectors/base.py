@@ -53,7 +53,7 @@ from .checkpoint import Checkpoint, read_checkpoint
 from .loop_thread import LoopThread
 from .options import CollectorOptions, validate_timeout
 from .progress import EpisodeReturns, ProgressBar, flat_numpy
-from .torchrl_compat import envs_as_given, weights_given
+from .torchrl_compat import weights_given
 
 logger = logging.getLogger("aiocollect")
 
@@ -691,14 +691,11 @@ class DataCollectorBase:
         collector owns its state between batches. The worker collectors have their envs in
         their worker processes, and no ``env`` (``AttributeError``, so ``hasattr`` is false).
         """
-        group = self.__dict__.get("group")  # (the in-process env group: Collector's ``group``)
-        if group is None:
-            raise AttributeError(
-                f"{type(self).__name__} has no env in this process: its envs are its workers' (worker "
-                "processes, or remote collectors), which step envs and answer nothing else; build one with "
-                "your env factory to look at it."
-            )
-        return envs_as_given(group, bool(self.__dict__.get("_batched")))
+        raise AttributeError(  # (Collector, whose envs are here, overrides this)
+            f"{type(self).__name__} has no env in this process: its envs are its workers' (worker "
+            "processes, or remote collectors), which step envs and answer nothing else; build one with "
+            "your env factory to look at it."
+        )
 
     def getattr_env(self, attr: str) -> Any:
         """An attribute of the collector's env: TorchRL's ``getattr_env(attr)``.
@@ -748,7 +745,7 @@ class DataCollectorBase:
     @property
     def n_env(self) -> int:
         """How many envs the collector steps: TorchRL's ``n_env`` (``num_envs``, over every worker)."""
-        num = self.__dict__.get("num_envs")
+        num = getattr(self, "num_envs", None)
         if num is None:
             raise AttributeError(f"{type(self).__name__} has no n_env: its envs live in its remote collectors.")
         return num

@@ -35,7 +35,7 @@ from .base import DataCollectorBase
 from .checkpoint import counters_state
 from .loop_thread import LoopThread
 from .options import as_int, env_seeds, fit_to_envs, next_seed, options_from, validate_batching
-from .torchrl_compat import check_torchrl_keywords, resolve_policy
+from .torchrl_compat import check_torchrl_keywords, envs_as_given, resolve_policy
 
 
 class Collector(DataCollectorBase):
@@ -345,6 +345,14 @@ class Collector(DataCollectorBase):
         return self._book.env_steps, self._book.completed_trajectories
 
     # ------------------------------------------------------------------ control
+
+    @property
+    def env(self) -> Any:
+        """The env this collector steps, as built from ``create_env_fn``: TorchRL's
+        ``collector.env`` (a TorchRL env as the TorchRL env; a ``VectorEnv`` as it is; for a
+        list of factories, the list of their envs). Read it, don't step or reset it: the
+        collector owns its state between batches."""
+        return envs_as_given(self.group, self._batched)
 
     def set_seed(self, seed: int, static_seed: bool = False) -> int:
         """Seed the envs: env ``i``'s next reset uses ``seed + i`` (``seed`` if ``static_seed``).
