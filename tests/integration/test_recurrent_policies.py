@@ -43,10 +43,18 @@ LSTM, ACTOR = lstm_actor()
 KW = dict(frames_per_batch=64, total_frames=192)
 
 
+async def collect(name: str, face: str) -> list:
+    if face == "sync":
+        with layouts()[name]() as collector:
+            return list(collector)
+    async with layouts()[name]() as collector:
+        return [batch async for batch in collector]
+
+
 @pytest.mark.parametrize("name", list(layouts()))
-def test_a_recurrent_policy_gets_its_state_back_at_every_step(name):
-    with layouts()[name]() as collector:
-        batches = list(collector)
+@pytest.mark.parametrize("face", ["sync", "async"])
+async def test_a_recurrent_policy_gets_its_state_back_at_every_step(name, face):
+    batches = await collect(name, face)
     assert len(batches) == 3
     for batch in batches:
         for part in batch.unbind(0) if batch.ndim == 3 else [batch]:  # MultiSync: [workers, envs, T]
