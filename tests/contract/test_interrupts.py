@@ -59,7 +59,7 @@ def trajectory_breaks(batches) -> list[str]:
 
 CTRL_C_AND_ON = textwrap.dedent(
     """
-    import faulthandler, random, signal, sys, threading, os, pickle
+    import faulthandler, random, signal, sys, threading, os, pickle, time
     faulthandler.dump_traceback_later(60, exit=True)  # a hang shows its stacks in the test's failure
     sys.path.insert(0, {tests!r})
     from support.variants import VARIANTS
@@ -70,11 +70,21 @@ CTRL_C_AND_ON = textwrap.dedent(
         if armed:
             raise KeyboardInterrupt
     signal.signal(signal.SIGINT, on_sigint)
+    def ctrl_c(delay, caught):
+        # Ctrl-C after `delay`, again every 50 ms until one lands: on a loaded machine the
+        # handler may run only once the collector has let go (unarmed), and with endless
+        # frames an interrupt that never lands is an endless iteration
+        time.sleep(delay)
+        while True:
+            os.kill(os.getpid(), signal.SIGINT)
+            if caught.wait(0.05):
+                return
     random.seed({seed})
     c = variant(SlowCounterEnv, None, frames_per_batch=80, total_frames=-1)
     batches, landed = [], 0
     while landed < 8 or len(batches) < 5:  # (on a loaded machine interrupts may land before any batch)
-        timer = threading.Timer(random.uniform(0.0, 0.06), os.kill, (os.getpid(), signal.SIGINT))
+        caught = threading.Event()
+        timer = threading.Thread(target=ctrl_c, args=(random.uniform(0.0, 0.06), caught))
         timer.start()
         it = iter(c)
         try:
@@ -86,6 +96,7 @@ CTRL_C_AND_ON = textwrap.dedent(
                 batches.append(batch)
         except KeyboardInterrupt:
             armed = False
+            caught.set()
             landed += 1
             if batch is not None:
                 batches.append(batch)
