@@ -402,7 +402,8 @@ def next_seed(seed: int, num_envs: int, static_seed: bool) -> int:
     (``seed = c1.set_seed(seed); c2.set_seed(seed)``) never gives two envs the same seed;
     ``seed`` itself with ``static_seed`` (TorchRL's: the seed is not incremented).
     """
-    return seed if static_seed else seed + num_envs
+    first = as_int(seed)  # (a plain int for a numpy seed, as env_seeds gives)
+    return first if static_seed else first + num_envs
 
 
 def worker_indices(worker_ids: Any, count: int, what: str) -> list[int]:

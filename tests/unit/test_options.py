@@ -21,6 +21,7 @@ from aiocollect._collectors.options import (
     CollectorOptions,
     WorkerOptions,
     env_seeds,
+    next_seed,
     options_from,
     parse_device,
     parse_exploration_type,
@@ -471,6 +472,14 @@ def test_env_seeds_count_up_from_the_seed_or_repeat_it():
     # the largest seeds that fit: every env seed below 2**63
     assert env_seeds(2**63 - 3, 3, static_seed=False)[-1] == 2**63 - 1
     assert env_seeds(2**63 - 1, 3, static_seed=True) == [2**63 - 1] * 3
+
+
+def test_next_seed_is_the_first_seed_not_taken_as_a_plain_int():
+    # the distributed collectors returned the user's numpy seed type from set_seed
+    assert next_seed(7, 4, static_seed=False) == 11
+    assert next_seed(7, 4, static_seed=True) == 7
+    for static in (False, True):
+        assert type(next_seed(np.int64(7), 4, static_seed=static)) is int
 
 
 @pytest.mark.parametrize(("seed", "static_seed", "top"), [
