@@ -133,10 +133,11 @@ class Collector(DataCollectorBase):
         (or the ``N`` entries of a list of factories)."""
         if cls is not Collector or num_collectors is None:
             return super().__new__(cls)
-        if as_int(num_collectors) is None or num_collectors < 1:
+        count = as_int(num_collectors)
+        if count is None or count < 1:
             raise ValueError(f"num_collectors={num_collectors!r}: give the number of worker processes (an int >= 1), "
                              "or None for one process.")
-        num_collectors = as_int(num_collectors)
+        num_collectors = count
         if sync is not None and not isinstance(sync, bool):
             raise TypeError(f"sync must be True or False, got {sync!r}")
         if isinstance(create_env_fn, (list, tuple)):

@@ -163,10 +163,11 @@ class MultiSyncCollector(WorkerCollectorBase):
                 raise ValueError(f"frames_per_batch_worker: the workers' shares differ ({shares}); "
                                  "pass worker_idx=...")
             return shares[0]
-        if as_int(worker_idx) is None or not 0 <= worker_idx < len(shares):
+        index = as_int(worker_idx)
+        if index is None or not 0 <= index < len(shares):
             raise ValueError(f"frames_per_batch_worker: worker_idx={worker_idx!r} names no worker "
                              f"(0..{len(shares) - 1}).")
-        return shares[as_int(worker_idx)]
+        return shares[index]
 
     async def _collect_here(self) -> tuple[TensorDictBase, int]:
         opts, wopts = self.options, self.worker_options

@@ -453,8 +453,9 @@ def validate_worker_options(*, cat_results: Any, preemptive_threshold: Any, upda
     """Check the multi-process options; see ``WorkerOptions``."""
     if cat_results is None:
         cat_results = "stack"
-    if as_int(cat_results) is not None:
-        cat_results = as_int(cat_results)
+    dim = as_int(cat_results)
+    if dim is not None:
+        cat_results = dim
     elif not (isinstance(cat_results, str) and cat_results == "stack"):
         raise ValueError(
             f"cat_results={cat_results!r}: use 'stack' (a new leading worker dim) or an integer "

@@ -112,9 +112,10 @@ class WorkerCollectorBase(DataCollectorBase):
         check_torchrl_keywords(type(self).__name__, torchrl_options)
         policy = resolve_policy(policy, policy_factory, compile_policy)
         if num_workers is not None:  # TorchRL: that many workers of a single factory
-            if as_int(num_workers) is None or num_workers < 1:
+            count = as_int(num_workers)
+            if count is None or count < 1:
                 raise ValueError(f"num_workers={num_workers!r}: give the number of worker processes (an int >= 1).")
-            num_workers = as_int(num_workers)
+            num_workers = count
             if isinstance(create_env_fn, (list, tuple)):
                 if len(create_env_fn) != num_workers:
                     raise ValueError(f"num_workers={num_workers} but create_env_fn has {len(create_env_fn)} entries; "
