@@ -23,6 +23,7 @@ from tensordict.nn import InteractionType
 
 from .._engine.scheduler import Scheduler
 from .._envs.spaces import ActionCheck, flatten_space
+from .._policies.random import RandomPolicy
 from .._policies.setup import PolicySetup, check_policy
 from .._workers.plan import WorkerPlan, plan_workers
 from .._workers.pool import WorkerPool
@@ -131,7 +132,8 @@ class WorkerCollectorBase(DataCollectorBase):
         check_policy(policy)
         if create_env_fn is None:
             raise TypeError("create_env_fn is required: a list with one env factory per worker.")
-        plan = plan_workers(self._entries(create_env_fn), options.create_env_kwargs)
+        runs = options.reset_when_done and (policy is None or isinstance(policy, RandomPolicy))
+        plan = plan_workers(self._entries(create_env_fn), options.create_env_kwargs, policy_between_steps=not runs)
         options = self._check_plan(plan, options, worker_options)
         validate_batching(max_batch_size=max_batch_size, min_batch_size=min_batch_size,
                           batch_timeout=batch_timeout, step_timeout=None,

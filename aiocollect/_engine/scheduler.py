@@ -22,7 +22,16 @@ happens in the loop's callbacks, with no task switch per step:
    ``STEP`` with its slot and column.
 
 So inference is batched over whatever is ready, and a slow worker never holds back a
-fast one. *When* a batch is cut is the collector's business: ``until``, ``on_full`` and
+fast one.
+
+With ``policy=None`` (a ``RandomPolicy``, whose actions do not depend on the observations)
+a round needs no policy call: each ready process lane is given a *run* instead, a command
+for up to ``_RUN_S`` worth of steps (``_workers.protocol``), with every step's actions drawn
+at once from the lane's own stream (``RandomPolicy.sample_steps``). The worker steps on
+with no round trip, and the run is booked as a whole when it completes
+(``Timelines.ran``): the main process does a few array operations per run, not per step.
+
+*When* a batch is cut is the collector's business: ``until``, ``on_full`` and
 ``hold`` are its levers, and ``seal``/``batch``/``release`` turn a lane's full (or cut)
 batch into tensors.
 
@@ -80,6 +89,10 @@ _SLICE_S = 0.001
 """Longest stretch of spinning rounds before the loop gets a turn."""
 _RECHECK_S = 0.002
 """After spinning: how soon to look again for a completion whose doorbell was missed."""
+_RUN_S = 0.008
+"""About how long a run of steps lasts (sized from the lane's last runs): long enough that
+booking it costs little per frame, short enough that what the collector asks next (a new
+batch, a reset, ``CLOSE``) waits little."""
 
 
 @dataclass
@@ -127,6 +140,13 @@ class Lane:
         self.queued = False
         """In the scheduler's queue of ready lanes (per-env rounds only)."""
         self._resetting: np.ndarray | None = None
+        self.runs = getattr(worker, "runs", False)
+        """Its worker takes runs of steps (a process's port; see the module docstring)."""
+        self.run = 0
+        """The steps of the run under way (0: none)."""
+        self.run_steps = 1
+        """How many steps the next run may take (``_RUN_S`` at the last runs' pace)."""
+        self.run_posted = 0.0
 
     @property
     def full(self) -> bool:
@@ -469,6 +489,7 @@ class Scheduler:
         for lane in lanes:
             if lane.state is not READY:
                 lane.state = READY
+                lane.run = 0
                 self._busy -= 1
                 if lane.t > 0:
                     st.truncated[lane.slot, lane.t - 1, lane.lo : lane.hi] = True
@@ -495,6 +516,10 @@ class Scheduler:
             return
         if tl.any_reset:
             ready = [lane for lane in ready if not (tl.wants_reset(lane.lo, lane.hi) and self._reset(lane))]
+            if not ready:
+                return
+        if runner.kind == "random" and self.reset_when_done:
+            ready = self._post_runs(ready, runner)
             if not ready:
                 return
         s, t = ready[0].slot, ready[0].t
@@ -562,19 +587,56 @@ class Scheduler:
             lane.state = STEPPING
             lane.worker.post(protocol.STEP_CODE, lane.slot, lane.t)
 
+    def _post_runs(self, ready: list[Lane], runner: PolicyRunner) -> list[Lane]:
+        """Give each of the ``ready`` lanes that takes runs a run of steps with random
+        actions (``runner``'s ``RandomPolicy``); returns the others."""
+        st, random = self.storage, runner.policy
+        if runner.weights is not None:
+            runner.version = runner.weights.version
+        rest = []
+        now = time.perf_counter()
+        for lane in ready:
+            if not lane.runs:
+                rest.append(lane)
+                continue
+            k = min(lane.frames - lane.t, lane.run_steps)
+            if lane.keys is None:
+                lane.keys, lane.carry = ("action",), []
+            st.write_run(lane.slot, lane.t, lane.lo, lane.hi, random.sample_steps(lane.lo, k, lane.num_envs),
+                         runner.version)
+            lane.run, lane.run_posted, lane.state = k, now, STEPPING
+            self._busy += 1
+            lane.worker.post(protocol.RUN_CODE, lane.slot, lane.t, k)
+        return rest
+
+    def _book_run(self, lane: Lane) -> None:
+        """A completed run: the ids and step counts of all its steps at once, and the size
+        of the lane's next run (``_RUN_S`` at this one's pace, growing at most twofold)."""
+        s, t, lo, hi, k = lane.slot, lane.t, lane.lo, lane.hi, lane.run
+        st, cols = self.storage, slice(t, t + k)
+        ids, counts = self.timelines.ran(lo, hi, st.terminated[s, cols, lo:hi], st.truncated[s, cols, lo:hi])
+        st.ran(s, t, lo, hi, ids, counts)
+        per_step = (time.perf_counter() - lane.run_posted) / k
+        lane.run_steps = max(1, min(int(_RUN_S / per_step) if per_step > 0 else k, 2 * max(k, lane.run_steps)))
+        lane.run = 0
+
     def _take(self, lane: Lane) -> None:
         self._busy -= 1
         if lane.state is STEPPING:
             t, lo, hi = lane.t, lane.lo, lane.hi
             tl = self.timelines
             before = tl.completed_trajectories
-            # (one-env lanes: no cached views, there would be one per env and column)
-            tl.stepped(lo, hi, *self.storage.flags(lane.slot, t, lo, hi, cache=self._queue is None))
-            if lane.carry:
-                self.storage.carry(lane.slot, t, lo, hi, lane.carry, self.reset_when_done)
+            steps = lane.run or 1
+            if lane.run:
+                self._book_run(lane)
+            else:
+                # (one-env lanes: no cached views, there would be one per env and column)
+                tl.stepped(lo, hi, *self.storage.flags(lane.slot, t, lo, hi, cache=self._queue is None))
+                if lane.carry:
+                    self.storage.carry(lane.slot, t, lo, hi, lane.carry, self.reset_when_done)
             lane.completed_trajectories += tl.completed_trajectories - before
-            lane.worker.env_steps += lane.num_envs
-            lane.t = t + 1
+            lane.worker.env_steps += lane.num_envs * steps
+            lane.t = t + steps
             lane.state = READY
             if lane.t >= lane.frames:
                 if self._on_full is not None:

@@ -193,6 +193,28 @@ class RolloutStorage:
                 value = value.numpy(force=True)  # a view (slicing a tensor costs more than an array)
             dst[s, t, lo:hi] = value if whole else value[start:stop]
 
+    def write_run(self, s: int, t: int, lo: int, hi: int, action: np.ndarray, version: int) -> None:
+        """Columns ``t`` to ``t + len(action) - 1`` of envs ``lo:hi``, before a run of steps
+        with actions drawn in advance (``[steps, envs, ...]``, the only output): the envs'
+        actions, the stored ones, the version. Ids and step counts come after the run
+        (``ran``): they depend on which steps ended an episode."""
+        stop = t + len(action)
+        self.action[t:stop, lo:hi] = action
+        dst = self._out_np.get("action", False)
+        if dst is False:
+            dst = self._allocate("action", action[0])
+        dst[s, t:stop, lo:hi] = action
+        self.policy_version[s, t:stop, lo:hi] = version
+
+    def ran(self, s: int, t: int, lo: int, hi: int, ids: np.ndarray, counts: np.ndarray) -> None:
+        """After that run: the trajectory ids and step counts before each of its steps
+        (``Timelines.ran``'s, ``[steps + 1, envs]``)."""
+        stop = t + len(ids) - 1
+        self.traj_ids[s, t:stop, lo:hi] = ids[:-1]
+        if self.step_count is not None:
+            self.step_count[s, t:stop, lo:hi] = counts[:-1]
+            np.add(counts[:-1], 1, out=self.next_step_count[s, t:stop, lo:hi])
+
     def carried(self, keys: tuple) -> list[tuple[int, NestedKey]]:
         """The policy outputs among ``keys`` that the next step starts from: ``("next", k)``
         for an observation ``k`` (a recurrent state, which an env's ``TensorDictPrimer``

@@ -73,6 +73,49 @@ class Timelines:
         elif np.count_nonzero(terminated) or np.count_nonzero(truncated):  # cheaper than .any()
             self._new_trajectories(np.flatnonzero(terminated | truncated) + lo)
 
+    def ran(self, lo: int, hi: int, terminated: np.ndarray, truncated: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Envs ``lo:hi`` took ``k = len(terminated)`` steps in a row (a ``RUN``: their
+        worker reset each env that finished, as after any step); ``terminated`` and
+        ``truncated`` are ``[k, envs]``. The same bookkeeping as ``k`` calls of ``stepped``,
+        in a few array operations: new ids are handed out column by column, env by env
+        within a column, as those calls would.
+
+        Only with ``reset_when_done`` (without it, a finished env waits for a reset).
+
+        Returns:
+            ``(ids, counts)``, each ``[k + 1, envs]``: row ``j`` holds each env's trajectory
+            id and step count before step ``j`` (row ``k``: after the run). ``counts`` is
+            zeros when steps are not counted.
+        """
+        k, n = terminated.shape
+        done = terminated | truncated
+        where = np.flatnonzero(done)  # row-major: the order ``stepped`` hands out new ids
+        rows = np.arange(k + 1)[:, None]
+        current = self.traj_ids[lo:hi]
+        if len(where):
+            new = self.ids.take(len(where))
+            # since[j, e]: which new id env e has from step j on (-1: none yet)
+            since = np.full((k + 1, n), -1, dtype=np.int64)
+            since[1:].reshape(-1)[where] = np.arange(len(where))
+            np.maximum.accumulate(since, axis=0, out=since)
+            ids = np.where(since >= 0, new[np.maximum(since, 0)], current)
+            self.completed_trajectories += len(where)
+        else:
+            ids = np.broadcast_to(current, (k + 1, n)).copy()
+        current[:] = ids[-1]
+        self.env_steps += k * n
+        counts = np.zeros((k + 1, n), dtype=np.int64)
+        if self.count_steps:
+            # restart[j, e]: 1 + the last step before j that ended env e's episode (0: none)
+            restart = np.zeros((k + 1, n), dtype=np.int64)
+            restart[1:][done] = np.broadcast_to(rows[1:], (k, n))[done]
+            np.maximum.accumulate(restart, axis=0, out=restart)
+            np.copyto(counts, np.where(restart > 0, rows - restart, self.step_count[lo:hi] + rows))
+            self.step_count[lo:hi] = counts[-1]
+        elif len(where):
+            self.step_count[lo:hi][done.any(axis=0)] = 0  # as ``_new_trajectories`` does
+        return ids, counts
+
     # ------------------------------------------------------------------ resets
 
     def request_reset(self, seeds: list[int] | None = None, lo: int = 0, hi: int | None = None) -> np.ndarray:

@@ -60,6 +60,8 @@ class RandomPolicy(TensorDictModuleBase):
         """
         self.action_space.seed(seed)
         self._draws = _Draws(self.action_space, self._shape, np.random.default_rng(seed))
+        self._entropy = np.random.SeedSequence(seed).entropy
+        self._streams: dict[int, _Draws] = {}
 
     def sample(self, num_envs: int) -> np.ndarray:
         """A batch of random actions, one per env.
@@ -71,6 +73,28 @@ class RandomPolicy(TensorDictModuleBase):
             A numpy array ``[num_envs, *action_shape]``.
         """
         return self._draws.next(num_envs)
+
+    def sample_steps(self, stream: int, steps: int, num_envs: int) -> np.ndarray:
+        """``steps`` batches of actions in a row, from generator ``stream`` of this policy.
+
+        For collectors whose workers take several steps per command (``policy=None``): each
+        worker's envs draw from a stream of their own, derived from the seed, so the actions
+        an env is given depend neither on how its steps are grouped nor on which worker
+        happened to be ready first. ``seed`` restarts every stream.
+
+        Args:
+            stream: which stream (a collector uses its worker's first row).
+            steps: how many steps.
+            num_envs: actions per step.
+
+        Returns:
+            A numpy array ``[steps, num_envs, *action_shape]``.
+        """
+        draws = self._streams.get(stream)
+        if draws is None:
+            rng = np.random.default_rng(np.random.SeedSequence(self._entropy, spawn_key=(stream,)))
+            draws = self._streams[stream] = _Draws(self.action_space, self._shape, rng)
+        return draws.steps(num_envs, steps)
 
     def sample_like(self, action: np.ndarray | torch.Tensor, num_envs: int) -> np.ndarray | torch.Tensor:
         """A batch of random actions laid out as ``action``, a policy's batched action.
@@ -143,12 +167,21 @@ class _Draws:
         """Per batch size (a scheduler's rounds alternate between a few): [draws, next index]."""
 
     def next(self, num_envs: int) -> np.ndarray:
-        entry = self.pools.get(num_envs)
-        if entry is None or entry[1] == len(entry[0]):
-            entry = self.pools[num_envs] = [self._draw(max(1, 4096 // max(num_envs, 1)), num_envs), 0]
-        i = entry[1]
-        entry[1] = i + 1
-        return entry[0][i]
+        return self.steps(num_envs, 1)[0]
+
+    def steps(self, num_envs: int, steps: int) -> np.ndarray:
+        """The next ``steps`` batches at once, ``[steps, num_envs, ...]``: the same actions
+        however the steps are grouped (the blocks drawn are the same)."""
+        parts = []
+        while steps:
+            entry = self.pools.get(num_envs)
+            if entry is None or entry[1] == len(entry[0]):
+                entry = self.pools[num_envs] = [self._draw(max(1, 4096 // max(num_envs, 1)), num_envs), 0]
+            i = entry[1]
+            j = entry[1] = min(len(entry[0]), i + steps)
+            parts.append(entry[0][i:j])
+            steps -= j - i
+        return parts[0] if len(parts) == 1 else np.concatenate(parts)
 
     def _draw(self, blocks: int, num_envs: int) -> np.ndarray:
         space, rng, size = self.space, self.rng, (blocks, num_envs, *self.shape)

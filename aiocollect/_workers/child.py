@@ -173,7 +173,7 @@ class _Worker:
 
         parts = self.parts
         count = len(parts)
-        step_code = protocol.STEP_CODE
+        step_code, run_code = protocol.STEP_CODE, protocol.RUN_CODE
         DONE, E_ASLEEP, SLOT, COL = protocol.DONE, protocol.E_ASLEEP, protocol.SLOT, protocol.COL
         ring = protocol.ring
         self._poll.register(sock, select.POLLIN)
@@ -190,8 +190,11 @@ class _Worker:
             ctl, group, rows = parts[j]
             last[j] = seq = word >> 2
             try:
-                if word & 3 == step_code:
+                code = word & 3
+                if code == step_code:
                     rows.step(group, int(ctl[SLOT]), int(ctl[COL]))
+                elif code == run_code:
+                    rows.run(group, int(ctl[SLOT]), int(ctl[COL]), int(ctl[protocol.COUNT]), ctl, word)
                 else:
                     rows.reset(group, int(ctl[SLOT]), int(ctl[COL]))
             except BaseException as exc:  # noqa: BLE001 - reported to the engine

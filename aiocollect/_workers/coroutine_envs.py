@@ -107,7 +107,7 @@ class CoroutineEnvs:
 
     async def _step(self, i: int, s: int, t: int) -> None:
         group = self.group
-        action = self.action[i].copy()  # the env may keep it: its row is rewritten at its next action
+        action = self.action[t, i].copy()  # the env may keep it: the storage is rewritten at a later batch
         await timed(group.step_one(i, action), self.step_timeout, group.envs[i], i, "step")
         for dst, src in zip(self.next_obs, self.results):
             dst[s, t, i] = src[i]

@@ -111,7 +111,7 @@ class CoroutineWorker:
 
     async def _step(self, s: int, t: int) -> None:
         group, rows = self.group, self.rows
-        action = rows.action
+        action = rows.action[t]
         rows.bind(group, s, t, True)
         await asyncio.gather(*(self._timed(partial(group.step_one, i, action[i]), i, "step")
                                for i in range(self.num_envs)))

@@ -129,8 +129,14 @@ def _close_probe(i: int, entry: Any, group: Any) -> None:
         )
 
 
-def plan_workers(create_env_fn: Any, create_env_kwargs: dict | None) -> WorkerPlan:
-    """Validate ``create_env_fn`` and lay the workers out; see the module docstring."""
+def plan_workers(create_env_fn: Any, create_env_kwargs: dict | None, *,
+                 policy_between_steps: bool = True) -> WorkerPlan:
+    """Validate ``create_env_fn`` and lay the workers out; see the module docstring.
+
+    ``policy_between_steps``: the policy runs between steps (``False`` for random actions,
+    which workers take in runs of steps: then no worker is split in parts, as no policy
+    call is there to overlap).
+    """
     if isinstance(create_env_fn, (str, gym.Env, VectorEnv)) or not isinstance(create_env_fn, (list, tuple)):
         raise TypeError(
             "create_env_fn: a multi-process collector takes a list with one entry per worker, "
@@ -170,7 +176,7 @@ def plan_workers(create_env_fn: Any, create_env_kwargs: dict | None) -> WorkerPl
         specs.append(WorkerSpec(i, pickled[i], n, batched, lo, lo + n, coroutine))
         separable.append(separable_here)
         lo += n
-    if pipeline(sum(not w.coroutine for w in specs)):
+    if policy_between_steps and pipeline(sum(not w.coroutine for w in specs)):
         least = 1 if env_flag("AIOCOLLECT_PIPELINE") else MIN_PART
         specs = [replace(w, parts=_halves(w.lo, w.num_envs, least)) if ok else w for w, ok in zip(specs, separable)]
     return WorkerPlan(tuple(specs), first[0], first[1], kwargs)

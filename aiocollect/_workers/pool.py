@@ -189,13 +189,17 @@ class Port:
     def on_reply(self, callback: Callable[[Worker], None]) -> None:
         self.worker.on_reply = callback
 
-    def post(self, code: int, slot: int, col: int) -> None:
-        """Ask for ``protocol.STEP_CODE`` or ``RESET_CODE`` at ``slot``, ``col`` of the
-        storage; ring if the worker sleeps."""
+    runs = True
+    """Takes ``RUN`` commands (steps in a row: see ``_workers.protocol``)."""
+
+    def post(self, code: int, slot: int, col: int, count: int = 1) -> None:
+        """Ask for ``protocol.STEP_CODE``, ``RESET_CODE`` or ``RUN_CODE`` (``count`` steps)
+        at ``slot``, ``col`` of the storage; ring if the worker sleeps."""
         self._posted += 1
         ctl = self.control
         ctl[protocol.SLOT] = slot
         ctl[protocol.COL] = col
+        ctl[protocol.COUNT] = count
         ctl[protocol.CMD] = self._posted * 4 + code  # last: the worker acts once it sees it
         self.worker.ring()
 
@@ -238,7 +242,7 @@ class WorkerPool:
             line[protocol.W_ASLEEP] = 1
         self._lines = {id(lane): k for k, lane in enumerate(self.lanes)}
         self.stop_timeout = 5.0
-        self._since: dict[int, tuple[int, float]] = {}
+        self._since: dict[int, tuple[tuple[int, int], float]] = {}
         """The watchdog's clocks of outstanding commands (``_workers.watchdog``)."""
         self._stopping = False
         self._stop: anyio.Event | None = None

@@ -8,13 +8,18 @@ line*, one 64-byte line of ``int64`` words in the shared segment:
 word           meaning
 =============  =================================================================================
 ``CMD``        written by the engine: ``seq * 4 + code``, ``code`` being ``STEP_CODE`` (step every
-               env with the actions in shared memory) or ``RESET_CODE`` (reset the envs in
-               ``reset_mask``, with ``seed`` where ``seed_set``); ``seq`` counts commands
+               env with the actions in shared memory), ``RUN_CODE`` (``COUNT`` steps in a row,
+               columns ``COL`` to ``COL + COUNT - 1``, each with its column's actions) or
+               ``RESET_CODE`` (reset the envs in ``reset_mask``, with ``seed`` where
+               ``seed_set``); ``seq`` counts commands
 ``SLOT``,      written by the engine before ``CMD``: the storage slot and column the command
 ``COL``        writes (``_workers.shm``): a step writes its results at column ``COL`` and the
                observations the next step starts from at ``COL + 1``; a reset writes its
                observations at ``COL``
+``COUNT``      written by the engine before ``CMD``: the steps of a ``RUN``
 ``DONE``       written by the worker: the ``seq`` of the last command it carried out
+``AT``         written by the worker during a ``RUN``: the steps of it done so far (the
+               watchdog's sign of life; a run stops early when a new ``CMD`` is posted)
 ``W_ASLEEP``   the worker is (about to be) blocked on its socket: wake it with a byte
 ``E_ASLEEP``   the engine is (about to be) blocked in its event loop: wake it with a byte
 =============  =================================================================================
@@ -45,6 +50,14 @@ the part it served last; so while the engine runs the policy for one part, the w
 the other, and neither side waits for a round trip. ``W_ASLEEP`` is the process's: it
 lives in its first part's line. The engine writes ``E_ASLEEP`` to every line.
 
+**Runs.** Actions that do not depend on the observations (``policy=None``: a
+``RandomPolicy``) need no round trip per step: the engine draws a run of columns'
+actions at once, writes them, and posts one ``RUN`` of ``COUNT`` steps. The worker steps
+column after column, resetting finished envs as after any step, writes ``AT`` after each
+step and ``DONE`` after the last; the engine books the whole run at once. A run stops
+after the step under way when the engine posts another command (it gave the run up: an
+interrupt), so it never delays what comes next by more than a step.
+
 A one-word write is atomic and x86 keeps stores in order, so a reader that sees a new
 ``CMD`` or ``DONE`` also sees the data written before it. Spinning is limited to x86-64
 for that reason. A doorbell could, in principle, be missed: the sleeper's flag write
@@ -72,8 +85,8 @@ OK = b"k"
 """A doorbell byte (either direction)."""
 ERROR = b"e"
 
-STEP_CODE, RESET_CODE = 1, 2
-CMD, DONE, W_ASLEEP, E_ASLEEP, SLOT, COL = 0, 1, 2, 3, 4, 5
+STEP_CODE, RESET_CODE, RUN_CODE = 1, 2, 3
+CMD, DONE, W_ASLEEP, E_ASLEEP, SLOT, COL, COUNT, AT = 0, 1, 2, 3, 4, 5, 6, 7
 
 SPIN_S = 100e-6
 """How long each side spins (yielding its core between looks) before it blocks."""

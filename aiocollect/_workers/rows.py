@@ -30,7 +30,7 @@ class WorkerRows:
         self.reward = arrays["reward"][:, :, lo:hi]
         self.terminated = arrays["terminated"][:, :, lo:hi]
         self.truncated = arrays["truncated"][:, :, lo:hi]
-        self.action = arrays["action"][lo:hi]
+        self.action = arrays["action"][:, lo:hi]
         self.reset_mask = arrays["reset_mask"][lo:hi]
         self.seed = arrays["seed"][lo:hi]
         self.seed_set = arrays["seed_set"][lo:hi]
@@ -93,16 +93,28 @@ class WorkerRows:
         self.step_count[idx] = 0
 
     def step(self, group, s: int, t: int) -> None:
-        """``STEP``: ``group`` (stepped synchronously) takes the actions in the storage and
-        writes its results at column ``t`` of slot ``s``; the envs that finished are reset
-        at once, their first observations going to ``t + 1``."""
+        """``STEP``: ``group`` (stepped synchronously) takes the actions of column ``t`` in
+        the storage and writes its results at column ``t`` of slot ``s``; the envs that
+        finished are reset at once, their first observations going to ``t + 1``."""
         self.bind(group, s, t, True)
-        group.step_now(self.action)
+        group.step_now(self.action[t])
         finished = self.stepped(s, t)
         if finished is not None:
             self.bind(group, s, t + 1, False)
             group.reset_now(finished, None)
             self.were_reset(finished)
+
+    def run(self, group, s: int, t: int, count: int, control: np.ndarray, word: int) -> None:
+        """``RUN``: ``step`` at columns ``t`` to ``t + count - 1``, writing the steps done
+        to ``control[AT]`` after each; stops early once ``control[CMD]`` is no longer
+        ``word`` (the engine gave the run up and posted another command)."""
+        from .protocol import AT, CMD
+
+        for i in range(count):
+            self.step(group, s, t + i)
+            control[AT] = i + 1
+            if control[CMD] != word:
+                return
 
     def reset(self, group, s: int, t: int) -> None:
         """``RESET``: the envs the storage marks, with their seeds; the observations go to column ``t``."""

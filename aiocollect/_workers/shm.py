@@ -20,7 +20,8 @@ field               meaning
 ``reward``,         ``[K, T, N]`` each step's results (``truncated`` includes truncation by
 ``terminated``,     ``max_frames_per_traj``, which the worker applies)
 ``truncated``
-``action``          ``[N, ...]`` the actions of the step a worker is asked to take
+``action``          ``[T, N, ...]`` the actions of each column's step, as the envs take them
+                    (written by the engine before it posts the step, or the run of steps)
 ``reset_mask``      ``[N]`` which envs a ``RESET`` command resets
 ``seed``,           ``[N]`` per-env seeds for that reset (``seed_set`` false: no seed)
 ``seed_set``
@@ -90,7 +91,7 @@ class Layout:
             ("reward", np.dtype(np.float32), (k, t, n)),
             ("terminated", np.dtype(bool), (k, t, n)),
             ("truncated", np.dtype(bool), (k, t, n)),
-            ("action", action[0], (n, *action[1])),
+            ("action", action[0], (t, n, *action[1])),
             ("reset_mask", np.dtype(bool), (n,)),
             ("seed", np.dtype(np.int64), (n,)),
             ("seed_set", np.dtype(bool), (n,)),

@@ -8,8 +8,9 @@ With a ``step_timeout``, the pool runs ``watch_steps`` next to its workers:
 * every ``period(step_timeout)`` seconds (a quarter of it, between 50 ms and 0.5 s) it
   looks at each port's control line (``_workers.protocol``): a command posted
   (``Port._posted``) and not done (``DONE``) is *outstanding*, and the first look that
-  saw it outstanding starts its clock. The hot path pays nothing: the watchdog reads
-  counters the engine and the worker write anyway;
+  saw it outstanding starts its clock; a ``RUN`` of steps restarts it at each step done
+  (``AT``), so the limit is per step, however long the run. The hot path pays nothing:
+  the watchdog reads counters the engine and the worker write anyway;
 * a command outstanding for more than ``step_timeout`` fails its worker with a
   [`StepTimeoutError`][aiocollect.StepTimeoutError] naming the worker, its pid, the envs
   and ``step_timeout``, and saying how to fix it. So the collector raises it at most
@@ -52,11 +53,11 @@ def period(step_timeout: float) -> float:
 
 
 async def watch_steps(workers: list[Worker], step_timeout: float, stopping,
-                      since: dict[int, tuple[int, float]] | None = None) -> None:
+                      since: dict[int, tuple[tuple[int, int], float]] | None = None) -> None:
     """Fail and kill any worker whose command stays outstanding over ``step_timeout``
     (until cancelled; ``stopping()`` true: the pool is stopping its workers, leave them).
-    ``since``: id(port) -> (outstanding command's seq, when it was first seen outstanding),
-    the pool's, which ``overdue`` reads when it stops the workers."""
+    ``since``: id(port) -> ((outstanding command's seq, steps of it done), when first seen
+    so), the pool's, which ``overdue`` reads when it stops the workers."""
     since = {} if since is None else since
     tick = period(step_timeout)
     while True:
@@ -72,21 +73,22 @@ async def watch_steps(workers: list[Worker], step_timeout: float, stopping,
                     break
 
 
-def overdue(worker: Worker, since: dict[int, tuple[int, float]], step_timeout: float) -> bool:
+def overdue(worker: Worker, since: dict[int, tuple[tuple[int, int], float]], step_timeout: float) -> bool:
     """Whether a command of ``worker`` was seen outstanding more than ``step_timeout`` ago
     (by the watchdog's looks, ``since``): it is hung, as the watchdog's next look would say."""
     now = time.monotonic()
     return any(_late(port, since, now, step_timeout) for port in worker.ports)
 
 
-def _late(port: Port, since: dict[int, tuple[int, float]], now: float, step_timeout: float) -> bool:
+def _late(port: Port, since: dict[int, tuple[tuple[int, int], float]], now: float, step_timeout: float) -> bool:
     posted = port._posted
     if int(port.control[protocol.DONE]) == posted:
         since.pop(id(port), None)
         return False
     seen = since.get(id(port))
-    if seen is None or seen[0] != posted:
-        since[id(port)] = (posted, now)
+    mark = (posted, int(port.control[protocol.AT]))  # a run's steps done are a sign of life
+    if seen is None or seen[0] != mark:
+        since[id(port)] = (mark, now)
         return False
     return now - seen[1] > step_timeout
 
