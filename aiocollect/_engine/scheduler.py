@@ -571,16 +571,16 @@ class Scheduler:
                 st.check_outputs(out, lane.keys)
         if side_by_side:
             st.write(s, t, lo, hi, out, 0, version, tl.traj_ids, tl.step_count, action)
-            st.action[lo:hi] = to_env
+            st.action[t, lo:hi] = to_env
         elif gather:
             st.write_rows(s, cols, rows, out, version, tl.traj_ids, tl.step_count, action)
-            st.action[rows] = to_env
+            st.action[cols, rows] = to_env
         else:
             start = 0
             for lane in ready:
                 st.write(lane.slot, lane.t, lane.lo, lane.hi, out, start, version, tl.traj_ids, tl.step_count,
                          action)
-                st.action[lane.lo : lane.hi] = to_env[start : start + lane.num_envs]
+                st.action[lane.t, lane.lo : lane.hi] = to_env[start : start + lane.num_envs]
                 start += lane.num_envs
         self._busy += len(ready)
         for lane in ready:

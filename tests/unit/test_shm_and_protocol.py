@@ -51,14 +51,14 @@ def test_layout_lays_the_fields_out_time_major_in_order_each_on_its_own_cache_li
         ("reward", "<f4", (2, 3, 4), 1152),  # 96 bytes, padded to 2 lines
         ("terminated", "|b1", (2, 3, 4), 1280),  # 24 bytes: one line each from here on
         ("truncated", "|b1", (2, 3, 4), 1344),
-        ("action", "<i8", (4,), 1408),
-        ("reset_mask", "|b1", (4,), 1472),
-        ("seed", "<i8", (4,), 1536),
-        ("seed_set", "|b1", (4,), 1600),
+        ("action", "<i8", (3, 4), 1408),  # every column's actions: 96 bytes, 2 lines
+        ("reset_mask", "|b1", (4,), 1536),
+        ("seed", "<i8", (4,), 1600),
+        ("seed_set", "|b1", (4,), 1664),
     ]
-    assert layout.control == Field("control", "<i8", (2, CONTROL_WORDS), 1664)
+    assert layout.control == Field("control", "<i8", (2, CONTROL_WORDS), 1728)
     assert CONTROL_WORDS == 8  # one 64-byte line of int64 per worker
-    assert layout.size == 1664 + 2 * 64
+    assert layout.size == 1728 + 2 * 64
     assert (layout.num_obs, layout.slots, layout.columns) == (2, 2, 3)
 
 
@@ -68,7 +68,7 @@ def test_layout_defaults_to_one_column_and_two_slots():
     assert (layout.slots, layout.columns) == (2, 1)
     assert shapes["obs0"] == (2, 2, 4, 3) and shapes["next_obs0"] == (2, 1, 4, 3)
     assert shapes["obs1"] == (2, 2, 4) and shapes["reward"] == (2, 1, 4)
-    assert shapes["action"] == (4,) and shapes["seed"] == (4,)
+    assert shapes["action"] == (1, 4) and shapes["seed"] == (4,)
 
 
 def test_a_field_larger_than_a_line_takes_whole_lines():
@@ -81,13 +81,13 @@ def test_a_field_larger_than_a_line_takes_whole_lines():
     assert fields["next_obs0"].nbytes == 3 * 2 * 7 * 5 * 2 * 8 == 3360
     assert fields["reward"].offset == 5056 + 3392  # 3360 rounded up to 53 lines
     assert fields["terminated"].offset == 8448 + 192  # 3 * 2 * 7 float32: 168 bytes, 3 lines
-    assert fields["action"].offset == 8768 and fields["action"].nbytes == 7 * 3 * 4 == 84
-    assert fields["reset_mask"].offset == 8768 + 128  # 84 bytes: two lines
-    assert fields["seed_set"].offset == 9024 and layout.control.offset == 9088
+    assert fields["action"].offset == 8768 and fields["action"].nbytes == 2 * 7 * 3 * 4 == 168
+    assert fields["reset_mask"].offset == 8768 + 192  # 168 bytes: three lines
+    assert fields["seed_set"].offset == 9088 and layout.control.offset == 9152
     assert all(f.offset % 64 == 0 for f in layout.fields) and layout.control.offset % 64 == 0
     for a, b in zip(layout.fields[:-1], layout.fields[1:], strict=True):
         assert a.offset + a.nbytes <= b.offset
-    assert layout.size == 9088 + 3 * 64
+    assert layout.size == 9152 + 3 * 64
 
 
 def test_an_empty_field_still_gets_its_own_line():
@@ -143,14 +143,14 @@ def test_storage_is_time_major_so_a_column_of_a_block_of_rows_is_contiguous(segm
 def test_two_mappings_of_one_segment_see_each_others_writes(segment):
     layout, fd, engine_side = segment
     worker_side = SharedArrays(layout, fd)  # what a worker maps from the inherited fd
-    engine_side.arrays["action"][:] = [3, 1, 4, 1]
+    engine_side.arrays["action"][2] = [3, 1, 4, 1]  # column 2's actions
     engine_side.control[1, protocol.SLOT] = 1
     engine_side.control[1, protocol.COL] = 2
     worker_side.arrays["next_obs0"][1, 2, 3] = [1.5, 2.5, 3.5]
     worker_side.arrays["obs1"][1, 3, 2] = -7  # column T: carried over to the next batch
     worker_side.arrays["terminated"][1, 2, 3] = True
     worker_side.control[1, protocol.DONE] = 17
-    assert worker_side.arrays["action"].tolist() == [3, 1, 4, 1]
+    assert worker_side.arrays["action"][2].tolist() == [3, 1, 4, 1]
     assert worker_side.control[1, protocol.SLOT] == 1 and worker_side.control[1, protocol.COL] == 2
     assert engine_side.arrays["next_obs0"][1, 2, 3].tolist() == [1.5, 2.5, 3.5]
     assert engine_side.arrays["obs1"][1, 3].tolist() == [0, 0, -7, 0]

@@ -130,10 +130,10 @@ def test_a_step_into_the_last_column_carries_over_to_column_t(shared):
 def test_finished_envs_are_reset_at_once_their_first_observation_going_to_the_next_column(shared):
     a = shared.arrays
     rows, group = worker_rows(shared, max_frames_per_traj=1000), FakeGroup(2)  # (counts kept for it)
-    a["action"][2:] = [5, 7]
+    a["action"][0, 2:] = [5, 7]  # column 0's actions
     step(rows, group, 0, 0)
     group.truncate[:] = [False, True]
-    a["action"][2:] = [8, 9]
+    a["action"][1, 2:] = [8, 9]
     finished = step(rows, group, 0, 1)
     assert finished.tolist() == [1]  # relative to the worker's rows
     assert group.resets == [([1], None)]
@@ -167,7 +167,7 @@ def test_max_frames_per_traj_truncates_each_trajectory_after_k_steps(shared):
 def test_without_reset_when_done_nothing_is_reset_and_the_final_observation_carries_over(shared):
     a = shared.arrays
     rows, group = worker_rows(shared, max_frames_per_traj=2, reset_when_done=False), FakeGroup(2)
-    a["action"][2:] = [5, 7]
+    a["action"][:, 2:] = [5, 7]  # every column's
     group.terminate[:] = [True, False]
     assert step(rows, group, 0, 0) is None
     assert step(rows, group, 0, 1) is None

@@ -1,0 +1,138 @@
+"""Random actions in runs of steps (``policy=None``): a worker process is given several
+columns at once, with every step's actions drawn in advance, and the engine books the
+whole run when it completes (``Scheduler._post_runs``, ``Timelines.ran``).
+
+The contract suite runs every collector with ``policy=None`` already; these tests pin
+what is particular to runs: that they happen, that a run leaves the batches exactly as
+steps one by one would, that the actions come from the seed alone (not from which
+worker was ready first, nor from how steps were grouped into runs), and that a long run
+of steps that are each quick is no hang for the watchdog.
+"""
+
+from __future__ import annotations
+
+import functools
+import time
+
+import numpy as np
+import pytest
+import torch
+
+from aiocollect import MultiAsyncCollector, MultiSyncCollector, RandomPolicy
+from aiocollect._engine.timelines import Timelines
+from support.checks import check_batch, check_continuity, rows
+from support.envs import CounterEnv
+
+pytestmark = pytest.mark.timeout(120)
+
+WORKERS = [[CounterEnv] * 3] * 2
+
+
+def commands_posted(collector) -> int:
+    return sum(lane.worker._posted for lane in collector._scheduler.lanes)
+
+
+@pytest.mark.parametrize("cls", [MultiSyncCollector, MultiAsyncCollector])
+def test_random_actions_go_in_runs_that_keep_every_invariant(cls):
+    fpb = 60 * (6 if cls is MultiSyncCollector else 3)
+    with cls(WORKERS, None, frames_per_batch=fpb, total_frames=8 * fpb, max_frames_per_traj=5) as collector:
+        batches = list(collector)
+        commands = commands_posted(collector)
+    assert len(batches) == 8
+    for i, batch in enumerate(batches):
+        check_batch(batch, step_count=5)
+        b = rows(batch)
+        # the env took the action the batch stores (CounterEnv echoes it)
+        assert torch.equal(b["next", "observation"][..., 2].long(), b["action"])
+        assert set(b["action"].unique().tolist()) == {0, 1, 2}
+        if cls is MultiSyncCollector and i:  # (MultiAsync: a batch is whichever worker's came first)
+            check_continuity(batches[i - 1], batch)
+    # far fewer commands than steps (8 batches of 60 steps per env, 2 workers): each took
+    # many steps per command
+    assert commands < 8 * 60 * 2 / 4, commands
+
+
+def test_a_run_books_what_steps_one_by_one_would():
+    rng = np.random.default_rng(0)
+    for trial in range(200):
+        n, k, lo = int(rng.integers(1, 6)), int(rng.integers(1, 9)), int(rng.integers(0, 3))
+        one_by_one = Timelines(lo + n + 2, reset_when_done=True, count_steps=bool(trial % 3))
+        one_by_one.resets_done(0, np.arange(lo + n + 2))
+        one_by_one.step_count[:] = rng.integers(0, 5, lo + n + 2)
+        at_once = Timelines(lo + n + 2, reset_when_done=True, count_steps=one_by_one.count_steps)
+        at_once.resets_done(0, np.arange(lo + n + 2))
+        at_once.step_count[:] = one_by_one.step_count
+        terminated, truncated = rng.random((k, n)) < 0.2, rng.random((k, n)) < 0.1
+        ids, counts = [], []
+        for j in range(k):
+            ids.append(one_by_one.traj_ids[lo : lo + n].copy())
+            counts.append(one_by_one.step_count[lo : lo + n].copy())
+            one_by_one.stepped(lo, lo + n, terminated[j], truncated[j])
+        ids.append(one_by_one.traj_ids[lo : lo + n].copy())
+        counts.append(one_by_one.step_count[lo : lo + n].copy())
+        got_ids, got_counts = at_once.ran(lo, lo + n, terminated, truncated)
+        np.testing.assert_array_equal(got_ids, np.array(ids))
+        if one_by_one.count_steps:
+            np.testing.assert_array_equal(got_counts, np.array(counts))
+        np.testing.assert_array_equal(at_once.traj_ids, one_by_one.traj_ids)
+        np.testing.assert_array_equal(at_once.step_count, one_by_one.step_count)
+        assert at_once.ids.next == one_by_one.ids.next
+        assert at_once.completed_trajectories == one_by_one.completed_trajectories
+        assert at_once.env_steps == one_by_one.env_steps
+
+
+def test_a_streams_actions_do_not_depend_on_how_steps_are_grouped():
+    import gymnasium as gym
+
+    policy = RandomPolicy(gym.spaces.Discrete(5), seed=4)
+    grouped = np.concatenate([policy.sample_steps(7, k, 3) for k in (1, 600, 2, 3000, 97)])
+    policy.seed(4)
+    singly = np.concatenate([policy.sample_steps(7, 1, 3) for _ in range(len(grouped))])
+    np.testing.assert_array_equal(grouped, singly)
+    other = policy.sample_steps(8, 100, 3)
+    assert not np.array_equal(other, singly[:100]), "two streams drew the same actions"
+    policy.seed(5)
+    assert not np.array_equal(policy.sample_steps(7, 100, 3), singly[:100]), "the seed did not matter"
+
+
+@pytest.mark.parametrize("cls", [MultiSyncCollector, MultiAsyncCollector])
+def test_the_same_seed_gives_the_same_random_rollouts_whatever_the_timing(cls):
+    def run(seed):
+        workers = WORKERS if cls is MultiSyncCollector else WORKERS[:1]  # MultiAsync: one worker, one order
+        with cls(workers, None, frames_per_batch=90 if cls is MultiSyncCollector else 45, total_frames=-1) as c:
+            c.set_seed(seed)
+            it = iter(c)
+            out = [next(it) for _ in range(4)]
+        return torch.stack([b["action"] for b in out]), torch.stack([b["observation"] for b in out])
+
+    actions, observations = run(3)
+    again = run(3)
+    assert torch.equal(actions, again[0]) and torch.equal(observations, again[1])
+    assert not torch.equal(actions, run(4)[0])
+
+
+class FastThenSlow(CounterEnv):
+    """Quick steps (so that runs grow long), then 50 ms steps from the 220th on."""
+
+    def step(self, action):
+        if self.total_steps >= 220:
+            time.sleep(0.05)
+        return super().step(action)
+
+
+def test_a_run_longer_than_step_timeout_whose_steps_are_quick_is_no_hang():
+    # runs grow to a whole batch (40 steps) while steps are quick; steps slow down midway
+    # through the sixth, which then lasts 20 x 50 ms, over twice step_timeout: each step
+    # done is a sign of life
+    with MultiAsyncCollector([[functools.partial(FastThenSlow, max_len=50)]], None, frames_per_batch=40,
+                             total_frames=-1, step_timeout=0.4) as collector:
+        it = iter(collector)
+        longest = 0
+        while collector._scheduler.lanes[0].worker.env_steps < 220:
+            longest = max(longest, collector._scheduler.lanes[0].run_steps)
+            next(it)
+        assert longest >= 40, f"runs did not grow to a whole batch ({longest} steps)"
+        start = time.monotonic()
+        slow = next(it)
+        assert time.monotonic() - start > 1.5  # the slow steps were taken
+    assert slow.numel() == 40
