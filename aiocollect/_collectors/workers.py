@@ -132,7 +132,9 @@ class WorkerCollectorBase(DataCollectorBase):
         check_policy(policy)
         if create_env_fn is None:
             raise TypeError("create_env_fn is required: a list with one env factory per worker.")
-        runs = options.reset_when_done and (policy is None or isinstance(policy, RandomPolicy))
+        # random actions go in runs of steps (``_engine.scheduler``), with no policy call to overlap
+        runs = (options.reset_when_done and options.interruptor is None
+                and (policy is None or isinstance(policy, RandomPolicy)))
         plan = plan_workers(self._entries(create_env_fn), options.create_env_kwargs, policy_between_steps=not runs)
         options = self._check_plan(plan, options, worker_options)
         validate_batching(max_batch_size=max_batch_size, min_batch_size=min_batch_size,
@@ -173,7 +175,8 @@ class WorkerCollectorBase(DataCollectorBase):
         try:
             self._scheduler = Scheduler(pool.shared, pool.lanes, obs_leaves, action,
                                         step_count=options.max_frames_per_traj is not None,
-                                        reset_when_done=options.reset_when_done, spin_s=pool.spin_s)
+                                        reset_when_done=options.reset_when_done, spin_s=pool.spin_s,
+                                        runs=runs)
             self._stage_batches(self._scheduler.storage)
             self._worker_lanes = [[lane for lane in self._scheduler.lanes if lane.index == w.index]
                                   for w in plan.workers]

@@ -89,7 +89,7 @@ _SLICE_S = 0.001
 """Longest stretch of spinning rounds before the loop gets a turn."""
 _RECHECK_S = 0.002
 """After spinning: how soon to look again for a completion whose doorbell was missed."""
-_RUN_S = 0.008
+_RUN_S = 0.016
 """About how long a run of steps lasts (sized from the lane's last runs): long enough that
 booking it costs little per frame, short enough that what the collector asks next (a new
 batch, a reset, ``CLOSE``) waits little."""
@@ -161,11 +161,15 @@ class Scheduler:
     """Drives workers (processes, coroutine entries, or one inline group); see the module docstring."""
 
     def __init__(self, shared: SharedArrays, workers: list, obs_leaves, action_check: ActionCheck, *,
-                 step_count: bool, reset_when_done: bool, spin_s: float = 0.0, batching: Batching | None = None):
+                 step_count: bool, reset_when_done: bool, spin_s: float = 0.0, batching: Batching | None = None,
+                 runs: bool = True):
         self.storage = RolloutStorage(shared, obs_leaves, step_count=step_count)
         self.num_envs = self.storage.num_envs
         self.timelines = Timelines(self.num_envs, reset_when_done=reset_when_done, count_steps=step_count)
         self.reset_when_done = reset_when_done
+        self.runs = runs and reset_when_done
+        """Random actions go in runs of steps (see the module docstring); off where a batch
+        must be cut after any step (an interruptor) or finished envs wait (no reset_when_done)."""
         self.check_action = action_check
         self.lanes = [Lane(w) for w in workers]
         for worker in workers:
@@ -366,6 +370,8 @@ class Scheduler:
                 self._round(runner())
                 if self.idle():
                     return  # every slot is held or full: the collector pokes us later
+                if all(lane.run or not lane.in_flight for lane in self.lanes):
+                    return  # runs only: each lasts about _RUN_S, far longer than a spin
                 end = clock() + spin_s
                 while not self._harvest():
                     if clock() > end:
@@ -518,7 +524,7 @@ class Scheduler:
             ready = [lane for lane in ready if not (tl.wants_reset(lane.lo, lane.hi) and self._reset(lane))]
             if not ready:
                 return
-        if runner.kind == "random" and self.reset_when_done:
+        if self.runs and runner.kind == "random":
             ready = self._post_runs(ready, runner)
             if not ready:
                 return
@@ -599,7 +605,8 @@ class Scheduler:
             if not lane.runs:
                 rest.append(lane)
                 continue
-            k = min(lane.frames - lane.t, lane.run_steps)
+            left = lane.frames - lane.t
+            k = left if 2 * left <= 3 * lane.run_steps else lane.run_steps  # (no short run at the end)
             if lane.keys is None:
                 lane.keys, lane.carry = ("action",), []
             st.write_run(lane.slot, lane.t, lane.lo, lane.hi, random.sample_steps(lane.lo, k, lane.num_envs),
@@ -612,7 +619,8 @@ class Scheduler:
     def _book_run(self, lane: Lane) -> None:
         """A completed run: the ids and step counts of all its steps at once, and the size
         of the lane's next run (``_RUN_S`` at this one's pace, growing at most twofold)."""
-        s, t, lo, hi, k = lane.slot, lane.t, lane.lo, lane.hi, lane.run
+        s, t, lo, hi = lane.slot, lane.t, lane.lo, lane.hi
+        k = lane.worker.steps_done()  # all of the run, unless settle() cut it short
         st, cols = self.storage, slice(t, t + k)
         ids, counts = self.timelines.ran(lo, hi, st.terminated[s, cols, lo:hi], st.truncated[s, cols, lo:hi])
         st.ran(s, t, lo, hi, ids, counts)
@@ -720,8 +728,11 @@ class Scheduler:
         return True
 
     async def settle(self) -> None:
-        """Hold every lane and let in-flight steps and resets land."""
+        """Hold every lane and let in-flight steps and resets land (a run stops after the
+        step under way)."""
         for lane in self.lanes:
             lane.held = True
+            if lane.run:
+                lane.worker.cut_run()
         if not self.idle():
             await self.pump(lambda: None, self.idle)

@@ -203,6 +203,14 @@ class Port:
         ctl[protocol.CMD] = self._posted * 4 + code  # last: the worker acts once it sees it
         self.worker.ring()
 
+    def cut_run(self) -> None:
+        """Ask the ``RUN`` under way to stop after the step it is taking."""
+        self.control[protocol.COUNT] = 0
+
+    def steps_done(self) -> int:
+        """The steps of the last ``RUN``, once it completed (fewer than asked if cut)."""
+        return int(self.control[protocol.AT])
+
     def completed(self) -> bool:
         """The last posted command is done and was not reported yet (reports it once)."""
         if self._seen != self._posted and self.control[protocol.DONE] == self._posted:

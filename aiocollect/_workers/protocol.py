@@ -16,10 +16,11 @@ word           meaning
 ``COL``        writes (``_workers.shm``): a step writes its results at column ``COL`` and the
                observations the next step starts from at ``COL + 1``; a reset writes its
                observations at ``COL``
-``COUNT``      written by the engine before ``CMD``: the steps of a ``RUN``
+``COUNT``      written by the engine before ``CMD``: the steps of a ``RUN``; lowered to 0 while
+               the run goes on, it stops the run after the step under way
 ``DONE``       written by the worker: the ``seq`` of the last command it carried out
 ``AT``         written by the worker during a ``RUN``: the steps of it done so far (the
-               watchdog's sign of life; a run stops early when a new ``CMD`` is posted)
+               watchdog's sign of life, and what the engine books)
 ``W_ASLEEP``   the worker is (about to be) blocked on its socket: wake it with a byte
 ``E_ASLEEP``   the engine is (about to be) blocked in its event loop: wake it with a byte
 =============  =================================================================================
@@ -54,9 +55,10 @@ lives in its first part's line. The engine writes ``E_ASLEEP`` to every line.
 ``RandomPolicy``) need no round trip per step: the engine draws a run of columns'
 actions at once, writes them, and posts one ``RUN`` of ``COUNT`` steps. The worker steps
 column after column, resetting finished envs as after any step, writes ``AT`` after each
-step and ``DONE`` after the last; the engine books the whole run at once. A run stops
+step and ``DONE`` after the last; the engine books the ``AT`` steps at once. A run stops
 after the step under way when the engine posts another command (it gave the run up: an
-interrupt), so it never delays what comes next by more than a step.
+interrupt) or sets ``COUNT`` to 0 (a batch was cut: the workers stop after the step they
+are taking, as without runs).
 
 A one-word write is atomic and x86 keeps stores in order, so a reader that sees a new
 ``CMD`` or ``DONE`` also sees the data written before it. Spinning is limited to x86-64

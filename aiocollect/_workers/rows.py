@@ -107,13 +107,14 @@ class WorkerRows:
     def run(self, group, s: int, t: int, count: int, control: np.ndarray, word: int) -> None:
         """``RUN``: ``step`` at columns ``t`` to ``t + count - 1``, writing the steps done
         to ``control[AT]`` after each; stops early once ``control[CMD]`` is no longer
-        ``word`` (the engine gave the run up and posted another command)."""
-        from .protocol import AT, CMD
+        ``word`` (the engine gave the run up and posted another command) or
+        ``control[COUNT]`` is down to the steps done (the engine cut the run short)."""
+        from .protocol import AT, CMD, COUNT
 
         for i in range(count):
             self.step(group, s, t + i)
             control[AT] = i + 1
-            if control[CMD] != word:
+            if control[CMD] != word or control[COUNT] <= i + 1:
                 return
 
     def reset(self, group, s: int, t: int) -> None:

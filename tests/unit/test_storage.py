@@ -458,3 +458,59 @@ def test_shift_moves_outputs_of_a_dtype_numpy_lacks(shared, storage):
     storage.shift(0, 0, N, 2, T)
     b = storage.batch(0, 0, N, 1, np.full(N, 1), ("h",), None, False)
     assert b["h"][:, 0, 0].float().tolist() == [1.0, 6.0, 11.0, 16.0]  # (10 n + 2) / 2
+
+
+# ---------------------------------------------------------------------------- runs
+
+
+class CountingGroup(FakeGroup):
+    """``FakeGroup`` calling ``hook(steps so far)`` after each step."""
+
+    def __init__(self, num_envs: int, hook):
+        super().__init__(num_envs)
+        self.hook, self.steps = hook, 0
+
+    def step_now(self, action):
+        super().step_now(action)
+        self.steps += 1
+        self.hook(self.steps)
+
+
+def posted_run(shared, count: int) -> tuple[np.ndarray, int]:
+    """Lane 1's control line with a ``RUN`` of ``count`` steps posted, and its command word."""
+    from aiocollect._workers import protocol
+
+    control = shared.control[1]
+    control[protocol.COUNT] = count
+    word = control[protocol.CMD] = 1 * 4 + protocol.RUN_CODE
+    return control, int(word)
+
+
+def test_a_run_steps_column_after_column_with_each_columns_actions(shared):
+    from aiocollect._workers import protocol
+
+    a = shared.arrays
+    control, word = posted_run(shared, T)
+    a["action"][:, 2:] = [[1, 2], [3, 4], [5, 6]]
+    group = CountingGroup(2, lambda steps: None)
+    worker_rows(shared).run(group, 0, 0, T, control, word)
+    assert group.steps == T and control[protocol.AT] == T
+    assert a["next_obs1"][0, :, 2:].tolist() == [[1, 2], [3, 4], [5, 6]]
+    assert a["obs1"][0, 1:, 2:].tolist() == [[1, 2], [3, 4], [5, 6]]  # each carried to the next column
+
+
+@pytest.mark.parametrize("how", ["count", "command"])
+def test_a_run_stops_after_the_step_under_way_when_cut_or_given_up(shared, how):
+    from aiocollect._workers import protocol
+
+    control, word = posted_run(shared, T)
+
+    def engine(steps):  # while the first step is under way, the engine cuts the run or posts anew
+        if steps == 1:
+            if how == "count":
+                control[protocol.COUNT] = 0
+            else:
+                control[protocol.CMD] = word + 4
+    group = CountingGroup(2, engine)
+    worker_rows(shared).run(group, 0, 0, T, control, word)
+    assert group.steps == 1 and control[protocol.AT] == 1
