@@ -6,7 +6,9 @@ Four things, in one run, printed as one table per section with the ratios:
 
 * **R. Round trip engine -> worker -> engine.** A ``MultiSyncCollector`` with ONE worker
   holding ONE env whose ``step`` does nothing (``NullEnv``: ``Box`` obs of shape ``(1,)``,
-  returns zeros), random policy, ``frames_per_batch=1000``: the wall time per step is an
+  returns zeros), a policy that hands the observation back as the action (random actions
+  would go in runs of steps, with no round trip per step), ``frames_per_batch=1000``: the
+  wall time per step is an
   upper bound of the round trip (it also contains the engine's per-step bookkeeping, which
   the same env stepped in this process by ``aiocollect.Collector`` shows on its own).
   For reference: a bare ``socketpair`` ping-pong between this process and a bare Python
@@ -168,6 +170,11 @@ class NullEnv(gym.Env):
 
     def step(self, action):
         return self._obs, 0.0, False, False, {}
+
+
+def echo(observation):
+    """The round trip's policy: NullEnv's observation (zeros, in its action space) as the action."""
+    return observation
 
 
 STRAGGLER_MEAN_S = 1e-3
@@ -375,7 +382,7 @@ RT_CPU: dict[str, list[tuple[float, float | None]]] = {}
 def rt_collector(cls, entry, batches: int, key: str) -> float:
     """Median us per step over ``batches`` batches of ``RT_FRAMES_PER_BATCH`` steps of one env."""
     fpb = RT_FRAMES_PER_BATCH
-    collector = cls(entry, None, frames_per_batch=fpb, total_frames=fpb * (batches + 1))
+    collector = cls(entry, echo, frames_per_batch=fpb, total_frames=fpb * (batches + 1))
     try:
         workers = [w.pid for w in collector.statistics().workers if w.pid is not None]
         per_batch, main_cpu, worker_cpu = per_step_us_of_batches(collector, workers)

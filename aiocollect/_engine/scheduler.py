@@ -616,9 +616,10 @@ class Scheduler:
             lane.worker.post(protocol.RUN_CODE, lane.slot, lane.t, k)
         return rest
 
-    def _book_run(self, lane: Lane) -> None:
+    def _book_run(self, lane: Lane) -> int:
         """A completed run: the ids and step counts of all its steps at once, and the size
-        of the lane's next run (``_RUN_S`` at this one's pace, growing at most twofold)."""
+        of the lane's next run (``_RUN_S`` at this one's pace, growing at most twofold).
+        Returns the steps it took."""
         s, t, lo, hi = lane.slot, lane.t, lane.lo, lane.hi
         k = lane.worker.steps_done()  # all of the run, unless settle() cut it short
         st, cols = self.storage, slice(t, t + k)
@@ -627,6 +628,7 @@ class Scheduler:
         per_step = (time.perf_counter() - lane.run_posted) / k
         lane.run_steps = max(1, min(int(_RUN_S / per_step) if per_step > 0 else k, 2 * max(k, lane.run_steps)))
         lane.run = 0
+        return k
 
     def _take(self, lane: Lane) -> None:
         self._busy -= 1
@@ -634,9 +636,9 @@ class Scheduler:
             t, lo, hi = lane.t, lane.lo, lane.hi
             tl = self.timelines
             before = tl.completed_trajectories
-            steps = lane.run or 1
+            steps = 1
             if lane.run:
-                self._book_run(lane)
+                steps = self._book_run(lane)
             else:
                 # (one-env lanes: no cached views, there would be one per env and column)
                 tl.stepped(lo, hi, *self.storage.flags(lane.slot, t, lo, hi, cache=self._queue is None))

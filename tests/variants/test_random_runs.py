@@ -21,7 +21,7 @@ import torch
 from aiocollect import MultiAsyncCollector, MultiSyncCollector, RandomPolicy
 from aiocollect._engine.timelines import Timelines
 from support.checks import check_batch, check_continuity, rows
-from support.envs import CounterEnv
+from support.envs import CounterEnv, SleepyEnv
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -136,3 +136,28 @@ def test_a_run_longer_than_step_timeout_whose_steps_are_quick_is_no_hang():
         slow = next(it)
         assert time.monotonic() - start > 1.5  # the slow steps were taken
     assert slow.numel() == 40
+
+
+def test_a_cut_batch_stops_a_stragglers_run_after_the_step_under_way():
+    # the straggler's runs grow to several 2 ms steps; each batch is cut once the two other
+    # workers are done (40 steps of 0.5 ms), and its run stops after the step it is taking:
+    # what it took is booked (and only that), so its row goes on from batch to batch, no gap
+    fast = lambda: SleepyEnv(delay=0.0005, tag=0.0, length=1000)  # noqa: E731
+    slow = lambda: SleepyEnv(delay=0.002, tag=1.0, length=1000)  # noqa: E731
+    with MultiSyncCollector([fast, fast, slow], None, frames_per_batch=3 * 40, total_frames=-1,
+                            preemptive_threshold=0.6) as collector:
+        it = iter(collector)
+        batches, longest = [], 0
+        for _ in range(12):
+            batches.append(next(it))
+            longest = max(longest, collector._scheduler.lanes[2].run_steps)
+        stats = collector.statistics()
+    assert longest >= 3, f"the straggler's runs never grew ({longest} steps)"
+    kept = [int(b["collector", "mask"][2].sum()) for b in batches]
+    assert any(0 < k < 40 for k in kept), kept
+    assert stats.workers[2].env_steps == sum(kept)  # booked = taken
+    steps = torch.cat([b["observation"][2, :k, 1] for b, k in zip(batches, kept)])
+    first = int(steps[0])
+    assert steps.tolist() == list(range(first, first + len(steps))), "the straggler's row has a gap or a repeat"
+    for b in batches:
+        check_batch(b)
