@@ -6,11 +6,14 @@ shows the best and the median, ratios use the best):
 * **E. CartPole-v1, W workers x 16 envs, random policy** (``--workers``, default 2). The
   *limit* is one core stepping 16 envs in a bare loop (pre-drawn actions, reset when done,
   nothing stored), times the cores the W workers can use. Rows: aiocollect
-  ``MultiSyncCollector`` and ``MultiAsyncCollector``; TorchRL ``MultiSyncCollector`` with each
-  worker a ``GymWrapper(SyncVectorEnv(16))``; PufferLib's raw ``Multiprocessing`` vector (W
-  workers x 16 envs, no rollout storage; only where ``pufferlib`` is installed:
-  ``pip install --no-deps pufferlib-core``, its pinned torch is not needed); gymnasium
-  ``AsyncVectorEnv`` of the W*16 CartPole envs (one process each, as users write it).
+  ``MultiSyncCollector`` and ``MultiAsyncCollector`` (random actions: each worker takes runs
+  of steps, with no round trip per step), and ``MultiAsyncCollector`` with ``lean_policy``
+  (a policy that reads the observation: a round trip and a policy call per step); TorchRL
+  ``MultiSyncCollector`` with each worker a ``GymWrapper(SyncVectorEnv(16))``; PufferLib's
+  raw ``Multiprocessing`` vector (W workers x 16 envs, no rollout storage; only where
+  ``pufferlib`` is installed: ``pip install --no-deps pufferlib-core``, its pinned torch is
+  not needed); gymnasium ``AsyncVectorEnv`` of the W*16 CartPole envs (one process each, as
+  users write it).
 * **P. A pixel env, 2 workers x 8 envs, random policy**: observations ``4x84x84`` uint8, each
   step spins 200 us of CPU. The limit is one core stepping 8 of them, times 2 (or the cores).
 * **M. Main-process CPU per frame** for section E's collectors: the CPU time of every thread
@@ -123,6 +126,13 @@ def aio(cls_name: str, make, workers: int, envs: int, steps: int, batches: int, 
     fpb = envs * steps * (workers if cls_name == "MultiSyncCollector" else 1)
     with cls([[make] * envs] * workers, policy, frames_per_batch=fpb, policy_device=policy_device) as c:
         return timed(c, batches, cpu)
+
+
+def lean_policy(observation):
+    """Push the cart towards the pole's lean: a policy that reads the observation, so (unlike
+    random actions, which workers take in runs of steps) every step is a round through the
+    main process and one batched policy call."""
+    return (observation[..., 2] > 0).long()
 
 
 def puffer_cartpole(buf=None, seed=0):
@@ -246,6 +256,9 @@ def rows_for(args) -> list[Row]:
         for cls in ("MultiSyncCollector", "MultiAsyncCollector"):
             rows.append(Row(s, f"aiocollect {cls} {w}x{E_ENVS}",
                             lambda cls=cls, w=w: aio(cls, make_cartpole, w, E_ENVS, e_steps, e_batches)))
+        rows.append(Row(s, f"aiocollect MultiAsyncCollector {w}x{E_ENVS}, lean_policy",
+                        lambda w=w: aio("MultiAsyncCollector", make_cartpole, w, E_ENVS, e_steps, e_batches,
+                                        policy=lean_policy)))
         if HAVE_TORCHRL:
             rows.append(Row(s, f"TorchRL MultiSync {w}x GymWrapper(SyncVec16)",
                             lambda w=w: torchrl_multisync(w, e_steps, max(2, e_batches // 4))))
