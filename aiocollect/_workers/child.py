@@ -13,7 +13,8 @@ Its life:
    ``("ready", pid)``;
 2. loop: wait for a command in a part's control line (``_workers.protocol``; with two
    parts, the worker steps one while the engine runs the policy for the other), step or
-   reset that part's envs, write its completion. A step writes straight into the rollout storage
+   reset that part's envs (or take a run of steps: random actions, drawn in advance),
+   write its completion. A step writes straight into the rollout storage
    (``_workers.shm``) at the slot and column it was given: what the envs returned at
    column ``t``, and the observations the next step starts from at ``t + 1``. Envs that
    finished are reset right away (unless ``reset_when_done`` is off), their next

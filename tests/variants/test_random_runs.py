@@ -142,8 +142,8 @@ def test_a_cut_batch_stops_a_stragglers_run_after_the_step_under_way():
     # the straggler's runs grow to several 2 ms steps; each batch is cut once the two other
     # workers are done (40 steps of 0.5 ms), and its run stops after the step it is taking:
     # what it took is booked (and only that), so its row goes on from batch to batch, no gap
-    fast = lambda: SleepyEnv(delay=0.0005, tag=0.0, length=1000)  # noqa: E731
-    slow = lambda: SleepyEnv(delay=0.002, tag=1.0, length=1000)  # noqa: E731
+    fast = lambda: SleepyEnv(delay=0.0005, tag=0.0, length=1000)
+    slow = lambda: SleepyEnv(delay=0.002, tag=1.0, length=1000)
     with MultiSyncCollector([fast, fast, slow], None, frames_per_batch=3 * 40, total_frames=-1,
                             preemptive_threshold=0.6) as collector:
         it = iter(collector)
