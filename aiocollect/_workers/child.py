@@ -195,7 +195,7 @@ class _Worker:
                 if code == step_code:
                     rows.step(group, int(ctl[SLOT]), int(ctl[COL]))
                 elif code == run_code:
-                    rows.run(group, int(ctl[SLOT]), int(ctl[COL]), int(ctl[protocol.COUNT]), ctl, word)
+                    rows.run(group, int(ctl[SLOT]), int(ctl[COL]), ctl, word)
                 else:
                     rows.reset(group, int(ctl[SLOT]), int(ctl[COL]))
             except BaseException as exc:  # noqa: BLE001 - reported to the engine

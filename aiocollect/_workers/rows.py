@@ -105,14 +105,16 @@ class WorkerRows:
             group.reset_now(finished, None)
             self.were_reset(finished)
 
-    def run(self, group, s: int, t: int, count: int, control: np.ndarray, word: int) -> None:
-        """``RUN``: ``step`` at columns ``t`` to ``t + count - 1``, writing the steps done
-        to ``control[AT]`` after each; stops early once ``control[CMD]`` is no longer
-        ``word`` (the engine gave the run up and posted another command) or
-        ``control[COUNT]`` is down to the steps done (the engine cut the run short)."""
+    def run(self, group, s: int, t: int, control: np.ndarray, word: int) -> None:
+        """``RUN``: ``step`` at columns ``t`` to ``t + control[COUNT] - 1``, writing the
+        steps done to ``control[AT]`` after each; stops early once ``control[CMD]`` is no
+        longer ``word`` (the engine gave the run up and posted another command) or
+        ``control[COUNT]`` is down to the steps done (the engine cut the run short). A run
+        cut before it began (``COUNT`` 0) still takes its first step, so that ``AT``, which
+        the engine books, is this run's."""
         from .protocol import AT, CMD, COUNT
 
-        for i in range(count):
+        for i in range(max(1, int(control[COUNT]))):
             self.step(group, s, t + i)
             control[AT] = i + 1
             if control[CMD] != word or control[COUNT] <= i + 1:

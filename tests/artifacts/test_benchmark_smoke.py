@@ -86,10 +86,11 @@ def test_ray_benchmark_quick_mode_reports_both_contenders(tmp_path):
 def test_engine_benchmark_quick_mode_reports_every_section(tmp_path):
     stdout, results = run_quick("engine", tmp_path)
     for row in ("aiocollect MultiSyncCollector 2x16", "aiocollect MultiAsyncCollector 2x8",
+                "aiocollect MultiAsyncCollector 2x16, lean_policy",
                 "TorchRL MultiSync 2x GymWrapper(SyncVec16)", "MultiSyncCollector 2x16, AIOCOLLECT_SPIN=1"):
         assert row in stdout, row
     rows = results["results"]
     assert not [r for r in rows if r["error"]]
     assert all(r["best"] > 0 for r in rows)
     ratios = [r["limit_ratio"] for r in rows if r["name"].startswith("aiocollect")]
-    assert len(ratios) == 4 and all(0 < r < 1.5 for r in ratios)
+    assert len(ratios) == 5 and all(0 < r < 1.5 for r in ratios)

@@ -493,7 +493,7 @@ def test_a_run_steps_column_after_column_with_each_columns_actions(shared):
     control, word = posted_run(shared, T)
     a["action"][:, 2:] = [[1, 2], [3, 4], [5, 6]]
     group = CountingGroup(2, lambda steps: None)
-    worker_rows(shared).run(group, 0, 0, T, control, word)
+    worker_rows(shared).run(group, 0, 0, control, word)
     assert group.steps == T and control[protocol.AT] == T
     assert a["next_obs1"][0, :, 2:].tolist() == [[1, 2], [3, 4], [5, 6]]
     assert a["obs1"][0, 1:, 2:].tolist() == [[1, 2], [3, 4], [5, 6]]  # each carried to the next column
@@ -512,5 +512,17 @@ def test_a_run_stops_after_the_step_under_way_when_cut_or_given_up(shared, how):
             else:
                 control[protocol.CMD] = word + 4
     group = CountingGroup(2, engine)
-    worker_rows(shared).run(group, 0, 0, T, control, word)
+    worker_rows(shared).run(group, 0, 0, control, word)
+    assert group.steps == 1 and control[protocol.AT] == 1
+
+
+def test_a_run_cut_before_it_began_takes_one_step_and_says_so(shared):
+    # the engine read AT after DONE: a run that stepped nothing would leave the last run's AT there
+    from aiocollect._workers import protocol
+
+    control, word = posted_run(shared, T)
+    control[protocol.AT] = 5  # the last run's
+    control[protocol.COUNT] = 0  # cut before the worker looked
+    group = CountingGroup(2, lambda steps: None)
+    worker_rows(shared).run(group, 0, 0, control, word)
     assert group.steps == 1 and control[protocol.AT] == 1
