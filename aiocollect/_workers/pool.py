@@ -423,6 +423,7 @@ class WorkerPool:
         if self.shm_fd >= 0:
             os.close(self.shm_fd)
             self.shm_fd = -1
+        self.shared.release()
 
     def kill_leftovers(self) -> None:
         """Last resort, from any thread once the engine loop is gone: ``SIGKILL`` any worker

@@ -184,6 +184,18 @@ class SharedArrays:
         self.control = np.frombuffer(self._map, c.dtype, c.shape[0] * c.shape[1], c.offset).reshape(c.shape)
         """Row ``k``: lane ``k``'s control line."""
 
+    def release(self) -> None:
+        """Give the segment's memory back now, once no worker uses it (``shutdown()``): a
+        collector object kept after its shutdown would otherwise hold its whole rollout
+        storage until it is garbage-collected. The mapping stays (views of it may still
+        exist) and reads zeros; Linux only (``MADV_REMOVE``), elsewhere a no-op."""
+        advice = getattr(mmap, "MADV_REMOVE", None)
+        if advice is not None and not self._map.closed:
+            try:
+                self._map.madvise(advice)
+            except OSError:  # a file system without hole punching: the memory goes with the object
+                pass
+
     def obs(self, prefix: str = "obs") -> list[np.ndarray]:
         """The arrays of every observation leaf (``"obs"`` or ``"next_obs"``), in leaf order."""
         return [self.arrays[f"{prefix}{i}"] for i in range(self.layout.num_obs)]

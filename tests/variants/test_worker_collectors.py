@@ -5,6 +5,7 @@ workers that never import torch, weights and state by worker, and lambdas withou
 from __future__ import annotations
 
 import functools
+import sys
 
 import gymnasium as gym
 import pytest
@@ -211,3 +212,28 @@ def test_multisync_rounds_frames_per_batch_up_to_split_over_every_env_as_torchrl
         collector = MultiSyncCollector([CounterEnv] * 3, None, frames_per_batch=10, total_frames=20)
     with collector:
         assert [tuple(b.shape) for b in collector] == [(3, 4), (3, 4)]
+
+
+def _segment_blocks() -> list[int]:
+    """Allocated blocks of each aiocollect shared-memory segment this process has open."""
+    import os
+
+    blocks = []
+    for fd in os.listdir("/proc/self/fd"):
+        path = f"/proc/self/fd/{fd}"
+        try:
+            if "memfd:aiocollect" in os.readlink(path):
+                blocks.append(os.stat(path).st_blocks)
+        except OSError:  # (the listing's own fd, gone by now)
+            continue
+    return blocks
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="memfd segments and MADV_REMOVE are Linux's")
+def test_a_collector_kept_after_shutdown_gives_its_shared_memory_back():
+    collector = MultiSyncCollector([[CounterEnv] * 4] * 2, None, frames_per_batch=8 * 200, total_frames=8 * 400)
+    list(collector)
+    assert max(_segment_blocks()) > 0  # the rollout storage, written
+    collector.shutdown()
+    # the object is still referenced here: its mapping stays until it goes, but not its memory
+    assert _segment_blocks() == [0]
