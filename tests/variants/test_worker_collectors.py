@@ -214,16 +214,16 @@ def test_multisync_rounds_frames_per_batch_up_to_split_over_every_env_as_torchrl
         assert [tuple(b.shape) for b in collector] == [(3, 4), (3, 4)]
 
 
-def _segment_blocks() -> list[int]:
-    """Allocated blocks of each aiocollect shared-memory segment this process has open."""
+def _segment_blocks() -> dict[str, int]:
+    """Allocated blocks of each aiocollect shared-memory segment this process has open, by fd."""
     import os
 
-    blocks = []
+    blocks = {}
     for fd in os.listdir("/proc/self/fd"):
         path = f"/proc/self/fd/{fd}"
         try:
             if "memfd:aiocollect" in os.readlink(path):
-                blocks.append(os.stat(path).st_blocks)
+                blocks[fd] = os.stat(path).st_blocks
         except OSError:  # (the listing's own fd, gone by now)
             continue
     return blocks
@@ -231,9 +231,12 @@ def _segment_blocks() -> list[int]:
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="memfd segments and MADV_REMOVE are Linux's")
 def test_a_collector_kept_after_shutdown_gives_its_shared_memory_back():
+    before = set(_segment_blocks())  # (another test's collector may not be collected yet)
     collector = MultiSyncCollector([[CounterEnv] * 4] * 2, None, frames_per_batch=8 * 200, total_frames=8 * 400)
     list(collector)
-    assert max(_segment_blocks()) > 0  # the rollout storage, written
+    mine = [fd for fd in _segment_blocks() if fd not in before]
+    assert mine and all(_segment_blocks()[fd] > 0 for fd in mine)  # the rollout storage, written
     collector.shutdown()
     # the object is still referenced here: its mapping stays until it goes, but not its memory
-    assert _segment_blocks() == [0]
+    after = _segment_blocks()
+    assert [after.get(fd) for fd in mine] == [0] * len(mine)
