@@ -162,14 +162,15 @@ class Scheduler:
 
     def __init__(self, shared: SharedArrays, workers: list, obs_leaves, action_check: ActionCheck, *,
                  step_count: bool, reset_when_done: bool, spin_s: float = 0.0, batching: Batching | None = None,
-                 runs: bool = True):
+                 runs: bool = False):
         self.storage = RolloutStorage(shared, obs_leaves, step_count=step_count)
         self.num_envs = self.storage.num_envs
         self.timelines = Timelines(self.num_envs, reset_when_done=reset_when_done, count_steps=step_count)
         self.reset_when_done = reset_when_done
-        self.runs = runs and reset_when_done
-        """Random actions go in runs of steps (see the module docstring); off where a batch
-        must be cut after any step (an interruptor) or finished envs wait (no reset_when_done)."""
+        self.runs = runs
+        """Random actions go in runs of steps (see the module docstring). The collector
+        decides: never where a batch must be cut after any step (an interruptor) or finished
+        envs wait for a reset (no ``reset_when_done``)."""
         self.check_action = action_check
         self.lanes = [Lane(w) for w in workers]
         for worker in workers:
