@@ -40,6 +40,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import anyio
+import torch
 from tensordict import TensorDict, TensorDictBase
 
 from .._engine.staging import DeviceStaging
@@ -62,6 +63,23 @@ _NOTHING = object()
 
 _BACKGROUND = contextvars.ContextVar("aiocollect_background", default=False)
 """True inside ``start()``'s collection task: the one caller allowed while it runs."""
+
+
+def batch_tensordict(nested: dict, shape: torch.Size, device: torch.device | None) -> TensorDictBase:
+    """A TensorDict of the tensors the collector built (``nested``: ``nest``'s dicts), every
+    one already of ``shape`` and on ``device``, the last dim named ``"time"``.
+
+    tensordict's own unchecked constructor (``_new_unsafe``, which TorchRL's collectors
+    use too) takes them as they are: the public one checks every tensor's shape and
+    device again, which cost several times more than the rest of building the batch's
+    TensorDict. Without it (another tensordict), the public constructor does the same.
+    """
+    names = [None] * (len(shape) - 1) + ["time"]
+    new = getattr(TensorDict, "_new_unsafe", None)
+    if new is None:
+        return TensorDict(nested, batch_size=shape, device=device, names=names)
+    return new({key: batch_tensordict(value, shape, device) if isinstance(value, dict) else value
+                for key, value in nested.items()}, batch_size=shape, device=device, names=names, nested=False)
 
 
 @dataclass(frozen=True)
@@ -333,9 +351,7 @@ class DataCollectorBase:
         """A batch's tensors (flat keys) as a TensorDict of ``shape``, last dim named ``"time"``
         (on the host while a staging has it: ``_next_raw`` moves it to the device)."""
         device = self.storing_device if self._staging is None else None
-        td = TensorDict(nest(tensors), batch_size=shape, device=device)
-        td.refine_names(*([None] * (len(shape) - 1)), "time")
-        return td
+        return batch_tensordict(nest(tensors), torch.Size(shape), device)
 
     # ------------------------------------------------------------------ core
 

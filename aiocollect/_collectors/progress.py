@@ -11,6 +11,7 @@ inside Jupyter and a text bar elsewhere.
 from __future__ import annotations
 
 from collections import OrderedDict, deque
+from itertools import repeat
 
 import numpy as np
 import torch
@@ -56,19 +57,32 @@ class EpisodeReturns:
         mask = batch.get(("collector", "mask"), None)
         if mask is not None:
             valid &= flat_numpy(mask)
-        ids, reward, done = ids[valid], reward[valid].astype(np.float64), done[valid]
-        unique, inverse = np.unique(ids, return_inverse=True)
-        sums = np.bincount(inverse, weights=reward, minlength=len(unique))
-        finished = set(ids[done].tolist())
-        for tid, total in zip(unique.tolist(), sums.tolist()):
-            total += self._partial.pop(tid, 0.0)
-            if tid in finished:
-                self.recent.append(total)
-                self.episodes += 1
-            else:
-                self._partial[tid] = total
-        while len(self._partial) > self._max_open:
-            self._partial.popitem(last=False)
+        if not valid.all():
+            ids, reward, done = ids[valid], reward[valid], done[valid]
+        if not ids.size:
+            return
+        # a trajectory's steps sit side by side, in time order, in every batch layout (a
+        # row per env): sum each run of one id, then one dict operation per run
+        starts = np.flatnonzero(np.concatenate(([True], ids[1:] != ids[:-1])))
+        runs = ids[starts]
+        tids = runs.tolist()
+        if len(set(tids)) < len(tids):  # an id in two places: sum per id instead
+            runs, inverse = np.unique(ids, return_inverse=True)
+            sums = np.bincount(inverse, weights=reward.astype(np.float64), minlength=len(runs))
+            finished = np.zeros(len(runs), dtype=bool)
+            finished[inverse[done]] = True
+            tids = runs.tolist()
+        else:
+            sums = np.add.reduceat(reward.astype(np.float64), starts)
+            finished = np.logical_or.reduceat(done, starts)
+        partial = self._partial
+        totals = sums + np.fromiter(map(partial.pop, tids, repeat(0.0)), np.float64, len(tids))
+        self.recent.extend(totals[finished].tolist())
+        self.episodes += int(np.count_nonzero(finished))
+        going = ~finished
+        partial.update(zip(runs[going].tolist(), totals[going].tolist()))
+        while len(partial) > self._max_open:
+            partial.popitem(last=False)
 
     @property
     def mean(self) -> float | None:

@@ -106,11 +106,18 @@ def get_path(value: Any, path: tuple[str, ...]) -> Any:
     return value
 
 
+def _unravel(key: tuple) -> tuple[str, ...]:
+    """``("next", ("pos", "x"))`` -> ``("next", "pos", "x")`` (tensordict's ``unravel_key``;
+    this module is also a worker's, which never imports torch)."""
+    return tuple(part for k in key for part in ((k,) if isinstance(k, str) else _unravel(k)))
+
+
 def nest(flat: dict[NestedKey, Any]) -> dict[str, Any]:
-    """``{("next", "obs"): x, "a": y}`` -> ``{"next": {"obs": x}, "a": y}``."""
+    """``{("next", "obs"): x, "a": y}`` -> ``{"next": {"obs": x}, "a": y}`` (keys within
+    keys, ``("next", ("pos", "x"))``, are unravelled)."""
     nested: dict[str, Any] = {}
     for key, value in flat.items():
-        path = (key,) if isinstance(key, str) else key
+        path = (key,) if isinstance(key, str) else _unravel(key)
         node = nested
         for name in path[:-1]:
             node = node.setdefault(name, {})
