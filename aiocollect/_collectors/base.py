@@ -65,6 +65,9 @@ _BACKGROUND = contextvars.ContextVar("aiocollect_background", default=False)
 """True inside ``start()``'s collection task: the one caller allowed while it runs."""
 
 
+_UNCHECKED = getattr(TensorDict, "_new_unsafe", None)
+
+
 def batch_tensordict(nested: dict, shape: torch.Size, device: torch.device | None) -> TensorDictBase:
     """A TensorDict of the tensors the collector built (``nested``: ``nest``'s dicts), every
     one already of ``shape`` and on ``device``, the last dim named ``"time"``.
@@ -75,10 +78,9 @@ def batch_tensordict(nested: dict, shape: torch.Size, device: torch.device | Non
     TensorDict. Without it (another tensordict), the public constructor does the same.
     """
     names = [None] * (len(shape) - 1) + ["time"]
-    new = getattr(TensorDict, "_new_unsafe", None)
-    if new is None:
+    if _UNCHECKED is None:
         return TensorDict(nested, batch_size=shape, device=device, names=names)
-    return new({key: batch_tensordict(value, shape, device) if isinstance(value, dict) else value
+    return _UNCHECKED({key: batch_tensordict(value, shape, device) if isinstance(value, dict) else value
                 for key, value in nested.items()}, batch_size=shape, device=device, names=names, nested=False)
 
 

@@ -330,3 +330,58 @@ def test_rewards_are_summed_in_double_precision():
     returns = EpisodeReturns()
     returns.add(_batch([0] * 4, [1e8, 1.0, 1.0, 1.0], [0, 0, 0, 1]))
     assert list(returns.recent) == [1e8 + 3]  # in float32 each +1 is lost: 1e8
+
+
+def _reference_returns(batches) -> tuple[list[float], dict[int, float]]:
+    """Returns summed per id, frame by frame: what ``EpisodeReturns`` must give."""
+    partial: dict[int, float] = {}
+    finished: list[float] = []
+    for ids, reward, done in batches:
+        ended = {tid for tid, d in zip(ids, done) if d and tid >= 0}
+        for tid, r in zip(ids, reward):
+            if tid >= 0:
+                partial[tid] = partial.get(tid, 0.0) + float(r)
+        finished += [partial.pop(tid) for tid in sorted(ended, key=list(dict.fromkeys(ids)).index)]
+    return finished, partial
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_returns_match_a_frame_by_frame_sum_whatever_the_layout(seed):
+    rng = np.random.default_rng(seed)
+    envs, steps, batches = 4, 12, 5
+    next_id, current = envs, list(range(envs))
+    returns, seen = EpisodeReturns(), []
+    for _ in range(batches):
+        ids = np.empty((envs, steps), np.int64)
+        done = rng.random((envs, steps)) < 0.15
+        for e in range(envs):  # each env's row, in time order, a new id after each end
+            for t in range(steps):
+                ids[e, t] = current[e]
+                if done[e, t]:
+                    current[e], next_id = next_id, next_id + 1
+        reward = rng.integers(-3, 4, (envs, steps)).astype(np.float32)
+        if seed % 2:  # ids in two places of one batch: the first row again, at the end
+            ids, done, reward = (np.concatenate([x, x[:1]], 0) for x in (ids, done, reward))
+        seen.append((ids.reshape(-1), reward.reshape(-1), done.reshape(-1)))
+        returns.add(_batch(ids.tolist(), reward.tolist(), done.tolist()))
+    finished, partial = _reference_returns(seen)
+    assert sorted(returns.recent) == pytest.approx(sorted(finished[-100:]))
+    assert returns.episodes == len(finished)
+    assert dict(returns._partial) == pytest.approx(partial)
+
+
+@pytest.mark.parametrize("unchecked", [True, False])
+def test_a_batch_tensordict_is_the_one_the_public_constructor_builds(unchecked, monkeypatch):
+    from aiocollect._collectors import base
+
+    flat = {"obs": torch.arange(6.0).reshape(2, 3), ("next", ("pos", "x")): torch.ones(2, 3, 1),
+            ("collector", "traj_ids"): torch.zeros(2, 3, dtype=torch.int64)}
+    if not unchecked:  # a tensordict without the unchecked constructor: the public one
+        monkeypatch.setattr(base, "_UNCHECKED", None)
+    td = base.batch_tensordict(nest(flat), torch.Size([2, 3]), torch.device("cpu"))
+    expected = TensorDict(nest(flat), batch_size=[2, 3], device="cpu", names=[None, "time"])
+    assert (td == expected).all() and td.device == expected.device
+    assert set(td.keys(True, True)) == {"obs", ("next", "pos", "x"), ("collector", "traj_ids")}
+    for sub in (td, td["next"], td["next", "pos"], td["collector"]):
+        assert sub.batch_size == (2, 3) and sub.names == [None, "time"]
+    assert td[0].batch_size == (3,) and td.reshape(-1).batch_size == (6,)

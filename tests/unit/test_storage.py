@@ -13,6 +13,7 @@ copy), ``shift``.
 
 from __future__ import annotations
 
+import itertools
 import os
 
 import numpy as np
@@ -312,6 +313,30 @@ def test_batch_tensors_are_aligned_copies(shared, storage):
     fill(shared, storage, 0)
     b = storage.batch(0, 1, 3, T, np.full(2, T), ("action", "h"), None, True)
     assert all(t.data_ptr() % 64 == 0 for k, t in b.items() if t.numel() and k != "h" and t.is_contiguous())
+
+
+def _spans(batch: dict) -> list[tuple[int, int]]:
+    """The byte ranges of a batch's numpy-filled tensors (bfloat16 is torch's own copy)."""
+    return sorted((t.data_ptr(), t.data_ptr() + t.numel() * t.element_size())
+                  for t in batch.values() if t.numel() and t.dtype != torch.bfloat16)
+
+
+def test_once_its_size_is_known_a_batch_is_carved_out_of_one_block(shared, storage):
+    fill(shared, storage, 0)
+    first = storage.batch(0, 0, N, T, np.full(N, T), ("action",), None, False)
+    assert storage._batch_bytes > 0  # learned from the first batch, whose fields came apart
+    second = storage.batch(0, 0, N, T, np.full(N, T), ("action",), None, False)
+    spans = _spans(second)
+    assert all(end <= start for (_, end), (start, _) in itertools.pairwise(spans))  # no field overlaps another
+    assert spans[-1][1] - spans[0][0] <= storage._batch_bytes  # all inside one block of that size
+    assert all(start % 64 == 0 for start, _ in spans)
+    assert all(torch.equal(first[k], second[k]) for k in first)
+    # a bigger batch (a mask too: it no longer fits) takes what does not fit apart, and is as right
+    more = storage.batch(0, 0, N, T, np.array([T, 1, T, 0]), ("action", "h"), np.zeros((3, N), bool), True)
+    assert more[("collector", "mask")].tolist() == [[True] * 3, [True, False, False], [True] * 3, [False] * 3]
+    assert more[("collector", "traj_ids")][1].tolist() == [110, -1, -1]
+    assert more["done"].shape == (N, T, 1) and not more["done"][:, 0].any()
+    assert storage._batch_bytes > spans[-1][1] - spans[0][0]  # and the next block is made to fit it
 
 
 def fill(shared, storage, s: int, *, bf16: bool = True) -> None:
