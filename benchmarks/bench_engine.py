@@ -297,7 +297,8 @@ def report(rows: list[Row], args) -> dict:
             if r.error:
                 print(f"{r.name:52s} | error: {r.error.splitlines()[-1][:60]}")
             else:
-                print(f"{r.name:52s} | {r.best:12,.1f} | {med:12,.1f} | {ratio:>8s}   {r.unit}")
+                digits = 2 if r.unit.startswith("us") else 1  # (us per frame: tenths hide what changes)
+                print(f"{r.name:52s} | {r.best:12,.{digits}f} | {med:12,.{digits}f} | {ratio:>8s}   {r.unit}")
             results.append({"section": section, "name": r.name, "unit": r.unit, "runs": r.runs,
                             "best": r.best, "limit_ratio": (r.best / lim) if lim and r.best and r.unit == "frames/s"
                             else None, "error": r.error})

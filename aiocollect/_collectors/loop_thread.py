@@ -51,6 +51,8 @@ class LoopThread:
         self._abandoned = False
         self._stopping = False
         """Set by ``stop()`` (or an abandoned start): the loop is not to be used any more."""
+        self._ending = False
+        """The loop is stopping (``_end_jobs``): jobs handed over from now on fail."""
         self._live: set[_Job] = set()
         """Jobs handed to the loop and not settled yet: failed when the loop ends first."""
         self._exited = threading.Event()
@@ -89,15 +91,28 @@ class LoopThread:
                 job.fail()
 
     async def _serve(self) -> None:
-        async with BlockingPortal() as portal, anyio.create_task_group() as jobs:
+        async with BlockingPortal() as portal:
             self._aloop = asyncio.get_running_loop()
-            self._jobs = jobs
-            """Where ``call`` runs its coroutines (cancelled when the loop stops, like the
-            portal's own tasks)."""
             self._ready.set_result(portal)
-            if not self._abandoned:  # (interrupted while starting: see _abandon)
-                await portal.sleep_until_stopped()
-            jobs.cancel_scope.cancel()
+            try:
+                if not self._abandoned:  # (interrupted while starting: see _abandon)
+                    await portal.sleep_until_stopped()
+            finally:
+                await self._end_jobs()
+
+    async def _end_jobs(self) -> None:
+        """The loop stops: cancel the jobs still running and wait until they have unwound
+        (what a task group does for its tasks)."""
+        self._ending = True
+        tasks = [job.task for job in list(self._live) if job.task is not None]
+        for job in list(self._live):
+            if job.started:
+                job.cancel()
+            else:
+                job.fail()  # its caller gets a cancellation; its task, if any, sees it abandoned
+        if tasks:
+            with anyio.CancelScope(shield=True):
+                await asyncio.gather(*tasks, return_exceptions=True)
 
     def _abandon(self) -> None:
         """The starting thread was interrupted: make sure the loop stops once it is up.
@@ -147,10 +162,12 @@ class LoopThread:
         self._aloop.call_soon_threadsafe(self._start_job, job)
 
     def _start_job(self, job: _Job) -> None:
-        try:
-            self._jobs.start_soon(job.run)
-        except RuntimeError:  # the loop is ending: its task group takes no more tasks
+        # a plain asyncio task: anyio's task-group spawn (and its task handle and cancel
+        # scope) cost more than the rest of a call; ``_end_jobs`` does the group's part
+        if self._ending:  # the loop is ending: it takes no more jobs
             job.fail()
+            return
+        job.task = self._aloop.create_task(job.run())
 
     @property
     def usable(self) -> bool:
@@ -238,6 +255,8 @@ class _Job:
         self.started = False
         self.abandoned = False
         self.scope: anyio.CancelScope | None = None
+        self.task: asyncio.Task | None = None
+        """The loop's task running ``run`` (kept: the loop holds its tasks only weakly)."""
 
     async def run(self) -> None:
         """On the loop: run the coroutine, settle the future."""
@@ -253,9 +272,9 @@ class _Job:
             else:
                 self.future.set_result(result)
         except BaseException as exc:
-            self.future.set_exception(exc)
-            if not isinstance(exc, Exception):
-                raise
+            self.future.set_exception(exc)  # the caller raises it (SystemExit included)
+            if isinstance(exc, asyncio.CancelledError):
+                raise  # the loop's own cancellation: the task ends cancelled
         finally:
             self._settled()
 

@@ -90,15 +90,14 @@ class Timelines:
         k, n = terminated.shape
         done = terminated | truncated
         where = np.flatnonzero(done)  # row-major: the order ``stepped`` hands out new ids
-        rows = np.arange(k + 1)[:, None]
         current = self.traj_ids[lo:hi]
         if len(where):
-            new = self.ids.take(len(where))
+            first = int(self.ids.take(len(where))[0])  # (the new ids are consecutive)
             # since[j, e]: which new id env e has from step j on (-1: none yet)
             since = np.full((k + 1, n), -1, dtype=np.int64)
-            since[1:].reshape(-1)[where] = np.arange(len(where))
+            since[1:].reshape(-1)[where] = np.arange(first, first + len(where))
             np.maximum.accumulate(since, axis=0, out=since)
-            ids = np.where(since >= 0, new[np.maximum(since, 0)], current)
+            ids = np.where(since >= 0, since, current)
             self.completed_trajectories += len(where)
         else:
             ids = np.broadcast_to(current, (k + 1, n)).copy()
@@ -106,6 +105,7 @@ class Timelines:
         self.env_steps += k * n
         counts = np.zeros((k + 1, n), dtype=np.int64)
         if self.count_steps:
+            rows = np.arange(k + 1)[:, None]
             # restart[j, e]: 1 + the last step before j that ended env e's episode (0: none)
             restart = np.zeros((k + 1, n), dtype=np.int64)
             restart[1:][done] = np.broadcast_to(rows[1:], (k, n))[done]

@@ -28,6 +28,7 @@ from aiocollect import CollectorClosedError, EnvError
 from aiocollect._collectors.loop_thread import LoopThread
 from support.checks import rows
 from support.envs import BadObsEnv, CounterEnv, SlowCounterEnv
+from support.procs import wait_until
 
 TESTS = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -459,13 +460,7 @@ def test_a_call_handed_to_a_loop_that_is_ending_fails_instead_of_waiting_forever
     import anyio
 
     loop = LoopThread()
-
-    async def ended_task_group():
-        async with anyio.create_task_group() as tg:
-            pass
-        return tg
-
-    loop._jobs = loop.call(ended_task_group)  # as when the loop is stopping: no new task
+    loop._ending = True  # as while the loop stops (``_end_jobs``): it takes no new job
     t0 = time.monotonic()
     with pytest.raises(concurrent.futures.CancelledError):
         loop.call(anyio.sleep, 0)
@@ -473,3 +468,42 @@ def test_a_call_handed_to_a_loop_that_is_ending_fails_instead_of_waiting_forever
     loop.stop()
     with pytest.raises(concurrent.futures.CancelledError):  # the loop is gone: at once
         loop.call(anyio.sleep, 0)
+
+
+def test_stopping_the_loop_cancels_a_running_call_and_waits_until_it_has_unwound():
+    import anyio
+
+    loop = LoopThread()
+    unwound = threading.Event()
+
+    async def long_call():
+        try:
+            await anyio.sleep(60)
+        finally:
+            with anyio.CancelScope(shield=True):
+                await anyio.sleep(0.2)  # unwinding takes a while: stop() waits for it
+            unwound.set()
+
+    caller = concurrent.futures.ThreadPoolExecutor(1)
+    pending = caller.submit(loop.call, long_call)
+    assert wait_until(lambda: loop._live, timeout=5)
+    t0 = time.monotonic()
+    loop.stop()
+    assert unwound.is_set() and time.monotonic() - t0 < 5
+    with pytest.raises(concurrent.futures.CancelledError):
+        pending.result(timeout=5)
+    caller.shutdown()
+
+
+def test_a_base_exception_in_a_call_reaches_its_caller_and_the_loop_goes_on():
+    import anyio
+
+    loop = LoopThread()
+
+    async def exits():
+        raise SystemExit(3)
+
+    with pytest.raises(SystemExit):
+        loop.call(exits)
+    assert loop.call(anyio.sleep, 0) is None  # still serving
+    loop.stop()
