@@ -80,8 +80,9 @@ def batch_tensordict(nested: dict, shape: torch.Size, device: torch.device | Non
     names = [None] * (len(shape) - 1) + ["time"]
     if _UNCHECKED is None:
         return TensorDict(nested, batch_size=shape, device=device, names=names)
-    return _UNCHECKED({key: batch_tensordict(value, shape, device) if isinstance(value, dict) else value
-                for key, value in nested.items()}, batch_size=shape, device=device, names=names, nested=False)
+    fields = {key: batch_tensordict(value, shape, device) if isinstance(value, dict) else value
+              for key, value in nested.items()}
+    return _UNCHECKED(fields, batch_size=shape, device=device, names=names, nested=False)
 
 
 @dataclass(frozen=True)

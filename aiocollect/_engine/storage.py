@@ -80,17 +80,17 @@ class HostBlock:
     def __init__(self, nbytes: int):
         self._raw = np.empty(nbytes + _ALIGN, np.uint8)
         self._used = -self._raw.ctypes.data % _ALIGN
-        self._start = self._used
         self.needed = 0
 
     def __call__(self, shape: tuple, dtype: np.dtype) -> tuple[torch.Tensor, np.ndarray]:
         dtype = np.dtype(dtype)
         nbytes = math.prod(shape) * dtype.itemsize
-        self.needed += -(-nbytes // _ALIGN) * _ALIGN
+        padded = -(-nbytes // _ALIGN) * _ALIGN
+        self.needed += padded
         start = self._used
         if start + nbytes > len(self._raw):
             return host_empty(shape, dtype)
-        self._used = start + -(-nbytes // _ALIGN) * _ALIGN
+        self._used = start + padded
         view = self._raw[start : start + nbytes].view(dtype).reshape(shape)
         return torch.from_numpy(view), view
 
