@@ -9,7 +9,8 @@ shows the best and the median, ratios use the best):
   ``MultiSyncCollector`` and ``MultiAsyncCollector`` (random actions: each worker takes runs
   of steps, with no round trip per step), and ``MultiAsyncCollector`` with ``lean_policy``
   (a policy that reads the observation: a round trip and a policy call per step); TorchRL
-  ``MultiSyncCollector`` with each worker a ``GymWrapper(SyncVectorEnv(16))``; PufferLib's
+  ``MultiSyncCollector`` with each worker a ``GymWrapper(SyncVectorEnv(16))``, random and
+  with ``lean_policy`` (which each TorchRL worker runs itself on its own envs); PufferLib's
   raw ``Multiprocessing`` vector (W workers x 16 envs, no rollout storage; only where
   ``pufferlib`` is installed: ``pip install --no-deps pufferlib-core``, its pinned torch is
   not needed); gymnasium ``AsyncVectorEnv`` of the W*16 CartPole envs (one process each, as
@@ -31,6 +32,7 @@ Goals (issue 15, on 2 cores): E and P collectors >= 0.7 and >= 0.8 of their limi
 from __future__ import annotations
 
 import argparse
+import functools
 import importlib.util
 import logging
 import os
@@ -168,21 +170,26 @@ def pufferlib_multiprocessing(workers: int, steps: int, batches: int) -> float:
         vec.close()
 
 
-def torchrl_vector_cartpole():
+def torchrl_vector_cartpole(categorical: bool = False):
     from torchrl.envs import GymWrapper
 
     vec = gym.vector.SyncVectorEnv([make_cartpole] * E_ENVS, autoreset_mode=gym.vector.AutoresetMode.DISABLED)
-    return GymWrapper(vec)
+    return GymWrapper(vec, categorical_action_encoding=categorical)
 
 
-def torchrl_multisync(workers: int, steps: int, batches: int) -> float:
+def torchrl_multisync(workers: int, steps: int, batches: int, lean: bool = False) -> float:
+    """TorchRL's ``MultiSyncCollector``, random actions or (``lean``) ``lean_policy``, which
+    each of its workers runs on its own envs (TorchRL's design: no round trip per step)."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         logging.getLogger("torchrl").setLevel(logging.ERROR)
+        from tensordict.nn import TensorDictModule
         from torchrl.collectors import MultiSyncCollector
 
         fpb = workers * E_ENVS * steps
-        c = MultiSyncCollector([torchrl_vector_cartpole] * workers, None, frames_per_batch=fpb,
+        make = functools.partial(torchrl_vector_cartpole, categorical=True) if lean else torchrl_vector_cartpole
+        policy = TensorDictModule(lean_policy, in_keys=["observation"], out_keys=["action"]) if lean else None
+        c = MultiSyncCollector([make] * workers, policy, frames_per_batch=fpb,
                                total_frames=fpb * (batches + 1))
         try:
             return timed(c, batches)
@@ -262,6 +269,8 @@ def rows_for(args) -> list[Row]:
         if HAVE_TORCHRL:
             rows.append(Row(s, f"TorchRL MultiSync {w}x GymWrapper(SyncVec16)",
                             lambda w=w: torchrl_multisync(w, e_steps, max(2, e_batches // 4))))
+            rows.append(Row(s, f"TorchRL MultiSync {w}x GymWrapper(SyncVec16), lean_policy",
+                            lambda w=w: torchrl_multisync(w, e_steps, max(2, e_batches // 4), lean=True)))
         if HAVE_PUFFERLIB:
             rows.append(Row(s, f"PufferLib Multiprocessing {w}x{E_ENVS} (raw vector)",
                             lambda w=w: pufferlib_multiprocessing(w, e_steps, e_batches)))

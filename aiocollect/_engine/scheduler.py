@@ -185,6 +185,7 @@ class Scheduler:
         self._on_full: Callable[[Lane], None] | None = None
         self._waiter: asyncio.Future | None = None
         self._advance_soon = False
+        self._loop: asyncio.AbstractEventLoop | None = None
         self._recheck_armed = False
         self._delivered = False
         self._failed: Worker | None = None
@@ -336,7 +337,7 @@ class Scheduler:
         """Run a round on the next loop pass (a reply arrived, or the collector released a slot)."""
         if not self._advance_soon:
             self._advance_soon = True
-            asyncio.get_running_loop().call_soon(self._advance)
+            (self._loop or asyncio.get_running_loop()).call_soon(self._advance)
 
     def _advance(self) -> None:
         """Rounds, for as long as completions keep coming while we spin (or just one round)."""
@@ -435,7 +436,7 @@ class Scheduler:
         if self._pumping is not None:
             raise RuntimeError("the scheduler is already pumping")
         self._pumping, self._on_full = (runner, until), on_full
-        loop = asyncio.get_running_loop()
+        self._loop = loop = asyncio.get_running_loop()  # (``poke`` runs per step: no lookup there)
         try:
             while True:
                 if self._failed is not None:
@@ -453,7 +454,7 @@ class Scheduler:
                     finally:
                         self._waiter = None
         finally:
-            self._pumping, self._on_full = None, None
+            self._pumping, self._on_full, self._loop = None, None, None
 
     async def run_inline(self, runner: Callable[[], PolicyRunner], until: Callable[[], bool]) -> None:
         """``pump()``'s synchronous fast path, for one lane whose worker steps inside
@@ -551,8 +552,8 @@ class Scheduler:
             cols = np.fromiter([lane.t for lane in ready], dtype=np.int64, count=n)
             obs = st.gather(s, cols, rows)
         else:
-            parts = [st.policy_input(lane.slot, lane.t, lane.lo, lane.hi) for lane in ready]
-            obs = {k: concat([p[k] for p in parts]) for k in parts[0]}
+            obs = st.policy_inputs([(lane.slot, lane.t, lane.lo, lane.hi) for lane in ready],
+                                   aligned=runner.kind == "array")  # (a JAX policy reads it in place)
             n = sum(lane.num_envs for lane in ready)
         out = runner(obs, n)
         if ready[0].keys is None or any(not v.shape or v.shape[0] != n for v in out.values()):

@@ -71,7 +71,7 @@ class Timelines:
             flags[1] = terminated
             flags[2] = truncated
         elif np.count_nonzero(terminated) or np.count_nonzero(truncated):  # cheaper than .any()
-            self._new_trajectories(np.flatnonzero(terminated | truncated) + lo)
+            self._new_trajectories(lo, hi, terminated | truncated)
 
     def ran(self, lo: int, hi: int, terminated: np.ndarray, truncated: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Envs ``lo:hi`` took ``k = len(terminated)`` steps in a row (a ``RUN``: their
@@ -124,10 +124,10 @@ class Timelines:
         a new one, with a new id, not counted as completed; returns the ids of the
         trajectories so cut."""
         hi = self.num_envs if hi is None else hi
-        midway = np.flatnonzero(~self.needs_reset[lo:hi]) + lo
-        cut = self.traj_ids[midway].copy()
-        if len(midway):
-            self._new_trajectories(midway, completed=False)
+        midway = ~self.needs_reset[lo:hi]
+        cut = self.traj_ids[lo:hi][midway]  # (a copy: a mask indexes by copying)
+        if len(cut):
+            self._new_trajectories(lo, hi, midway, completed=False)
         self._mark(np.arange(lo, hi))
         if seeds is not None:
             self.seed[lo:hi] = seeds
@@ -165,7 +165,7 @@ class Timelines:
         self.ids.next = max(self.ids.next, int(state["next_traj_id"]))
         self.completed_trajectories = int(state["completed_trajectories"])
         self._mark(np.arange(self.num_envs))
-        self._new_trajectories(np.arange(self.num_envs), completed=False)
+        self._new_trajectories(0, self.num_envs, np.ones(self.num_envs, dtype=bool), completed=False)
 
     # ------------------------------------------------------------------ internals
 
@@ -173,8 +173,11 @@ class Timelines:
         self.needs_reset[rows] = True
         self.any_reset = True
 
-    def _new_trajectories(self, rows: np.ndarray, *, completed: bool = True) -> None:
-        self.traj_ids[rows] = self.ids.take(len(rows))
-        self.step_count[rows] = 0
+    def _new_trajectories(self, lo: int, hi: int, which: np.ndarray, *, completed: bool = True) -> None:
+        """New ids, in row order, for the envs ``which`` (a mask over ``lo:hi``), their step
+        counts back to 0 (a mask on the rows' view: no index arrays, it runs per step)."""
+        k = int(np.count_nonzero(which))
+        self.traj_ids[lo:hi][which] = self.ids.take(k)
+        self.step_count[lo:hi][which] = 0
         if completed:
-            self.completed_trajectories += len(rows)
+            self.completed_trajectories += k

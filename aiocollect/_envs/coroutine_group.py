@@ -23,7 +23,7 @@ import gymnasium as gym
 
 from .._errors import StepTimeoutError
 from .async_env import AsyncEnv, check_async_env, is_async_env
-from .group import _blame, _GroupBase, check_same_spaces, check_step_types
+from .group import _blame, _GroupBase, check_same_spaces, check_step_types, reset_result, scalar, step_result
 
 logger = logging.getLogger("aiocollect")
 
@@ -127,19 +127,19 @@ class CoroutineGroup(_GroupBase):
 
     async def step_one(self, i: int, action: Any) -> None:
         try:
-            obs, reward, terminated, truncated, _ = await self.envs[i].step(action)
+            obs, reward, terminated, truncated, _ = step_result(await self.envs[i].step(action))
             check_step_types(reward, terminated, truncated)  # (every step: a coroutine's step costs far more)
             self._writer.write_one(i, obs)
         except Exception as exc:
             _blame(exc, i)
             raise
-        self.reward[i] = reward
-        self.terminated[i] = terminated
-        self.truncated[i] = truncated
+        self.reward[i] = scalar(reward)
+        self.terminated[i] = scalar(terminated)
+        self.truncated[i] = scalar(truncated)
 
     async def reset_one(self, i: int, seed: int | None) -> None:
         try:
-            obs, _ = await self.envs[i].reset(seed=seed)
+            obs, _ = reset_result(await self.envs[i].reset(seed=seed))
             self._writer.write_one(i, obs)
         except Exception as exc:
             _blame(exc, i)

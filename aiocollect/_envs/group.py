@@ -99,6 +99,46 @@ def check_step_types(reward: Any, terminated: Any, truncated: Any) -> None:
                             "True or False.")
 
 
+def step_result(out: Any) -> tuple:
+    """``env.step()``'s return value, if it is gymnasium's five parts; else an error that
+    says so (the old gym API returned four: ``obs, reward, done, info``)."""
+    if isinstance(out, (tuple, list)) and len(out) == 5:
+        return out
+    raise TypeError(
+        f"step() returned {_what(out)}; a gymnasium env returns 5 values: (obs, reward, terminated, "
+        "truncated, info). An env written for the old gym API (obs, reward, done, info) can be wrapped "
+        "with shimmy's GymV21CompatibilityV0, or return done as terminated and False as truncated."
+    )
+
+
+def reset_result(out: Any) -> tuple:
+    """``env.reset()``'s return value, if it is gymnasium's ``(obs, info)``; else an error
+    that says so (the old gym API returned the observation alone)."""
+    if isinstance(out, (tuple, list)) and len(out) == 2:
+        return out
+    raise TypeError(
+        f"reset() returned {_what(out)}; a gymnasium env returns 2 values: (obs, info). An env "
+        "written for the old gym API (reset() returning the observation) can return (obs, {}) instead."
+    )
+
+
+def _what(out: Any) -> str:
+    if isinstance(out, (tuple, list)):
+        return f"a {type(out).__name__} of {len(out)} value(s)"
+    return f"{type(out).__name__} (not a tuple)"
+
+
+def scalar(value: Any) -> Any:
+    """A reward or flag that ``check_step_types`` let through as a one-element array, as a
+    Python scalar (numpy will not store an array of shape ``(1,)`` into one element)."""
+    return value.item() if isinstance(value, np.ndarray) else value
+
+
+_LATE_TYPES = ("(storing what step() returned failed: the types of an env's return values are checked at its "
+               "first step only, and this env returned something else later, such as a reward that became an "
+               "array; return (obs, float, bool, bool, dict) at every step)")
+
+
 def _blame(exc: BaseException, i: int | None) -> None:
     """Record on ``exc`` that env ``i`` of the group raised it (``None``: one of a ``VectorEnv``'s).
 
@@ -130,10 +170,13 @@ class InProcessGroup(_GroupBase):
         self._returns_checked = False
         """The types of what ``step`` returned were checked (at the first step, as gymnasium's
         env checker does: a reward of ``None`` would be stored as NaN, a flag of ``"False"`` as True)."""
+        self._arrays = False
+        """The envs return their reward or flags as one-element arrays (seen at the first
+        step): every step takes the path that turns them into scalars."""
 
     def step_now(self, action: np.ndarray) -> None:
-        if not self._returns_checked:
-            self._first_step(action)
+        if not self._returns_checked or self._arrays:
+            self._checked_step(action)
             return
         reward, terminated, truncated = self.reward, self.terminated, self.truncated
         i = 0
@@ -150,17 +193,25 @@ class InProcessGroup(_GroupBase):
                     o, reward[i], terminated[i], truncated[i], _ = env.step(action[i])
                     write(i, o)
         except BaseException as exc:  # (a SystemExit or KeyboardInterrupt an env raises is its error too)
+            tb = exc.__traceback__
+            if isinstance(exc, (TypeError, ValueError)) and tb is not None and tb.tb_next is None:
+                exc.add_note(_LATE_TYPES)  # raised right here: storing what step() returned failed
             _blame(exc, self.first + i)
             raise
 
-    def _first_step(self, action: np.ndarray) -> None:
-        """``step_now``, checking the types of each env's reward and flags first."""
+    def _checked_step(self, action: np.ndarray) -> None:
+        """``step_now`` at the first step (each env's return value and the types of its
+        reward and flags checked) and, for envs that return one-element arrays, at every step."""
         i = 0
+        first = not self._returns_checked
         try:
             for i, env in enumerate(self.envs):
-                o, r, term, trunc, _ = env.step(action[i])
-                check_step_types(r, term, trunc)
-                self.reward[i], self.terminated[i], self.truncated[i] = r, term, trunc
+                o, r, term, trunc, _ = step_result(env.step(action[i])) if first else env.step(action[i])
+                if first:
+                    check_step_types(r, term, trunc)
+                    if any(isinstance(v, np.ndarray) and v.ndim for v in (r, term, trunc)):
+                        self._arrays = True  # (numpy stores a 0-d array into one element as it is)
+                self.reward[i], self.terminated[i], self.truncated[i] = scalar(r), scalar(term), scalar(trunc)
                 self._writer.write_one(i, o)
         except BaseException as exc:  # (a SystemExit or KeyboardInterrupt an env raises is its error too)
             _blame(exc, self.first + i)
@@ -171,7 +222,7 @@ class InProcessGroup(_GroupBase):
         i = 0
         try:
             for i in idx:
-                o, _ = self.envs[i].reset(seed=None if seeds is None else seeds[i])
+                o, _ = reset_result(self.envs[i].reset(seed=None if seeds is None else seeds[i]))
                 self._writer.write_one(i, o)
         except BaseException as exc:  # (a SystemExit or KeyboardInterrupt an env raises is its error too)
             _blame(exc, self.first + int(i))
@@ -314,7 +365,10 @@ def _is_instance(obj: Any) -> bool:
 
 
 def _check_env(env: Any, where: str) -> gym.Env | VectorEnv:
-    if isinstance(env, (gym.Env, VectorEnv)) or is_async_env(env):
+    if is_async_env(env):
+        return env
+    if isinstance(env, (gym.Env, VectorEnv)):
+        _check_spaces(env, where)
         return env
     if is_torchrl_env(env):
         from .torchrl_env import from_torchrl
@@ -322,6 +376,32 @@ def _check_env(env: Any, where: str) -> gym.Env | VectorEnv:
         return from_torchrl(env, where)
     raise TypeError(f"{where} gave {_describe(env)}, not a gymnasium env, a TorchRL env or a "
                     "coroutine env (aiocollect.AsyncEnv).")
+
+
+def _check_spaces(env: gym.Env | VectorEnv, where: str) -> None:
+    """Raise unless ``env`` has the spaces aiocollect reads (a custom env that never set
+    them would otherwise fail later with a bare ``AttributeError``); the env is closed first.
+    A ``VectorEnv``'s are its ``single_*`` spaces, one env's."""
+    prefix = "single_" if isinstance(env, VectorEnv) else ""
+    for name in (f"{prefix}observation_space", f"{prefix}action_space"):
+        try:
+            space = getattr(env, name)
+        except AttributeError as exc:
+            if exc.name != name:  # another attribute, missing inside a property: that error
+                raise
+            space = None
+        if not isinstance(space, gym.spaces.Space):
+            try:
+                env.close()
+            except Exception:  # noqa: BLE001 - the missing space is the error to report
+                pass
+            what = "has no" if space is None else f"has a {type(space).__name__} as its"
+            sets = (f"VectorEnv sets self.{prefix}observation_space and self.{prefix}action_space" if prefix
+                    else "env sets self.observation_space and self.action_space")
+            raise TypeError(
+                f"{where} gave {_describe(env)}, which {what} {name}; a gymnasium {sets} to "
+                "gymnasium.spaces objects (in __init__, or as class attributes)."
+            )
 
 
 def _env_device(env: Any) -> str | None:

@@ -38,7 +38,7 @@ read as TorchRL's ``OneHot`` spec reads them (the largest value cast to an integ
 from __future__ import annotations
 
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -214,6 +214,8 @@ class ActionCheck:
     ``sum(nvec)`` for a one-dimensional ``MultiDiscrete`` one; else ``None``."""
     parts: tuple[int, ...] = ()
     """The one-hot parts' widths (``(n,)``, or ``nvec``)."""
+    _spans: dict = field(default_factory=dict, compare=False, repr=False)
+    """Per integer dtype: how ``in_range`` tests it in one comparison, or ``None``."""
 
     @classmethod
     def for_space(cls, space: spaces.Space) -> ActionCheck:
@@ -271,12 +273,38 @@ class ActionCheck:
                 "discrete actions are integer indices of shape [num_envs] (argmax, or a "
                 "Categorical sample), or one-hot rows of shape [num_envs, n]; not float indices."
             )
-        if action.size and ((action < self.low).any() or (action > self.high).any()):
+        if action.size and not self.in_range(action):
             raise ValueError(
                 f"action: the policy returned values outside {self.space} "
                 f"(min {action.min()}, max {action.max()}; allowed {self.low}..{self.high})."
             )
         return action.astype(self.dtype) if action.dtype.kind == "b" else action
+
+    def in_range(self, action: np.ndarray) -> bool:
+        """Every value of ``action`` (integers or booleans) within ``low..high``.
+
+        With scalar bounds and an integer dtype that holds them, one comparison instead of
+        two: ``action - low`` read as unsigned is at most ``high - low`` exactly for the
+        values in range (the subtraction wraps around, and a value below ``low`` becomes a
+        huge unsigned one). This runs on every step."""
+        span = self._spans.get(action.dtype, False)
+        if span is False:
+            span = self._spans[action.dtype] = self._span(action.dtype)
+        if span is None:
+            return not ((action < self.low).any() or (action > self.high).any())
+        low, width, unsigned = span
+        shifted = action if low == 0 else action - low
+        return not np.count_nonzero(shifted.view(unsigned) > width)
+
+    def _span(self, dtype: np.dtype) -> tuple[Any, int, np.dtype] | None:
+        """``(low, high - low, the unsigned dtype of dtype's size)`` for ``in_range``, where it applies."""
+        if dtype.kind not in "iu" or not dtype.isnative or not isinstance(self.low, int) \
+                or not isinstance(self.high, int):
+            return None  # (the unsigned view is native-endian: a byte-swapped array takes two comparisons)
+        info = np.iinfo(dtype)
+        if not info.min <= self.low <= self.high <= info.max:
+            return None
+        return dtype.type(self.low), self.high - self.low, np.dtype(f"u{dtype.itemsize}")
 
     def _check_one_hot(self, action: np.ndarray) -> np.ndarray:
         """``action``, rows read as TorchRL's ``OneHot`` specs read them: the env gets the

@@ -48,6 +48,8 @@ from .random import RandomPolicy
 from .transfer import inputs_to, outputs_from
 from .weights import WeightsChannel
 
+_set_grad_enabled = torch._C._set_grad_enabled
+
 
 def _takes_tensordict(fn: Callable) -> bool:
     target = fn.forward if isinstance(fn, torch.nn.Module) else fn
@@ -99,7 +101,8 @@ class PolicyRunner:
         """The policy version that computed the last outputs."""
         self.obs_keys = obs_keys
         self.device = device
-        self.exploration_type = exploration_type
+        self._mode = set_interaction_type(exploration_type)
+        """Entered around each call (one object, made once: a runner's calls never nest)."""
         self._out_keys: list[NestedKey] | None = None
         self.stream = stream
         """A CUDA policy's own stream: its calls and the moves of its inputs and outputs are
@@ -117,6 +120,11 @@ class PolicyRunner:
             self.kind = "tensordict"
         else:
             self.kind = "callable"
+
+    @property
+    def exploration_type(self) -> InteractionType:
+        """The interaction type set around each policy call (fixed at construction)."""
+        return self._mode.type
 
     @property
     def out_keys(self) -> list[NestedKey] | None:
@@ -153,13 +161,23 @@ class PolicyRunner:
         remote = device is not None and device.type != "cpu"
         if remote:
             obs = inputs_to(device, obs)
-        with torch.no_grad(), set_interaction_type(self.exploration_type):
+        # ``no_grad`` and ``set_interaction_type`` as plain calls: built and entered as
+        # context managers on every step they cost more than a small policy's forward
+        grad = torch.is_grad_enabled()
+        if grad:
+            _set_grad_enabled(False)
+        mode = self._mode
+        mode.__enter__()
+        try:
             if self.kind == "module":
                 out = self._call_module(obs)
             elif self.kind == "tensordict":
                 out = self._call_tensordict(obs, num_envs)
             else:
                 out = {"action": self._call_plain(obs)}
+        finally:
+            mode.__exit__(None, None, None)
+            _set_grad_enabled(grad)  # (also if the policy switched grad mode itself)
         return outputs_from(device, out) if remote else out
 
     # the four ways of calling -------------------------------------------------------

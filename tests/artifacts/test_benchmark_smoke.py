@@ -93,4 +93,7 @@ def test_engine_benchmark_quick_mode_reports_every_section(tmp_path):
     assert not [r for r in rows if r["error"]]
     assert all(r["best"] > 0 for r in rows)
     ratios = [r["limit_ratio"] for r in rows if r["name"].startswith("aiocollect")]
-    assert len(ratios) == 5 and all(0 < r < 1.5 for r in ratios)
+    # A quick run's limit is 2,000 steps taken while the other pytest worker competes for a core,
+    # so a ratio can read well over 1 (1.6 seen in CI); a miscounted batch or limit reads off by
+    # a factor of W or 16, which this bound still catches.
+    assert len(ratios) == 5 and all(0 < r < 4 for r in ratios)

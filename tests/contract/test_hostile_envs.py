@@ -5,12 +5,14 @@ that raises. Each still gives the usual error, naming worker and env, at once.""
 from __future__ import annotations
 
 import functools
+import re
 import time
 
 import pytest
 
-from aiocollect import EnvError, MultiSyncCollector
-from support.envs import CloseRaisesEnv, CounterEnv, HostileEnv
+from aiocollect import Collector, EnvError, MultiAsyncCollector, MultiSyncCollector
+from support.envs import CloseRaisesEnv, CounterEnv, HostileEnv, NoSpacesEnv
+from support.procs import children
 
 
 def _failing(variant, how: str):
@@ -67,3 +69,16 @@ def test_a_probe_env_whose_close_raises_only_warns():
         collector = MultiSyncCollector([CloseRaisesEnv], frames_per_batch=10, total_frames=20)
     assert sum(1 for _ in collector) == 2
     collector.shutdown()
+
+
+@pytest.mark.parametrize("cls", [Collector, MultiSyncCollector, MultiAsyncCollector])
+def test_an_env_without_spaces_is_refused_naming_the_factory_before_any_process_starts(cls):
+    NoSpacesEnv.closed = False
+    before = children()
+    envs = [NoSpacesEnv] if cls is Collector else [[NoSpacesEnv]]
+    where = "create_env_fn[0]" if cls is Collector else "create_env_fn[0][0]"
+    with pytest.raises(TypeError, match=rf"{re.escape(where)} gave .*NoSpacesEnv, which has no observation_space; "
+                                        r"a gymnasium env sets self.observation_space and self.action_space"):
+        cls(envs, None, frames_per_batch=10)
+    assert NoSpacesEnv.closed
+    assert children() == before, "a worker process was started for a collector that was refused"

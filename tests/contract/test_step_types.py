@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from aiocollect import EnvError
-from support.bad_step_envs import BadStepTypes
+from support.bad_step_envs import BadStepTypes, LateArrayReward, OldGymApi
 from support.variants import VARIANTS
 
 # Not the "vector" variant: a gymnasium VectorEnv converts its envs' values itself (None to NaN,
@@ -35,8 +35,49 @@ def test_a_step_value_of_the_wrong_type_is_an_env_error(variant, field, value, m
 
 
 @over_variants
-@pytest.mark.parametrize("value", [1, np.float32(0.5), np.array(2.0)])
+@pytest.mark.parametrize("value", [1, np.float32(0.5), np.array(2.0), np.array([2.0]), np.array([[0.5]], np.float32)])
 def test_numbers_of_any_kind_are_rewards(variant, value):
+    """Scalars, 0-d arrays and one-element arrays (``np.array([r])``, as some envs return)."""
     with variant(functools.partial(BadStepTypes, "reward", value), None, frames_per_batch=40) as collector:
         batch = next(iter(collector))
-    assert (batch["next", "reward"] == float(value)).all()
+    assert (batch["next", "reward"] == np.asarray(value).item()).all()
+
+
+@over_variants
+def test_a_reward_that_turns_into_an_array_later_is_an_error_that_says_so_or_taken_by_coroutines(variant):
+    """Types are checked at an env's first step only (the step loop stays lean): a later
+    change fails, with a note that says what happened. Coroutine envs are checked at every
+    step, so there the one-element array is taken as at a first step."""
+    collector = variant(LateArrayReward, None, frames_per_batch=40)
+    if variant.coroutine:
+        batch = next(iter(collector))
+        collector.shutdown()
+        assert (batch["next", "reward"][..., 0] == batch["next", "observation"][..., 0]).all()  # reward = step t
+        return
+    with pytest.raises(EnvError) as info:
+        next(iter(collector))
+    collector.shutdown()
+    err = info.value
+    text = str(err) + (err.remote_traceback or "")
+    assert "checked at its first step only" in text and "a reward that became an array" in text, text
+
+
+@over_variants
+@pytest.mark.parametrize("value", [np.array([False]), np.array([0])])
+def test_a_flag_may_be_a_one_element_array(variant, value):
+    with variant(functools.partial(BadStepTypes, "terminated", value), None, frames_per_batch=40) as collector:
+        batch = next(iter(collector))
+    assert not batch["next", "terminated"].any()
+
+
+@over_variants
+@pytest.mark.parametrize(("which", "message"), [
+    ("step", r"step\(\) returned a tuple of 4 value\(s\); a gymnasium env returns 5 values: \(obs, reward, "
+             r"terminated, truncated, info\)\. An env written for the old gym API"),
+    ("reset", r"reset\(\) returned ndarray \(not a tuple\); a gymnasium env returns 2 values: \(obs, info\)"),
+])
+def test_an_env_written_for_the_old_gym_api_gets_an_error_that_says_so(variant, which, message):
+    collector = variant(functools.partial(OldGymApi, which), None, frames_per_batch=40)
+    with pytest.raises(EnvError, match=message):
+        next(iter(collector))
+    collector.shutdown()

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import numpy as np
+
 from support.envs import CounterEnv
 
 
@@ -18,4 +20,38 @@ class BadStepTypes(CounterEnv):
             reward = self.value
         else:
             terminated = self.value
+        return obs, reward, terminated, truncated, info
+
+
+class OldGymApi(CounterEnv):
+    """``CounterEnv`` written for the old gym API: ``which="step"`` returns ``(obs, reward,
+    done, info)``, ``which="reset"`` returns the observation alone."""
+
+    def __init__(self, which: str):
+        super().__init__()
+        self.which = which
+
+    def reset(self, *, seed=None, options=None):
+        obs, info = super().reset(seed=seed, options=options)
+        return obs if self.which == "reset" else (obs, info)
+
+    def step(self, action):
+        obs, reward, terminated, truncated, info = super().step(action)
+        if self.which == "step":
+            return obs, reward, terminated or truncated, info
+        return obs, reward, terminated, truncated, info
+
+
+class LateArrayReward(CounterEnv):
+    """``CounterEnv`` whose reward becomes a one-element array (``np.array([r])``) after
+    its first ``after`` steps."""
+
+    def __init__(self, after: int = 3):
+        super().__init__()
+        self.after = after
+
+    def step(self, action):
+        obs, reward, terminated, truncated, info = super().step(action)
+        if self.total_steps > self.after:
+            reward = np.array([reward], np.float32)
         return obs, reward, terminated, truncated, info

@@ -298,3 +298,18 @@ class CloseRaisesEnv(CounterEnv):
 
     def close(self):
         raise RuntimeError("close failed on purpose")
+
+
+class NoSpacesEnv(gym.Env):
+    """A custom env that never sets its spaces."""
+
+    closed = False
+
+    def reset(self, *, seed=None, options=None):
+        return np.zeros(3, np.float32), {}
+
+    def step(self, action):
+        return np.zeros(3, np.float32), 0.0, False, False, {}
+
+    def close(self):
+        NoSpacesEnv.closed = True

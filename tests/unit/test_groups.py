@@ -9,11 +9,12 @@ scheduler over an inline worker, is in ``test_inline_scheduler.py``; the storage
 
 from __future__ import annotations
 
+import gymnasium as gym
 import numpy as np
 import pytest
 import torch
 from gymnasium import spaces
-from gymnasium.vector import SyncVectorEnv
+from gymnasium.vector import SyncVectorEnv, VectorEnv
 
 from aiocollect._engine.storage import OutputSpec
 from aiocollect._engine.timelines import IdPool
@@ -61,6 +62,38 @@ def test_make_group_of_a_vector_env_is_batched():
     group, batched = make_group(lambda: SyncVectorEnv([StepEnv] * 3), None)
     assert isinstance(group, VectorEnvGroup) and batched is True and group.num_envs == 3
     group.close()
+
+
+class _SingleSpacesOnly(VectorEnv):
+    """A hand-written VectorEnv that sets what gymnasium asks of one (``num_envs`` and the
+    ``single_*`` spaces) and not the batched ``observation_space``/``action_space``."""
+
+    def __init__(self, spaces_set: bool = True):
+        self.num_envs = 2
+        if spaces_set:
+            self.single_observation_space = spaces.Box(-1, 1, (3,), np.float32)
+            self.single_action_space = spaces.Discrete(2)
+
+
+def test_a_vector_env_needs_only_its_single_spaces():
+    group, batched = make_group(_SingleSpacesOnly, None)
+    assert isinstance(group, VectorEnvGroup) and batched and group.num_envs == 2
+    with pytest.raises(TypeError, match=r"create_env_fn gave .*_SingleSpacesOnly, which has no "
+                                        r"single_observation_space; a gymnasium VectorEnv sets "
+                                        r"self.single_observation_space"):
+        make_group(lambda: _SingleSpacesOnly(spaces_set=False), None)
+
+
+def test_an_attribute_error_inside_a_space_property_is_not_taken_for_a_missing_space():
+    class Typo(gym.Env):
+        action_space = spaces.Discrete(2)
+
+        @property
+        def observation_space(self):
+            return self.obsevation_spec  # a typo inside the property: the user needs that error
+
+    with pytest.raises(AttributeError, match="obsevation_spec"):
+        make_group(Typo, None)
 
 
 @pytest.mark.parametrize(("create_env_fn", "message"), [

@@ -230,6 +230,21 @@ def test_policy_input_is_a_view_of_the_shared_column(shared, storage):
     assert obs[("nested", "count")].tolist() == [11, 99]
 
 
+@pytest.mark.parametrize("aligned", [False, True])
+def test_policy_inputs_of_blocks_at_different_columns_are_joined_in_order(shared, storage, aligned):
+    a = shared.arrays
+    a["obs0"][0, 1] = np.arange(8, dtype=np.float32).reshape(4, 2)
+    a["obs0"][0, 3] = -np.arange(8, dtype=np.float32).reshape(4, 2)
+    a["obs1"][0, 1], a["obs1"][0, 3] = [10, 11, 12, 13], [20, 21, 22, 23]
+    obs = storage.policy_inputs([(0, 1, 0, 2), (0, 3, 2, 4)], aligned=aligned)  # rows 0:2 at t=1, 2:4 at t=3
+    assert list(obs) == KEYS
+    assert obs["pos"].tolist() == [[0, 1], [2, 3], [-4, -5], [-6, -7]] and obs["pos"].dtype == torch.float32
+    assert obs[("nested", "count")].tolist() == [10, 11, 22, 23]
+    assert not np.shares_memory(obs["pos"].numpy(), a["obs0"])  # a copy: the workers write on
+    if aligned:  # (what XLA reads in place: a JAX policy's inputs)
+        assert all(t.data_ptr() % 64 == 0 for t in obs.values())
+
+
 def test_write_puts_the_outputs_of_a_block_of_rows_at_its_column(storage):
     ids, counts = np.array([20, 21, 22, 23]), np.array([5, 6, 7, 8])
     out = {

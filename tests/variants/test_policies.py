@@ -177,6 +177,45 @@ async def test_exploration_type_is_honoured(face):
     check_batch(random, policy_keys=("action", "logits", *log_prob_keys))
 
 
+def test_the_policy_runs_without_grad_and_under_the_exploration_type_which_are_restored_after():
+    """Grad mode and tensordict's interaction type are set around each policy call and put
+    back after it, also when the policy raises."""
+    from tensordict.nn import InteractionType
+    from tensordict.nn.probabilistic import interaction_type
+
+    from aiocollect._policies.runner import PolicyRunner
+
+    seen = []
+
+    def policy(obs):
+        seen.append((torch.is_grad_enabled(), interaction_type()))
+        if len(seen) == 2:
+            raise RuntimeError("boom")
+        return torch.zeros(len(obs), dtype=torch.long)
+
+    runner = PolicyRunner(policy, ["observation"], device=None, exploration_type=InteractionType.MODE)
+    obs = {"observation": torch.zeros(3, 4)}
+    before = interaction_type()
+    assert torch.is_grad_enabled()
+    assert runner(obs, 3)["action"].shape == (3,)
+    with pytest.raises(RuntimeError, match="boom"):
+        runner(obs, 3)
+    with torch.no_grad():  # a caller already without grad keeps it off
+        runner(obs, 3)
+        assert not torch.is_grad_enabled()
+        def switches_grad_on(o):
+            torch.set_grad_enabled(True)
+            return torch.zeros(len(o), dtype=torch.long)
+
+        sneaky = PolicyRunner(switches_grad_on, ["observation"], device=None, exploration_type=InteractionType.MODE)
+        sneaky(obs, 3)  # a policy that switches grad on is not left to change the caller's mode
+        assert not torch.is_grad_enabled()
+    assert seen == [(False, InteractionType.MODE)] * 3
+    assert runner.exploration_type is InteractionType.MODE
+    assert torch.is_grad_enabled()
+    assert interaction_type() == before
+
+
 def test_update_policy_weights_copies_a_snapshot():
     collector_policy = TensorDictModule(nn.Linear(3, 1), in_keys=["observation"], out_keys=["action"])
     trainer = TensorDictModule(nn.Linear(3, 1), in_keys=["observation"], out_keys=["action"])
