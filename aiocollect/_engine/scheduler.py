@@ -560,7 +560,10 @@ class Scheduler:
             check_outputs(out, n)  # a lane's first call, or a row count that would broadcast
         action = out["action"]
         if not isinstance(action, np.ndarray):
-            action = action.numpy(force=True)
+            try:
+                action = action.numpy(force=True)
+            except TypeError:  # bfloat16, float8 (autocast): numpy lacks them; the batch keeps them
+                action = action.float().numpy(force=True)
         to_env = action  # what the envs are given; ``action``: what the batch stores
         if runner.kind != "random":
             check = self.check_action

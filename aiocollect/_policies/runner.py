@@ -205,6 +205,9 @@ class PolicyRunner:
         if len(result) != len(policy.out_keys):
             raise RuntimeError(f"policy: returned {len(result)} output(s) for out_keys {policy.out_keys}.")
         out = dict(zip(policy.out_keys, result))
+        for key, value in out.items():
+            if isinstance(value, np.ndarray) and value.dtype.name in _ML_DTYPES:
+                out[key] = ml_dtype_tensor(value, key)
         if self._out_keys is None:
             self._out_keys = list(out)
         return out
@@ -296,6 +299,28 @@ def _zeros(like: Any, num_envs: int) -> Any:
     if isinstance(like, torch.Tensor):
         return torch.zeros(shape, dtype=like.dtype)
     return np.zeros(shape, dtype=np.dtype(like.dtype))
+
+
+_ML_DTYPES = {"bfloat16": "bfloat16", "float8_e4m3fn": "float8_e4m3fn", "float8_e5m2": "float8_e5m2",
+              "float8_e4m3fnuz": "float8_e4m3fnuz", "float8_e5m2fnuz": "float8_e5m2fnuz", "int4": None,
+              "uint4": None, "float8_e4m3b11fnuz": None, "float4_e2m1fn": None}
+"""The ``ml_dtypes`` types (JAX's bf16 and float8s, as numpy arrays) by name: the torch dtype
+of the same bits, or ``None`` where torch has none."""
+
+
+def ml_dtype_tensor(value: np.ndarray, key: NestedKey) -> torch.Tensor:
+    """An array of an ``ml_dtypes`` type (a JAX policy's bf16 output), which torch cannot
+    take from numpy, as the torch tensor of the same bits: stored as it is, like a torch
+    policy's bf16 outputs. Raises ``TypeError`` for a type torch lacks (int4...)."""
+    name = _ML_DTYPES[value.dtype.name]
+    dtype = getattr(torch, name, None) if name is not None else None
+    if dtype is None:
+        raise TypeError(
+            f"policy: output {key!r} has dtype {value.dtype.name}, which torch has no type for; "
+            "cast it in the policy (to float32, or bfloat16)."
+        )
+    bits = np.ascontiguousarray(value).view(np.uint16 if value.dtype.itemsize == 2 else np.uint8)
+    return torch.from_numpy(bits.copy()).view(dtype)
 
 
 def check_outputs(out: dict[NestedKey, Any], num_envs: int) -> None:

@@ -8,9 +8,11 @@ import functools
 
 import numpy as np
 import pytest
+import torch
 
 from aiocollect import EnvError
 from support.bad_step_envs import BadStepTypes, LateArrayReward, OldGymApi
+from support.envs import EchoBoxEnv
 from support.variants import VARIANTS
 
 # Not the "vector" variant: a gymnasium VectorEnv converts its envs' values itself (None to NaN,
@@ -81,3 +83,26 @@ def test_an_env_written_for_the_old_gym_api_gets_an_error_that_says_so(variant, 
     with pytest.raises(EnvError, match=message):
         next(iter(collector))
     collector.shutdown()
+
+
+ALL = pytest.mark.parametrize("variant", VARIANTS, ids=[v.name for v in VARIANTS])
+
+
+def bf16_actions(td):
+    """Actions of a dtype numpy lacks, as an autocast policy returns them: 0.1 + 0.3 * step,
+    which bfloat16 rounds (0.4 -> 0.40039...)."""
+    a = (0.1 + 0.3 * td["observation"][:, :1]).to(torch.bfloat16)
+    return td.set("action", a)
+
+
+@ALL
+def test_a_bfloat16_action_is_stored_as_it_is_and_the_envs_get_its_value(variant):
+    collector = variant(EchoBoxEnv, bf16_actions, frames_per_batch=40, total_frames=40)
+    with collector:
+        (batch,) = list(collector)
+    assert batch["action"].dtype == torch.bfloat16
+    # the env echoes what it was given: bf16's value, widened, not the float32 0.1 + 0.3 t
+    assert torch.equal(batch["next", "reward"], batch["action"].float())  # (rewards: [..., 1], as TorchRL)
+    expected = (0.1 + 0.3 * batch["observation"][..., :1]).to(torch.bfloat16)
+    assert torch.equal(batch["action"], expected)
+    assert not torch.equal(expected.float(), 0.1 + 0.3 * batch["observation"][..., :1])  # (bf16 did round)

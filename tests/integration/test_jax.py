@@ -20,7 +20,7 @@ from tensordict.nn import TensorDictModule
 from aiocollect import AsyncCollector, Collector, MultiAsyncCollector, MultiSyncCollector
 from aiocollect.jax import JaxPolicy, from_jax, to_jax
 from support.checks import check_batch
-from support.envs import IntObsEnv
+from support.envs import EchoBoxEnv, IntObsEnv
 
 # (a partial of gym.make: a function of this module would make every worker import it, and
 # JAX and torch with it)
@@ -195,6 +195,35 @@ def test_to_jax_shares_int64_leaves_with_x64():
         ids = arrays["collector"]["traj_ids"]
         assert ids.dtype == jnp.int64
         assert ids.unsafe_buffer_pointer() == batch["collector", "traj_ids"].data_ptr()
+
+
+def jax_bf16(params, obs):
+    """bf16 outputs, as a policy under ``jax.default_matmul_precision`` or with bf16 params gives."""
+    a = (params["b"] + 0.3 * obs[:, :1]).astype(jnp.bfloat16)
+    return a, (obs * 0.3).astype(jnp.bfloat16)
+
+
+@pytest.mark.parametrize("variant", ["Collector", "MultiSync", "MultiAsync"])
+def test_bfloat16_outputs_of_a_jax_policy_are_stored_as_bfloat16(variant):
+    """JAX gives bf16 as numpy arrays of ``ml_dtypes.bfloat16``, which torch cannot take from
+    numpy: they are stored as torch's bfloat16 (the same bits), and the envs get the value."""
+    policy = JaxPolicy(jax_bf16, {"b": np.float32(0.1)}, out_keys=["action", "scaled"])
+    layout = {"Collector": [EchoBoxEnv] * 2, "MultiSync": [[EchoBoxEnv]] * 2, "MultiAsync": [[EchoBoxEnv]] * 2}
+    cls = {"Collector": Collector, "MultiSync": MultiSyncCollector, "MultiAsync": MultiAsyncCollector}[variant]
+    with cls(layout[variant], policy, frames_per_batch=20, total_frames=20) as collector:
+        (batch,) = list(collector)
+    assert batch["action"].dtype == batch["scaled"].dtype == torch.bfloat16
+    assert torch.equal(batch["action"], (0.1 + 0.3 * batch["observation"][..., :1]).to(torch.bfloat16))
+    assert torch.equal(batch["scaled"], (0.3 * batch["observation"]).to(torch.bfloat16))
+    assert torch.equal(batch["next", "reward"], batch["action"].float())  # the env echoes its action
+
+
+def test_an_output_of_a_type_torch_lacks_names_it():
+    policy = JaxPolicy(lambda p, obs: (jnp.zeros(obs.shape[0], jnp.int32), obs.astype(jnp.int4)), {},
+                       out_keys=["action", "packed"])
+    with Collector([cartpole], policy, frames_per_batch=10) as collector, \
+            pytest.raises(TypeError, match=r"output 'packed' has dtype int4.*cast it in the policy"):
+        next(iter(collector))
 
 
 def test_bad_jax_policy_arguments():

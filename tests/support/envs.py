@@ -313,3 +313,23 @@ class NoSpacesEnv(gym.Env):
 
     def close(self):
         NoSpacesEnv.closed = True
+
+
+class EchoBoxEnv(gym.Env):
+    """A continuous action, echoed: reward = the action the env was given, as a float32,
+    and obs = [step in episode, that action]. Episodes of 5 steps."""
+
+    def __init__(self):
+        self.observation_space = spaces.Box(-1e6, 1e6, (2,), np.float32)
+        self.action_space = spaces.Box(-4.0, 4.0, (1,), np.float32)
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self.t = 0
+        return np.array([0, 0], np.float32), {}
+
+    def step(self, action):
+        assert isinstance(action, np.ndarray) and action.shape == (1,), action
+        self.t += 1
+        a = float(np.float32(action[0]))
+        return np.array([self.t, a], np.float32), a, self.t >= 5, False, {}
