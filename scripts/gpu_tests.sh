@@ -14,8 +14,8 @@ case "${1:-}" in
 wheels)
     # Python 3.12 on x86-64 manylinux, no dependencies resolved: exactly what the machine lacks
     rm -rf .whl && mkdir -p .whl
-    for spec in tensordict==0.14.3 torchrl==0.14.1 gymnasium==1.4.0 pytest-asyncio==1.3.0 \
-                pyvers==0.2.2 hoptorch orjson importlib_metadata farama-notifications typing_extensions \
+    for spec in tensordict==0.14.3 torchrl==0.14.1 gymnasium==1.4.0 pytest-asyncio==1.3.0 pytest-timeout==2.4.0 \
+                pyvers==0.2.3 hoptorch orjson importlib_metadata farama-notifications typing_extensions \
                 "pufferlib-core==3.0.23" nvidia-ml-py; do
         python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
             --platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 --platform manylinux_2_17_x86_64 \
@@ -35,7 +35,10 @@ run|bench-gpu|bench-engine)
         | tee -a "$out/gpu.txt"
     case "$1" in
     run)
-        python3 -m pytest -p no:cacheprovider -rs -q --durations=15 tests/gpu 2>&1 | tee "$out/gpu_tests.log"
+        # pytest-timeout (carried) fails a hung test after 120 s with its stack; `timeout` keeps
+        # the call inside the device's 10 minutes, so the log still comes back
+        timeout 570 python3 -m pytest -p no:cacheprovider -rs -q --durations=15 -o faulthandler_timeout=150 \
+            tests/gpu 2>&1 | tee "$out/gpu_tests.log"
         exit "${PIPESTATUS[0]}"
         ;;
     bench-gpu)

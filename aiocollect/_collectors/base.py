@@ -319,6 +319,9 @@ class DataCollectorBase:
         self._returns = EpisodeReturns()
         self._staging: DeviceStaging | None = None
         """Set by ``_stage_batches`` for a GPU storing device."""
+        self._consumer: Any = None
+        """The current CUDA stream of the thread that asked for the batch being collected on
+        the loop thread (``_caller_stream``): the stream that waits for its upload."""
         self._reuse_td = False
         """``return_same_td`` (``Collector``): each batch is written into the first one."""
         self._same_td: TensorDictBase | None = None
@@ -466,7 +469,7 @@ class DataCollectorBase:
         ``_stage_batches``), with TorchRL's version keys if asked for, written into the first
         batch with ``return_same_td``."""
         if self._staging is not None:
-            batch = self._staging.upload(batch)
+            batch = self._staging.upload(batch, self._consumer)
         if self.options.track_policy_version:
             with_torchrl_versions(batch)
         if self._reuse_td:
@@ -880,8 +883,23 @@ class DataCollectorBase:
                 res.stop_loop()
 
     def _run_sync(self, what: str, fn: Callable, *args: Any) -> Any:
-        with self._loop_thread(what) as loop, self._closed_meanwhile():
+        with self._loop_thread(what) as loop, self._closed_meanwhile(), self._caller_stream():
             return loop.call(fn, *args)
+
+    @contextlib.contextmanager
+    def _caller_stream(self) -> Iterator[None]:
+        """While the loop thread collects for this thread: with a GPU storing device, a batch's
+        upload is waited for by this thread's current stream (``with torch.cuda.stream(s):
+        for batch in collector`` gives batches ready on ``s``), not by the loop thread's."""
+        device = self.storing_device
+        if device is None or device.type != "cuda":
+            yield
+            return
+        self._consumer = torch.cuda.current_stream(device)
+        try:
+            yield
+        finally:
+            self._consumer = None
 
     @contextlib.contextmanager
     def _closed_meanwhile(self) -> Iterator[None]:
@@ -922,7 +940,7 @@ class DataCollectorBase:
         with self._loop_thread("for batch in collector") as loop:
             while True:
                 if self._undelivered is _NOTHING:
-                    with self._closed_meanwhile():
+                    with self._closed_meanwhile(), self._caller_stream():
                         loop.call(self._next_batch_kept)
                 batch, self._undelivered = self._undelivered, _NOTHING
                 if batch is _DONE:
@@ -952,7 +970,7 @@ class DataCollectorBase:
         """
         with self._loop_thread("next()") as loop:
             if self._undelivered is _NOTHING:  # (a batch an interrupted iteration kept comes first)
-                with self._closed_meanwhile():
+                with self._closed_meanwhile(), self._caller_stream():
                     loop.call(self._next_batch_kept)
             batch, self._undelivered = self._undelivered, _NOTHING
         return None if batch is _DONE else batch

@@ -224,6 +224,7 @@ class Collector(DataCollectorBase):
         # itself, as TorchRL does, a change of it being a new policy version
         self._policy = PolicySetup(policy, group.action_space, obs_keys, device=self.policy_device,
                                    exploration_type=options.exploration_type, share=True)
+        self._resources.closers.append(self._policy.close)
         self.policy = self._policy.policy
         """The policy the collector runs: the object given (a module is not copied: your
         optimiser steps reach the next policy call, each a new policy version), or a copy

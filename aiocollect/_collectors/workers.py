@@ -171,7 +171,7 @@ class WorkerCollectorBase(DataCollectorBase):
                           max_frames_per_traj=options.max_frames_per_traj, step_timeout=step_timeout)
         self._pool = pool
         res = self._resources
-        res.closers.append(pool.kill_leftovers)
+        res.closers += [pool.kill_leftovers, self._policy.close]
         try:
             self._scheduler = Scheduler(pool.shared, pool.lanes, obs_leaves, action,
                                         step_count=options.max_frames_per_traj is not None,

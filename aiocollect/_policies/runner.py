@@ -151,6 +151,9 @@ class PolicyRunner:
         with weights.lock:
             if weights.has_pending:
                 weights.apply_pending()
+            if weights.fence is not None:  # weights written on another stream (``WeightsChannel.fence``)
+                fence, weights.fence = weights.fence, None
+                torch.cuda.current_stream(self.device).wait_event(fence)
             self.version = weights.version
             return self._call(obs, num_envs)
 

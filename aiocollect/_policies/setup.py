@@ -149,6 +149,14 @@ class PolicySetup:
         """A torch module or a JAX policy: weights to update, version and save."""
         return self.weights is not None
 
+    def close(self) -> None:
+        """Wait for what is queued on the policy's own CUDA stream (a weight load, a last
+        call): the policy's tensors may be freed with the collector, and their memory must
+        not go to a new tensor while that stream still writes it."""
+        stream = self.runner.stream
+        if stream is not None:
+            stream.synchronize()
+
     @property
     def version(self) -> int:
         """The policy version in effect."""

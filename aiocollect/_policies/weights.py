@@ -81,6 +81,10 @@ class WeightsChannel:
         """The newest version published."""
         self.version = 0
         """The version in effect: the one the next policy call uses (after ``apply_pending()``)."""
+        self.fence: Any = None
+        """A CUDA event that the stream of the next policy call must wait for, or ``None``: set
+        where weights reach the policy on a stream it does not run on (``FollowChannel``); the
+        runner takes it under ``lock``."""
 
     @property
     def has_pending(self) -> bool:
@@ -140,6 +144,13 @@ class _Snapshot(list):
 
     ready: Any = None
     loaded: Any = None
+
+
+def _cuda_device(module: torch.nn.Module) -> torch.device | None:
+    """The GPU holding ``module``'s first tensor, or ``None``."""
+    for t in module.state_dict(keep_vars=True).values():
+        return t.device if t.is_cuda else None
+    return None
 
 
 def _stream_of(snap: list[torch.Tensor]) -> Any:
@@ -257,8 +268,12 @@ class TorchWeights:
         # torch call here would wait for the GIL to come back (none for a policy without
         # tensors: the update is a new version with nothing to copy)
         if buf:
+            # a queued copy from page-locked host memory reads it later, when the caller may
+            # have changed it already: such sources are copied before the call returns
+            # (pageable memory is staged by CUDA before the copy call returns anyway)
+            queued = not (buf[0].is_cuda and any(s.device.type == "cpu" and s.is_pinned() for s in sources))
             with torch.no_grad():
-                torch._foreach_copy_(buf, sources, non_blocking=True)
+                torch._foreach_copy_(buf, sources, non_blocking=queued)
         if stream is not None:
             buf.ready = stream.record_event()
         return buf
@@ -276,6 +291,12 @@ class TorchWeights:
             ready = getattr(snap, "ready", None)  # (none for the sources themselves: FollowChannel)
             if stream is not None and ready is not None:
                 stream.wait_event(ready)  # taken on the trainer's stream, perhaps another one
+            elif not isinstance(snap, _Snapshot) and targets and targets[0].is_cuda:
+                # the user's own GPU tensors (a policy copy following them): read after the
+                # writes queued on their device's default stream, where an optimiser steps
+                here = torch.cuda.current_stream(targets[0].device)
+                for device in {t.device for t in snap if t.is_cuda}:
+                    here.wait_stream(torch.cuda.default_stream(device))
             if targets:  # (a module without parameters or buffers: nothing to load)
                 with torch.no_grad():
                     torch._foreach_copy_(targets, snap, non_blocking=True)
@@ -413,6 +434,9 @@ class FollowChannel(WeightsChannel):
         self._weights = weights
         self._source = source
         self.shared = weights.module is source
+        self._gpu = _cuda_device(source) if self.shared else None
+        """The GPU of a shared module: weights loaded into it from the trainer's thread are
+        queued on the trainer's stream, which the policy's calls do not run on (``fence``)."""
         self.watch = ModuleWatch(source)
         self._lazy = self.shared and self.watch.lazy
         if self._lazy:
@@ -441,23 +465,29 @@ class FollowChannel(WeightsChannel):
             self._recycle(snap)
         self.version = version
 
-    def _take(self, weights: Any) -> tuple[int, list[torch.Tensor] | None]:
+    def _take(self, weights: Any) -> tuple[int, list[torch.Tensor] | None, Any]:
         at = self.watch.now()  # what the source held when these weights were sent
-        if self.shared and weights is self._weights.module:
-            return at, None
-        return at, self._weights.snapshot(weights)
+        buf = None if self.shared and weights is self._weights.module else self._weights.snapshot(weights)
+        # on a GPU: where the caller's stream stood (its writes to a shared module before the publish)
+        taken = None if self._gpu is None else torch.cuda.current_stream(self._gpu).record_event()
+        return at, buf, taken
 
-    def _put(self, snap: tuple[int, list[torch.Tensor] | None]) -> None:
-        at, buf = snap
+    def _put(self, snap: tuple[int, list[torch.Tensor] | None, Any]) -> None:
+        at, buf, taken = snap
+        gpu = self._gpu
+        if taken is not None:
+            torch.cuda.current_stream(gpu).wait_event(taken)
         if buf is None:
             self.watch.mark(at)  # changes after the publish are a version of their own
-            return
-        self._weights.load(buf)
-        # a load into the shared module is that module's state now; a copy follows the
-        # source again when it changes after the publish
-        self.watch.mark(None if self.shared else at)
+        else:
+            self._weights.load(buf)
+            # a load into the shared module is that module's state now; a copy follows the
+            # source again when it changes after the publish
+            self.watch.mark(None if self.shared else at)
+        if gpu is not None:  # the next policy call, on whichever stream, comes after this
+            self.fence = torch.cuda.current_stream(gpu).record_event()
 
-    def _give_back(self, snap: tuple[int, list[torch.Tensor] | None]) -> None:
+    def _give_back(self, snap: tuple[int, list[torch.Tensor] | None, Any]) -> None:
         if snap[1] is not None:
             self._weights.recycle(snap[1])
 

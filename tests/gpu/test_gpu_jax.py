@@ -54,7 +54,9 @@ def argmax_params(scale: float = 1.0) -> dict:
 
 
 def apply(params, obs):
-    return jnp.argmax(obs / 1000 @ params["w"] + params["b"], axis=-1)
+    # full float32 on the GPU too (JAX's default there is TF32, which would round the logits)
+    logits = jnp.matmul(obs / 1000, params["w"], precision=jax.lax.Precision.HIGHEST) + params["b"]
+    return jnp.argmax(logits, axis=-1)
 
 
 def test_a_jax_policy_on_the_gpu_fills_gpu_batches(gpu):

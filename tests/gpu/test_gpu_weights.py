@@ -11,8 +11,9 @@ import torch
 import torch.nn as nn
 from tensordict.nn import TensorDictModule
 
+from aiocollect import Collector
 from support.envs import IntObsEnv
-from support.weights import linear, versions_while_training
+from support.weights import Trainer, linear, versions_while_training
 
 GPU_SLEEP_CYCLES = 40_000_000
 """``torch.cuda._sleep`` cycles: some 20 ms of GPU time at an H100's clock."""
@@ -32,16 +33,20 @@ class SlowLinear(nn.Module):
 
 def test_an_update_does_not_wait_for_the_policy_calls(variant):
     policy = TensorDictModule(SlowLinear(), in_keys=["observation"], out_keys=["action"])
-    trainer = TensorDictModule(nn.Linear(3, 1), in_keys=["observation"], out_keys=["action"]).cuda()
+    trainer = TensorDictModule(SlowLinear(), in_keys=["observation"], out_keys=["action"]).cuda()  # (not called)
     times: list[float] = []
+    errors: list[BaseException] = []
     stop = threading.Event()
 
     def train() -> None:
-        while not stop.is_set():
-            t0 = time.perf_counter()
-            collector.update_policy_weights_(trainer)
-            times.append(time.perf_counter() - t0)
-            time.sleep(0.002)
+        try:
+            while not stop.is_set():
+                t0 = time.perf_counter()
+                collector.update_policy_weights_(trainer)
+                times.append(time.perf_counter() - t0)
+                time.sleep(0.002)
+        except BaseException as exc:  # noqa: BLE001 - reported by the test
+            errors.append(exc)
 
     collector = variant(IntObsEnv, policy, frames_per_batch=variant.num_envs * 4, total_frames=-1,
                         policy_device="cuda")
@@ -55,6 +60,7 @@ def test_an_update_does_not_wait_for_the_policy_calls(variant):
         finally:
             stop.set()
             thread.join()
+    assert not errors, errors
     assert len(times) >= 10
     # a policy call holds the GPU ~20 ms: an update that waited for one would take that long
     assert statistics.median(times) < 0.005, sorted(times)[len(times) // 2:]
@@ -91,3 +97,35 @@ class StreamTrainer(threading.Thread):
 async def test_a_trainer_on_another_stream_never_mixes_versions(variant):
     collector = variant(IntObsEnv, linear(0.0), frames_per_batch=40, total_frames=40 * 30, policy_device="cuda")
     await versions_while_training(collector, StreamTrainer(collector))
+
+
+async def test_a_shared_cuda_module_loaded_on_the_trainers_stream_never_mixes_versions():
+    """A ``Collector`` acting with the user's own CUDA module: weights published from the
+    trainer's stream are loaded into that module there (the update call finds no policy call
+    under way), and the next policy call, on the loop thread's stream, waits for them."""
+    collector = Collector([IntObsEnv] * 4, linear(0.0).cuda(), frames_per_batch=40, total_frames=40 * 30)
+    assert collector.policy is not None and next(collector.policy.parameters()).is_cuda
+    await versions_while_training(collector, StreamTrainer(collector))
+
+
+class PinnedTrainer(Trainer):
+    """``Trainer`` publishing a state dict in page-locked host memory, poisoned right after the
+    call: a queued copy from it would read the poison."""
+
+    def run(self):
+        state = {k: v.detach().clone().pin_memory() for k, v in self.policy.state_dict().items()}
+        try:
+            while not self.stop.is_set():
+                for v in state.values():
+                    v.fill_(self.sent + 1)
+                self.sent = self.collector.update_policy_weights_(state)
+                for v in state.values():
+                    v.fill_(-1e9)
+                time.sleep(0.0005)
+        except BaseException as exc:  # noqa: BLE001 - reported by the test
+            self.error = exc
+
+
+async def test_pinned_host_weights_are_copied_before_the_update_returns(variant):
+    collector = variant(IntObsEnv, linear(0.0), frames_per_batch=40, total_frames=40 * 30, policy_device="cuda")
+    await versions_while_training(collector, PinnedTrainer(collector))

@@ -87,3 +87,23 @@ def test_a_batch_on_the_gpu_is_the_users_after_the_next_one_is_staged(variant):
             next(batches)
         torch.cuda.synchronize()
     assert (first == kept).all()
+
+
+def test_a_batch_is_ready_on_the_stream_of_the_thread_that_asked_for_it(variant):
+    """``with torch.cuda.stream(s): next(batches)``: ``s`` waits for the batch's copy, which a
+    sleep queued on the copy stream holds back ~50 ms, so a kernel queued on ``s`` at once
+    still reads the batch's data (the loop thread's stream waiting would not order ``s``)."""
+    s = torch.cuda.Stream()
+    with variant(CounterEnv, argmax_policy(), frames_per_batch=variant.num_envs * 10, total_frames=-1,
+                 storing_device="cuda") as collector:
+        batches = iter(collector)
+        next(batches)  # (the first batch makes the staging)
+        for _ in range(3):
+            with torch.cuda.stream(collector._staging._copies):
+                torch.cuda._sleep(100_000_000)
+            with torch.cuda.stream(s):
+                batch = next(batches)
+                seen = batch["observation"].clone()  # queued on s at once
+            torch.cuda.synchronize()
+            assert torch.equal(seen, batch["observation"])
+            acts_as_the_cpu_policy(batch)
