@@ -58,6 +58,21 @@ def _as_key(key: Any) -> Any:
     return key
 
 
+def _jit_step(apply_fn: Callable[..., Any], stochastic: bool) -> Callable[..., Any]:
+    """``apply_fn`` jitted, with the PRNG key threaded through when ``stochastic``. XLA
+    compiles it once per input shape, so once per distinct row count of the policy calls."""
+
+    def step(params: Any, key: Any, *inputs: Any) -> tuple[tuple, Any]:
+        if stochastic:
+            key, sub = jax.random.split(key)
+            out = apply_fn(params, sub, *inputs)
+        else:
+            out = apply_fn(params, *inputs)
+        return (tuple(out) if isinstance(out, (tuple, list)) else (out,)), key
+
+    return jax.jit(step)
+
+
 class JaxPolicy(ArrayPolicy):
     """A JAX policy: ``apply_fn(params, *inputs)`` returns the output(s), jitted once.
 
@@ -121,15 +136,7 @@ class JaxPolicy(ArrayPolicy):
         self._key = _as_key(key)
         self.stochastic = key is not None
         """Whether ``apply_fn`` takes a PRNG key (``key`` was given)."""
-        self._jitted = jax.jit(self._step)
-
-    def _step(self, params: Any, key: Any, *inputs: Any) -> tuple[tuple, Any]:
-        if self.stochastic:
-            key, sub = jax.random.split(key)
-            out = self.apply_fn(params, sub, *inputs)
-        else:
-            out = self.apply_fn(params, *inputs)
-        return (tuple(out) if isinstance(out, (tuple, list)) else (out,)), key
+        self._jitted = _jit_step(apply_fn, self.stochastic)
 
     def __call__(self, *arrays: Any) -> tuple[np.ndarray, ...]:
         """The outputs for a batch of inputs, as numpy arrays (read-only views of XLA's buffers).
@@ -212,7 +219,8 @@ class JaxPolicy(ArrayPolicy):
         twin.__dict__.update(self.__dict__)
         twin._host = _HostSnapshots() if self._host is not None else None
         twin.params = twin._copy(self.params)
-        twin._jitted = jax.jit(twin._step)
+        # the same jitted function: what it compiled (once per batch shape) serves every copy
+        twin._jitted = self._jitted
         return twin
 
     def __repr__(self) -> str:

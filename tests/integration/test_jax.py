@@ -125,6 +125,25 @@ def test_jax_params_updates_are_versioned_and_snapshotted(variant):
     assert len(seen) >= 5, seen
 
 
+def test_copies_of_a_policy_share_what_it_compiled():
+    """A collector runs a copy of the ``JaxPolicy``; every copy calls the same jitted function,
+    so a second collector of the same policy compiles nothing again (XLA compiles once per
+    row count: here one per number of ready workers), while its weights stay its own."""
+    policy = JaxPolicy(jax_argmax, WEIGHTS)
+
+    def run():
+        with MultiSyncCollector([[cartpole]] * 3, policy, frames_per_batch=60, total_frames=300) as c:
+            list(c)
+            return c.policy
+
+    first = run()
+    compiled = policy._jitted._cache_size()
+    assert compiled >= 1
+    second = run()
+    assert policy._jitted._cache_size() == compiled
+    assert first is not second and first.params is not second.params is not policy.params
+
+
 def test_stochastic_policy_threads_its_key():
     def sample(params, key, obs):
         return jax.random.categorical(key, obs @ params["w"])
