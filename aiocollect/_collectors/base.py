@@ -891,7 +891,7 @@ class DataCollectorBase:
         """While the loop thread collects for this thread: with a GPU storing device, a batch's
         upload is waited for by this thread's current stream (``with torch.cuda.stream(s):
         for batch in collector`` gives batches ready on ``s``), not by the loop thread's."""
-        device = self.storing_device
+        device = getattr(self, "storing_device", None)  # (remote collectors have none here)
         if device is None or device.type != "cuda":
             yield
             return

@@ -223,6 +223,18 @@ class JaxPolicy(ArrayPolicy):
         twin._jitted = self._jitted
         return twin
 
+    def __getstate__(self) -> dict:
+        """What pickling keeps (a policy sent to a remote collector): the function, the params
+        and the key; the jitted function and the snapshot pool are made anew where it lands."""
+        state = dict(self.__dict__)
+        del state["_jitted"], state["_host"]
+        return state
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        self._host = _HostSnapshots() if jax.default_backend() == "cpu" else None
+        self._jitted = _jit_step(self.apply_fn, self.stochastic)
+
     def __repr__(self) -> str:
         name = getattr(self.apply_fn, "__qualname__", type(self.apply_fn).__name__)
         return f"JaxPolicy({name}, in_keys={self.in_keys}, out_keys={self.out_keys}, stochastic={self.stochastic})"

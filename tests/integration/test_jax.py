@@ -144,6 +144,19 @@ def test_copies_of_a_policy_share_what_it_compiled():
     assert first is not second and first.params is not second.params is not policy.params
 
 
+def test_a_policy_pickles_with_its_params_and_key():
+    """Sent to a remote collector (cloudpickle): the same function, params and key, so the
+    copy draws what the original would; the jitted function is made anew there."""
+    import cloudpickle
+
+    policy = JaxPolicy(lambda p, key, obs: jax.random.categorical(key, obs @ p["w"]), WEIGHTS, key=7)
+    twin = cloudpickle.loads(cloudpickle.dumps(policy))
+    obs = np.random.default_rng(1).normal(size=(64, 4)).astype(np.float32)
+    for _ in range(3):  # the key moves on alike
+        assert np.array_equal(twin(obs)[0], policy(obs)[0])
+    np.testing.assert_array_equal(np.asarray(twin.params["w"]), WEIGHTS["w"])
+
+
 def test_stochastic_policy_threads_its_key():
     def sample(params, key, obs):
         return jax.random.categorical(key, obs @ params["w"])

@@ -18,7 +18,7 @@ from aiocollect import Collector, EnvError, GymEnv, MultiSyncCollector, RayColle
 from support.checks import check_batch
 from support.envs import CounterEnv, IntObsEnv
 from support.procs import wait_until
-from support.weights import check_versions, linear, unpicklable_linear
+from support.weights import check_versions, jax_linear_apply, linear, unpicklable_linear
 
 ray = pytest.importorskip("ray")
 pytestmark = pytest.mark.xdist_group("ray")  # one Ray instance at a time (scripts/test.sh runs pytest -n 2)
@@ -119,6 +119,27 @@ async def test_async_face_and_the_async_twin(ray_cluster):
             break
         stats = c.statistics()  # sync: each remote collector gave half of both batches
         assert [w.env_steps for w in stats.workers] == [40, 40] and stats.env_steps == 80
+    finally:
+        c.shutdown()
+
+
+def test_a_jax_policy_travels_to_its_remote_collectors(ray_cluster):
+    """A ``JaxPolicy`` pickles (its jitted function is made anew there) and its params updates
+    reach every remote collector, versioned."""
+    import numpy as np
+
+    from aiocollect.jax import JaxPolicy
+
+    c = RayCollector(lambda: IntObsEnv(), JaxPolicy(jax_linear_apply, {"v": np.float32(0.0)}), frames_per_batch=40,
+                     total_frames=-1, num_collectors=2, sync=True)
+    try:
+        batch = c.next()
+        assert (batch["collector", "policy_version"] == 0).all()
+        assert c.update_policy_weights_({"v": np.float32(1.0)}) == 1
+        batch = c.next()
+        assert (batch["collector", "policy_version"] == 1).all()
+        for row in batch.unbind(0):
+            check_versions(row)
     finally:
         c.shutdown()
 
