@@ -319,9 +319,6 @@ class DataCollectorBase:
         self._returns = EpisodeReturns()
         self._staging: DeviceStaging | None = None
         """Set by ``_stage_batches`` for a GPU storing device."""
-        self._consumer: Any = None
-        """The current CUDA stream of the thread that asked for the batch being collected on
-        the loop thread (``_caller_stream``): the stream that waits for its upload."""
         self._reuse_td = False
         """``return_same_td`` (``Collector``): each batch is written into the first one."""
         self._same_td: TensorDictBase | None = None
@@ -469,7 +466,7 @@ class DataCollectorBase:
         ``_stage_batches``), with TorchRL's version keys if asked for, written into the first
         batch with ``return_same_td``."""
         if self._staging is not None:
-            batch = self._staging.upload(batch, self._consumer)
+            batch = self._staging.upload(batch)
         if self.options.track_policy_version:
             with_torchrl_versions(batch)
         if self._reuse_td:
@@ -883,23 +880,25 @@ class DataCollectorBase:
                 res.stop_loop()
 
     def _run_sync(self, what: str, fn: Callable, *args: Any) -> Any:
-        with self._loop_thread(what) as loop, self._closed_meanwhile(), self._caller_stream():
+        with self._loop_thread(what) as loop, self._closed_meanwhile():
             return loop.call(fn, *args)
 
-    @contextlib.contextmanager
-    def _caller_stream(self) -> Iterator[None]:
-        """While the loop thread collects for this thread: with a GPU storing device, a batch's
-        upload is waited for by this thread's current stream (``with torch.cuda.stream(s):
-        for batch in collector`` gives batches ready on ``s``), not by the loop thread's."""
-        device = getattr(self, "storing_device", None)  # (remote collectors have none here)
-        if device is None or device.type != "cuda":
-            yield
-            return
-        self._consumer = torch.cuda.current_stream(device)
-        try:
-            yield
-        finally:
-            self._consumer = None
+    def _on_caller_stream(self, batch: Any) -> Any:
+        """A GPU batch handed over by the loop thread, made ready on this thread's current
+        stream: its upload was waited for by the loop thread's (the default stream), so a
+        stream of the caller's own (``with torch.cuda.stream(s): for batch in collector``)
+        waits for the default stream too, on the GPU, and is recorded as a user of the
+        batch's memory. Nothing to do on the default stream, or off CUDA."""
+        staging = self._staging
+        if staging is None or not staging.cuda or not isinstance(batch, TensorDictBase):
+            return batch
+        here = torch.cuda.current_stream(staging.device)
+        default = torch.cuda.default_stream(staging.device)
+        if here != default:
+            here.wait_stream(default)
+            for tensor in batch.values(True, True):
+                tensor.record_stream(here)
+        return batch
 
     @contextlib.contextmanager
     def _closed_meanwhile(self) -> Iterator[None]:
@@ -940,12 +939,12 @@ class DataCollectorBase:
         with self._loop_thread("for batch in collector") as loop:
             while True:
                 if self._undelivered is _NOTHING:
-                    with self._closed_meanwhile(), self._caller_stream():
+                    with self._closed_meanwhile():
                         loop.call(self._next_batch_kept)
                 batch, self._undelivered = self._undelivered, _NOTHING
                 if batch is _DONE:
                     return
-                yield batch
+                yield self._on_caller_stream(batch)
                 if self._closed:
                     return  # shut down by the loop's body: the iteration is over
 
@@ -970,10 +969,10 @@ class DataCollectorBase:
         """
         with self._loop_thread("next()") as loop:
             if self._undelivered is _NOTHING:  # (a batch an interrupted iteration kept comes first)
-                with self._closed_meanwhile(), self._caller_stream():
+                with self._closed_meanwhile():
                     loop.call(self._next_batch_kept)
             batch, self._undelivered = self._undelivered, _NOTHING
-        return None if batch is _DONE else batch
+        return None if batch is _DONE else self._on_caller_stream(batch)
 
     def rollout(self) -> TensorDictBase:
         """Collect one batch and return it as collected.
@@ -990,7 +989,7 @@ class DataCollectorBase:
             CollectorBusyError: called from the collector's own event loop (a policy, ``postproc``
                 or replay-buffer callback); use ``await collector.arollout()`` there.
         """
-        return self._run_sync("rollout()", self.arollout)
+        return self._on_caller_stream(self._run_sync("rollout()", self.arollout))
 
     def __enter__(self):
         return self

@@ -11,9 +11,10 @@ of pageable memory costs one synchronous copy per field.
 
 * **What the user gets**: a TensorDict on the storing device whose tensors share one
   device allocation (freed once every field is dropped). The copy runs on a stream of
-  its own, beside the trainer's kernels; the current stream of the thread that asked for
-  the batch (``for batch in collector``, ``next()``, ``rollout()`` or ``async for``)
-  waits for it on the GPU, so kernels queued there afterwards see the data.
+  its own, beside the trainer's kernels; the current stream of the thread that uploads
+  waits for it on the GPU (the loop thread's default stream for ``for batch in
+  collector``, to which the asking thread's own stream is then ordered; the iterating
+  thread's for ``async for``), so kernels queued there afterwards see the data.
   Work on another stream must wait for that one (``stream.wait_stream``), as with any
   ``non_blocking`` copy in torch.
 * **Blocks are recycled**: a block is filled again only once the event recorded after
@@ -122,10 +123,9 @@ class DeviceStaging:
 
     # ------------------------------------------------------------------ to the device
 
-    def upload(self, batch: TensorDictBase, consumer: Any = None) -> TensorDictBase:
+    def upload(self, batch: TensorDictBase) -> TensorDictBase:
         """``batch`` (built with ``empty``) on the device: one copy per block, every field a
-        view of it. Fields outside the blocks are copied into them first. ``consumer``: the
-        CUDA stream that waits for the copy (default: this thread's current stream)."""
+        view of it. Fields outside the blocks are copied into them first."""
         for key, tensor in list(batch.items(True, True)):  # what the storage did not build (a cat)
             if tensor.numel() and not any(b.holds(tensor) for b in self._filling):
                 staged = self._carve(tensor.numel() * tensor.element_size()).view(tensor.dtype).view(tensor.shape)
@@ -135,7 +135,7 @@ class DeviceStaging:
             blocks, self._filling = self._filling, []
         total = sum(b.used for b in blocks)
         self._want = max(self._want, total)
-        copies = [(block, self._copy(block, consumer)) for block in blocks]
+        copies = [(block, self._copy(block)) for block in blocks]
         self.copies += len(copies)
 
         def move(tensor: torch.Tensor) -> torch.Tensor:
@@ -158,16 +158,15 @@ class DeviceStaging:
                     self._pool.append(_Block(_round_up(total), pinned=self.cuda))
                     del self._pool[: -_MAX_BLOCKS]
 
-    def _copy(self, block: _Block, consumer: Any = None) -> torch.Tensor:
+    def _copy(self, block: _Block) -> torch.Tensor:
         """The block's bytes on the device. On CUDA the copy goes on a stream of its own, so
-        it overlaps the kernels on the others; ``consumer`` (the current stream of the thread
-        that asked for the batch) waits for it on the GPU, and the device memory is released
-        only after the work queued there when the batch is freed."""
+        it overlaps the kernels on the others; the current stream of the thread that uploads
+        waits for it on the GPU, and the device memory is released only after the work
+        queued there when the batch is freed."""
         if not self.cuda:
             dev = torch.empty(block.used, dtype=torch.uint8, device=self.device)
             return dev.copy_(block.host[: block.used])
-        if consumer is None:
-            consumer = torch.cuda.current_stream(self.device)
+        consumer = torch.cuda.current_stream(self.device)
         with torch.cuda.stream(self._copies):
             dev = torch.empty(block.used, dtype=torch.uint8, device=self.device)
             dev.copy_(block.host[: block.used], non_blocking=True)

@@ -209,8 +209,9 @@ class JaxPolicy(ArrayPolicy):
     def copy(self) -> JaxPolicy:
         """An independent policy with the same function and a copy of the params.
 
-        A collector runs such a copy (jitted anew), so changes to your ``JaxPolicy``'s
-        params reach it only through ``update_policy_weights_``.
+        A collector runs such a copy, so changes to your ``JaxPolicy``'s params reach it
+        only through ``update_policy_weights_``. The copy calls the same jitted function:
+        what either compiled (once per batch shape) serves both.
 
         Returns:
             The new ``JaxPolicy``; a stochastic one starts from the same key.

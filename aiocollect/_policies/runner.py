@@ -152,8 +152,8 @@ class PolicyRunner:
             if weights.has_pending:
                 weights.apply_pending()
             if weights.fence is not None:  # weights written on another stream (``WeightsChannel.fence``)
-                fence, weights.fence = weights.fence, None
-                torch.cuda.current_stream(self.device).wait_event(fence)
+                (gpu, event), weights.fence = weights.fence, None
+                torch.cuda.current_stream(gpu).wait_event(event)
             self.version = weights.version
             return self._call(obs, num_envs)
 
@@ -209,7 +209,7 @@ class PolicyRunner:
             raise RuntimeError(f"policy: returned {len(result)} output(s) for out_keys {policy.out_keys}.")
         out = dict(zip(policy.out_keys, result))
         for key, value in out.items():
-            if isinstance(value, np.ndarray) and value.dtype.name in _ML_DTYPES:
+            if isinstance(value, np.ndarray) and is_ml_dtype(value.dtype):
                 out[key] = ml_dtype_tensor(value, key)
         if self._out_keys is None:
             self._out_keys = list(out)
@@ -304,20 +304,18 @@ def _zeros(like: Any, num_envs: int) -> Any:
     return np.zeros(shape, dtype=np.dtype(like.dtype))
 
 
-_ML_DTYPES = {"bfloat16": "bfloat16", "float8_e4m3fn": "float8_e4m3fn", "float8_e5m2": "float8_e5m2",
-              "float8_e4m3fnuz": "float8_e4m3fnuz", "float8_e5m2fnuz": "float8_e5m2fnuz", "int4": None,
-              "uint4": None, "float8_e4m3b11fnuz": None, "float4_e2m1fn": None}
-"""The ``ml_dtypes`` types (JAX's bf16 and float8s, as numpy arrays) by name: the torch dtype
-of the same bits, or ``None`` where torch has none."""
+def is_ml_dtype(dtype: np.dtype) -> bool:
+    """One of the ``ml_dtypes`` types that JAX's bf16 and float8 arrays have in numpy."""
+    return dtype.type.__module__.startswith("ml_dtypes")
 
 
 def ml_dtype_tensor(value: np.ndarray, key: NestedKey) -> torch.Tensor:
     """An array of an ``ml_dtypes`` type (a JAX policy's bf16 output), which torch cannot
     take from numpy, as the torch tensor of the same bits: stored as it is, like a torch
-    policy's bf16 outputs. Raises ``TypeError`` for a type torch lacks (int4...)."""
-    name = _ML_DTYPES[value.dtype.name]
-    dtype = getattr(torch, name, None) if name is not None else None
-    if dtype is None:
+    policy's bf16 outputs. Raises ``TypeError`` for a type torch has no float of the same
+    name and size for (int4, float4...)."""
+    dtype = getattr(torch, value.dtype.name, None)
+    if not (isinstance(dtype, torch.dtype) and dtype.is_floating_point and dtype.itemsize == value.dtype.itemsize):
         raise TypeError(
             f"policy: output {key!r} has dtype {value.dtype.name}, which torch has no type for; "
             "cast it in the policy (to float32, or bfloat16)."

@@ -212,6 +212,9 @@ class PolicySetup:
             stream = self.runner.stream
             if stream is not None:  # the load above was queued on the policy's stream
                 torch.cuda.current_stream(stream.device).wait_stream(stream)
+            fence = self.weights.fence
+            if fence is not None:  # a load queued on another thread's stream (left for the next call too)
+                torch.cuda.current_stream(fence[0]).wait_event(fence[1])
             return {k: v.detach().clone() for k, v in self.policy.state_dict().items()}
 
     def load_state_dict(self, state_dict: dict, strict: bool) -> None:

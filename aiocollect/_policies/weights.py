@@ -81,10 +81,10 @@ class WeightsChannel:
         """The newest version published."""
         self.version = 0
         """The version in effect: the one the next policy call uses (after ``apply_pending()``)."""
-        self.fence: Any = None
-        """A CUDA event that the stream of the next policy call must wait for, or ``None``: set
-        where weights reach the policy on a stream it does not run on (``FollowChannel``); the
-        runner takes it under ``lock``."""
+        self.fence: tuple[torch.device, Any] | None = None
+        """``(GPU, CUDA event)`` that the stream of the next policy call on that GPU must wait
+        for, or ``None``: set where weights reach the policy on a stream it may not run on
+        (``FollowChannel``); the runner takes it under ``lock``."""
 
     @property
     def has_pending(self) -> bool:
@@ -147,9 +147,10 @@ class _Snapshot(list):
 
 
 def _cuda_device(module: torch.nn.Module) -> torch.device | None:
-    """The GPU holding ``module``'s first tensor, or ``None``."""
+    """The GPU holding ``module``'s first tensor on a GPU, or ``None``."""
     for t in module.state_dict(keep_vars=True).values():
-        return t.device if t.is_cuda else None
+        if t.is_cuda:
+            return t.device
     return None
 
 
@@ -485,7 +486,10 @@ class FollowChannel(WeightsChannel):
             # source again when it changes after the publish
             self.watch.mark(None if self.shared else at)
         if gpu is not None:  # the next policy call, on whichever stream, comes after this
-            self.fence = torch.cuda.current_stream(gpu).record_event()
+            here = torch.cuda.current_stream(gpu)
+            if self.fence is not None:  # a load on another stream not waited for yet: this one follows it
+                here.wait_event(self.fence[1])
+            self.fence = gpu, here.record_event()
 
     def _give_back(self, snap: tuple[int, list[torch.Tensor] | None, Any]) -> None:
         if snap[1] is not None:

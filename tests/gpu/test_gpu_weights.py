@@ -118,6 +118,7 @@ class PinnedTrainer(Trainer):
             while not self.stop.is_set():
                 for v in state.values():
                     v.fill_(self.sent + 1)
+                torch.cuda._sleep(2_000_000)  # ~1 ms: a copy queued behind it would read the poison
                 self.sent = self.collector.update_policy_weights_(state)
                 for v in state.values():
                     v.fill_(-1e9)

@@ -127,8 +127,8 @@ def test_jax_params_updates_are_versioned_and_snapshotted(variant):
 
 def test_copies_of_a_policy_share_what_it_compiled():
     """A collector runs a copy of the ``JaxPolicy``; every copy calls the same jitted function,
-    so a second collector of the same policy compiles nothing again (XLA compiles once per
-    row count: here one per number of ready workers), while its weights stay its own."""
+    so a second collector of the same policy compiles nothing it compiled before (XLA compiles
+    once per row count: here one per number of ready workers), while its weights stay its own."""
     policy = JaxPolicy(jax_argmax, WEIGHTS)
 
     def run():
@@ -137,10 +137,9 @@ def test_copies_of_a_policy_share_what_it_compiled():
             return c.policy
 
     first = run()
-    compiled = policy._jitted._cache_size()
-    assert compiled >= 1
+    assert policy._jitted._cache_size() >= 1  # what the collector compiled is the policy's
     second = run()
-    assert policy._jitted._cache_size() == compiled
+    assert first._jitted is second._jitted is policy._jitted
     assert first is not second and first.params is not second.params is not policy.params
 
 
