@@ -24,7 +24,7 @@ from tensordict.nn import InteractionType
 from .._engine.scheduler import Scheduler
 from .._envs.spaces import ActionCheck, flatten_space
 from .._policies.random import RandomPolicy
-from .._policies.setup import PolicySetup, check_policy
+from .._policies.setup import PolicySetup, check_policy, runs_on_gpu
 from .._workers.plan import WorkerPlan, plan_workers
 from .._workers.pool import WorkerPool
 from .._workers.shm import Layout
@@ -135,7 +135,8 @@ class WorkerCollectorBase(DataCollectorBase):
         # random actions go in runs of steps (``_engine.scheduler``), with no policy call to overlap
         runs = (options.reset_when_done and options.interruptor is None
                 and (policy is None or isinstance(policy, RandomPolicy)))
-        plan = plan_workers(self._entries(create_env_fn), options.create_env_kwargs, policy_between_steps=not runs)
+        plan = plan_workers(self._entries(create_env_fn), options.create_env_kwargs, policy_between_steps=not runs,
+                            gpu_policy=runs_on_gpu(policy, options.policy_device))
         options = self._check_plan(plan, options, worker_options)
         validate_batching(max_batch_size=max_batch_size, min_batch_size=min_batch_size,
                           batch_timeout=batch_timeout, step_timeout=None,

@@ -19,6 +19,9 @@ class ArrayPolicy:
 
     in_keys: list
     out_keys: list
+    accelerated: bool = False
+    """Whether its calls run on an accelerator (a GPU): the worker collectors then split
+    workers in parts more readily, to hide each call's wait (``_workers.plan.pipeline``)."""
 
     def __call__(self, *arrays: np.ndarray) -> tuple[np.ndarray, ...]:
         raise NotImplementedError

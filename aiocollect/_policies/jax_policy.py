@@ -155,6 +155,11 @@ class JaxPolicy(ArrayPolicy):
     # ArrayPolicy: weights --------------------------------------------------------------
 
     @property
+    def accelerated(self) -> bool:
+        """Whether JAX computes it off the CPU (its default backend is a GPU or TPU)."""
+        return self._host is None
+
+    @property
     def weights(self) -> Any:
         """The params in use (``params``): what ``update_policy_weights_()`` without an argument sends."""
         return self.params

@@ -90,6 +90,16 @@ def _device_of(module: torch.nn.Module) -> torch.device | None:
     return None
 
 
+def runs_on_gpu(policy: Any, device: torch.device | None) -> bool:
+    """Whether the collector's calls of ``policy`` will run on a GPU: ``policy_device`` says
+    so, or (none given) a module's tensors all live on one, or a JAX policy's backend is one."""
+    if device is not None:
+        return device.type != "cpu"
+    if isinstance(policy, torch.nn.Module) and not isinstance(policy, RandomPolicy):
+        return _device_of(policy) is not None
+    return isinstance(policy, ArrayPolicy) and policy.accelerated
+
+
 def _on(module: torch.nn.Module, device: torch.device | None) -> bool:
     """Whether every tensor of ``module`` already is on ``device`` (so it can be shared)."""
     if device is None:

@@ -130,12 +130,12 @@ def _close_probe(i: int, entry: Any, group: Any) -> None:
 
 
 def plan_workers(create_env_fn: Any, create_env_kwargs: dict | None, *,
-                 policy_between_steps: bool = True) -> WorkerPlan:
+                 policy_between_steps: bool = True, gpu_policy: bool = False) -> WorkerPlan:
     """Validate ``create_env_fn`` and lay the workers out; see the module docstring.
 
     ``policy_between_steps``: the policy runs between steps (``False`` for random actions,
     which workers take in runs of steps: then no worker is split in parts, as no policy
-    call is there to overlap).
+    call is there to overlap). ``gpu_policy``: it runs on a GPU (see ``pipeline``).
     """
     if isinstance(create_env_fn, (str, gym.Env, VectorEnv)) or not isinstance(create_env_fn, (list, tuple)):
         raise TypeError(
@@ -176,7 +176,7 @@ def plan_workers(create_env_fn: Any, create_env_kwargs: dict | None, *,
         specs.append(WorkerSpec(i, pickled[i], n, batched, lo, lo + n, coroutine))
         separable.append(separable_here)
         lo += n
-    if policy_between_steps and pipeline(sum(not w.coroutine for w in specs)):
+    if policy_between_steps and pipeline(sum(not w.coroutine for w in specs), gpu_policy):
         least = 1 if env_flag("AIOCOLLECT_PIPELINE") else MIN_PART
         specs = [replace(w, parts=_halves(w.lo, w.num_envs, least)) if ok else w for w, ok in zip(specs, separable)]
     return WorkerPlan(tuple(specs), first[0], first[1], kwargs)
@@ -193,17 +193,28 @@ def _halves(lo: int, n: int, least: int = MIN_PART) -> tuple[tuple[int, int], ..
     return ((lo, mid), (mid, lo + n))
 
 
-def pipeline(processes: int) -> bool:
+def pipeline(processes: int, gpu_policy: bool = False, cores: int | None = None) -> bool:
     """Whether process workers step their envs in two parts, in turn (see ``WorkerSpec.parts``;
     a worker needs ``2 * MIN_PART`` envs or more to be split).
 
     The policy call for one part then overlaps the other part's steps, at the price of
     twice the policy calls. By default, only when the engine has cores to spare
-    (``2 * processes <= cores``): on 2 cores, 1 worker x 16 CartPole envs collects 13-16%
-    faster in parts, while 2 workers x 16 (the engine taking its core from the workers)
-    collect up to 27% slower (``benchmarks/README.md``). ``AIOCOLLECT_PIPELINE=0``/``1``
-    forces it off/on (for any worker with at least 2 envs).
+    (``cores``: this process's usable cores):
+
+    * a policy on the CPU computes on the engine's core, and twice the calls cost it twice
+      the CPU: parts when ``2 * processes <= cores``. On 2 cores, 1 worker x 16 CartPole
+      envs collects 13-16% faster in parts, while 2 workers x 16 (the engine taking its
+      core from the workers) collect up to 27% slower (``benchmarks/README.md``);
+    * a policy on a GPU costs the engine little CPU but a wait for the GPU at every call,
+      which parts hide: parts when the engine has a core of its own, ``processes + 1 <=
+      cores``. On the 2-core VM, 1 worker x 8 pixel envs (1.6 ms a step) with a policy
+      whose call waits 0.5 ms collects at 0.87 of the envs' limit in parts, 0.58-0.61 without.
+
+    ``AIOCOLLECT_PIPELINE=0``/``1`` forces it off/on (for any worker with at least 2 envs).
     """
     forced = env_flag("AIOCOLLECT_PIPELINE")
-    return forced if forced is not None else 2 * processes <= usable_cores()
+    if forced is not None:
+        return forced
+    cores = usable_cores() if cores is None else cores
+    return (processes + 1 if gpu_policy else 2 * processes) <= cores
 

@@ -61,6 +61,7 @@ def apply(params, obs):
 
 def test_a_jax_policy_on_the_gpu_fills_gpu_batches(gpu):
     policy = JaxPolicy(apply, argmax_params())
+    assert policy.accelerated
     assert all(leaf.devices() == {gpu} for leaf in jax.tree.leaves(policy.params))
     with collector(policy, storing_device="cuda") as c:
         assert all(leaf.devices() == {gpu} for leaf in jax.tree.leaves(c.policy.params))

@@ -143,6 +143,11 @@ def test_copies_of_a_policy_share_what_it_compiled():
     assert first is not second and first.params is not second.params is not policy.params
 
 
+def test_a_policy_on_the_cpu_backend_is_not_accelerated():
+    """(which keeps the worker collectors' CPU-policy pipelining rule: ``_workers.plan.pipeline``)"""
+    assert jax.default_backend() == "cpu" and not JaxPolicy(jax_argmax, WEIGHTS).accelerated
+
+
 def test_a_policy_pickles_with_its_params_and_key():
     """Sent to a remote collector (cloudpickle): the same function, params and key, so the
     copy draws what the original would; the jitted function is made anew there."""

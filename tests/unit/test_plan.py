@@ -136,6 +136,35 @@ def test_by_default_workers_pipeline_when_the_engine_has_cores_to_spare(cores, p
     assert not any(w.parts for w in plan.workers if w.coroutine)
 
 
+@pytest.mark.parametrize(("cores", "processes", "cpu", "gpu"),
+                         [(2, 1, True, True), (2, 2, False, False), (16, 8, True, True), (16, 12, False, True),
+                          (16, 15, False, True), (16, 16, False, False)])
+def test_a_gpu_policy_pipelines_whenever_the_engine_has_a_core(cores, processes, cpu, gpu, monkeypatch):
+    """A GPU policy's call is a wait, not the engine's CPU: parts hide it whenever the engine
+    has a core of its own; a CPU policy's doubled calls need twice the cores."""
+    monkeypatch.delenv("AIOCOLLECT_PIPELINE", raising=False)
+    assert plan_module.pipeline(processes, gpu_policy=False, cores=cores) is cpu
+    assert plan_module.pipeline(processes, gpu_policy=True, cores=cores) is gpu
+    monkeypatch.setenv("AIOCOLLECT_PIPELINE", "0")
+    assert plan_module.pipeline(processes, gpu_policy=True, cores=cores) is False
+
+
+def test_whether_a_policy_runs_on_a_gpu_is_read_off_its_device():
+    import torch
+    from tensordict.nn import TensorDictModule
+
+    from aiocollect import RandomPolicy
+    from aiocollect._policies.setup import runs_on_gpu
+
+    module = TensorDictModule(torch.nn.Linear(3, 1), in_keys=["observation"], out_keys=["action"])
+    assert not runs_on_gpu(module, None) and not runs_on_gpu(None, None)
+    assert not runs_on_gpu(module, torch.device("cpu"))
+    assert runs_on_gpu(module, torch.device("cuda", 0))  # policy_device decides (the copy goes there)
+    assert not runs_on_gpu(RandomPolicy(gym.spaces.Discrete(2)), None)
+    meta = TensorDictModule(torch.nn.Linear(3, 1, device="meta"), in_keys=["observation"], out_keys=["action"])
+    assert not runs_on_gpu(meta, None)
+
+
 def test_by_default_a_worker_needs_two_parts_worth_of_envs(monkeypatch):
     monkeypatch.delenv("AIOCOLLECT_PIPELINE", raising=False)
     monkeypatch.setattr(plan_module, "usable_cores", lambda: 64)
