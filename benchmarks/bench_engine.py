@@ -17,6 +17,11 @@ shows the best and the median, ratios use the best):
   users write it).
 * **P. A pixel env, 2 workers x 8 envs, random policy**: observations ``4x84x84`` uint8, each
   step spins 200 us of CPU. The limit is one core stepping 8 of them, times 2 (or the cores).
+* **L. A policy that waits, as a GPU policy's call does** (each call sleeps 0, 0.5 or 1 ms,
+  the core free meanwhile), on the pixel env, ``cores - 1`` workers x 8 envs (at least 1):
+  ``MultiSyncCollector`` with each worker stepping its envs in two halves in turn (the
+  default for a GPU policy when the engine has a core of its own) and without
+  (``AIOCOLLECT_PIPELINE=1``/``0``). The halves hide a wait up to about half a step.
 * **M. Main-process CPU per frame** for section E's collectors: the CPU time of every thread
   of this process over the timed batches, divided by the frames. With spinning on (the
   default) that includes the time the engine spins, yielding its core, while it waits for
@@ -135,6 +140,37 @@ def lean_policy(observation):
     random actions, which workers take in runs of steps) every step is a round through the
     main process and one batched policy call."""
     return (observation[..., 2] > 0).long()
+
+
+class WaitingPolicy(torch.nn.Module):
+    """Action 0 for every env, after a wait of ``ms`` (``time.sleep``: the core is free, as
+    while a GPU computes; a CUDA sync spins on it, which the engine's own core absorbs)."""
+
+    def __init__(self, ms: float):
+        super().__init__()
+        self.ms = ms
+
+    def forward(self, observation: torch.Tensor) -> torch.Tensor:
+        if self.ms:
+            time.sleep(self.ms / 1000)
+        return torch.zeros(observation.shape[0], dtype=torch.long)
+
+
+def latency_row(workers: int, ms: float, halves: bool, steps: int, batches: int) -> float:
+    """Frames/s of ``MultiSyncCollector`` over the pixel env with ``WaitingPolicy(ms)``,
+    workers in halves or not (``AIOCOLLECT_PIPELINE``, read when the collector is built)."""
+    from tensordict.nn import TensorDictModule
+
+    policy = TensorDictModule(WaitingPolicy(ms), in_keys=["observation"], out_keys=["action"])
+    before = os.environ.get("AIOCOLLECT_PIPELINE")
+    os.environ["AIOCOLLECT_PIPELINE"] = "1" if halves else "0"
+    try:
+        return aio("MultiSyncCollector", PixelEnv, workers, P_ENVS, steps, batches, policy=policy)
+    finally:
+        if before is None:
+            del os.environ["AIOCOLLECT_PIPELINE"]
+        else:
+            os.environ["AIOCOLLECT_PIPELINE"] = before
 
 
 def puffer_cartpole(buf=None, seed=0):
@@ -280,6 +316,12 @@ def rows_for(args) -> list[Row]:
     for cls in ("MultiSyncCollector", "MultiAsyncCollector"):
         rows.append(Row("P", f"aiocollect {cls} {P_WORKERS}x{P_ENVS}",
                         lambda cls=cls: aio(cls, PixelEnv, P_WORKERS, P_ENVS, p_steps, p_batches)))
+    lw = max(1, cores() - 1)
+    rows.append(Row("L", "limit", lambda: limit(PixelEnv, P_ENVS, lw, 400 if quick else 4_000)))
+    for ms in (0.5,) if quick else (0.0, 0.5, 1.0):
+        for halves in (True, False):
+            name = f"MultiSyncCollector {lw}x{P_ENVS}, wait {ms:.1f} ms, {'halves' if halves else 'whole'}"
+            rows.append(Row("L", name, lambda ms=ms, halves=halves: latency_row(lw, ms, halves, p_steps, p_batches)))
     w = args.workers[0]
     for cls in ("MultiSyncCollector", "MultiAsyncCollector"):
         for spin in ("1",) if quick else ("1", "0"):
@@ -291,6 +333,8 @@ def rows_for(args) -> list[Row]:
 def report(rows: list[Row], args) -> dict:
     titles = {"P": f"P. Pixel env {PIXEL_SHAPE} uint8, {PIXEL_STEP_S * 1e6:.0f} us CPU per step, "
                    f"{P_WORKERS} workers x {P_ENVS} envs, random policy",
+              "L": f"L. A policy that waits (as a GPU's call does), pixel env {max(1, cores() - 1)} workers x "
+                   f"{P_ENVS} envs, workers in halves or whole",
               "M": "M. Main-process CPU per frame (all its threads), CartPole"}
     results = []
     for section in dict.fromkeys(r.section for r in rows):

@@ -87,7 +87,8 @@ def test_engine_benchmark_quick_mode_reports_every_section(tmp_path):
     stdout, results = run_quick("engine", tmp_path)
     for row in ("aiocollect MultiSyncCollector 2x16", "aiocollect MultiAsyncCollector 2x8",
                 "aiocollect MultiAsyncCollector 2x16, lean_policy",
-                "TorchRL MultiSync 2x GymWrapper(SyncVec16)", "MultiSyncCollector 2x16, AIOCOLLECT_SPIN=1"):
+                "TorchRL MultiSync 2x GymWrapper(SyncVec16)", "MultiSyncCollector 2x16, AIOCOLLECT_SPIN=1",
+                "L. A policy that waits", "wait 0.5 ms, halves", "wait 0.5 ms, whole"):
         assert row in stdout, row
     rows = results["results"]
     assert not [r for r in rows if r["error"]]
