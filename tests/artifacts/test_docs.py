@@ -122,3 +122,22 @@ def test_the_examples_of_the_page_run(page, tmp_path):
     proc = subprocess.run([sys.executable, "-c", RUNNER, str(path), str(page in RUN_SHELL)], cwd=tmp_path,
                           capture_output=True, text=True, timeout=110, env=env)
     assert proc.returncode == 0, f"{page}:\n{proc.stdout[-2000:]}\n{proc.stderr[-3000:]}"
+
+
+GPU_TO_CPU = [('"cuda"', '"cpu"'), (".cuda()", ""), (".is_cuda", '.device.type == "cpu"')]
+"""What turns the GPU page's examples into CPU programs (``tests/gpu/test_gpu_docs.py`` runs
+them as they are, on a GPU)."""
+
+
+@pytest.mark.parametrize("block", range(2))
+def test_the_gpu_pages_examples_run_on_the_cpu(block, tmp_path):
+    """The examples of ``docs/gpu.md`` with the CPU in place of the GPU: what they call
+    exists and works the same way, checked here where no GPU is (the GPU run is the device's)."""
+    blocks = re.findall(r"^```py\n(.*?)^```", (DOCS / "gpu.md").read_text(), re.S | re.M)
+    assert len(blocks) == 2
+    code = blocks[block]
+    assert "cuda" in code
+    for gpu, cpu in GPU_TO_CPU:
+        code = code.replace(gpu, cpu)
+    proc = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=200)
+    assert proc.returncode == 0, proc.stderr[-3000:]
