@@ -9,6 +9,7 @@ Weight updates go through the same versioned channel as torch policies
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -38,6 +39,11 @@ class ArrayPolicy:
     def load(self, snap: Any) -> None:
         """Use ``snap`` (from ``snapshot()``) from the next call on."""
         raise NotImplementedError
+
+    def prepare(self, rows: Sequence[int], inputs: Sequence[tuple[np.dtype, tuple[int, ...]]]) -> None:
+        """Get ready for calls over each of ``rows`` envs, with inputs of these (dtype, per-env
+        shape): a worker collector gives every row count its rounds can have, once, at start,
+        for an ``accelerated`` policy (JAX compiles one program per shape). Optional."""
 
     def copy(self) -> ArrayPolicy:
         """An independent policy with the same function and a snapshot of the weights:

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import logging
+import os
 import threading
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import jax
@@ -11,6 +14,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from .array import ArrayPolicy
+
+logger = logging.getLogger("aiocollect")
 
 
 def _copy_tree(params: Any) -> Any:
@@ -151,6 +156,29 @@ class JaxPolicy(ArrayPolicy):
         """
         outs, self._key = self._jitted(self.params, self._key, *arrays)
         return tuple(np.asarray(o) for o in outs)
+
+    def prepare(self, rows: Sequence[int], inputs: Sequence[tuple[np.dtype, tuple[int, ...]]]) -> None:
+        """Compile for each of ``rows`` now, several at once (XLA compiles outside the GIL),
+        rather than at the first call of each row count, inside the collection (where each
+        compile of a convolutional network on a GPU can take a second or more). The calls
+        run on zeros and their outputs are dropped; the key does not move. A call that
+        fails here is left for the real one to report, with its context.
+
+        Args:
+            rows: the row counts to compile for.
+            inputs: (dtype, per-row shape) of each ``in_keys`` entry, in order.
+        """
+        def warm(n: int) -> None:
+            arrays = [np.zeros((n, *shape), dtype) for dtype, shape in inputs]
+            try:
+                outs, _ = self._jitted(self.params, self._key, *arrays)
+                jax.block_until_ready(outs)
+            except Exception as exc:  # noqa: BLE001 - the real call reports it
+                logger.debug("aiocollect: compiling %r for %d rows failed: %s", self, n, exc)
+
+        if rows:
+            with ThreadPoolExecutor(min(len(rows), os.cpu_count() or 1), "aiocollect-jax-compile") as pool:
+                list(pool.map(warm, rows))
 
     # ArrayPolicy: weights --------------------------------------------------------------
 

@@ -100,6 +100,21 @@ def runs_on_gpu(policy: Any, device: torch.device | None) -> bool:
     return isinstance(policy, ArrayPolicy) and policy.accelerated
 
 
+ROUND_SIZES_MAX = 64
+"""Most row counts a policy is compiled for ahead of its calls (``PolicySetup.prepare``)."""
+
+
+def round_sizes(lane_sizes: list[int], most: int = ROUND_SIZES_MAX) -> list[int] | None:
+    """Every row count a round over some of these lanes can have (the sums of their subsets),
+    sorted; ``None`` if there are more than ``most``."""
+    sums = {0}
+    for size in lane_sizes:
+        sums |= {s + size for s in sums}
+        if len(sums) > most + 1:
+            return None
+    return sorted(sums - {0})
+
+
 def _on(module: torch.nn.Module, device: torch.device | None) -> bool:
     """Whether every tensor of ``module`` already is on ``device`` (so it can be shared)."""
     if device is None:
@@ -158,6 +173,19 @@ class PolicySetup:
     def has_weights(self) -> bool:
         """A torch module or a JAX policy: weights to update, version and save."""
         return self.weights is not None
+
+    def prepare(self, lane_sizes: list[int], obs_leaves: list) -> None:
+        """Before collecting: an ``accelerated`` ``ArrayPolicy`` (JAX on a GPU) compiles for
+        every row count a round over the lanes of ``lane_sizes`` envs can have (at most
+        ``ROUND_SIZES_MAX``), instead of at each one's first call, inside the collection."""
+        policy = self.policy
+        if not (isinstance(policy, ArrayPolicy) and policy.accelerated):
+            return
+        rows = round_sizes(lane_sizes)
+        specs = {leaf.key: (leaf.dtype, leaf.shape) for leaf in obs_leaves}
+        if rows is None or any(k not in specs for k in policy.in_keys):
+            return
+        policy.prepare(rows, [specs[k] for k in policy.in_keys])
 
     def close(self) -> None:
         """Wait for what is queued on the policy's own CUDA stream (a weight load, a last

@@ -59,6 +59,14 @@ def apply(params, obs):
     return jnp.argmax(logits, axis=-1)
 
 
+def test_a_jax_policy_on_the_gpu_is_compiled_for_every_round_before_collecting(gpu):
+    from aiocollect._policies.setup import round_sizes
+
+    with collector(JaxPolicy(apply, argmax_params())) as c:
+        sizes = round_sizes([lane.num_envs for lane in c._scheduler.lanes])
+        assert sizes and c.policy._jitted._cache_size() >= len(sizes)
+
+
 def test_a_jax_policy_on_the_gpu_fills_gpu_batches(gpu):
     policy = JaxPolicy(apply, argmax_params())
     assert policy.accelerated

@@ -143,6 +143,40 @@ def test_copies_of_a_policy_share_what_it_compiled():
     assert first is not second and first.params is not second.params is not policy.params
 
 
+def test_prepare_compiles_for_every_row_count_at_once_and_leaves_nothing_running():
+    """``prepare`` (a worker collector calls it for a JAX policy on a GPU): one compile per row
+    count, done before it returns, on zeros, without moving the key; a count whose call fails
+    is left to the real call."""
+    def apply(params, key, obs):
+        if obs.shape[0] == 6:
+            raise ValueError("not for six rows")
+        return jax.random.categorical(key, obs @ params["w"])
+
+    policy = JaxPolicy(apply, WEIGHTS, key=3)
+    twin = policy.copy()
+    threads = threading.active_count()
+    policy.prepare([2, 4, 6, 8], [(np.dtype(np.float32), (4,))])
+    assert threading.active_count() == threads
+    compiled = policy._jitted._cache_size()
+    assert compiled >= 3
+    obs = np.random.default_rng(0).normal(size=(4, 4)).astype(np.float32)
+    assert np.array_equal(policy(obs)[0], twin(obs)[0])  # the key did not move
+    for n in (2, 8):
+        policy(np.zeros((n, 4), np.float32))
+    assert policy._jitted._cache_size() == compiled  # nothing left to compile for those
+    with pytest.raises(ValueError, match="six rows"):
+        policy(np.zeros((6, 4), np.float32))
+
+
+def test_the_row_counts_of_rounds_are_the_sums_of_lanes():
+    from aiocollect._policies.setup import round_sizes
+
+    assert round_sizes([4, 4, 4]) == [4, 8, 12]
+    assert round_sizes([3, 5]) == [3, 5, 8]
+    assert round_sizes([1] * 64) == list(range(1, 65))
+    assert round_sizes([1] * 65) is None  # too many to compile ahead: left to the calls
+
+
 def test_a_policy_on_the_cpu_backend_is_not_accelerated():
     """(which keeps the worker collectors' CPU-policy pipelining rule: ``_workers.plan.pipeline``)"""
     assert jax.default_backend() == "cpu" and not JaxPolicy(jax_argmax, WEIGHTS).accelerated
