@@ -124,9 +124,10 @@ def test_the_examples_of_the_page_run(page, tmp_path):
     assert proc.returncode == 0, f"{page}:\n{proc.stdout[-2000:]}\n{proc.stderr[-3000:]}"
 
 
-GPU_TO_CPU = [('"cuda"', '"cpu"'), (".cuda()", ""), (".is_cuda", '.device.type == "cpu"')]
-"""What turns the GPU page's examples into CPU programs (``tests/gpu/test_gpu_docs.py`` runs
-them as they are, on a GPU)."""
+GPU_TO_CPU = [('"cuda"', '"cpu"'), (".cuda()", ""), (".is_cuda", '.device.type == "cpu"'),
+              ("total_frames=20_480", "total_frames=2_048"), ("total_frames=10_240", "total_frames=2_048")]
+"""What turns the GPU page's examples into short CPU programs (``tests/gpu/test_gpu_docs.py``
+runs them as they are, on a GPU)."""
 
 
 @pytest.mark.parametrize("block", range(2))
