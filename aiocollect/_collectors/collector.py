@@ -27,7 +27,7 @@ from .._engine.scheduler import Scheduler
 from .._envs.coroutine_group import CoroutineGroup
 from .._envs.group import check_create_env_fn, make_group
 from .._errors import CollectorError, EnvError
-from .._policies.setup import PolicySetup, check_policy
+from .._policies.setup import PolicySetup, check_policy, cuda_graphs_for
 from .._workers.coroutine_envs import CoroutineEnvs
 from .._workers.inline_worker import InlineWorker
 from .._workers.shm import Layout, SharedArrays
@@ -185,6 +185,7 @@ class Collector(DataCollectorBase):
         sync: bool | None = None,
         policy_factory: Any = None,
         compile_policy: Any = None,
+        cudagraph_policy: Any = None,
         **torchrl_options: Any,
     ):
         if sync is not None:
@@ -194,6 +195,7 @@ class Collector(DataCollectorBase):
         policy = resolve_policy(policy, policy_factory, compile_policy)
         options = options_from({**locals(), **torchrl_options})
         check_policy(policy)
+        cuda_graphs = cuda_graphs_for(cudagraph_policy, policy, options.policy_device)
         if create_env_fn is None:
             raise TypeError("create_env_fn is required: a callable returning a gymnasium env, or an env id.")
         check_create_env_fn(create_env_fn, options.create_env_kwargs)
@@ -223,7 +225,7 @@ class Collector(DataCollectorBase):
         # the policy runs only while the user waits for a batch: act with the user's module
         # itself, as TorchRL does, a change of it being a new policy version
         self._policy = PolicySetup(policy, group.action_space, obs_keys, device=self.policy_device,
-                                   exploration_type=options.exploration_type, share=True)
+                                   exploration_type=options.exploration_type, share=True, cuda_graphs=cuda_graphs)
         self._resources.closers.append(self._policy.close)
         self.policy = self._policy.policy
         """The policy the collector runs: the object given (a module is not copied: your

@@ -5,7 +5,9 @@ of three ways:
 
 * **implemented**: ``policy_factory`` (the policy is ``policy_factory()``), ``compile_policy``
   (``torch.compile`` of the policy's network: ``True`` or a dict of ``torch.compile``
-  arguments), ``num_collectors`` with ``sync`` (``Collector(..., num_collectors=N)``, TorchRL
+  arguments), ``cudagraph_policy`` (the policy's calls on a CUDA device captured in CUDA
+  graphs, ``_policies.graphs``; the distributed collectors take it in ``collector_kwargs``),
+  ``num_collectors`` with ``sync`` (``Collector(..., num_collectors=N)``, TorchRL
   0.14's entry point, builds a ``MultiSyncCollector`` when ``sync=True`` and a
   ``MultiAsyncCollector`` otherwise, over ``N`` copies of the env factory), ``num_workers``
   (the worker collectors: ``N`` copies of a single factory), and ``trajs_per_batch``,
@@ -15,8 +17,8 @@ of three ways:
   is no explicit CUDA synchronisation to skip). ``track_policy_version`` is a collector option
   (every frame carries ``("collector", "policy_version")`` anyway; ``True`` also adds TorchRL's
   own keys for it, ``"policy_version"`` and ``("next", "policy_version")``);
-* **not supported**: accepted only at the value that turns them off (``cudagraph_policy=None``,
-  ``weight_updater=None``...); any other value is a ``ValueError`` that says what to do
+* **not supported**: accepted only at the value that turns them off (``weight_updater=None``,
+  ``backend=None``...); any other value is a ``ValueError`` that says what to do
   instead. TorchRL's weight-sync schemes (``weight_sync_schemes``) are taken: they carry
   weights to policies in other processes, and here the policy runs in this process, where
   ``update_policy_weights_()`` is that carrier.
@@ -65,8 +67,9 @@ _KEYWORDS: dict[str, _Keyword] = {
     "auto_register_policy_transforms": _Keyword((None, False), "aiocollect does not add env transforms for "
                                                                "recurrent policies; give the env its "
                                                                "InitTracker and TensorDictPrimer yourself"),
-    "cudagraph_policy": _Keyword((None, False), "CUDA-graph capture of the policy is not supported; use "
-                                                "compile_policy=True (or a dict of torch.compile arguments)"),
+    # (Collector and the worker collectors take it; the distributed ones pass it on)
+    "cudagraph_policy": _Keyword((None, False), "the policies run in the remote collectors: pass it to them, "
+                                                "collector_kwargs={'cudagraph_policy': True}"),
     # TorchRL's schemes carry weights to policies in other processes; here the policy runs in this
     # process and update_policy_weights_() (or, for Collector, the shared module) is that carrier
     "weight_sync_schemes": _Keyword((None, _torchrl_schemes), "give a TorchRL weight-sync scheme for the "
@@ -130,7 +133,7 @@ and validated by ``validate_options`` with the others."""
 _KNOWN_ELSEWHERE = ("frames_per_batch", "total_frames", "create_env_fn", "policy", "device", "storing_device",
                     "policy_device", "env_device", "max_frames_per_traj", "init_random_frames", "split_trajs",
                     "reset_at_each_iter", "postproc", "exploration_type", "replay_buffer", "num_collectors",
-                    "compile_policy", "policy_factory", "num_workers", "sync")
+                    "compile_policy", "cudagraph_policy", "policy_factory", "num_workers", "sync")
 
 
 def resolve_policy(policy: Any, policy_factory: Callable[[], Any] | None, compile_policy: Any) -> Any:

@@ -24,7 +24,7 @@ from tensordict.nn import InteractionType
 from .._engine.scheduler import Scheduler
 from .._envs.spaces import ActionCheck, flatten_space
 from .._policies.random import RandomPolicy
-from .._policies.setup import PolicySetup, check_policy, runs_on_gpu
+from .._policies.setup import PolicySetup, check_policy, cuda_graphs_for, runs_on_gpu
 from .._workers.plan import WorkerPlan, plan_workers
 from .._workers.pool import WorkerPool
 from .._workers.shm import Layout
@@ -107,6 +107,7 @@ class WorkerCollectorBase(DataCollectorBase):
         batch_timeout: float | None = None,
         policy_factory: Any = None,
         compile_policy: Any = None,
+        cudagraph_policy: Any = None,
         num_workers: int | None = None,
         **torchrl_options: Any,
     ):
@@ -130,6 +131,7 @@ class WorkerCollectorBase(DataCollectorBase):
             num_sub_threads=num_sub_threads, max_policy_lag=max_policy_lag,
         )
         check_policy(policy)
+        cuda_graphs = cuda_graphs_for(cudagraph_policy, policy, options.policy_device)
         if create_env_fn is None:
             raise TypeError("create_env_fn is required: a list with one env factory per worker.")
         # random actions go in runs of steps (``_engine.scheduler``), with no policy call to overlap
@@ -163,7 +165,8 @@ class WorkerCollectorBase(DataCollectorBase):
         layout = Layout.plan([(leaf.dtype, leaf.shape) for leaf in obs_leaves], (action.dtype, action.shape),
                              plan.num_envs, plan.num_lanes, columns=columns)
         self._policy = PolicySetup(policy, plan.action_space, [leaf.key for leaf in obs_leaves],
-                                   device=self.policy_device, exploration_type=options.exploration_type)
+                                   device=self.policy_device, exploration_type=options.exploration_type,
+                                   cuda_graphs=cuda_graphs)
         self.policy = self._policy.policy
         """The policy the collector runs: its own copy of the one given if that has weights
         (on ``policy_device``), the given object otherwise, a

@@ -22,7 +22,9 @@ on the CPU). How it calls the policy depends on what the policy is:
   TensorDict instead, as in TorchRL.
 
 On a GPU ``policy_device`` the observations cross in pinned buffers and the outputs come
-back the same way, with one wait per call (``_policies.transfer``).
+back the same way, with one wait per call (``_policies.transfer``). With
+``cudagraph_policy``, the calls of each row count are captured in a CUDA graph after a few
+eager ones, and replayed (``_policies.graphs``).
 
 With a weights channel (``_policies.weights``), each call holds the channel's lock and first
 loads any pending weights: the call and the version it reports (``PolicyRunner.version``)
@@ -44,6 +46,7 @@ from tensordict.nn import InteractionType, TensorDictModule, TensorDictModuleBas
 
 from .._envs.spaces import NestedKey, nest
 from .array import ArrayPolicy
+from .graphs import CudaGraphs
 from .random import RandomPolicy
 from .transfer import inputs_to, outputs_from
 from .weights import WeightsChannel
@@ -94,6 +97,7 @@ class PolicyRunner:
         exploration_type: InteractionType,
         weights: WeightsChannel | None = None,
         stream: Any = None,
+        graphs: CudaGraphs | None = None,
     ):
         self.policy = policy
         self.weights = weights
@@ -107,6 +111,8 @@ class PolicyRunner:
         self.stream = stream
         """A CUDA policy's own stream: its calls and the moves of its inputs and outputs are
         queued there (``PolicySetup``'s module docstring says why)."""
+        self.graphs = graphs
+        """The policy's CUDA graphs (``cudagraph_policy``), or ``None``."""
         if isinstance(policy, RandomPolicy):
             self.kind = "random"
         elif isinstance(policy, ArrayPolicy):
@@ -162,6 +168,13 @@ class PolicyRunner:
             return self._call_array(obs)
         device = self.device
         remote = device is not None and device.type != "cpu"
+        graphs = self.graphs
+        capture = False
+        if graphs is not None:  # ``cudagraph_policy`` (``_policies.graphs``)
+            out = graphs.replay(obs, num_envs)
+            if out is not None:
+                return outputs_from(device, out)
+            capture = graphs.due(num_envs)
         if remote:
             obs = inputs_to(device, obs)
         # ``no_grad`` and ``set_interaction_type`` as plain calls: built and entered as
@@ -172,16 +185,21 @@ class PolicyRunner:
         mode = self._mode
         mode.__enter__()
         try:
-            if self.kind == "module":
-                out = self._call_module(obs)
-            elif self.kind == "tensordict":
-                out = self._call_tensordict(obs, num_envs)
-            else:
-                out = {"action": self._call_plain(obs)}
+            out = graphs.capture(self._dispatch, obs, num_envs) if capture else None
+            if out is None:
+                out = self._dispatch(obs)
         finally:
             mode.__exit__(None, None, None)
             _set_grad_enabled(grad)  # (also if the policy switched grad mode itself)
         return outputs_from(device, out) if remote else out
+
+    def _dispatch(self, obs: dict[NestedKey, torch.Tensor]) -> dict[NestedKey, Any]:
+        """The policy's outputs for ``obs`` (on its device), called as its kind says."""
+        if self.kind == "module":
+            return self._call_module(obs)
+        if self.kind == "tensordict":
+            return self._call_tensordict(obs)
+        return {"action": self._call_plain(obs)}
 
     # the four ways of calling -------------------------------------------------------
 
@@ -215,7 +233,8 @@ class PolicyRunner:
             self._out_keys = list(out)
         return out
 
-    def _call_tensordict(self, obs: dict[NestedKey, torch.Tensor], num_envs: int) -> dict[NestedKey, Any]:
+    def _call_tensordict(self, obs: dict[NestedKey, torch.Tensor]) -> dict[NestedKey, Any]:
+        num_envs = next(iter(obs.values())).shape[0]
         td = TensorDict(nest(obs), batch_size=[num_envs], device=self.device)
         result = self.policy(td)
         if result is None:

@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import copy
 import logging
+import warnings
 from typing import Any
 
 import anyio
@@ -45,11 +46,43 @@ from tensordict.nn import InteractionType
 from torch.nn.parameter import is_lazy
 
 from .array import ArrayPolicy
+from .graphs import CudaGraphs, cudagraph_warmup
 from .random import RandomPolicy, SpecRandomPolicy, is_torchrl_random
 from .runner import PolicyRunner, RandomActions
 from .weights import CopyChannel, FollowChannel, TorchWeights, WeightsChannel
 
 logger = logging.getLogger("aiocollect")
+
+
+def cuda_graphs_for(value: Any, policy: Any, device: Any) -> int | None:
+    """``cudagraph_policy`` checked against the policy, before anything starts: the number of
+    eager calls per row count before its capture, or ``None`` (off). A policy that has no
+    torch calls to capture (random actions, a JAX policy, which XLA compiles) is a
+    ``ValueError``; a torch policy that runs on the CPU is warned about and runs as it is,
+    as TorchRL's ``CudaGraphModule`` does there."""
+    warmup = cudagraph_warmup(value)
+    if warmup is None:
+        return None
+    if policy is None or isinstance(policy, RandomPolicy) or is_torchrl_random(policy):
+        raise ValueError("cudagraph_policy: the policy draws random actions (policy=None or a random "
+                         "policy): there are no policy calls to capture; remove cudagraph_policy.")
+    if isinstance(policy, ArrayPolicy):
+        raise ValueError(f"cudagraph_policy: a {type(policy).__name__} is compiled by its own framework "
+                         "(XLA launches a JAX program's kernels together already); remove cudagraph_policy.")
+    device = torch.device(device) if device is not None else (
+        _device_of(policy) if isinstance(policy, torch.nn.Module) else None)
+    if device is None or device.type != "cuda":
+        warnings.warn(f"cudagraph_policy: the policy runs on {device or 'the CPU'}, and CUDA graphs need a "
+                      "CUDA device (policy_device='cuda', or a module on the GPU); it runs without them.",
+                      UserWarning, stacklevel=3)
+        return None
+    named = value.get("device") if isinstance(value, dict) else None
+    if named is not None:
+        named = torch.device(named)
+        if named.type != device.type or (None not in (named.index, device.index) and named.index != device.index):
+            raise ValueError(f"cudagraph_policy: device={str(named)!r}, but the policy runs on {device}; "
+                             "remove 'device' (graphs are captured where the policy runs).")
+    return warmup
 
 
 def check_policy(policy: Any) -> None:
@@ -131,7 +164,8 @@ class PolicySetup:
     """A collector's policy, the runners that call it and its weights channel; see the module docstring."""
 
     def __init__(self, policy: Any, action_space: gym.Space, obs_keys: list, *,
-                 device: torch.device | None, exploration_type: InteractionType, share: bool = False):
+                 device: torch.device | None, exploration_type: InteractionType, share: bool = False,
+                 cuda_graphs: int | None = None):
         self.user_policy = policy
         if policy is None:
             policy = RandomPolicy(action_space)
@@ -159,8 +193,11 @@ class PolicySetup:
                 self.weights = FollowChannel(weights, policy)
             else:
                 self.weights = CopyChannel(weights, policy if self.policy is not policy else None)
+        graphs = None
+        if cuda_graphs is not None and device is not None and device.type == "cuda":
+            graphs = CudaGraphs(device, cuda_graphs)
         self.runner = PolicyRunner(self.policy, obs_keys, device=device, exploration_type=exploration_type,
-                                   weights=self.weights, stream=stream)
+                                   weights=self.weights, stream=stream, graphs=graphs)
         self.random = self.policy if isinstance(self.policy, RandomPolicy) else RandomPolicy(action_space)
         # (with a real policy, random steps write every key it writes, zero-filled, as in
         # TorchRL, so that every batch of a replay buffer has one layout)

@@ -34,16 +34,29 @@ def inputs_to(device: torch.device, obs: dict[NestedKey, torch.Tensor]) -> dict[
         return {k: v.to(device, non_blocking=True) for k, v in obs.items()}
     out = {}
     for key, value in obs.items():
-        if value.device.type != "cpu":
-            out[key] = value.to(device, non_blocking=True)
-            continue
-        pinned = torch.empty(value.shape, dtype=value.dtype, pin_memory=True)
-        if value.dtype in _NUMPY:
-            np.copyto(pinned.numpy(), value.numpy())  # one thread (torch's copy may use OpenMP's)
-        else:
-            pinned.copy_(value)
-        out[key] = pinned.to(device, non_blocking=True)
+        if value.device.type == "cpu":
+            value = _pinned(value)
+        out[key] = value.to(device, non_blocking=True)
     return out
+
+
+def inputs_into(targets: dict[NestedKey, torch.Tensor], obs: dict[NestedKey, torch.Tensor]) -> None:
+    """Copy ``obs`` into ``targets``, tensors of the same shapes on a CUDA device (a CUDA
+    graph's inputs, ``_policies.graphs``), as ``inputs_to`` moves them: host values through
+    pinned buffers, every copy queued on the current stream."""
+    for key, value in obs.items():
+        targets[key].copy_(_pinned(value) if value.device.type == "cpu" else value, non_blocking=True)
+
+
+def _pinned(value: torch.Tensor) -> torch.Tensor:
+    """A page-locked copy of the host tensor ``value``, from torch's caching host allocator
+    (which records the copy that reads it before handing the buffer out again)."""
+    pinned = torch.empty(value.shape, dtype=value.dtype, pin_memory=True)
+    if value.dtype in _NUMPY:
+        np.copyto(pinned.numpy(), value.numpy())  # one thread (torch's copy may use OpenMP's)
+    else:
+        pinned.copy_(value)
+    return pinned
 
 
 def outputs_from(device: torch.device, out: dict[NestedKey, Any]) -> dict[NestedKey, Any]:

@@ -3,28 +3,13 @@ whose outputs are bf16 (stored as they are, on the storing device)."""
 
 from __future__ import annotations
 
-import shutil
-import sysconfig
-from pathlib import Path
-
 import torch
 import torch.nn as nn
 from tensordict.nn import TensorDictModule
 
 from aiocollect import Collector, MultiSyncCollector
 from support.envs import CounterEnv
-from support.gpu import Argmax, acts_as_the_cpu_policy
-
-
-def compile_backend() -> str:
-    """``inductor`` (the default) where it can build its GPU kernels' launchers, which needs a C
-    compiler and Python's headers; else ``aot_eager``, which still traces and compiles the graph
-    (a bare machine may lack both: this test is about aiocollect, not the toolchain)."""
-    headers = Path(sysconfig.get_paths()["include"], "Python.h")
-    if (shutil.which("cc") or shutil.which("gcc")) and headers.exists():
-        return "inductor"
-    print(f"no C compiler or no {headers}: torch.compile(backend='aot_eager')")
-    return "aot_eager"
+from support.gpu import Argmax, acts_as_the_cpu_policy, compile_backend
 
 
 def test_a_compiled_module_on_the_gpu_acts_as_the_module():

@@ -1,6 +1,11 @@
-"""Parts the GPU tests share (``tests/gpu``): a deterministic argmax policy and its CPU check."""
+"""Parts the GPU tests share (``tests/gpu``): a deterministic argmax policy and its CPU check, and
+the ``torch.compile`` backend this machine can build."""
 
 from __future__ import annotations
+
+import shutil
+import sysconfig
+from pathlib import Path
 
 import torch
 import torch.nn as nn
@@ -37,3 +42,14 @@ def acts_as_the_cpu_policy(batch) -> None:
     valid = host["collector", "policy_version"] >= 0
     expected = Argmax()(host["observation"])
     assert torch.equal(host["action"][valid], expected[valid])
+
+
+def compile_backend() -> str:
+    """``inductor`` (the default) where it can build its GPU kernels' launchers, which needs a C
+    compiler and Python's headers; else ``aot_eager``, which still traces and compiles the graph
+    (a bare machine may lack both: this test is about aiocollect, not the toolchain)."""
+    headers = Path(sysconfig.get_paths()["include"], "Python.h")
+    if (shutil.which("cc") or shutil.which("gcc")) and headers.exists():
+        return "inductor"
+    print(f"no C compiler or no {headers}: torch.compile(backend='aot_eager')")
+    return "aot_eager"

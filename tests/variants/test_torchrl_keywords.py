@@ -1,11 +1,12 @@
 """TorchRL 0.14's collector keywords (issue 18 items 2 and 6): every one is taken by the
 aiocollect class of the same name at the value TorchRL gives it by default; the implemented
-ones work (``num_collectors``/``sync``, ``num_workers``, ``policy_factory``,
+ones work (``num_collectors``/``sync``, ``num_workers``, ``policy_factory``, ``cudagraph_policy``,
 ``compile_policy``); any other value is an error that says what to do."""
 
 from __future__ import annotations
 
 import functools
+import importlib.util
 import inspect
 import os
 
@@ -163,3 +164,65 @@ def test_torchrl_weight_sync_schemes_are_taken_and_other_values_refused():
     for bad in ({"policy": object()}, {"policy.transform": SharedMemWeightSyncScheme()}, "shared_mem"):
         with pytest.raises(ValueError, match=r"^weight_sync_schemes=.*a TorchRL weight-sync scheme for the policy"):
             check_torchrl_keywords("Collector", {"weight_sync_schemes": bad})
+
+
+class _MarkedCounter(CounterEnv):
+    """A ``CounterEnv`` that leaves a file behind when built: proof that an env was made."""
+
+    def __init__(self, marker: str):
+        super().__init__()
+        with open(marker, "w"):
+            pass
+
+
+@pytest.mark.parametrize("name", CLASSES)
+def test_cudagraph_policy_of_a_cpu_policy_warns_and_collects_as_without(name):
+    """TorchRL's ``CudaGraphModule`` passes calls through where there is no CUDA device; so
+    does this, saying so. (What it does on a GPU: ``tests/gpu/test_cuda_graphs.py``.)"""
+    from support.gpu import acts_as_the_cpu_policy, argmax_policy
+
+    env = CounterEnv if name in ("Collector", "AsyncCollector") else [CounterEnv, CounterEnv]
+    with pytest.warns(UserWarning, match=r"^cudagraph_policy: the policy runs on the CPU, and CUDA graphs need "
+                                         r"a CUDA device \(policy_device='cuda', or a module on the GPU\)"):
+        collector = getattr(aiocollect, name)(env, argmax_policy(), frames_per_batch=20, total_frames=40,
+                                              cudagraph_policy={"warmup": 3})
+    with collector:
+        assert collector._policy.runner.graphs is None
+        batches = list(collector)
+    assert sum(b.numel() for b in batches) == 40
+    for batch in batches:
+        acts_as_the_cpu_policy(batch)
+
+
+@pytest.mark.parametrize("name", CLASSES)
+def test_cudagraph_policy_refuses_what_it_cannot_capture_before_any_env_is_built(name, tmp_path):
+    marker = str(tmp_path / "built")
+    factory = functools.partial(_MarkedCounter, marker)
+    env = factory if name in ("Collector", "AsyncCollector") else [factory, factory]
+    cls = getattr(aiocollect, name)
+    from support.gpu import argmax_policy
+
+    cases = [
+        (None, True, ValueError, r"^cudagraph_policy: the policy draws random actions .* remove cudagraph_policy"),
+        (argmax_policy(), "yes", TypeError, r"^cudagraph_policy must be True, False, None or a dict"),
+        (argmax_policy(), {"warmup": 0}, ValueError, r"^cudagraph_policy: warmup=0; give the number of eager calls"),
+        (argmax_policy(), {"warmup": True}, ValueError, r"^cudagraph_policy: warmup=True"),
+        (argmax_policy(), {"in_keys": ["observation"], "out_keys": ["action"]}, ValueError,
+         r"^cudagraph_policy: \['in_keys', 'out_keys'\] are not taken here"),
+    ]
+    if importlib.util.find_spec("jax") is not None:
+        from aiocollect.jax import JaxPolicy
+
+        cases.append((JaxPolicy(lambda params, obs: obs.argmax(-1), {}), True, ValueError,
+                      r"^cudagraph_policy: a JaxPolicy is compiled by its own framework"))
+    for policy, value, error, message in cases:
+        with pytest.raises(error, match=message):
+            cls(env, policy, frames_per_batch=20, cudagraph_policy=value)
+    assert not os.path.exists(marker), "an env was built before the error"
+
+
+def test_cudagraph_policy_passes_to_the_remote_collectors_through_collector_kwargs():
+    with pytest.raises(ValueError, match=r"^cudagraph_policy=True: the policies run in the remote collectors: pass "
+                                         r"it to them, collector_kwargs=\{'cudagraph_policy': True\}"):
+        aiocollect.RayCollector(CounterEnv, None, frames_per_batch=20, cudagraph_policy=True)
+    check_torchrl_keywords("RPCCollector", {"cudagraph_policy": False}, DISTRIBUTED_KEYWORDS)

@@ -1,0 +1,202 @@
+"""``cudagraph_policy``: a policy's calls on the GPU captured in CUDA graphs, one per row count,
+and replayed (``aiocollect/_policies/graphs.py``), in every local variant.
+
+A replay must act as the eager policy does (the argmax policy, frame by frame), with the
+newest weights (the poison test), drawing new random numbers each time (a sampling policy),
+and a call that cannot be captured must fall back to eager calls, with a warning, never
+with wrong actions.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+import torch
+import torch.nn as nn
+from tensordict.nn import TensorDictModule, TensorDictSequential
+
+from aiocollect import Collector, MultiAsyncCollector
+from aiocollect._policies import graphs as graphs_module
+from support.envs import CounterEnv, IntObsEnv
+from support.gpu import Argmax, acts_as_the_cpu_policy, argmax_policy, compile_backend
+from support.weights import Trainer, linear, versions_while_training
+
+
+def graphs_of(collector):
+    return collector._policy.runner.graphs
+
+
+def test_replays_act_as_the_cpu_policy(variant):
+    with variant(CounterEnv, argmax_policy(), frames_per_batch=variant.num_envs * 10, total_frames=-1,
+                 policy_device="cuda", cudagraph_policy=True) as collector:
+        batches = [collector.rollout() for _ in range(3)]
+        graphs = graphs_of(collector)
+        assert graphs.failed is None and graphs.graphs, "nothing was captured"
+    for batch in batches:
+        acts_as_the_cpu_policy(batch)
+    # each row count: 2 eager calls (the warmup), a capture, then replays
+    eager = sum(graphs._eager.values()) + len(graphs.graphs)
+    assert eager <= 3 * len(graphs.graphs) and graphs.replays >= 10 * eager, (eager, graphs.replays)
+
+
+def test_a_tensordict_policy_and_a_plain_callable_are_captured_too():
+    seq = TensorDictSequential(TensorDictModule(Argmax(), in_keys=["observation"], out_keys=["action"]))
+    plain = Argmax()
+    for policy in (seq, plain):
+        with Collector([CounterEnv] * 4, policy, frames_per_batch=40, total_frames=-1, policy_device="cuda",
+                       cudagraph_policy={"warmup": 1}) as collector:
+            batches = [collector.rollout() for _ in range(2)]
+            assert list(graphs_of(collector).graphs) == [4] and graphs_of(collector).failed is None
+        for batch in batches:
+            acts_as_the_cpu_policy(batch)
+
+
+async def test_weights_reach_the_replays_and_versions_stay_exact(variant):
+    collector = variant(IntObsEnv, linear(0.0), frames_per_batch=40, total_frames=40 * 30, policy_device="cuda",
+                        cudagraph_policy=True)
+    await versions_while_training(collector, Trainer(collector))
+    assert graphs_of(collector).graphs and graphs_of(collector).failed is None
+
+
+async def test_a_shared_cuda_module_trained_in_place_reaches_the_replays():
+    """``Collector`` acts with the user's CUDA module itself: the graph reads its parameters,
+    so each in-place update (a new version, seen by the collector) reaches the next replay."""
+    policy = linear(0.0).cuda()
+    collector = Collector([IntObsEnv] * 4, policy, frames_per_batch=40, total_frames=40 * 30, cudagraph_policy=True)
+    await versions_while_training(collector, Trainer(collector))
+    assert graphs_of(collector).graphs
+
+
+class GumbelPick(nn.Module):
+    """Samples one of 3 actions uniformly, in kernels alone (the Gumbel-max trick)."""
+
+    def forward(self, obs: torch.Tensor) -> torch.Tensor:
+        logits = torch.zeros(obs.shape[0], 3, device=obs.device)
+        u = torch.rand_like(logits).clamp_(1e-9, 1.0)
+        return (logits - torch.log(-torch.log(u))).argmax(-1)
+
+
+def test_a_sampling_policy_draws_anew_at_each_replay():
+    with Collector([CounterEnv] * 8, GumbelPick(), frames_per_batch=8 * 250, total_frames=-1,
+                   policy_device="cuda", cudagraph_policy=True) as collector:
+        collector.set_seed(0)
+        batch = collector.rollout()
+        assert graphs_of(collector).graphs
+    actions = batch["action"].cpu()
+    later = actions[:, 10:]  # after the eager warm-up calls
+    counts = torch.bincount(later.flatten(), minlength=3).float() / later.numel()
+    assert ((counts > 0.28) & (counts < 0.39)).all(), counts
+    # consecutive replays differ (a replay that drew the same numbers would repeat rows)
+    assert (later[:, 1:] != later[:, :-1]).float().mean() > 0.5
+
+
+class HostReading(nn.Module):
+    """``Argmax``, but reading a value on the host first: cannot be captured."""
+
+    def __init__(self):
+        super().__init__()
+        self.inner = Argmax()
+
+    def forward(self, obs: torch.Tensor) -> torch.Tensor:
+        if obs.sum().item() < 0:
+            raise AssertionError("unreachable: CounterEnv's observations are >= 0")
+        return self.inner(obs)
+
+
+def test_a_call_that_cannot_be_captured_warns_and_runs_eagerly(variant):
+    with variant(CounterEnv, TensorDictModule(HostReading(), in_keys=["observation"], out_keys=["action"]),
+                 frames_per_batch=variant.num_envs * 10, total_frames=-1, policy_device="cuda",
+                 cudagraph_policy=True) as collector:
+        with pytest.warns(RuntimeWarning, match=r"cudagraph_policy: the policy's call over \d+ envs could not be "
+                                                r"captured .* runs without CUDA graphs from now on"):
+            batches = [collector.rollout() for _ in range(3)]
+        graphs = graphs_of(collector)
+        assert graphs.failed and not graphs.graphs
+        batches.append(collector.rollout())
+    for batch in batches:
+        acts_as_the_cpu_policy(batch)
+
+
+class CountingPolicy(nn.Module):
+    """``Argmax``'s action, and the number of calls so far as a host tensor: a graph would give
+    back the count of its capture at every replay, so its capture is refused."""
+
+    def __init__(self):
+        super().__init__()
+        self.inner, self.calls = Argmax(), 0
+
+    def forward(self, obs: torch.Tensor):
+        self.calls += 1
+        return self.inner(obs), torch.full((obs.shape[0],), self.calls)
+
+
+def test_outputs_off_the_gpu_are_refused_for_capture():
+    policy = TensorDictModule(CountingPolicy(), in_keys=["observation"], out_keys=["action", "calls"])
+    with Collector([CounterEnv] * 4, policy, frames_per_batch=40, total_frames=-1, policy_device="cuda",
+                   cudagraph_policy=True) as collector:
+        with pytest.warns(RuntimeWarning, match=r"could not be captured .*outputs \['calls'\] are not tensors on"):
+            batches = [collector.rollout() for _ in range(2)]
+        assert not graphs_of(collector).graphs
+    calls = torch.cat([b["calls"][0] for b in batches]).cpu()
+    assert (calls[1:] > calls[:-1]).all(), calls  # every step a new call: none replayed
+    for batch in batches:
+        acts_as_the_cpu_policy(batch)
+
+
+def test_rounds_of_several_sizes_get_a_graph_each_up_to_the_bound(monkeypatch):
+    """MultiAsync's rounds cover the ready workers' envs: workers of 1, 2 and 4 envs give
+    counts 1-7; with the bound at 2 graphs, the other counts run eagerly, still right."""
+    monkeypatch.setattr(graphs_module, "MAX_GRAPHS", 2)
+    with MultiAsyncCollector([[CounterEnv], [CounterEnv] * 2, [CounterEnv] * 4], argmax_policy(),
+                             frames_per_batch=40, total_frames=-1, policy_device="cuda",
+                             cudagraph_policy={"warmup": 1}) as collector:
+        batches = [collector.rollout() for _ in range(12)]
+        assert len(graphs_of(collector).graphs) == 2
+    for batch in batches:
+        acts_as_the_cpu_policy(batch)
+
+
+def test_a_trainer_busy_on_the_gpu_during_captures_breaks_nothing(variant):
+    """Captures run in ``thread_local`` mode: a trainer's allocations and synchronisations in
+    another thread during a capture neither fail it nor fail themselves."""
+    stop, errors = threading.Event(), []
+
+    def train() -> None:
+        try:
+            while not stop.is_set():
+                x = torch.randn(256, 256, device="cuda")
+                (x @ x).sum().item()  # allocates, launches, synchronises
+        except BaseException as exc:  # noqa: BLE001 - reported by the test
+            errors.append(exc)
+
+    thread = threading.Thread(target=train, daemon=True)
+    thread.start()
+    try:
+        with variant(CounterEnv, argmax_policy(), frames_per_batch=variant.num_envs * 10, total_frames=-1,
+                     policy_device="cuda", cudagraph_policy=True) as collector:
+            batches = [collector.rollout() for _ in range(3)]
+            assert graphs_of(collector).failed is None and graphs_of(collector).graphs
+    finally:
+        stop.set()
+        thread.join()
+    assert not errors, errors
+    for batch in batches:
+        acts_as_the_cpu_policy(batch)
+
+
+def test_a_compiled_module_is_captured_after_its_warmup():
+    module = torch.compile(Argmax(), backend=compile_backend())
+    policy = TensorDictModule(module, in_keys=["observation"], out_keys=["action"])
+    with Collector([CounterEnv] * 4, policy, frames_per_batch=40, total_frames=-1, device="cuda",
+                   cudagraph_policy={"warmup": 3}) as collector:
+        batches = [collector.rollout() for _ in range(3)]
+        assert graphs_of(collector).graphs and graphs_of(collector).failed is None
+    for batch in batches:
+        acts_as_the_cpu_policy(batch)
+
+
+def test_a_device_other_than_the_policys_is_refused():
+    with pytest.raises(ValueError, match=r"cudagraph_policy: device='cpu', but the policy runs on cuda"):
+        Collector([CounterEnv] * 2, argmax_policy(), frames_per_batch=20, policy_device="cuda",
+                  cudagraph_policy={"device": "cpu"})
