@@ -1,6 +1,6 @@
 """A policy and its batches on a GPU: throughput against TorchRL, and what weight updates cost.
 
-Three sections, in one run, every row round-robin (``--repeats`` runs each; the tables show
+Four sections, in one run, every row round-robin (``--repeats`` runs each; the tables show
 the best and the median, ratios use the best):
 
 * **G. The pixel env, W workers x 8 envs, a Nature-CNN** (``--workers``, default 12; the env
@@ -14,6 +14,12 @@ the best and the median, ratios use the best):
 * **J. The same, with the CNN written in JAX** (``JaxPolicy``, params on the GPU, batches
   stored on the GPU and handed to JAX by ``to_jax`` after each one), against the torch CNN in
   the same collector and TorchRL's.
+* **C. CUDA graphs** (``cudagraph_policy``): CartPole, whose steps cost microseconds, with a
+  small MLP (4-64-64-2, argmax) on the GPU, so each policy call's kernel launches are much of
+  a round's cost: ``Collector`` over 32 envs and ``MultiSyncCollector`` over W x 16, each
+  without and with ``cudagraph_policy=True``, and TorchRL's ``Collector`` over a
+  ``SyncVectorEnv`` of 32, without and with its ``cudagraph_policy=True``. The table gives
+  each graph row's ratio to the same collector without graphs.
 * **U. The update call for a CUDA module** (the Nature-CNN, 1.7M parameters) while the
   collector collects in another thread: median, 90th percentile and worst of
   ``update_policy_weights_`` in milliseconds, in ``Collector``, ``MultiSyncCollector`` and
@@ -107,6 +113,65 @@ def torchrl_cnn(workers: int, device: str, steps: int, batches: int) -> float:
     finally:
         c.shutdown()
 
+
+
+# ---------------------------------------------------------------------------- C: CUDA graphs
+
+GRAPH_ENVS = 32
+"""CartPole envs of section C's ``Collector`` rows (W x 16 for ``MultiSyncCollector``)."""
+
+
+def mlp_policy():
+    """A small MLP on CartPole (4-64-64-2, argmax): a dozen kernel launches per call."""
+    from tensordict.nn import TensorDictModule
+
+    torch.manual_seed(0)
+    nn = torch.nn
+    net = nn.Sequential(nn.Linear(4, 64), nn.Tanh(), nn.Linear(64, 64), nn.Tanh(), nn.Linear(64, 2))
+    return TensorDictModule(_Argmax(net), in_keys=["observation"], out_keys=["action"])
+
+
+class _Argmax(torch.nn.Module):
+    def __init__(self, net: torch.nn.Module):
+        super().__init__()
+        self.net = net
+
+    def forward(self, obs: torch.Tensor) -> torch.Tensor:
+        return self.net(obs).argmax(-1)
+
+
+def aio_mlp(cls_name: str, workers: int, steps: int, batches: int, device: str, graphs: bool) -> float:
+    """Frames/s of an aiocollect collector over CartPole with ``mlp_policy`` on ``device``."""
+    cls = getattr(aiocollect, cls_name)
+    if cls_name == "Collector":
+        envs, fpb = [eng.make_cartpole] * GRAPH_ENVS, GRAPH_ENVS * steps
+    else:
+        envs, fpb = [[eng.make_cartpole] * 16] * workers, workers * 16 * steps
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # (``--device cpu``: "CUDA graphs need a CUDA device")
+        c = cls(envs, mlp_policy(), frames_per_batch=fpb, policy_device=device, cudagraph_policy=graphs)
+    with c:
+        return eng.timed(c, batches)
+
+
+def torchrl_mlp(device: str, steps: int, batches: int, graphs: bool) -> float:
+    """Frames/s of TorchRL's ``Collector`` over a ``SyncVectorEnv`` of 32 CartPoles, ``mlp_policy`` on ``device``."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        logging.getLogger("torchrl").setLevel(logging.ERROR)
+        from torchrl.collectors import Collector
+        from torchrl.envs import GymWrapper
+
+        vec = gym.vector.SyncVectorEnv([eng.make_cartpole] * GRAPH_ENVS,
+                                       autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
+        env = GymWrapper(vec, categorical_action_encoding=True)
+        fpb = GRAPH_ENVS * steps
+        c = Collector(env, mlp_policy(), frames_per_batch=fpb, total_frames=fpb * (batches + 1),
+                      policy_device=device, cudagraph_policy=graphs)
+    try:
+        return eng.timed(c, batches)
+    finally:
+        c.shutdown()
 
 
 # ---------------------------------------------------------------------------- the CNN in JAX
@@ -246,6 +311,21 @@ def rows_for(args) -> list[eng.Row]:
         if HAVE_TORCHRL:
             rows.append(eng.Row("J", f"TorchRL MultiSync {w}x GymWrapper(SyncVec{ENVS}), torch CNN on {dev}",
                                 lambda: torchrl_cnn(w, dev, steps, max(2, batches // 2))))
+    graph_steps, graph_batches = (20, 2) if quick else (200, 10)
+    for graphs in (False, True):
+        suffix = " + cudagraph_policy" if graphs else ""
+        rows.append(eng.Row("C", f"aiocollect Collector {GRAPH_ENVS} envs, MLP on {dev}{suffix}",
+                            lambda graphs=graphs: aio_mlp("Collector", w, graph_steps, graph_batches, dev, graphs)))
+    for graphs in (False, True):
+        suffix = " + cudagraph_policy" if graphs else ""
+        rows.append(eng.Row("C", f"aiocollect MultiSyncCollector {w}x16, MLP on {dev}{suffix}",
+                            lambda graphs=graphs: aio_mlp("MultiSyncCollector", w, graph_steps, graph_batches, dev,
+                                                          graphs)))
+    if HAVE_TORCHRL:
+        for graphs in (False, True):
+            suffix = " + cudagraph_policy" if graphs else ""
+            rows.append(eng.Row("C", f"TorchRL Collector GymWrapper(SyncVec{GRAPH_ENVS}), MLP on {dev}{suffix}",
+                                lambda graphs=graphs: torchrl_mlp(dev, graph_steps, graph_batches, graphs)))
     calls = 20 if quick else 100
     kinds = ["Collector", "MultiSyncCollector", "MultiAsyncCollector"] + (["TorchRL"] if HAVE_TORCHRL else [])
     for kind in kinds:
@@ -256,6 +336,7 @@ def rows_for(args) -> list[eng.Row]:
 def report(rows: list[eng.Row], args) -> dict:
     titles = {"G": f"G. Pixel env, {args.workers} workers x {ENVS} envs, a Nature-CNN policy on {args.device}",
               "J": f"J. The same with the CNN in JAX ({args.workers} x {ENVS})",
+              "C": f"C. CUDA graphs: CartPole, a small MLP on {args.device}, without and with cudagraph_policy",
               "U": f"U. update_policy_weights_ of a Nature-CNN on {args.device} during collection (ms)"}
     results = []
     for section in dict.fromkeys(r.section for r in rows):
@@ -287,6 +368,12 @@ def report(rows: list[eng.Row], args) -> dict:
             print(f"{r.name:76s} | {r.best:10,.0f} | {med:10,.0f} | {ratio:>8s}")
             results.append({"section": section, "name": r.name, "unit": "frames/s", "runs": r.runs,
                             "best": r.best, "limit_ratio": r.best / lim if lim else None})
+        if section == "C":
+            for r in part:
+                eager = next((e for e in part if e.name + " + cudagraph_policy" == r.name and e.runs), None)
+                if eager is not None and r.runs:
+                    print(f"  {r.name}: {r.best / eager.best:.2f}x without graphs")
+            continue
         torchrl = next((r.best for r in part if r.name.startswith("TorchRL") and r.runs), None)
         if torchrl:
             for r in part:
