@@ -6,7 +6,7 @@
 #
 #   bash scripts/gpu_tests.sh wheels        # here, with a network: the missing wheels into .whl/
 #   bash scripts/gpu_tests.sh run           # there: the GPU tests (tests/gpu), ~5 min
-#   bash scripts/gpu_tests.sh bench-gpu     # there: benchmarks/bench_gpu.py (G, J, U), ~6 min
+#   bash scripts/gpu_tests.sh bench-gpu     # there: benchmarks/bench_gpu.py (G, J, C, U), ~7 min
 #   bash scripts/gpu_tests.sh bench-engine  # there: bench_engine.py --workers 2 8 15 with PufferLib
 set -euo pipefail
 cd "$(dirname "$0")/.."
