@@ -195,7 +195,7 @@ class Collector(DataCollectorBase):
         policy = resolve_policy(policy, policy_factory, compile_policy)
         options = options_from({**locals(), **torchrl_options})
         check_policy(policy)
-        cuda_graphs = cuda_graphs_for(cudagraph_policy, policy, options.policy_device)
+        cuda_graphs = cuda_graphs_for(cudagraph_policy, policy, options.policy_device, compile_policy)
         if create_env_fn is None:
             raise TypeError("create_env_fn is required: a callable returning a gymnasium env, or an env id.")
         check_create_env_fn(create_env_fn, options.create_env_kwargs)

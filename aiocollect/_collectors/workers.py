@@ -131,7 +131,7 @@ class WorkerCollectorBase(DataCollectorBase):
             num_sub_threads=num_sub_threads, max_policy_lag=max_policy_lag,
         )
         check_policy(policy)
-        cuda_graphs = cuda_graphs_for(cudagraph_policy, policy, options.policy_device)
+        cuda_graphs = cuda_graphs_for(cudagraph_policy, policy, options.policy_device, compile_policy)
         if create_env_fn is None:
             raise TypeError("create_env_fn is required: a list with one env factory per worker.")
         # random actions go in runs of steps (``_engine.scheduler``), with no policy call to overlap

@@ -9,35 +9,43 @@ graph records a call's kernels once and replays them with one launch. With
 * **Per row count.** A call covers some number of envs: always the same in ``Collector``,
   the ready workers' envs in the worker collectors, so a few counts. Each count is called
   eagerly ``warmup`` times first (lazy layers initialise, ``torch.compile`` compiles for the
-  shape, cuBLAS sets itself up), then captured once with ``torch.cuda.graph``: its
-  observations get GPU buffers of their own, and every later call at that count copies
-  the observations from their pinned staging buffers straight into those buffers, replays
-  the graph, and copies the outputs back as an eager call's are. At most ``MAX_GRAPHS``
-  counts are captured; others run eagerly.
+  shape, cuBLAS sets itself up), then captured once: its observations get GPU buffers of
+  their own, and every later call at that count copies the observations from their pinned
+  staging buffers straight into those buffers, replays the graph, and copies the outputs
+  back as an eager call's are. At most ``MAX_GRAPHS`` counts are captured; others run
+  eagerly.
 * **Weights.** A graph reads the module's tensors where they live, and every weight update
-  copies into them in place (``_policies.weights``), so a replay acts with the newest
-  weights, and the version it reports is as true as an eager call's.
+  through the collector copies into them in place (``_policies.weights``), so a replay acts
+  with the newest weights, and the version it reports is as true as an eager call's. A
+  ``Collector`` acting with your own module also checks, before each replay, that the
+  module still holds the tensors it captured: one replaced (``load_state_dict(...,
+  assign=True)``, ``module.weight = ...``, ``TensorDict.to_module``, ``.to()``) drops the
+  graphs, and they are captured again after a new warmup.
 * **Sampling.** A stochastic policy draws new numbers at each replay: torch advances the
   CUDA generator's offset for every replay of a graph that samples.
-* **What cannot be captured.** A call that waits for the GPU or reads a value on the host
-  (``.item()``, ``nonzero``, a shape that depends on data, a distribution built with
-  ``validate_args=True``) fails its capture. The collector then warns once, with the
-  reason, and calls the policy eagerly from then on: slower, never wrong. A capture whose
-  outputs are not all CUDA tensors (say a numpy array, made once at capture and never
-  again) is refused the same way. What a graph cannot see is Python state: a policy that
-  changes its behaviour through Python attributes (a counter, a flag) is replayed as it was
-  captured; keep such state in tensors (buffers), as TorchRL's ``EGreedyModule`` does.
+* **What cannot be captured** is an error, raised from the collection with the policy's
+  own exception as its cause: a call that waits for the GPU or reads a value on the host
+  (``.item()``, ``if x.any():``, ``nonzero``, a shape that depends on data, a distribution
+  that checks its arguments), or one whose outputs are not all tensors on the GPU (a value
+  made once at capture would come back at every replay). There is no quiet fallback to
+  eager calls: in torch releases without pytorch#180395 (April 2026) a failed capture
+  leaves torch's allocator believing a capture is under way, so the process should be
+  restarted without ``cudagraph_policy`` or with the policy fixed. What a graph cannot see is Python state: a
+  policy that changes its behaviour through Python attributes (a counter, a flag) is
+  replayed as it was captured; keep such state in tensors (buffers), as TorchRL's
+  ``EGreedyModule`` does.
 
-Every graph allocates from one memory pool: an output is copied to the host, and waited
-for, before the next call, so no graph's memory is read after another's replay. Captures
-run in ``thread_local`` error mode, so a trainer's CUDA work in another thread neither
-breaks a capture nor is broken by one. A capture synchronises the device once (as
-``torch.cuda.graph`` does); a replay does not.
+Captures use ``CUDAGraph.capture_begin``/``capture_end`` on a stream of the policy's
+stream's priority (a replay's kernels keep the priority of the stream they were captured
+on), in ``thread_local`` error mode, so another thread's CUDA calls during a capture are
+allowed; unlike ``torch.cuda.graph`` they do not synchronise the device or empty torch's
+caches, so a trainer in another thread is not held up or made to allocate again. Every
+graph allocates from one memory pool: a call's outputs are copied to the host, and waited
+for, before the next call, so no graph's memory is read after another's replay.
 """
 
 from __future__ import annotations
 
-import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -90,16 +98,21 @@ class CudaGraphs:
     """The captured calls of one policy on ``device``; see the module docstring.
 
     ``PolicyRunner`` asks ``replay(obs, rows)`` first (a graph's outputs, or ``None``), then,
-    for an eager call, ``due(rows)``: whether to ``capture`` this one instead.
+    for an eager call, ``due(rows)``: whether to ``capture`` this one instead. ``watch``:
+    the user's own module, when the collector acts with it (``Collector``), checked for
+    swapped tensors before each replay.
     """
 
-    def __init__(self, device: torch.device, warmup: int):
+    def __init__(self, device: torch.device, warmup: int, watch: torch.nn.Module | None = None):
         self.device = torch.device(device)
         self.warmup = warmup
+        self._watch = watch
+        """The user's own module, when the collector acts with it: it may swap its tensors."""
+        self._slots: list[tuple[dict, str]] | None = None
+        self._captured: list[int] = []
+        """The watched module's tensors' addresses at the captures."""
         self.graphs: dict[int, _Graph] = {}
         """The captured row counts."""
-        self.failed: str | None = None
-        """Why a capture failed (then no more are tried)."""
         self.replays = 0
         """Calls answered by a replay."""
         self._eager: dict[int, int] = {}
@@ -113,6 +126,9 @@ class CudaGraphs:
         graph = self.graphs.get(rows)
         if graph is None:
             return None
+        if self._slots is not None and self._pointers() != self._captured:
+            self.drop()  # the watched module holds other tensors now: capture again
+            return None
         with torch.cuda.device(self.device):
             inputs_into(graph.inputs, obs)
             graph.graph.replay()
@@ -121,7 +137,7 @@ class CudaGraphs:
 
     def due(self, rows: int) -> bool:
         """Whether this (eager) call at ``rows`` is to be captured: it follows ``warmup`` eager ones."""
-        if self.failed is not None or len(self.graphs) >= MAX_GRAPHS:
+        if len(self.graphs) >= MAX_GRAPHS:
             return False
         done = self._eager.get(rows, 0)
         if done < self.warmup:
@@ -129,36 +145,61 @@ class CudaGraphs:
             return False
         return True
 
+    def drop(self) -> None:
+        """Forget every graph (their memory goes back to the pool as they are freed)."""
+        self.graphs.clear()
+        self._eager.clear()
+
     def capture(self, call: Callable[[dict[NestedKey, torch.Tensor]], dict[NestedKey, Any]],
-                obs: dict[NestedKey, torch.Tensor], rows: int) -> dict[NestedKey, Any] | None:
+                obs: dict[NestedKey, torch.Tensor], rows: int) -> dict[NestedKey, Any]:
         """Capture ``call`` (the policy's eager call) on a copy of ``obs`` (on the GPU), replay
-        it once, and return its outputs; ``None`` if it cannot be captured (warned once)."""
+        it once, and return its outputs; raise ``RuntimeError`` if it cannot be captured."""
         inputs = {key: value.clone() for key, value in obs.items()}
         graph = torch.cuda.CUDAGraph()
+        failure: BaseException | None = None
         with torch.cuda.device(self.device):
             here = torch.device("cuda", torch.cuda.current_device())
             stream = torch.cuda.current_stream()
             if self._stream is None:
                 self._pool = torch.cuda.graph_pool_handle()
-                self._stream = torch.cuda.Stream(here)
-            try:
-                with torch.cuda.graph(graph, pool=self._pool, stream=self._stream,
-                                      capture_error_mode="thread_local"):
+                self._stream = torch.cuda.Stream(here, priority=stream.priority)
+            if self._watch is not None and not self.graphs:
+                self._slots = _tensor_slots(self._watch)
+                self._captured = self._pointers()
+            with torch.cuda.stream(self._stream):
+                graph.capture_begin(pool=self._pool, capture_error_mode="thread_local")
+                try:
                     outputs = call(inputs)
+                except Exception as exc:  # noqa: BLE001 - reported below, as the cause
+                    failure = exc
+                finally:
+                    try:
+                        graph.capture_end()
+                    except Exception as exc:  # noqa: BLE001 - the capture was invalidated
+                        failure = failure or exc
+            if failure is None:
                 strays = [key for key, value in outputs.items()
                           if not (isinstance(value, torch.Tensor) and value.device == here)]
                 if strays:
-                    raise TypeError(f"outputs {strays} are not tensors on {here}: a graph would give "
-                                    "back their values at capture at every replay")
-                graph.replay()
-            except Exception as exc:  # noqa: BLE001 - any failure of the capture: the policy runs eagerly
-                # (a capture that fails at its end leaves its stream current: back to the caller's)
-                torch.cuda.set_stream(stream)
-                self.failed = f"{type(exc).__name__}: {exc}"
-                message = (f"cudagraph_policy: the policy's call over {rows} envs could not be captured in "
-                           f"a CUDA graph ({self.failed}); the policy runs without CUDA graphs from now on.")
-                warnings.warn(message, RuntimeWarning, stacklevel=2)
-                return None
+                    failure = TypeError(f"outputs {strays} are not tensors on {here}: a graph would give back "
+                                        "their values at capture at every replay")
+            if failure is not None:
+                reason = f"{type(failure).__name__}: {str(failure).splitlines()[0] if str(failure) else ''}"
+                raise RuntimeError(
+                    f"cudagraph_policy: the policy's call over {rows} envs cannot be captured in a CUDA graph "
+                    f"({reason}). A captured call may not read values on the host (.item(), if x.any(), "
+                    "nonzero, shapes that depend on data) nor check a distribution's arguments "
+                    "(torch.distributions.Distribution.set_default_validate_args(False)), and must return "
+                    "tensors on the GPU. Make the policy capturable, or remove cudagraph_policy."
+                ) from failure
+            graph.replay()
         self.graphs[rows] = _Graph(graph, inputs, outputs)
         return outputs
 
+    def _pointers(self) -> list[int]:
+        return [slots[name].data_ptr() if slots.get(name) is not None else 0 for slots, name in self._slots]
+
+
+def _tensor_slots(module: torch.nn.Module) -> list[tuple[dict, str]]:
+    """Where ``module`` keeps each of its parameters and buffers: (its submodule's dict, name)."""
+    return [(slots, name) for sub in module.modules() for slots in (sub._parameters, sub._buffers) for name in slots]

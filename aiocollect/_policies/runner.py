@@ -185,9 +185,7 @@ class PolicyRunner:
         mode = self._mode
         mode.__enter__()
         try:
-            out = graphs.capture(self._dispatch, obs, num_envs) if capture else None
-            if out is None:
-                out = self._dispatch(obs)
+            out = graphs.capture(self._dispatch, obs, num_envs) if capture else self._dispatch(obs)
         finally:
             mode.__exit__(None, None, None)
             _set_grad_enabled(grad)  # (also if the policy switched grad mode itself)

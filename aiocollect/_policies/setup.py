@@ -54,15 +54,21 @@ from .weights import CopyChannel, FollowChannel, TorchWeights, WeightsChannel
 logger = logging.getLogger("aiocollect")
 
 
-def cuda_graphs_for(value: Any, policy: Any, device: Any) -> int | None:
+def cuda_graphs_for(value: Any, policy: Any, device: Any, compile_policy: Any = None) -> int | None:
     """``cudagraph_policy`` checked against the policy, before anything starts: the number of
     eager calls per row count before its capture, or ``None`` (off). A policy that has no
     torch calls to capture (random actions, a JAX policy, which XLA compiles) is a
     ``ValueError``; a torch policy that runs on the CPU is warned about and runs as it is,
-    as TorchRL's ``CudaGraphModule`` does there."""
+    as TorchRL's ``CudaGraphModule`` does there. A ``compile_policy`` whose mode captures CUDA
+    graphs itself (``"reduce-overhead"``, ``"max-autotune"``) is a ``ValueError`` too."""
     warmup = cudagraph_warmup(value)
     if warmup is None:
         return None
+    if isinstance(compile_policy, dict) and (compile_policy.get("mode") in ("reduce-overhead", "max-autotune")
+                                             or (compile_policy.get("options") or {}).get("triton.cudagraphs")):
+        raise ValueError(f"cudagraph_policy and compile_policy={compile_policy!r}: that torch.compile mode "
+                         "captures CUDA graphs itself, and a graph cannot be captured inside another; "
+                         "use one of them (compile_policy={'mode': 'default'} works with cudagraph_policy).")
     if policy is None or isinstance(policy, RandomPolicy) or is_torchrl_random(policy):
         raise ValueError("cudagraph_policy: the policy draws random actions (policy=None or a random "
                          "policy): there are no policy calls to capture; remove cudagraph_policy.")
@@ -195,7 +201,9 @@ class PolicySetup:
                 self.weights = CopyChannel(weights, policy if self.policy is not policy else None)
         graphs = None
         if cuda_graphs is not None and device is not None and device.type == "cuda":
-            graphs = CudaGraphs(device, cuda_graphs)
+            # (the user's own module may have its tensors swapped: watched; the collector's copy is not)
+            watch = policy if self.policy is policy and isinstance(policy, torch.nn.Module) else None
+            graphs = CudaGraphs(device, cuda_graphs, watch=watch)
         self.runner = PolicyRunner(self.policy, obs_keys, device=device, exploration_type=exploration_type,
                                    weights=self.weights, stream=stream, graphs=graphs)
         self.random = self.policy if isinstance(self.policy, RandomPolicy) else RandomPolicy(action_space)

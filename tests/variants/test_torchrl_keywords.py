@@ -218,6 +218,10 @@ def test_cudagraph_policy_refuses_what_it_cannot_capture_before_any_env_is_built
     for policy, value, error, message in cases:
         with pytest.raises(error, match=message):
             cls(env, policy, frames_per_batch=20, cudagraph_policy=value)
+    # a torch.compile mode that captures CUDA graphs itself: a graph cannot be captured inside another
+    for compile_policy in ({"mode": "reduce-overhead"}, {"options": {"triton.cudagraphs": True}}):
+        with pytest.raises(ValueError, match=r"^cudagraph_policy and compile_policy=.*captures CUDA graphs itself"):
+            cls(env, argmax_policy(), frames_per_batch=20, cudagraph_policy=True, compile_policy=compile_policy)
     assert not os.path.exists(marker), "an env was built before the error"
 
 
