@@ -258,6 +258,11 @@ class Collector(DataCollectorBase):
                                     batching=batching if self._coroutine else None)
         self._book = self._scheduler.timelines
         self._stage_batches(self._scheduler.storage)
+        try:  # (with cudagraph_policy: the policy's graphs, captured now)
+            self._policy.prepare([lane.num_envs for lane in self._scheduler.lanes], leaves)
+        except BaseException:
+            self.shutdown()
+            raise
         self._batch_start = 0
         """Env steps taken before the batch under way began (coroutine envs)."""
 

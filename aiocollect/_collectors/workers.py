@@ -187,7 +187,8 @@ class WorkerCollectorBase(DataCollectorBase):
             """Each worker's lanes (the parts of its envs: ``_workers.plan``), by worker index."""
             res.loop = LoopThread()
             self._pool_task, _ = res.loop.portal.start_task(pool.run)
-            # (while the workers start:) a JAX policy on a GPU compiles for each round's row count
+            # (while the workers start:) a JAX policy on a GPU compiles for each round's row
+            # count; with cudagraph_policy, a torch policy is captured for each
             self._policy.prepare([lane.num_envs for lane in self._scheduler.lanes], obs_leaves)
         except BaseException:
             self.shutdown()

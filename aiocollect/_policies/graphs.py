@@ -12,7 +12,10 @@ graph records a call's kernels once and replays them with one launch. With
   shape, cuBLAS sets itself up), then captured once: its observations get GPU buffers of
   their own, and every later call at that count copies the observations from their pinned
   staging buffers straight into those buffers, replays the graph, and copies the outputs
-  back as an eager call's are. At most ``MAX_GRAPHS`` counts are captured; others run
+  back as an eager call's are. The collector's constructor does this for every count its
+  rounds can have, on zeros (``PolicySetup.prepare``), so collecting only replays; a count
+  met later (past ``ROUND_SIZES_MAX`` counts, or after the graphs were dropped) is warmed up
+  and captured at its own calls. At most ``MAX_GRAPHS`` counts are captured; others run
   eagerly.
 * **Weights.** A graph reads the module's tensors where they live, and every weight update
   through the collector copies into them in place (``_policies.weights``), so a replay acts
@@ -38,10 +41,12 @@ graph records a call's kernels once and replays them with one launch. With
 Captures use ``CUDAGraph.capture_begin``/``capture_end`` on a stream of the policy's
 stream's priority (a replay's kernels keep the priority of the stream they were captured
 on), in ``thread_local`` error mode, so another thread's CUDA calls during a capture are
-allowed; unlike ``torch.cuda.graph`` they do not synchronise the device or empty torch's
-caches, so a trainer in another thread is not held up or made to allocate again. Every
-graph allocates from one memory pool: a call's outputs are copied to the host, and waited
-for, before the next call, so no graph's memory is read after another's replay.
+allowed (but for a CUDA random draw in torch releases without per-capture RNG state,
+pytorch#176752: one reason the constructor captures every count it can); unlike
+``torch.cuda.graph`` they do not synchronise the device or empty torch's caches, so a
+trainer in another thread is not held up or made to allocate again. Every graph allocates
+from one memory pool: a call's outputs are copied to the host, and waited for, before the
+next call, so no graph's memory is read after another's replay.
 """
 
 from __future__ import annotations

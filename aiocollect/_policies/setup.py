@@ -41,6 +41,7 @@ from typing import Any
 
 import anyio
 import gymnasium as gym
+import numpy as np
 import torch
 from tensordict.nn import InteractionType
 from torch.nn.parameter import is_lazy
@@ -222,7 +223,14 @@ class PolicySetup:
     def prepare(self, lane_sizes: list[int], obs_leaves: list) -> None:
         """Before collecting: an ``accelerated`` ``ArrayPolicy`` (JAX on a GPU) compiles for
         every row count a round over the lanes of ``lane_sizes`` envs can have (at most
-        ``ROUND_SIZES_MAX``), instead of at each one's first call, inside the collection."""
+        ``ROUND_SIZES_MAX``), instead of at each one's first call, inside the collection;
+        with ``cudagraph_policy``, a torch policy is warmed up and captured for each of them
+        (``_prepare_graphs``)."""
+        if self.runner.graphs is not None:
+            rows = round_sizes(lane_sizes)
+            if rows is not None:
+                self._prepare_graphs(rows, obs_leaves)
+            return
         policy = self.policy
         if not (isinstance(policy, ArrayPolicy) and policy.accelerated):
             return
@@ -231,6 +239,19 @@ class PolicySetup:
         if rows is None or any(k not in specs for k in policy.in_keys):
             return
         policy.prepare(rows, [specs[k] for k in policy.in_keys])
+
+    def _prepare_graphs(self, rows: list[int], obs_leaves: list) -> None:
+        """Call the policy on zeros ``warmup + 1`` times for each of ``rows`` envs, so each count
+        is captured now, in the collector's constructor, rather than in the collection: a capture
+        that fails says so before anything is collected, ``torch.compile`` compiles here, and no
+        capture runs while the user trains in another thread (before torch's per-capture RNG
+        state, pytorch#176752, a trainer's CUDA random draw during a capture raised)."""
+        runner = self.runner
+        for count in rows:
+            obs = {leaf.key: torch.from_numpy(np.zeros((count, *leaf.shape), dtype=leaf.dtype))
+                   for leaf in obs_leaves}
+            for _ in range(runner.graphs.warmup + 1):
+                runner(obs, count)
 
     def close(self) -> None:
         """Wait for what is queued on the policy's own CUDA stream (a weight load, a last

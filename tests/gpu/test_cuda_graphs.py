@@ -117,13 +117,13 @@ class HostReading(nn.Module):
 cls = {"Collector": Collector, "MultiSyncCollector": MultiSyncCollector}[sys.argv[1]]
 envs = [CounterEnv] * 4 if cls is Collector else [[CounterEnv] * 2] * 2
 policy = TensorDictModule(HostReading(), in_keys=["observation"], out_keys=["action"])
-with cls(envs, policy, frames_per_batch=40, total_frames=-1, policy_device="cuda", cudagraph_policy=True) as c:
-    try:
+try:  # (the row counts are captured in the constructor)
+    with cls(envs, policy, frames_per_batch=40, total_frames=-1, policy_device="cuda", cudagraph_policy=True) as c:
         for _ in range(3):
             c.rollout()
-    except RuntimeError as exc:
-        print("ERROR:", str(exc).replace(chr(10), " "))
-        print("CAUSE:", type(exc.__cause__).__name__, flush=True)
+except RuntimeError as exc:
+    print("ERROR:", str(exc).replace(chr(10), " "))
+    print("CAUSE:", type(exc.__cause__).__name__, flush=True)
 """
 
 
@@ -156,12 +156,24 @@ class CountingPolicy(nn.Module):
 
 def test_outputs_off_the_gpu_are_refused_for_capture():
     policy = TensorDictModule(CountingPolicy(), in_keys=["observation"], out_keys=["action", "calls"])
-    with Collector([CounterEnv] * 4, policy, frames_per_batch=40, total_frames=-1, policy_device="cuda",
-                   cudagraph_policy=True) as collector:
-        with pytest.raises(RuntimeError, match=r"cannot be captured in a CUDA graph \(TypeError: outputs "
-                                               r"\['calls'\] are not tensors on cuda:\d\b"):
-            collector.rollout()
-        assert not graphs_of(collector).graphs
+    with pytest.raises(RuntimeError, match=r"cannot be captured in a CUDA graph \(TypeError: outputs "
+                                           r"\['calls'\] are not tensors on cuda:\d\b"):
+        Collector([CounterEnv] * 4, policy, frames_per_batch=40, total_frames=-1, policy_device="cuda",
+                  cudagraph_policy=True)  # (captured in the constructor: refused there)
+
+
+def test_every_row_count_is_captured_in_the_constructor(variant):
+    """The counts a round can have are captured before collection (a failure shows at once,
+    and no capture runs while a trainer thread works): collecting only replays them."""
+    with variant(CounterEnv, argmax_policy(), frames_per_batch=variant.num_envs * 10, total_frames=-1,
+                 policy_device="cuda", cudagraph_policy=True) as collector:
+        graphs = graphs_of(collector)
+        captured = dict(graphs.graphs)
+        assert captured and graphs.replays == 0
+        batches = [collector.rollout() for _ in range(2)]
+        assert set(captured) <= set(graphs.graphs) and graphs.replays > 0
+    for batch in batches:
+        acts_as_the_cpu_policy(batch)
 
 
 def test_a_shared_module_whose_tensors_are_swapped_is_captured_again():
