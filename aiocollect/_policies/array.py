@@ -42,7 +42,7 @@ class ArrayPolicy:
 
     def prepare(self, rows: Sequence[int], inputs: Sequence[tuple[np.dtype, tuple[int, ...]]]) -> None:
         """Get ready for calls over each of ``rows`` envs, with inputs of these (dtype, per-env
-        shape): a worker collector gives every row count its rounds can have, once, at start,
+        shape): a collector gives every row count its rounds can have, once, at start,
         for an ``accelerated`` policy (JAX compiles one program per shape). Optional."""
 
     def copy(self) -> ArrayPolicy:

@@ -13,9 +13,10 @@ graph records a call's kernels once and replays them with one launch. With
   their own, and every later call at that count copies the observations from their pinned
   staging buffers straight into those buffers, replays the graph, and copies the outputs
   back as an eager call's are. The collector's constructor does this for every count its
-  rounds can have, on zeros (``PolicySetup.prepare``), so collecting only replays; a count
-  met later (past ``ROUND_SIZES_MAX`` counts, or after the graphs were dropped) is warmed up
-  and captured at its own calls. At most ``MAX_GRAPHS`` counts are captured; others run
+  rounds can have, on zeros (``PolicySetup.prepare``; past ``ROUND_SIZES_MAX`` counts, a
+  full round's and each lane's), so collecting mostly replays; a count met later (one the
+  constructor did not capture, or any after the graphs were dropped) is warmed up and
+  captured at its own calls. At most ``MAX_GRAPHS`` counts are captured; others run
   eagerly.
 * **Weights.** A graph reads the module's tensors where they live, and every weight update
   through the collector copies into them in place (``_policies.weights``), so a replay acts
@@ -23,20 +24,24 @@ graph records a call's kernels once and replays them with one launch. With
   ``Collector`` acting with your own module also checks, before each replay, that the
   module still holds the tensors it captured: one replaced (``load_state_dict(...,
   assign=True)``, ``module.weight = ...``, ``TensorDict.to_module``, ``.to()``) drops the
-  graphs, and they are captured again after a new warmup.
+  graphs, and they are captured again after a new warmup (a submodule replaced whole is
+  not seen).
 * **Sampling.** A stochastic policy draws new numbers at each replay: torch advances the
   CUDA generator's offset for every replay of a graph that samples.
-* **What cannot be captured** is an error, raised from the collection with the policy's
-  own exception as its cause: a call that waits for the GPU or reads a value on the host
-  (``.item()``, ``if x.any():``, ``nonzero``, a shape that depends on data, a distribution
-  that checks its arguments), or one whose outputs are not all tensors on the GPU (a value
-  made once at capture would come back at every replay). There is no quiet fallback to
-  eager calls: in torch releases without pytorch#180395 (April 2026) a failed capture
-  leaves torch's allocator believing a capture is under way, so the process should be
-  restarted without ``cudagraph_policy`` or with the policy fixed. What a graph cannot see is Python state: a
-  policy that changes its behaviour through Python attributes (a counter, a flag) is
-  replayed as it was captured; keep such state in tensors (buffers), as TorchRL's
-  ``EGreedyModule`` does.
+* **What cannot be captured** is an error, raised (from the constructor, or the
+  collection for a count met later) with the policy's own exception as its cause: a call
+  that waits for the GPU or reads a value on the host (``.item()``, ``if x.any():``,
+  ``nonzero``, a shape that depends on data, a distribution that checks its arguments),
+  one whose outputs are not all tensors on the GPU (a value made once at capture would
+  come back at every replay), or one that replaces the module's tensors (the graph would
+  read the old ones). There is no quiet fallback to eager calls: a failed capture can leave
+  torch broken for the rest of the process (without pytorch#180395, April 2026, the
+  allocator believes a capture is under way; without pytorch#176752, March 2026, the
+  default CUDA generator stays in capture mode and every later CUDA random draw fails), so
+  the process should be restarted without ``cudagraph_policy`` or with the policy fixed.
+  What a graph cannot see is Python state: a policy that changes its behaviour through
+  Python attributes (a counter, a flag) is replayed as it was captured; keep such state in
+  tensors (buffers), as TorchRL's ``EGreedyModule`` does.
 
 Captures use ``CUDAGraph.capture_begin``/``capture_end`` on a stream of the policy's
 stream's priority (a replay's kernels keep the priority of the stream they were captured
@@ -45,8 +50,9 @@ allowed (but for a CUDA random draw in torch releases without per-capture RNG st
 pytorch#176752: one reason the constructor captures every count it can); unlike
 ``torch.cuda.graph`` they do not synchronise the device or empty torch's caches, so a
 trainer in another thread is not held up or made to allocate again. Every graph allocates
-from one memory pool: a call's outputs are copied to the host, and waited for, before the
-next call, so no graph's memory is read after another's replay.
+from one memory pool (a new one after the graphs are dropped): a call's outputs are copied
+to the host, and waited for, before the next call, so no graph's memory is read after
+another's replay.
 """
 
 from __future__ import annotations
@@ -103,19 +109,22 @@ class CudaGraphs:
     """The captured calls of one policy on ``device``; see the module docstring.
 
     ``PolicyRunner`` asks ``replay(obs, rows)`` first (a graph's outputs, or ``None``), then,
-    for an eager call, ``due(rows)``: whether to ``capture`` this one instead. ``watch``:
-    the user's own module, when the collector acts with it (``Collector``), checked for
-    swapped tensors before each replay.
+    for an eager call, ``due(rows)``: whether to ``capture`` this one instead. ``module``:
+    the policy, when it is a module; ``watch``: whether it is the user's own module (the
+    collector acts with it, ``Collector``), checked for swapped tensors before each replay.
     """
 
-    def __init__(self, device: torch.device, warmup: int, watch: torch.nn.Module | None = None):
+    def __init__(self, device: torch.device, warmup: int, module: torch.nn.Module | None = None,
+                 watch: bool = False):
         self.device = torch.device(device)
         self.warmup = warmup
+        self._module = module
+        """The policy, when it is a module: a capture checks that its call keeps the module's tensors."""
         self._watch = watch
-        """The user's own module, when the collector acts with it: it may swap its tensors."""
+        """Whether ``module`` is the user's own (the collector acts with it): it may swap its tensors."""
         self._slots: list[tuple[dict, str]] | None = None
         self._captured: list[int] = []
-        """The watched module's tensors' addresses at the captures."""
+        """The watched module's tensors' addresses at the captures of the graphs there are."""
         self.graphs: dict[int, _Graph] = {}
         """The captured row counts."""
         self.replays = 0
@@ -131,7 +140,7 @@ class CudaGraphs:
         graph = self.graphs.get(rows)
         if graph is None:
             return None
-        if self._slots is not None and self._pointers() != self._captured:
+        if self._slots is not None and _pointers(self._slots) != self._captured:
             self.drop()  # the watched module holds other tensors now: capture again
             return None
         with torch.cuda.device(self.device):
@@ -140,9 +149,14 @@ class CudaGraphs:
         self.replays += 1
         return graph.outputs
 
+    @property
+    def full(self) -> bool:
+        """Whether ``MAX_GRAPHS`` counts are captured (no more will be)."""
+        return len(self.graphs) >= MAX_GRAPHS
+
     def due(self, rows: int) -> bool:
         """Whether this (eager) call at ``rows`` is to be captured: it follows ``warmup`` eager ones."""
-        if len(self.graphs) >= MAX_GRAPHS:
+        if self.full:
             return False
         done = self._eager.get(rows, 0)
         if done < self.warmup:
@@ -151,9 +165,11 @@ class CudaGraphs:
         return True
 
     def drop(self) -> None:
-        """Forget every graph (their memory goes back to the pool as they are freed)."""
+        """Forget every graph. Their pool goes with them: torch cannot capture into a pool
+        whose graphs are all freed, so the next capture starts a new one."""
         self.graphs.clear()
         self._eager.clear()
+        self._pool = None
 
     def capture(self, call: Callable[[dict[NestedKey, torch.Tensor]], dict[NestedKey, Any]],
                 obs: dict[NestedKey, torch.Tensor], rows: int) -> dict[NestedKey, Any]:
@@ -166,11 +182,13 @@ class CudaGraphs:
             here = torch.device("cuda", torch.cuda.current_device())
             stream = torch.cuda.current_stream()
             if self._stream is None:
-                self._pool = torch.cuda.graph_pool_handle()
                 self._stream = torch.cuda.Stream(here, priority=stream.priority)
-            if self._watch is not None and not self.graphs:
-                self._slots = _tensor_slots(self._watch)
-                self._captured = self._pointers()
+            slots = _tensor_slots(self._module) if self._module is not None else []
+            before = _pointers(slots)
+            if self._watch and self.graphs and before != self._captured:
+                self.drop()  # (swapped since the graphs there are were captured)
+            if self._pool is None:
+                self._pool = torch.cuda.graph_pool_handle()
             with torch.cuda.stream(self._stream):
                 graph.capture_begin(pool=self._pool, capture_error_mode="thread_local")
                 try:
@@ -188,6 +206,10 @@ class CudaGraphs:
                 if strays:
                     failure = TypeError(f"outputs {strays} are not tensors on {here}: a graph would give back "
                                         "their values at capture at every replay")
+                elif _pointers(slots) != before:
+                    failure = TypeError("the call replaced parameters or buffers of the module (as in "
+                                        "self.buf = self.buf + 1): a graph reads the tensors it was captured "
+                                        "with; update them in place (self.buf.add_(1))")
             if failure is not None:
                 reason = f"{type(failure).__name__}: {str(failure).splitlines()[0] if str(failure) else ''}"
                 raise RuntimeError(
@@ -198,11 +220,15 @@ class CudaGraphs:
                     "tensors on the GPU. Make the policy capturable, or remove cudagraph_policy."
                 ) from failure
             graph.replay()
+        if self._watch and not self.graphs:
+            self._slots, self._captured = slots, before
         self.graphs[rows] = _Graph(graph, inputs, outputs)
         return outputs
 
-    def _pointers(self) -> list[int]:
-        return [slots[name].data_ptr() if slots.get(name) is not None else 0 for slots, name in self._slots]
+
+def _pointers(slots: list[tuple[dict, str]]) -> list[int]:
+    """The addresses of the tensors in ``slots`` (0 for an empty one)."""
+    return [where[name].data_ptr() if where.get(name) is not None else 0 for where, name in slots]
 
 
 def _tensor_slots(module: torch.nn.Module) -> list[tuple[dict, str]]:

@@ -203,8 +203,8 @@ class PolicySetup:
         graphs = None
         if cuda_graphs is not None and device is not None and device.type == "cuda":
             # (the user's own module may have its tensors swapped: watched; the collector's copy is not)
-            watch = policy if self.policy is policy and isinstance(policy, torch.nn.Module) else None
-            graphs = CudaGraphs(device, cuda_graphs, watch=watch)
+            module = self.policy if isinstance(self.policy, torch.nn.Module) else None
+            graphs = CudaGraphs(device, cuda_graphs, module=module, watch=module is not None and module is policy)
         self.runner = PolicyRunner(self.policy, obs_keys, device=device, exploration_type=exploration_type,
                                    weights=self.weights, stream=stream, graphs=graphs)
         self.random = self.policy if isinstance(self.policy, RandomPolicy) else RandomPolicy(action_space)
@@ -225,11 +225,12 @@ class PolicySetup:
         every row count a round over the lanes of ``lane_sizes`` envs can have (at most
         ``ROUND_SIZES_MAX``), instead of at each one's first call, inside the collection;
         with ``cudagraph_policy``, a torch policy is warmed up and captured for each of them
-        (``_prepare_graphs``)."""
+        (``_prepare_graphs``; past ``ROUND_SIZES_MAX`` counts, for a full round's and each
+        lane's)."""
         if self.runner.graphs is not None:
-            rows = round_sizes(lane_sizes)
-            if rows is not None:
-                self._prepare_graphs(rows, obs_leaves)
+            # (past ROUND_SIZES_MAX counts: a full round's and each lane's, the likeliest)
+            rows = round_sizes(lane_sizes) or sorted({sum(lane_sizes), *lane_sizes})
+            self._prepare_graphs(rows, obs_leaves)
             return
         policy = self.policy
         if not (isinstance(policy, ArrayPolicy) and policy.accelerated):
@@ -248,6 +249,8 @@ class PolicySetup:
         state, pytorch#176752, a trainer's CUDA random draw during a capture raised)."""
         runner = self.runner
         for count in rows:
+            if runner.graphs.full:
+                return
             obs = {leaf.key: torch.from_numpy(np.zeros((count, *leaf.shape), dtype=leaf.dtype))
                    for leaf in obs_leaves}
             for _ in range(runner.graphs.warmup + 1):

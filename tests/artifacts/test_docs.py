@@ -130,12 +130,12 @@ GPU_TO_CPU = [('"cuda"', '"cpu"'), (".cuda()", ""), (".is_cuda", '.device.type =
 runs them as they are, on a GPU)."""
 
 
-@pytest.mark.parametrize("block", range(2))
+@pytest.mark.parametrize("block", range(3))
 def test_the_gpu_pages_examples_run_on_the_cpu(block, tmp_path):
     """The examples of ``docs/gpu.md`` with the CPU in place of the GPU: what they call
     exists and works the same way, checked here where no GPU is (the GPU run is the device's)."""
     blocks = re.findall(r"^```py\n(.*?)^```", (DOCS / "gpu.md").read_text(), re.S | re.M)
-    assert len(blocks) == 2
+    assert len(blocks) == 3
     code = blocks[block]
     assert "cuda" in code
     for gpu, cpu in GPU_TO_CPU:
