@@ -5,7 +5,7 @@
 # (10 minutes at most); logs go to $OUT (or gpu-out/).
 #
 #   bash scripts/gpu_tests.sh wheels        # here, with a network: the missing wheels into .whl/
-#   bash scripts/gpu_tests.sh run           # there: the GPU tests (tests/gpu), ~5 min
+#   bash scripts/gpu_tests.sh run [ARGS]    # there: the GPU tests (tests/gpu, or pytest ARGS), ~7 min
 #   bash scripts/gpu_tests.sh bench-gpu     # there: benchmarks/bench_gpu.py (G, J, C, U), ~7 min
 #   bash scripts/gpu_tests.sh bench-engine  # there: bench_engine.py --workers 2 8 15 with PufferLib
 set -euo pipefail
@@ -37,8 +37,11 @@ run|bench-gpu|bench-engine)
     run)
         # pytest-timeout (carried) fails a hung test after 120 s with its stack; `timeout` keeps
         # the call inside the device's 10 minutes, so the log still comes back
+        # `run ARGS...` passes ARGS to pytest in place of tests/gpu: a part of the suite per call
+        # (`run tests/gpu/test_cuda_graphs.py`, `run tests/gpu --ignore tests/gpu/test_cuda_graphs.py`)
+        shift
         timeout 570 python3 -m pytest -p no:cacheprovider -rs -q --durations=15 -o faulthandler_timeout=150 \
-            tests/gpu 2>&1 | tee "$out/gpu_tests.log"
+            "${@:-tests/gpu}" 2>&1 | tee "$out/gpu_tests.log"
         exit "${PIPESTATUS[0]}"
         ;;
     bench-gpu)
