@@ -883,6 +883,15 @@ class DataCollectorBase:
         with self._loop_thread(what) as loop, self._closed_meanwhile():
             return loop.call(fn, *args)
 
+    def _after_caller_stream(self) -> None:
+        """Before a batch is asked for: the policy's next calls wait for what this thread
+        queued on its current CUDA stream, where that matters (a ``Collector`` acting with
+        the user's module on a GPU, changed on a stream of the user's own:
+        ``PolicySetup.follow_caller``); the reverse of ``_on_caller_stream``."""
+        policy = getattr(self, "_policy", None)
+        if policy is not None:
+            policy.follow_caller()
+
     def _on_caller_stream(self, batch: Any) -> Any:
         """A GPU batch handed over by the loop thread, made ready on this thread's current
         stream: its upload was waited for by the loop thread's (the default stream), so a
@@ -939,6 +948,7 @@ class DataCollectorBase:
         with self._loop_thread("for batch in collector") as loop:
             while True:
                 if self._undelivered is _NOTHING:
+                    self._after_caller_stream()
                     with self._closed_meanwhile():
                         loop.call(self._next_batch_kept)
                 batch, self._undelivered = self._undelivered, _NOTHING
@@ -969,6 +979,7 @@ class DataCollectorBase:
         """
         with self._loop_thread("next()") as loop:
             if self._undelivered is _NOTHING:  # (a batch an interrupted iteration kept comes first)
+                self._after_caller_stream()
                 with self._closed_meanwhile():
                     loop.call(self._next_batch_kept)
             batch, self._undelivered = self._undelivered, _NOTHING
@@ -989,6 +1000,7 @@ class DataCollectorBase:
             CollectorBusyError: called from the collector's own event loop (a policy, ``postproc``
                 or replay-buffer callback); use ``await collector.arollout()`` there.
         """
+        self._after_caller_stream()
         return self._on_caller_stream(self._run_sync("rollout()", self.arollout))
 
     def __enter__(self):

@@ -256,6 +256,12 @@ class PolicySetup:
             for _ in range(runner.graphs.warmup + 1):
                 runner(obs, count)
 
+    def follow_caller(self) -> None:
+        """Before a batch is asked for: a shared module's next policy call waits for what the
+        asking thread queued on its own CUDA stream (``FollowChannel.follow_caller``)."""
+        if isinstance(self.weights, FollowChannel):
+            self.weights.follow_caller()
+
     def close(self) -> None:
         """Wait for what is queued on the policy's own CUDA stream (a weight load, a last
         call): the policy's tensors may be freed with the collector, and their memory must

@@ -495,6 +495,22 @@ class FollowChannel(WeightsChannel):
         if snap[1] is not None:
             self._weights.recycle(snap[1])
 
+    def follow_caller(self) -> None:
+        """Order the next policy call after what this thread has queued on its current CUDA
+        stream, when that is not the default stream the calls of a shared module run on: an
+        optimiser step under ``torch.cuda.stream(s)``, then ``next(collector)`` with no
+        publish, is read by the next call only once the step is done on the GPU."""
+        gpu = self._gpu
+        if gpu is None:
+            return
+        here = torch.cuda.current_stream(gpu)
+        if here == torch.cuda.default_stream(gpu):
+            return  # (the calls' own stream: ordered already)
+        with self.lock:
+            if self.fence is not None:  # a load not waited for yet: the new fence follows it too
+                here.wait_event(self.fence[1])
+            self.fence = gpu, here.record_event()
+
     def _after_call(self) -> None:
         if self._lazy and not self.watch.lazy:  # the call (or a load) initialised the module
             self._lazy = False

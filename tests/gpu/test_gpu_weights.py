@@ -13,7 +13,7 @@ from tensordict.nn import TensorDictModule
 
 from aiocollect import Collector
 from support.envs import IntObsEnv
-from support.weights import Trainer, linear, versions_while_training
+from support.weights import Trainer, check_versions, linear, versions_while_training
 
 GPU_SLEEP_CYCLES = 40_000_000
 """``torch.cuda._sleep`` cycles: some 20 ms of GPU time at an H100's clock."""
@@ -130,3 +130,21 @@ class PinnedTrainer(Trainer):
 async def test_pinned_host_weights_are_copied_before_the_update_returns(variant):
     collector = variant(IntObsEnv, linear(0.0), frames_per_batch=40, total_frames=40 * 30, policy_device="cuda")
     await versions_while_training(collector, PinnedTrainer(collector))
+
+
+def test_a_shared_module_changed_on_the_users_stream_is_read_after_the_change():
+    """``Collector`` acting with the user's CUDA module: an in-place change queued on a stream
+    of the user's own (held back on the GPU by a sleep), then a batch asked for on that stream
+    with no publish. The change is a new version, and its first policy call, on the loop
+    thread's stream, waits for it (``FollowChannel.follow_caller``)."""
+    policy = linear(0.0).cuda()
+    params = list(policy.parameters())
+    stream = torch.cuda.Stream()
+    with (Collector([IntObsEnv] * 4, policy, frames_per_batch=40, total_frames=-1) as collector,
+          torch.cuda.stream(stream), torch.no_grad()):
+        for k in range(1, 6):
+            torch.cuda._sleep(GPU_SLEEP_CYCLES)  # ~20 ms: the writes below happen late on the GPU
+            for p in params:
+                p.fill_(k)
+            batch = collector.rollout()
+            assert check_versions(batch) == {k}, k
