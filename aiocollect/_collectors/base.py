@@ -848,6 +848,7 @@ class DataCollectorBase:
         Returns:
             The batch, without ``split_trajs``, ``postproc`` or the replay buffer.
         """
+        self._after_caller_stream()
         batch, _ = await self._guarded_collect()
         return self._finish(batch)
 
@@ -1216,6 +1217,7 @@ class _AsyncBatches:
         return self
 
     async def __anext__(self) -> Any:
+        self._collector._after_caller_stream()
         batch = await self._collector._next_batch()
         if batch is _DONE:
             raise StopAsyncIteration
