@@ -76,8 +76,7 @@ def cuda_graphs_for(value: Any, policy: Any, device: Any, compile_policy: Any = 
     if isinstance(policy, ArrayPolicy):
         raise ValueError(f"cudagraph_policy: a {type(policy).__name__} is compiled by its own framework "
                          "(XLA launches a JAX program's kernels together already); remove cudagraph_policy.")
-    device = torch.device(device) if device is not None else (
-        _device_of(policy) if isinstance(policy, torch.nn.Module) else None)
+    device = policy_device_of(policy, device)
     if device is None or device.type != "cuda":
         warnings.warn(f"cudagraph_policy: the policy runs on {device or 'the CPU'}, and CUDA graphs need a "
                       "CUDA device (policy_device='cuda', or a module on the GPU); it runs without them.",
@@ -130,13 +129,22 @@ def _device_of(module: torch.nn.Module) -> torch.device | None:
     return None
 
 
+def policy_device_of(policy: Any, device: Any) -> torch.device | None:
+    """Where the collector's calls of ``policy`` run: ``policy_device`` if given, else (as in
+    TorchRL) the one GPU that holds every tensor of a module, else ``None`` (the CPU)."""
+    if device is not None:
+        return torch.device(device)
+    if isinstance(policy, torch.nn.Module) and not isinstance(policy, RandomPolicy):
+        return _device_of(policy)
+    return None
+
+
 def runs_on_gpu(policy: Any, device: torch.device | None) -> bool:
     """Whether the collector's calls of ``policy`` will run on a GPU: ``policy_device`` says
     so, or (none given) a module's tensors all live on one, or a JAX policy's backend is one."""
-    if device is not None:
-        return device.type != "cpu"
-    if isinstance(policy, torch.nn.Module) and not isinstance(policy, RandomPolicy):
-        return _device_of(policy) is not None
+    placed = policy_device_of(policy, device)
+    if placed is not None:
+        return placed.type != "cpu"
     return isinstance(policy, ArrayPolicy) and policy.accelerated
 
 
@@ -179,8 +187,7 @@ class PolicySetup:
         elif is_torchrl_random(policy):
             policy = SpecRandomPolicy.wrap(policy, action_space)
         module = isinstance(policy, torch.nn.Module) and not isinstance(policy, RandomPolicy)
-        if device is None and module:
-            device = _device_of(policy)  # as TorchRL: a module on a GPU runs there
+        device = policy_device_of(policy, device)  # (as TorchRL: a module on a GPU runs there)
         if share and module and _on(policy, device):
             self.policy = policy  # the user's module itself: nothing to copy, nothing to move
         else:

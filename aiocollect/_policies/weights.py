@@ -486,10 +486,7 @@ class FollowChannel(WeightsChannel):
             # source again when it changes after the publish
             self.watch.mark(None if self.shared else at)
         if gpu is not None:  # the next policy call, on whichever stream, comes after this
-            here = torch.cuda.current_stream(gpu)
-            if self.fence is not None:  # a load on another stream not waited for yet: this one follows it
-                here.wait_event(self.fence[1])
-            self.fence = gpu, here.record_event()
+            self._fence_after(torch.cuda.current_stream(gpu))
 
     def _give_back(self, snap: tuple[int, list[torch.Tensor] | None, Any]) -> None:
         if snap[1] is not None:
@@ -507,9 +504,14 @@ class FollowChannel(WeightsChannel):
         if here == torch.cuda.default_stream(gpu):
             return  # (the calls' own stream: ordered already)
         with self.lock:
-            if self.fence is not None:  # a load not waited for yet: the new fence follows it too
-                here.wait_event(self.fence[1])
-            self.fence = gpu, here.record_event()
+            self._fence_after(here)
+
+    def _fence_after(self, stream: Any) -> None:
+        """Make ``fence`` order the next policy call after what ``stream`` has queued so far,
+        and after the fence there was (a load on another stream not waited for yet)."""
+        if self.fence is not None:
+            stream.wait_event(self.fence[1])
+        self.fence = self._gpu, stream.record_event()
 
     def _after_call(self) -> None:
         if self._lazy and not self.watch.lazy:  # the call (or a load) initialised the module
