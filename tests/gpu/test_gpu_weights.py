@@ -7,6 +7,7 @@ import statistics
 import threading
 import time
 
+import pytest
 import torch
 import torch.nn as nn
 from tensordict.nn import TensorDictModule
@@ -132,11 +133,12 @@ async def test_pinned_host_weights_are_copied_before_the_update_returns(variant)
     await versions_while_training(collector, PinnedTrainer(collector))
 
 
-def test_a_shared_module_changed_on_the_users_stream_is_read_after_the_change():
+@pytest.mark.parametrize("face", ["sync", "async"])
+async def test_a_shared_module_changed_on_the_users_stream_is_read_after_the_change(face):
     """``Collector`` acting with the user's CUDA module: an in-place change queued on a stream
     of the user's own (held back on the GPU by a sleep), then a batch asked for on that stream
-    with no publish. The change is a new version, and its first policy call, on the loop
-    thread's stream, waits for it (``FollowChannel.follow_caller``)."""
+    with no publish (``rollout()``, or ``await arollout()``). The change is a new version, and
+    its first policy call, on the loop thread's stream, waits for it (``FollowChannel.follow_caller``)."""
     policy = linear(0.0).cuda()
     params = list(policy.parameters())
     stream = torch.cuda.Stream()
@@ -146,5 +148,5 @@ def test_a_shared_module_changed_on_the_users_stream_is_read_after_the_change():
             torch.cuda._sleep(GPU_SLEEP_CYCLES)  # ~20 ms: the writes below happen late on the GPU
             for p in params:
                 p.fill_(k)
-            batch = collector.rollout()
+            batch = collector.rollout() if face == "sync" else await collector.arollout()
             assert check_versions(batch) == {k}, k
