@@ -340,6 +340,11 @@ class DataCollectorBase:
         """``(env_steps, completed_trajectories)`` for ``statistics()``."""
         return 0, 0
 
+    def _take_cut(self) -> Any:
+        """The ids of the trajectories that resets cut since the last call (``trajs_per_batch``
+        drops them: see ``_engine.timelines``)."""
+        return ()
+
     def _worker_statistics(self) -> tuple[WorkerStatistics, ...]:
         return ()
 
@@ -495,6 +500,7 @@ class DataCollectorBase:
                 return _DONE
             if opts.postproc is not None:  # on each collected batch, before assembly, as in TorchRL
                 batch = opts.postproc(batch)
+            assembler.cut(self._take_cut())
             assembler.add(batch)
             if opts.reset_at_each_iter:
                 assembler.drop_partial()  # their envs restart: those trajectories never end

@@ -257,6 +257,7 @@ class Collector(DataCollectorBase):
                                     reset_when_done=options.reset_when_done,
                                     batching=batching if self._coroutine else None)
         self._book = self._scheduler.timelines
+        self._book.keep_cut = options.trajs_per_batch is not None
         self._stage_batches(self._scheduler.storage)
         try:  # (with cudagraph_policy: the policy's graphs, captured now)
             self._policy.prepare([lane.num_envs for lane in self._scheduler.lanes], leaves)
@@ -352,6 +353,9 @@ class Collector(DataCollectorBase):
 
     def _counters(self) -> tuple[int, int]:
         return self._book.env_steps, self._book.completed_trajectories
+
+    def _take_cut(self):
+        return self._book.take_cut()
 
     # ------------------------------------------------------------------ control
 

@@ -181,6 +181,7 @@ class WorkerCollectorBase(DataCollectorBase):
                                         step_count=options.max_frames_per_traj is not None,
                                         reset_when_done=options.reset_when_done, spin_s=pool.spin_s,
                                         runs=runs)
+            self._scheduler.timelines.keep_cut = options.trajs_per_batch is not None
             self._stage_batches(self._scheduler.storage)
             self._worker_lanes = [[lane for lane in self._scheduler.lanes if lane.index == w.index]
                                   for w in plan.workers]
@@ -244,6 +245,9 @@ class WorkerCollectorBase(DataCollectorBase):
     def _counters(self) -> tuple[int, int]:
         tl = self._scheduler.timelines
         return tl.env_steps, tl.completed_trajectories
+
+    def _take_cut(self):
+        return self._scheduler.timelines.take_cut()
 
     def _worker_statistics(self) -> tuple[WorkerStatistics, ...]:
         return tuple(

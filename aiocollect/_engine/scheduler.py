@@ -719,8 +719,15 @@ class Scheduler:
 
     def _reset(self, lane: Lane) -> bool:
         """Send ``lane`` a ``RESET`` for the envs that need one; ``True`` (it is busy now)."""
-        st, lo, hi = self.storage, lane.lo, lane.hi
-        idx, seeds = self.timelines.take_resets(lo, hi)
+        st, lo, hi, tl = self.storage, lane.lo, lane.hi, self.timelines
+        idx, seeds = tl.take_resets(lo, hi)
+        if lane.t > 0 and tl.renew[lo:hi].any():
+            # trajectories this reset cuts end at the batch's last step: marked truncated
+            # there (as TorchRL's set_truncated does), so that within a batch an id changes
+            # only after a done step and value targets do not bootstrap across the cut
+            s, t = lane.slot, lane.t - 1
+            term, trunc = st.terminated[s, t, lo:hi], st.truncated[s, t, lo:hi]
+            trunc |= tl.renew[lo:hi] & ~term
         st.reset_mask[lo:hi] = False
         st.reset_mask[idx + lo] = True
         if seeds is None:

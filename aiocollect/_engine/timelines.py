@@ -9,10 +9,19 @@ Finished envs need no reset from here: their worker resets them on its own right
 the step (``_workers.rows``), so a finished env only gets a new trajectory id. A reset
 *is* needed after ``reset()``, ``set_seed()`` and ``load_state_dict()`` (the worker did not
 end those trajectories); ``take_resets`` hands those out.
+
+**When an id changes.** Only when a step ends an episode (``stepped``, ``ran``) or when a
+reset is *done* (``resets_done``), never when one is asked for: a reset may be asked for
+while a worker is in the middle of a command (``MultiAsyncCollector`` collects on while
+you call ``reset()``), and the steps of that command belong to the trajectory they were
+taken in. So ``request_reset`` only marks the envs (``renew``); the reset, once done, gives
+each marked env a new id and records the one it ended as *cut* (``take_cut``): a
+trajectory that no episode end closed, which ``trajs_per_batch`` must never deliver.
 """
 
 from __future__ import annotations
 
+from collections import deque
 from typing import Any
 
 import numpy as np
@@ -50,6 +59,14 @@ class Timelines:
         self.root_flags = np.zeros((3, num_envs), dtype=bool)
         """Done, terminated, truncated of each env's current step: only ever set when
         ``reset_when_done`` is off (a finished env that is not reset stays done)."""
+        self.renew = np.zeros(num_envs, dtype=bool)
+        """Envs whose reset, when done, starts a new trajectory although no episode ended:
+        the one under way is cut (see the module docstring)."""
+        self.keep_cut = False
+        """Record the ids of cut trajectories for ``take_cut`` (``trajs_per_batch`` needs them)."""
+        self.cut: deque[np.ndarray] = deque()
+        """Ids of the trajectories cut by resets done since the last ``take_cut`` (a deque:
+        ``take_cut`` may run in another thread than the resets)."""
         self.completed_trajectories = 0
         self.env_steps = 0
 
@@ -121,13 +138,13 @@ class Timelines:
     def request_reset(self, seeds: list[int] | None = None, lo: int = 0, hi: int | None = None) -> np.ndarray:
         """Reset envs ``lo:hi`` (all by default) before their next step, with these
         seeds (one per env of ``lo:hi``) if given. Envs midway through a trajectory start
-        a new one, with a new id, not counted as completed; returns the ids of the
-        trajectories so cut."""
+        a new one once the reset is done, with a new id, not counted as completed (steps
+        booked before then keep the id they were taken with). Returns the ids of the
+        trajectories under way now, which the reset will cut (or which end before it)."""
         hi = self.num_envs if hi is None else hi
         midway = ~self.needs_reset[lo:hi]
         cut = self.traj_ids[lo:hi][midway]  # (a copy: a mask indexes by copying)
-        if len(cut):
-            self._new_trajectories(lo, hi, midway, completed=False)
+        self.renew[lo:hi] |= midway
         self._mark(np.arange(lo, hi))
         if seeds is not None:
             self.seed[lo:hi] = seeds
@@ -148,12 +165,26 @@ class Timelines:
         return idx, seeds
 
     def resets_done(self, lo: int, idx: np.ndarray) -> None:
-        """Envs ``lo + idx`` were reset: they start new episodes."""
+        """Envs ``lo + idx`` were reset: they start new episodes (with new ids for those
+        whose trajectory the reset cut)."""
         rows = idx + lo
+        renewed = rows[self.renew[rows]]
+        if len(renewed):
+            if self.keep_cut:
+                self.cut.append(self.traj_ids[renewed])  # (a copy: fancy indexing)
+            self.traj_ids[renewed] = self.ids.take(len(renewed))
+            self.renew[renewed] = False
         self.needs_reset[rows] = False
         self.step_count[rows] = 0
         self.root_flags[:, rows] = False
         self.any_reset = bool(np.count_nonzero(self.needs_reset))
+
+    def take_cut(self) -> np.ndarray:
+        """The ids of the trajectories cut by the resets done since the last call."""
+        cut = []
+        while self.cut:
+            cut.append(self.cut.popleft())
+        return np.concatenate(cut) if cut else np.zeros(0, dtype=np.int64)
 
     # ------------------------------------------------------------------ checkpoints
 
@@ -164,8 +195,10 @@ class Timelines:
         # trajectory ids must never be reused: continue after the saved counter
         self.ids.next = max(self.ids.next, int(state["next_traj_id"]))
         self.completed_trajectories = int(state["completed_trajectories"])
+        # every env restarts from a reset, and takes an id after the saved counter then
+        # (the ids under way now may have been used by the collector that saved the state)
         self._mark(np.arange(self.num_envs))
-        self._new_trajectories(0, self.num_envs, np.ones(self.num_envs, dtype=bool), completed=False)
+        self.renew[:] = True
 
     # ------------------------------------------------------------------ internals
 

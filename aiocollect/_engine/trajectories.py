@@ -198,10 +198,19 @@ class TrajectoryAssembler:
         """Forget the trajectories under way (their envs were reset: they will never end)."""
         self._partial.clear()
 
+    def cut(self, ids: Iterable[int]) -> None:
+        """The trajectories ``ids`` were cut by a reset: they never end. Their frames here
+        are dropped, and so are those still to come (in batches collected before the reset
+        and not yet added), instead of waiting here for an end they never reach."""
+        ids = {int(i) for i in ids}
+        for tid in ids & self._partial.keys():
+            del self._partial[tid]
+        self._cut |= ids
+
     def clear(self, cut: Iterable[int] = ()) -> None:
-        """Forget everything, complete trajectories included. ``cut``: the ids of the
-        trajectories a reset cut. Their frames can still arrive, in batches sealed before the
-        reset: they are dropped, instead of waiting here for an end they never reach."""
-        self._partial.clear()
+        """Forget everything, complete trajectories included (``reset()``). ``cut``: the
+        ids of the trajectories under way, which the reset cuts; those begun here are cut
+        too (the rest of a trajectory whose beginning was dropped must never be delivered
+        as if it were whole)."""
+        self.cut([*cut, *self._partial])
         self._complete.clear()
-        self._cut.update(int(i) for i in cut)

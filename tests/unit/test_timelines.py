@@ -105,26 +105,63 @@ def test_without_reset_when_done_ids_stay_and_the_root_flags_follow_the_last_ste
 # --------------------------------------------------------------------------- resets
 
 
-def test_request_reset_midway_gives_new_ids_that_are_not_completed_trajectories():
+def done_resets(tl: Timelines, lo: int = 0, hi: int | None = None) -> None:
+    """The resets of rows ``lo:hi`` that were asked for, done (as a ``RESET`` command's reply)."""
+    hi = tl.num_envs if hi is None else hi
+    idx, _ = tl.take_resets(lo, hi)
+    tl.resets_done(lo, idx)
+
+
+def test_request_reset_midway_gives_new_ids_once_the_reset_is_done():
     tl = started(4)
+    tl.keep_cut = True
     tl.stepped(0, 4, flags(0, 0, 0, 0), flags(0, 0, 0, 0))
-    assert tl.request_reset().tolist() == [0, 1, 2, 3]  # the trajectories cut
+    assert tl.request_reset().tolist() == [0, 1, 2, 3]  # the trajectories the reset cuts
+    assert tl.traj_ids.tolist() == [0, 1, 2, 3]  # not before the reset is done
+    assert tl.needs_reset.all() and tl.any_reset
+    assert tl.request_reset().tolist() == []  # still waiting for their reset: nothing more cut
+    done_resets(tl)
     assert tl.traj_ids.tolist() == [4, 5, 6, 7]
     assert tl.step_count.tolist() == [0, 0, 0, 0]
-    assert tl.completed_trajectories == 0
-    assert tl.needs_reset.all() and tl.any_reset
-    assert tl.request_reset().tolist() == []  # still waiting for their reset: nothing cut, no new id
-    assert tl.traj_ids.tolist() == [4, 5, 6, 7]
+    assert tl.completed_trajectories == 0  # cut, not completed
+    assert tl.take_cut().tolist() == [0, 1, 2, 3] and tl.take_cut().tolist() == []
+
+
+def test_steps_in_flight_when_a_reset_is_asked_for_keep_their_trajectory():
+    """A worker in the middle of a run of steps when ``reset()`` comes (MultiAsyncCollector):
+    the run's steps belong to the episode they were taken in, counted on from it; the ids
+    change when the reset is done, and the trajectory it cuts is the one under way then."""
+    tl = started(2)
+    tl.keep_cut = True
+    tl.stepped(0, 2, flags(0, 0), flags(0, 0))
+    tl.request_reset()
+    # the run lands: env 0 ends its episode at its 2nd step and begins another
+    ids, counts = tl.ran(0, 2, flags(0, 0, 1, 0, 0, 0).reshape(3, 2), np.zeros((3, 2), bool))
+    assert ids.tolist() == [[0, 1], [0, 1], [2, 1], [2, 1]]
+    assert counts.tolist() == [[1, 1], [2, 2], [0, 3], [1, 4]]
+    assert tl.completed_trajectories == 1
+    done_resets(tl)
+    assert tl.traj_ids.tolist() == [3, 4] and tl.step_count.tolist() == [0, 0]
+    assert tl.take_cut().tolist() == [2, 1]  # env 0's new episode and env 1's, cut; not env 0's first
+
+
+def test_cut_trajectories_are_recorded_only_when_asked_for():
+    tl = started(2)
+    tl.stepped(0, 2, flags(0, 0), flags(0, 0))
+    tl.request_reset()
+    done_resets(tl)
+    assert tl.traj_ids.tolist() == [2, 3] and tl.take_cut().tolist() == []
 
 
 def test_request_reset_of_some_rows_leaves_the_others_alone():
     tl = started(4)
     tl.stepped(0, 4, flags(0, 0, 0, 0), flags(0, 0, 0, 0))
     tl.request_reset(lo=1, hi=3)
-    assert tl.traj_ids.tolist() == [0, 4, 5, 3]
     assert tl.needs_reset.tolist() == [False, True, True, False]
-    assert tl.step_count.tolist() == [1, 0, 0, 1]
     assert not tl.wants_reset(0, 1) and tl.wants_reset(0, 2) and not tl.wants_reset(3, 4)
+    done_resets(tl, 1, 3)
+    assert tl.traj_ids.tolist() == [0, 4, 5, 3]
+    assert tl.step_count.tolist() == [1, 0, 0, 1]
 
 
 def test_a_fresh_timeline_keeps_its_ids_when_asked_to_reset():
@@ -181,9 +218,10 @@ def test_state_dict_round_trip_never_reuses_an_id():
     assert state == {"next_traj_id": 5, "completed_trajectories": 2}
     fresh = Timelines(3, reset_when_done=True)  # ids 0, 1, 2 taken
     fresh.load_state_dict(state)
+    assert fresh.needs_reset.all() and fresh.any_reset
+    done_resets(fresh)
     assert fresh.traj_ids.tolist() == [5, 6, 7]
     assert fresh.completed_trajectories == 2  # the new ids were not completions
-    assert fresh.needs_reset.all() and fresh.any_reset
 
 
 def test_loading_an_older_state_still_continues_after_every_id_handed_out():
@@ -193,6 +231,7 @@ def test_loading_an_older_state_still_continues_after_every_id_handed_out():
         tl.stepped(0, 2, flags(1, 1), flags(0, 0))
     assert tl.traj_ids.tolist() == [8, 9] and tl.completed_trajectories == 8
     tl.load_state_dict(old)
+    assert tl.completed_trajectories == 0 and tl.needs_reset.all()
+    done_resets(tl)
     assert tl.traj_ids.tolist() == [10, 11]
-    assert tl.completed_trajectories == 0
-    assert tl.step_count.tolist() == [0, 0] and tl.needs_reset.all()
+    assert tl.step_count.tolist() == [0, 0]

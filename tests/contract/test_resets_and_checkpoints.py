@@ -1,0 +1,94 @@
+"""Resets, seeds and checkpoints asked for while a collector collects: no trajectory id ever
+spans two episodes, a trajectory cut by a reset is never delivered as whole, and a checkpoint
+holds exactly what was not delivered yet."""
+
+from __future__ import annotations
+
+import functools
+
+import pytest
+import torch
+
+from support.checks import check_batch, rows
+from support.episode_envs import EpisodeEnv
+
+FPB = 20
+
+
+def envs(variant, **kwargs) -> list:
+    """One ``EpisodeEnv`` per env of ``variant``, each with its own tag."""
+    return [functools.partial(EpisodeEnv, tag=k, **kwargs) for k in range(variant.num_envs)]
+
+
+class EpisodeBook:
+    """Every frame seen, by trajectory id: what episode of which env it belongs to."""
+
+    def __init__(self):
+        self.episode_of: dict[int, tuple[int, int]] = {}
+
+    def add(self, ids: torch.Tensor, obs: torch.Tensor) -> None:
+        for tid, o in zip(ids.reshape(-1).tolist(), obs.reshape(-1, 3).tolist()):
+            if tid < 0:
+                continue
+            episode = (int(o[2]), int(o[1]))  # (env tag, episode number)
+            assert self.episode_of.setdefault(tid, episode) == episode, (
+                f"trajectory {tid} spans two episodes: {self.episode_of[tid]} and {episode}")
+
+
+def check_no_glue(batch, book: EpisodeBook, step_count=None) -> None:
+    """Within a row, frames of one id follow each other; an id changes only after a done step."""
+    check_batch(batch, step_count=step_count)
+    b = rows(batch)
+    valid = b.get(("collector", "mask"), torch.ones(b.shape, dtype=torch.bool))
+    book.add(b["collector", "traj_ids"][valid], b["observation"][valid])
+
+
+def check_whole(traj) -> None:
+    """A delivered trajectory: one episode, its steps from 0 up to the env's own end."""
+    obs = traj["observation"]
+    assert obs[:, 1].unique().numel() == 1 and obs[:, 2].unique().numel() == 1, "two episodes in one trajectory"
+    assert torch.equal(obs[:, 0], torch.arange(len(traj), dtype=obs.dtype)), f"not whole: steps {obs[:, 0].tolist()}"
+    assert traj["next", "terminated"][-1, 0], "a trajectory cut by a reset was delivered as whole"
+    assert torch.equal(traj["next", "observation"][:-1], obs[1:])
+
+
+def trajectories(batch, traj_format: str) -> list:
+    if traj_format == "cat":
+        ends = torch.nonzero(batch["next", "done"][:, 0]).flatten().tolist()
+        return [batch[a + 1 if i else 0: b + 1] for i, (a, b) in enumerate(zip([-1, *ends], ends))]
+    return [batch[i][batch["collector", "mask"][i]] for i in range(batch.shape[0])]
+
+
+@pytest.mark.parametrize("action", ["reset", "set_seed", "load_state_dict"])
+def test_a_reset_mid_collection_never_glues_two_episodes_under_one_id(variant, action):
+    """MultiAsyncCollector's random steps used to go in runs that a reset() landed in the
+    middle of: the run's steps were booked under the new id, and the next episode too."""
+    book = EpisodeBook()
+    with variant(envs(variant), None, frames_per_batch=FPB, total_frames=40 * FPB,
+                 max_frames_per_traj=7) as collector:
+        for i, batch in enumerate(collector):
+            check_no_glue(batch, book, step_count=7)
+            if i % 2:
+                if action == "reset":
+                    collector.reset()
+                elif action == "set_seed":
+                    collector.set_seed(i)
+                else:
+                    collector.load_state_dict(collector.state_dict())
+    assert len(book.episode_of) > 40
+
+
+@pytest.mark.parametrize("traj_format", ["padded", "cat"])
+def test_trajs_per_batch_never_delivers_a_trajectory_a_reset_cut(variant, traj_format):
+    seen = set()
+    with variant(envs(variant, length=6), None, frames_per_batch=FPB, total_frames=60 * FPB,
+                 trajs_per_batch=2, traj_format=traj_format) as collector:
+        for i, batch in enumerate(collector):
+            for traj in trajectories(batch, traj_format):
+                check_whole(traj)
+                tid = int(traj["collector", "traj_ids"][0])
+                assert tid not in seen, "a trajectory delivered twice"
+                seen.add(tid)
+            if i % 2:
+                collector.reset()
+    assert len(seen) > 20
