@@ -50,7 +50,7 @@ from .._envs.spaces import nest
 from .._errors import CollectorBusyError, CollectorClosedError, CollectorError, CollectorFailedError
 from .._policies.random import SpecRandomPolicy
 from .._policies.setup import PolicySetup
-from .checkpoint import Checkpoint, read_checkpoint
+from .checkpoint import Checkpoint, counters_state, read_checkpoint
 from .loop_thread import LoopThread
 from .options import CollectorOptions, validate_timeout
 from .progress import EpisodeReturns, ProgressBar, flat_numpy
@@ -339,6 +339,28 @@ class DataCollectorBase:
     def _counters(self) -> tuple[int, int]:
         """``(env_steps, completed_trajectories)`` for ``statistics()``."""
         return 0, 0
+
+    def _counters_state(self) -> dict[str, Any]:
+        """A checkpoint's counters (``frames``, ``iter``, ``aiocollect_format``) and, with
+        ``trajs_per_batch``, the complete trajectories not delivered yet (``trajectories``):
+        see ``_collectors.checkpoint``."""
+        assembler = self._assembler
+        state = counters_state(self._frames - assembler.pending_frames, self._batches)
+        held = assembler.state_dict()
+        if held is not None:
+            state["trajectories"] = held
+        return state
+
+    def _restore_counters(self, saved: Checkpoint) -> None:
+        """Restore what ``_counters_state`` saved (on the engine's thread). Trajectories
+        saved by a collector with ``trajs_per_batch`` are not counted by one without it
+        (it never delivers them)."""
+        frames, held = saved.frames, saved.trajectories
+        if self.options.trajs_per_batch is None:
+            frames -= sum(len(t) for t in held)
+            held = []
+        self._frames, self._batches = frames, saved.batches
+        self._assembler.restore(held)
 
     def _take_cut(self) -> Any:
         """The ids of the trajectories that resets cut since the last call (``trajs_per_batch``

@@ -11,6 +11,11 @@ counts from ``-1``). aiocollect's first checkpoints saved the number of batches 
 ``aiocollect_format`` (``2`` since ``iter`` means TorchRL's, absent before) tells them apart,
 so an old checkpoint still loads with its meaning.
 
+With ``trajs_per_batch``, a checkpoint holds exactly what was not delivered yet: the complete
+trajectories waiting to be delivered (``trajectories``, plain tensors), and ``frames`` counts
+the frames delivered and those; the frames of trajectories still under way are not counted
+(a restored collector's envs restart from a reset, so those trajectories never end there).
+
 ``read_checkpoint`` is pure: it checks a whole state and returns what to restore, or raises
 before the collector changes at all.
 """
@@ -19,8 +24,10 @@ from __future__ import annotations
 
 import numbers
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
+
+from .._engine.trajectories import TrajectoryAssembler
 
 CHECKPOINT_FORMAT = 2
 """``state_dict()["aiocollect_format"]``. 1 (no such key): ``iter`` was the number of
@@ -44,6 +51,8 @@ class Checkpoint:
     """Trajectories completed over the collector's life."""
     workers: dict[int, int]
     """Completed trajectories of each worker saved (``worker{i}``), by worker index."""
+    trajectories: list = field(default_factory=list)
+    """``trajs_per_batch``'s complete trajectories that were not delivered yet (``TensorDict``s)."""
 
 
 def counters_state(frames: int, batches: int) -> dict[str, Any]:
@@ -96,7 +105,12 @@ def read_checkpoint(state_dict: Any, collector: str) -> Checkpoint:
     else:  # a worker collector's checkpoint: its workers' counts
         completed = sum(workers.values())
     batches = it + 1 if fmt == CHECKPOINT_FORMAT else it
-    return Checkpoint(frames, batches, next_id, completed, workers)
+    held = state_dict.get("trajectories")
+    trajectories = [] if held is None else TrajectoryAssembler.read_state(held)
+    if sum(len(t) for t in trajectories) > frames:
+        raise ValueError(f"{where}: 'trajectories' holds more frames than 'frames' ({frames}) counts; "
+                         "nothing was loaded.")
+    return Checkpoint(frames, batches, next_id, completed, workers, trajectories)
 
 
 def _count(value: Any, name: str, where: str, low: int) -> int:

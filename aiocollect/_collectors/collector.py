@@ -32,7 +32,6 @@ from .._workers.coroutine_envs import CoroutineEnvs
 from .._workers.inline_worker import InlineWorker
 from .._workers.shm import Layout, SharedArrays
 from .base import DataCollectorBase
-from .checkpoint import counters_state
 from .loop_thread import LoopThread
 from .options import as_int, env_seeds, fit_to_envs, next_seed, options_from, validate_batching
 from .torchrl_compat import check_torchrl_keywords, envs_as_given, resolve_policy
@@ -96,6 +95,10 @@ class Collector(DataCollectorBase):
         step_timeout: coroutine envs: a ``reset`` or ``step`` that takes longer (in
             seconds) fails the collection with [`StepTimeoutError`][aiocollect.StepTimeoutError]
             (default: no limit).
+        start_timeout: not accepted (``ValueError``): it bounds the start of worker
+            processes, and a ``Collector`` starts none. With ``num_collectors=N`` it goes to
+            the worker collector built (see
+            [`MultiSyncCollector`][aiocollect.MultiSyncCollector]).
 
     The other arguments are the options every collector shares: see
     [`CollectorOptions`][aiocollect.CollectorOptions].
@@ -183,6 +186,7 @@ class Collector(DataCollectorBase):
         step_timeout: float | None = None,
         num_collectors: int | None = None,
         sync: bool | None = None,
+        start_timeout: Any = None,
         policy_factory: Any = None,
         compile_policy: Any = None,
         cudagraph_policy: Any = None,
@@ -191,6 +195,10 @@ class Collector(DataCollectorBase):
         if sync is not None:
             raise ValueError("sync: it chooses between the worker collectors that num_collectors=N builds; "
                              "a Collector without num_collectors steps its envs in this process. Remove it.")
+        if start_timeout is not None:
+            raise ValueError(f"start_timeout={start_timeout!r}: it bounds the start of worker processes, and a "
+                             "Collector without num_collectors starts no worker process (its envs step in this "
+                             "process). Remove it, or pass num_collectors=N for N worker processes.")
         check_torchrl_keywords(type(self).__name__, torchrl_options)
         policy = resolve_policy(policy, policy_factory, compile_policy)
         options = options_from({**locals(), **torchrl_options})
@@ -428,16 +436,23 @@ class Collector(DataCollectorBase):
             first), ``traj_pool`` (``next_traj_id``, the next trajectory id, and
             ``completed_trajectories``) and ``aiocollect_format`` (``2``: the meaning of
             ``iter``; checkpoints without it, from earlier versions, counted batches there).
+            With ``trajs_per_batch``, ``trajectories`` holds the complete trajectories not
+            delivered yet (plain tensors: ``torch.load(..., weights_only=True)`` reads them),
+            which the collector restored from it delivers first, and ``frames`` counts them
+            too; trajectories still under way are neither saved nor counted (the envs of a
+            restored collector restart from a reset).
         """
         state = OrderedDict()
         if self._policy.has_weights:
             state["policy_state_dict"] = self._policy.state_dict()
         state["env_state_dict"] = OrderedDict()
-        counters = counters_state(self._frames, self._batches)
+        counters = self._counters_state()
         state["frames"] = counters["frames"]
         state["iter"] = counters["iter"]
         state["traj_pool"] = self._book.state_dict()
         state["aiocollect_format"] = counters["aiocollect_format"]
+        if "trajectories" in counters:
+            state["trajectories"] = counters["trajectories"]
         return state
 
     def load_state_dict(self, state_dict: dict, strict: bool = True) -> None:
@@ -469,7 +484,7 @@ class Collector(DataCollectorBase):
         saved = self._checked_and_weights_loaded(state_dict, strict)
 
         def apply():
-            self._frames, self._batches = saved.frames, saved.batches
+            self._restore_counters(saved)
             self._book.load_state_dict({"next_traj_id": saved.next_traj_id,
                                         "completed_trajectories": saved.completed_trajectories})
 

@@ -29,9 +29,9 @@ from .._workers.plan import WorkerPlan, plan_workers
 from .._workers.pool import WorkerPool
 from .._workers.shm import Layout
 from .base import DataCollectorBase, WorkerStatistics
-from .checkpoint import counters_state
 from .loop_thread import LoopThread
 from .options import (
+    START_TIMEOUT_S,
     CollectorOptions,
     WorkerOptions,
     as_int,
@@ -65,7 +65,10 @@ class WorkerCollectorBase(DataCollectorBase):
     (``_workers.coroutine_worker``). ``step_timeout`` applies to every worker: a coroutine
     env's call that takes longer is cancelled, and a worker process whose step or reset
     takes longer is killed (``_workers.watchdog``); either way the collector raises a
-    [`StepTimeoutError`][aiocollect.StepTimeoutError]. ``num_threads`` and
+    [`StepTimeoutError`][aiocollect.StepTimeoutError]. ``start_timeout`` (default 300 s;
+    ``None``: no bound) bounds the start of the worker processes: the constructor waits until
+    every worker has built its envs, and raises
+    [`StartTimeoutError`][aiocollect.StartTimeoutError] past it. ``num_threads`` and
     ``num_sub_threads`` are accepted for compatibility: workers do not run torch.
     """
 
@@ -102,6 +105,7 @@ class WorkerCollectorBase(DataCollectorBase):
         num_sub_threads: int = 1,
         max_policy_lag: int | None = None,
         step_timeout: float | None = None,
+        start_timeout: float | None = START_TIMEOUT_S,
         max_batch_size: int | None = None,
         min_batch_size: int | None = None,
         batch_timeout: float | None = None,
@@ -128,7 +132,7 @@ class WorkerCollectorBase(DataCollectorBase):
         worker_options = validate_worker_options(
             cat_results=cat_results, preemptive_threshold=preemptive_threshold,
             update_at_each_batch=update_at_each_batch, num_threads=num_threads,
-            num_sub_threads=num_sub_threads, max_policy_lag=max_policy_lag,
+            num_sub_threads=num_sub_threads, max_policy_lag=max_policy_lag, start_timeout=start_timeout,
         )
         check_policy(policy)
         cuda_graphs = cuda_graphs_for(cudagraph_policy, policy, options.policy_device, compile_policy)
@@ -172,7 +176,8 @@ class WorkerCollectorBase(DataCollectorBase):
         (on ``policy_device``), the given object otherwise, a
         [`RandomPolicy`][aiocollect.RandomPolicy] for ``policy=None``."""
         pool = WorkerPool(plan, layout, reset_when_done=options.reset_when_done,
-                          max_frames_per_traj=options.max_frames_per_traj, step_timeout=step_timeout)
+                          max_frames_per_traj=options.max_frames_per_traj, step_timeout=step_timeout,
+                          start_timeout=worker_options.start_timeout)
         self._pool = pool
         res = self._resources
         res.closers += [pool.kill_leftovers, self._policy.close]
@@ -317,7 +322,8 @@ class WorkerCollectorBase(DataCollectorBase):
             ``worker1``... (each with an empty ``env_state_dict``, its completed
             trajectories and env steps), ``frames`` (frames delivered), ``iter`` (TorchRL's:
             the index of the last batch delivered, ``-1`` before the first), ``traj_pool``
-            (``next_traj_id``, the next trajectory id) and ``aiocollect_format`` (as for
+            (``next_traj_id``, the next trajectory id) and ``aiocollect_format``, and with
+            ``trajs_per_batch`` ``trajectories`` (as for
             [`Collector.state_dict`][aiocollect.Collector.state_dict]).
         """
         state: OrderedDict = OrderedDict()
@@ -329,11 +335,13 @@ class WorkerCollectorBase(DataCollectorBase):
                 completed_trajectories=sum(lane.completed_trajectories for lane in lanes),
                 env_steps=sum(lane.worker.env_steps for lane in lanes),
             )
-        counters = counters_state(self._frames, self._batches)
+        counters = self._counters_state()
         state["frames"] = counters["frames"]
         state["iter"] = counters["iter"]
         state["traj_pool"] = {"next_traj_id": self._scheduler.ids.next}
         state["aiocollect_format"] = counters["aiocollect_format"]
+        if "trajectories" in counters:
+            state["trajectories"] = counters["trajectories"]
         return state
 
     def load_state_dict(self, state_dict: dict, strict: bool = True) -> None:
@@ -356,7 +364,7 @@ class WorkerCollectorBase(DataCollectorBase):
         saved = self._checked_and_weights_loaded(state_dict, strict)
 
         def apply():
-            self._frames, self._batches = saved.frames, saved.batches
+            self._restore_counters(saved)
             completed = 0
             for lanes in self._worker_lanes:
                 done = saved.workers.get(lanes[0].index, 0)

@@ -10,9 +10,10 @@ reads ours the same way.
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import Any
 
 import torch
-from tensordict import TensorDictBase, pad
+from tensordict import TensorDict, TensorDictBase, pad
 
 
 def split_trajectories(
@@ -152,6 +153,46 @@ class TrajectoryAssembler:
     def pending(self) -> int:
         """How many trajectories have begun and not ended."""
         return len(self._partial)
+
+    @property
+    def pending_frames(self) -> int:
+        """Frames of the trajectories under way (which a checkpoint does not hold)."""
+        partial = list(self._partial.values())  # (one C call: safe while another thread adds)
+        return sum(piece.shape[0] for pieces in partial for piece in pieces)
+
+    def state_dict(self) -> dict[str, Any] | None:
+        """The complete trajectories not taken yet, for a checkpoint (``None``: there are none).
+
+        Plain tensors in plain dicts, ``{"lengths": [...], "frames": {...}}``: the
+        trajectories one after the other, as ``TensorDict.to_dict()`` gives them, so that
+        ``torch.load(..., weights_only=True)`` reads a saved checkpoint back.
+        """
+        complete = list(self._complete)
+        if not complete:
+            return None
+        return {"lengths": [int(t.shape[0]) for t in complete], "frames": torch.cat(complete, 0).to_dict()}
+
+    @staticmethod
+    def read_state(state: Any) -> list[TensorDictBase]:
+        """The trajectories of what ``state_dict`` returned (``ValueError`` if it is not that)."""
+        try:
+            lengths = [int(n) for n in state["lengths"]]
+            frames = TensorDict(state["frames"], batch_size=[sum(lengths)])
+            if not lengths or min(lengths) < 1:
+                raise ValueError("no trajectory, or an empty one")
+        except Exception as exc:
+            raise ValueError(
+                "'trajectories' is not what state_dict() saved there (a dict of 'lengths', the "
+                f"trajectories' lengths, and 'frames', their frames): {exc}; nothing was loaded."
+            ) from exc
+        return list(frames.split(lengths, 0))
+
+    def restore(self, trajectories: list[TensorDictBase]) -> None:
+        """Start over from a checkpoint: these complete trajectories wait to be taken, and
+        nothing is under way (the envs restart from a reset)."""
+        self._partial.clear()
+        self._cut.clear()
+        self._complete = list(trajectories)
 
     def add(self, batch: TensorDictBase) -> None:
         """Sort ``batch``'s frames into their trajectories."""

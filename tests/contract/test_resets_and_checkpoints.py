@@ -92,3 +92,49 @@ def test_trajs_per_batch_never_delivers_a_trajectory_a_reset_cut(variant, traj_f
             if i % 2:
                 collector.reset()
     assert len(seen) > 20
+
+
+def test_a_checkpoint_with_trajs_per_batch_holds_exactly_what_was_not_delivered(variant, tmp_path):
+    """Complete trajectories waiting in the collector are in the checkpoint, delivered first
+    by the collector restored from it; frames of trajectories under way are not counted."""
+    kwargs = dict(frames_per_batch=FPB * 5, total_frames=FPB * 20, trajs_per_batch=1)
+    with variant(envs(variant, length=4, step_s=0), None, **kwargs) as first:
+        it = iter(first)
+        delivered = [next(it) for _ in range(2)]
+        state = first.state_dict()
+        held = first._assembler.ready
+        pending = first._assembler.pending_frames
+        collected = first.statistics().frames
+    assert held > 0, "nothing waited: the case tests nothing"
+    assert state["frames"] == collected - pending
+    assert sum(state["trajectories"]["lengths"]) == state["frames"] - sum(b.numel() for b in delivered)
+    torch.save(state, tmp_path / "ckpt.pt")
+    state = torch.load(tmp_path / "ckpt.pt", weights_only=True)  # plain tensors: the safe loader reads it
+    with variant(envs(variant, length=4, step_s=0), None, **kwargs) as second:
+        second.load_state_dict(state)
+        assert second.statistics().frames == state["frames"]
+        it = iter(second)
+        restored = [next(it) for _ in range(held)]
+        lengths = state["trajectories"]["lengths"]
+        assert [b.numel() for b in restored] == lengths, "the held trajectories, in their order, come first"
+        for traj in restored:
+            check_whole(traj[0] if traj.ndim > 1 else traj)
+        assert second.statistics().frames == state["frames"]  # delivering them collected nothing new
+        rest = list(it)
+        end = second.statistics().frames
+    assert rest, "the restored collector collects on"
+    assert kwargs["total_frames"] <= end < kwargs["total_frames"] + kwargs["frames_per_batch"]
+    # every frame delivered here was counted here (the held ones by the first collector)
+    assert sum(b.numel() for b in [*restored, *rest]) <= end - sum(b.numel() for b in delivered)
+
+
+def test_a_checkpoint_loaded_without_trajs_per_batch_does_not_count_the_trajectories_it_held(variant):
+    with variant(envs(variant, length=4, step_s=0), None, frames_per_batch=FPB * 5, total_frames=FPB * 20,
+                 trajs_per_batch=1) as first:
+        next(iter(first))
+        state = first.state_dict()
+    held = sum(state["trajectories"]["lengths"])
+    with variant(envs(variant, length=4, step_s=0), None, frames_per_batch=FPB * 5,
+                 total_frames=FPB * 20) as second:
+        second.load_state_dict(state)
+        assert second.statistics().frames == state["frames"] - held

@@ -3,6 +3,7 @@ ids or only done flags, with a mask already set; exact padded values and masks."
 
 from __future__ import annotations
 
+import pytest
 import torch
 from tensordict import TensorDict
 
@@ -244,3 +245,45 @@ def test_assembler_clear_drops_the_trajectories_a_reset_cut_when_their_frames_ar
     assembler.add(_batch([[7, 7], [8, 8]], done=[[0, 1], [0, 0]]))
     assert (assembler.ready, assembler.pending) == (1, 1)  # 7 ended, 8 goes on: nothing of 5 or 6
     assert assembler.take(1, "cat")["collector", "traj_ids"].tolist() == [7, 7]
+
+
+def test_assembler_clear_cuts_a_trajectory_begun_here_whose_end_arrives_later():
+    """reset() drops what was begun; the rest of such a trajectory, in a batch collected before
+    the reset (its env had already moved on to another id), is no whole trajectory."""
+    assembler = TrajectoryAssembler()
+    assembler.add(_batch([3, 3]))
+    assembler.clear(cut=[4])  # the env is on trajectory 4 now: 3 ended in a batch not added yet
+    assembler.add(_batch([3, 4], done=[1, 0]))
+    assert (assembler.ready, assembler.pending) == (0, 0)
+
+
+def test_assembler_cut_drops_the_pieces_here_and_those_to_come():
+    assembler = TrajectoryAssembler()
+    assembler.add(_batch([[1, 1], [2, 2]]))
+    assembler.cut([1])
+    assert assembler.pending == 1
+    assembler.add(_batch([[1, 1], [2, 2]], done=[[0, 1], [0, 1]]))
+    assert (assembler.ready, assembler.pending) == (1, 0)
+    assert assembler.take(1, "cat")["collector", "traj_ids"].tolist() == [2, 2, 2, 2]
+
+
+def test_assembler_state_holds_the_complete_trajectories_as_plain_tensors_and_restores_them():
+    assembler = TrajectoryAssembler()
+    assembler.add(_batch([0, 0, 1, 1, 1, 2], done=[0, 1, 0, 0, 1, 0]))
+    assert (assembler.ready, assembler.pending, assembler.pending_frames) == (2, 1, 1)
+    state = assembler.state_dict()
+    assert state["lengths"] == [2, 3]
+    assert all(isinstance(v, (dict, torch.Tensor)) for v in state["frames"].values())
+    other = TrajectoryAssembler()
+    other.add(_batch([7, 7]))  # under way: gone once restored (the envs restart)
+    other.restore(TrajectoryAssembler.read_state(state))
+    assert (other.ready, other.pending) == (2, 0)
+    out = other.take(2, "padded")
+    assert _obs(out[0]) == [100, 101, 0] and _obs(out[1]) == [102, 103, 104]
+    assert TrajectoryAssembler().state_dict() is None
+
+
+def test_assembler_read_state_refuses_what_is_not_a_saved_state():
+    for bad in ({"lengths": [2]}, {"lengths": [], "frames": {}}, {"lengths": [3], "frames": {"x": torch.zeros(2)}}, 5):
+        with pytest.raises(ValueError, match="'trajectories' is not what state_dict"):
+            TrajectoryAssembler.read_state(bad)
