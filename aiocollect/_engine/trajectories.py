@@ -9,6 +9,7 @@ reads ours the same way.
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Iterable
 from typing import Any
 
@@ -140,9 +141,16 @@ class TrajectoryAssembler:
 
     def __init__(self) -> None:
         self._partial: dict[int, list[TensorDictBase]] = {}
+        self._pending_bytes = 0
+        """Memory held by the trajectories under way (see ``WARN_BYTES``)."""
+        self._warned = False
         self._complete: list[TensorDictBase] = []
         self._cut: set[int] = set()
         """Trajectories a reset cut: their frames are dropped (``clear(cut=...)``)."""
+
+    WARN_BYTES = 1 << 30
+    """Past this much memory (1 GiB) held by trajectories that have not ended, a warning says
+    so, once: an env that never ends its episodes would make it grow without bound."""
 
     @property
     def ready(self) -> int:
@@ -191,6 +199,7 @@ class TrajectoryAssembler:
         """Start over from a checkpoint: these complete trajectories wait to be taken, and
         nothing is under way (the envs restart from a reset)."""
         self._partial.clear()
+        self._pending_bytes = 0
         self._cut.clear()
         self._complete = list(trajectories)
 
@@ -218,7 +227,24 @@ class TrajectoryAssembler:
             pieces.append(piece)
             if done[last]:
                 del self._partial[tid]
+                if len(pieces) > 1:  # (the earlier pieces were counted)
+                    self._pending_bytes -= sum(p.bytes() for p in pieces[:-1])
                 self._complete.append(torch.cat(pieces, 0) if len(pieces) > 1 else pieces[0])
+            else:
+                self._pending_bytes += piece.bytes()
+        if self._pending_bytes > self.WARN_BYTES and not self._warned:
+            self._warned = True
+            longest = max(sum(p.shape[0] for p in pieces) for pieces in self._partial.values())
+            warnings.warn(
+                f"trajs_per_batch: {self._pending_bytes / 2**20:.0f} MiB of frames wait in {len(self._partial)} "
+                f"trajectories that have not ended (the longest has {longest} frames). Only whole trajectories "
+                "are delivered, so an env that never ends its episodes makes this grow without bound: "
+                "set max_frames_per_traj to truncate them, or collect without trajs_per_batch. "
+                "(Said once per collector.)", RuntimeWarning, stacklevel=2)
+
+    def _forget(self, tid: int) -> None:
+        """Trajectory ``tid`` is no longer under way (it ended, or was cut)."""
+        self._pending_bytes -= sum(p.bytes() for p in self._partial.pop(tid))
 
     def take(self, count: int, traj_format: str) -> TensorDictBase:
         """The first ``count`` complete trajectories (at most), as one ``traj_format`` batch."""
@@ -238,6 +264,7 @@ class TrajectoryAssembler:
     def drop_partial(self) -> None:
         """Forget the trajectories under way (their envs were reset: they will never end)."""
         self._partial.clear()
+        self._pending_bytes = 0
 
     def cut(self, ids: Iterable[int]) -> None:
         """The trajectories ``ids`` were cut by a reset: they never end. Their frames here
@@ -245,7 +272,7 @@ class TrajectoryAssembler:
         and not yet added), instead of waiting here for an end they never reach."""
         ids = {int(i) for i in ids}
         for tid in ids & self._partial.keys():
-            del self._partial[tid]
+            self._forget(tid)
         self._cut |= ids
 
     def clear(self, cut: Iterable[int] = ()) -> None:

@@ -138,3 +138,14 @@ def test_a_checkpoint_loaded_without_trajs_per_batch_does_not_count_the_trajecto
                  total_frames=FPB * 20) as second:
         second.load_state_dict(state)
         assert second.statistics().frames == state["frames"] - held
+
+
+def test_trajs_per_batch_warns_once_when_episodes_never_end(variant, monkeypatch):
+    from aiocollect._engine.trajectories import TrajectoryAssembler
+
+    monkeypatch.setattr(TrajectoryAssembler, "WARN_BYTES", 2000)
+    never_ends = envs(variant, length=10**9, step_s=0)
+    with pytest.warns(RuntimeWarning, match="max_frames_per_traj") as warned, \
+            variant(never_ends, None, frames_per_batch=FPB, total_frames=8 * FPB, trajs_per_batch=1) as collector:
+        assert list(collector) == []  # no episode ever ends: nothing to deliver
+    assert len([w for w in warned if "trajs_per_batch" in str(w.message)]) == 1

@@ -287,3 +287,29 @@ def test_assembler_read_state_refuses_what_is_not_a_saved_state():
     for bad in ({"lengths": [2]}, {"lengths": [], "frames": {}}, {"lengths": [3], "frames": {"x": torch.zeros(2)}}, 5):
         with pytest.raises(ValueError, match="'trajectories' is not what state_dict"):
             TrajectoryAssembler.read_state(bad)
+
+
+def test_assembler_warns_once_when_trajectories_that_never_end_hold_too_much_memory(recwarn):
+    assembler = TrajectoryAssembler()
+    assembler.add(_batch([0, 0]))
+    assembler.WARN_BYTES = 3 * assembler._pending_bytes
+    for _ in range(2):
+        assembler.add(_batch([0, 0]))
+    assert not recwarn.list  # 3 pieces: at the bound, not past it
+    assembler.add(_batch([0, 0]))
+    assembler.add(_batch([0, 0]))
+    warned = [w for w in recwarn.list if issubclass(w.category, RuntimeWarning)]
+    assert len(warned) == 1
+    assert "1 trajectories that have not ended (the longest has 8 frames)" in str(warned[0].message)
+    assert "max_frames_per_traj" in str(warned[0].message)
+
+
+def test_assembler_memory_count_goes_down_as_trajectories_end_or_are_cut():
+    assembler = TrajectoryAssembler()
+    assembler.add(_batch([[0, 0], [1, 1], [2, 2]]))
+    one = assembler._pending_bytes // 3
+    assembler.add(_batch([0, 0], done=[0, 1]))
+    assembler.cut([1])
+    assert assembler._pending_bytes == one
+    assembler.clear()
+    assert assembler._pending_bytes == 0 and assembler.pending_frames == 0
