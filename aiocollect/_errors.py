@@ -5,6 +5,7 @@ CollectorError                  a fault in collection; `except aiocollect.Collec
 ├── WorkerError                 an env worker failed: its process died (or, as EnvError, an env raised)
 │   └── EnvError                an env's reset() or step() raised: its exception is the __cause__
 │       └── StepTimeoutError    an env (coroutine or in a worker) did not answer within step_timeout (a TimeoutError)
+├── StartTimeoutError           worker processes (or Ray actors) did not start within start_timeout (a TimeoutError)
 ├── RemoteCollectorError        a remote collector (Ray actor, RPC worker) failed: the remote error is the __cause__
 ├── CollectorClosedError        the collector was used after shutdown()
 ├── CollectorFailedError        the collector was used after a fault: the fault is the __cause__
@@ -126,6 +127,18 @@ class EnvError(WorkerError):
         return error
 
     @classmethod
+    def bad_value(cls, what: str, step: int, *, worker: int, pid: int | None, env: int | None,
+                  in_process: bool) -> EnvError:
+        """An env returned a value that cannot be stored faithfully (``what`` says which), at
+        step ``step`` of the batch under way: found in the storage, so there is no traceback."""
+        return cls(
+            f"{_where(worker, pid, env, in_process)} {what} (step {step} of the batch; the types of an env's "
+            "return values are checked at its first step, and the stored rewards and flags of every batch "
+            "before it is delivered). The batch was not delivered.",
+            worker=worker, pid=pid, env=env, remote_type="ValueError",
+        )
+
+    @classmethod
     def from_remote(cls, worker: int, pid: int | None, info: dict) -> EnvError:
         """The error for an env that raised in worker process ``worker``; ``info`` is what
         the worker sent (``_workers.child.describe_exception``)."""
@@ -205,6 +218,97 @@ class StepTimeoutError(EnvError, TimeoutError):
         message = str(self).replace(f"env {self.env} ", f"env {self.env} of worker {worker} ", 1)
         self.args = (message,)
         return self
+
+
+class StartTimeoutError(CollectorError, TimeoutError):
+    """Worker processes (or remote collectors) did not start within ``start_timeout`` seconds.
+
+    Raised by the constructor of the worker collectors
+    ([`MultiSyncCollector`][aiocollect.MultiSyncCollector],
+    [`MultiAsyncCollector`][aiocollect.MultiAsyncCollector],
+    [`AsyncCollector`][aiocollect.AsyncCollector], ``Collector(..., num_collectors=N)``) when a
+    worker process has not imported what it needs and built its envs within ``start_timeout``
+    (default 300 s), and by [`RayCollector`][aiocollect.RayCollector] when its actors are not
+    placed and built within its own ``start_timeout`` (default 120 s). Nothing is left
+    running: the workers that were not up are killed (their Python stack read first), the
+    others stopped; Ray's actors are killed.
+
+    The message names the workers that were up and those that were not (with their pids), how
+    long it waited, and what to do: on a loaded machine (more processes than cores, each
+    importing large libraries at once) raise ``start_timeout`` (``None`` waits forever) or start
+    fewer workers; an env whose constructor is slow or stuck shows in the stack of its worker,
+    which the message carries. It is also a built-in ``TimeoutError``.
+
+    Attributes:
+        timeout (float): the bound that was passed, in seconds.
+        started (tuple[int, ...]): the workers (remote collectors, for Ray) that were up.
+        pending (tuple[int, ...]): those that were not.
+
+    Examples:
+        >>> try:
+        ...     collector = MultiSyncCollector([make_env] * 64, policy, frames_per_batch=6400)
+        ... except StartTimeoutError as exc:
+        ...     print(exc.pending)          # retry with start_timeout=600, or fewer workers
+    """
+
+    def __init__(self, message: str, *, timeout: float, started: tuple[int, ...] = (),
+                 pending: tuple[int, ...] = ()):
+        super().__init__(message)
+        self.timeout, self.started, self.pending = timeout, tuple(started), tuple(pending)
+
+    def __reduce__(self):
+        return (_rebuild, (type(self), str(self), self.__dict__, _portable(self.__cause__)))
+
+    @classmethod
+    def workers(cls, *, timeout: float, started: list[int], pending: list[tuple[int, int | None, str]],
+                processes: int, cores: int, load: float | None) -> StartTimeoutError:
+        """The error for worker processes not up after ``timeout`` s: ``started``, the indices
+        of those that were; ``pending``, ``(index, pid, stack)`` of the others (killed; ``stack``:
+        their Python stack, "" if it could not be read); ``processes`` started at once on
+        ``cores`` cores, with ``load`` the 1-minute load average (``None`` if unknown)."""
+        late = ", ".join(f"{i} (pid {pid})" for i, pid, _ in pending)
+        one = len(pending) == 1
+        up = (f"; worker{'' if len(started) == 1 else 's'} {', '.join(map(str, started))} "
+              f"{'was' if len(started) == 1 else 'were'} up (stopped too)") if started else "; no worker was up"
+        busy = f"{processes} worker processes starting at once on {cores} core{'s' if cores != 1 else ''}"
+        if load is not None:
+            busy += f", load average {load:.1f}"
+        traces = "".join(
+            f"\n\nPython stack of worker {i} (pid {pid}) when it was killed:\n{stack.rstrip()}" if stack
+            else f"\n\n(worker {i} (pid {pid}) sent no Python stack: it was still starting Python)"
+            for i, pid, stack in pending)
+        message = (
+            f"worker{'' if one else 's'} {late} did not start within {timeout:g} s (start_timeout): "
+            f"{'it' if one else 'they'} had not finished importing and building {'its' if one else 'their'} envs, "
+            f"and {'was' if one else 'were'} killed{up}. The machine may be overloaded ({busy}), or an env's "
+            "constructor is slow or stuck (the stack below shows where each worker was). If the workers are "
+            f"just slow to start, raise start_timeout (e.g. start_timeout={2 * timeout:g}; None waits forever) "
+            f"or start fewer workers.{traces}"
+        )
+        return cls(truncated(message), timeout=timeout, started=tuple(started), pending=tuple(i for i, _, _ in pending))
+
+    @classmethod
+    def remote(cls, *, timeout: float, started: list[int], pending: list[int], asked: list[dict],
+               available: dict, total: dict) -> StartTimeoutError:
+        """The error for Ray actors not up after ``timeout`` s: ``started``/``pending``, the
+        indices of the remote collectors that were up / not; ``asked``, the ``remote_configs``
+        of the pending ones; ``available``/``total``, the cluster's resources."""
+        one = len(pending) == 1
+        which = f"remote collector{'' if one else 's'} {', '.join(map(str, pending))}"
+        up = (f"; {'remote collector' if len(started) == 1 else 'remote collectors'} "
+              f"{', '.join(map(str, started))} {'was' if len(started) == 1 else 'were'} up") if started \
+            else "; none was up"
+        configs = [dict(c) for c in asked]
+        each = repr(configs[0]) if all(c == configs[0] for c in configs) else repr(configs)
+        message = (
+            f"{which} of {len(started) + len(pending)} did not start within {timeout:g} s (start_timeout): Ray "
+            f"could not place {'its actor' if one else 'their actors'}, or {'its' if one else 'their'} "
+            f"collector{'' if one else 's'} took longer to build{up}; every actor was killed. "
+            f"{'It asks' if one else 'They ask'} {each} (remote_configs); the cluster has {available} available "
+            f"of {total}. Ask for less in remote_configs or add nodes; if the cluster is just loaded (or the "
+            f"envs slow to build), raise start_timeout (e.g. start_timeout={2 * timeout:g}; None waits forever)."
+        )
+        return cls(message, timeout=timeout, started=tuple(started), pending=tuple(pending))
 
 
 class RemoteCollectorError(CollectorError):

@@ -50,9 +50,10 @@ one fancy index per field and writes their outputs the same way (``_env_round``)
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -60,11 +61,12 @@ import anyio
 import numpy as np
 
 from .._envs.spaces import ActionCheck
+from .._errors import EnvError
 from .._policies.runner import PolicyRunner, check_outputs
 from .._workers import protocol
 from .._workers.pool import Port, Worker
 from .._workers.shm import SharedArrays
-from .storage import RolloutStorage, concat, host_empty
+from .storage import RolloutStorage, StoredValueError, concat, host_empty
 from .timelines import Timelines
 
 READY, STEPPING, RESETTING = "ready", "stepping", "resetting"  # compared with ``is``
@@ -241,11 +243,30 @@ class Scheduler:
 
     def batch(self, sealed: Sealed, keys: tuple | None = None, empty: Any = None) -> dict:
         """The tensors of a sealed batch, ``[envs, frames]`` (``keys``: the policy outputs
-        to include, for a lane cut before its first step; ``empty``: their allocator)."""
+        to include, for a lane cut before its first step; ``empty``: their allocator).
+
+        Raises:
+            EnvError: an env returned a reward or flag that is not a number or a boolean
+                (``storage.check_values``).
+        """
         lane = sealed.lane
         valid = np.full(lane.num_envs, sealed.valid, dtype=np.int64)
-        return self.storage.batch(sealed.slot, lane.lo, lane.hi, sealed.frames, valid, keys or sealed.keys,
-                                  sealed.start_flags, sealed.mask, empty)
+        with self._naming_bad_values():
+            return self.storage.batch(sealed.slot, lane.lo, lane.hi, sealed.frames, valid, keys or sealed.keys,
+                                      sealed.start_flags, sealed.mask, empty)
+
+    @contextlib.contextmanager
+    def _naming_bad_values(self) -> Iterator[None]:
+        """A ``StoredValueError`` of the storage as an ``EnvError`` naming the env and its worker."""
+        try:
+            yield
+        except StoredValueError as exc:
+            lane = next(lane for lane in self.lanes if lane.lo <= exc.row < lane.hi)
+            first = min(other.lo for other in self.lanes if other.index == lane.index)  # the worker's env 0
+            in_process = not isinstance(lane.worker, Port)
+            pid = os.getpid() if in_process else lane.worker.pid
+            raise EnvError.bad_value(exc.what, exc.step, worker=lane.index, pid=pid, env=exc.row - first,
+                                     in_process=in_process) from None
 
     def batch_all(self, sealed: list[Sealed]) -> dict:
         """The tensors of the sealed batches of lanes that sit side by side (every lane, or
@@ -259,8 +280,9 @@ class Scheduler:
         valid = np.concatenate([np.full(b.lane.num_envs, b.valid, dtype=np.int64) for b in sealed])
         flags = None if first.start_flags is None else np.concatenate([b.start_flags for b in sealed], axis=1)
         if all(b.slot == first.slot for b in sealed):
-            return storage.batch(first.slot, first.lane.lo, sealed[-1].lane.hi, first.frames, valid, keys, flags,
-                                 first.mask)
+            with self._naming_bad_values():
+                return storage.batch(first.slot, first.lane.lo, sealed[-1].lane.hi, first.frames, valid, keys,
+                                     flags, first.mask)
         parts = [self.batch(b, keys, host_empty) for b in sealed]  # only the joined batch is staged
         return {k: concat([p[k] for p in parts], storage.empty) for k in parts[0]}
 

@@ -49,6 +49,46 @@ def _as_numpy(t: torch.Tensor) -> np.ndarray | None:
         return None
 
 
+class StoredValueError(ValueError):
+    """What an env returned at some step, found in a batch: a reward that is not a number
+    (``None`` is stored as NaN) or a flag that is not a boolean (stored as a byte other than
+    0 or 1). ``row`` and ``step`` say where; the scheduler names the env and its worker."""
+
+    def __init__(self, row: int, step: int, what: str):
+        super().__init__(what)
+        self.row, self.step, self.what = row, step, what
+
+
+def check_values(reward: np.ndarray, terminated: np.ndarray, truncated: np.ndarray, valid: np.ndarray,
+                 lo: int) -> None:
+    """Raise ``StoredValueError`` for the first bad value of a batch's rewards and flags
+    (``[envs, frames]``, env ``i`` being row ``lo + i``; only the ``valid[i]`` first columns count).
+
+    The envs' types are checked at their first step only (``_envs.group``); this catches what
+    an env returns later, once per batch and not per step: a reward of ``None`` (stored as
+    NaN) or a flag that is neither a boolean nor 0/1 (the workers store flags as bytes, so a
+    string or ``None`` fails as it is stored, and any other number stays visible here).
+    Three array operations per batch: nothing measurable per step.
+    """
+    bad_reward = np.isnan(reward)
+    bad_flags = (terminated.view(np.uint8) > 1) | (truncated.view(np.uint8) > 1)
+    if not (bad_reward.any() or bad_flags.any()):
+        return
+    bad = (bad_reward | bad_flags) & (np.arange(reward.shape[1])[None, :] < valid[:, None])
+    hits = np.argwhere(bad)
+    if not len(hits):
+        return
+    i, t = (int(v) for v in hits[np.argmin(hits[:, 1])])  # the earliest step
+    if bad_reward[i, t]:
+        what = ("returned a reward that is not a number (None, or NaN); a gymnasium env returns a float "
+                "at every step")
+    else:
+        name = "terminated" if terminated.view(np.uint8)[i, t] > 1 else "truncated"
+        value = int(max(terminated.view(np.uint8)[i, t], truncated.view(np.uint8)[i, t]))
+        what = f"returned {name}={value}, not a boolean; a gymnasium env returns True or False at every step"
+    raise StoredValueError(lo + i, t, what)
+
+
 _ALIGN = 64
 
 
@@ -359,9 +399,11 @@ class RolloutStorage:
             x = self._out_np[key]
             out[key] = take(self._out_t[key] if x is None else x)
         (terminated, term), (truncated, trunc) = copy(self.terminated), copy(self.truncated)
+        reward, reward_np = copy(self.reward)
+        check_values(reward_np, term, trunc, valid, lo)
         done, done_np = empty(term.shape, term.dtype)
         np.logical_or(term, trunc, out=done_np)
-        out[("next", "reward")] = take(self.reward).unsqueeze(-1)
+        out[("next", "reward")] = reward.unsqueeze(-1)
         for flag, nxt in zip(("done", "terminated", "truncated"), (done, terminated, truncated)):
             out[("next", flag)] = nxt.unsqueeze(-1)
         if start_flags is None:

@@ -40,7 +40,7 @@ class WorkerRows:
         self.step_count = np.zeros(hi - lo, dtype=np.int64)
         self._views: dict[tuple[int, int, bool], tuple] = {}
         n = hi - lo
-        self._scratch = (np.zeros(n, np.float32), np.zeros(n, bool), np.zeros(n, bool))  # resets write no flags
+        self._scratch = (np.zeros(n, np.float32), np.zeros(n, np.uint8), np.zeros(n, np.uint8))  # resets write no flags
 
     def bind(self, group, s: int, t: int, results: bool) -> None:
         """Make ``group`` write at column ``t`` of slot ``s``: a step's results
@@ -58,7 +58,10 @@ class WorkerRows:
         if results:
             obs = {k: a[s, t] for k, a in zip(self.keys, self.next_obs)}
             carry = [(dst[s, t + 1], src[s, t]) for dst, src in zip(self.obs, self.next_obs)]
-            flags = (self.reward[s, t], self.terminated[s, t], self.truncated[s, t])
+            # the flags are written as bytes: numpy stores any string as True in a boolean
+            # array, but refuses one (and None) in a byte array; another number stays
+            # visible there (``_engine.storage.check_values``)
+            flags = (self.reward[s, t], self.terminated[s, t].view(np.uint8), self.truncated[s, t].view(np.uint8))
         else:
             obs = {k: a[s, t] for k, a in zip(self.keys, self.obs)}
             carry, flags = [], self._scratch

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from aiocollect import EnvError
-from support.bad_step_envs import BadStepTypes, LateArrayReward, OldGymApi
+from support.bad_step_envs import BadStepTypes, LateArrayReward, LateBadStepTypes, OldGymApi
 from support.envs import EchoBoxEnv
 from support.variants import VARIANTS
 
@@ -62,6 +62,49 @@ def test_a_reward_that_turns_into_an_array_later_is_an_error_that_says_so_or_tak
     err = info.value
     text = str(err) + (err.remote_traceback or "")
     assert "checked at its first step only" in text and "a reward that became an array" in text, text
+
+
+def collect_until_refused(variant, field, value, message) -> EnvError:
+    """Collect from envs whose ``field`` turns into ``value`` after their 15th step: an
+    ``EnvError`` matching ``message`` within two batches, and no bad value delivered."""
+    collector = variant(functools.partial(LateBadStepTypes, field, value, after=15), None, frames_per_batch=40,
+                        total_frames=400)
+    delivered = 0
+    with pytest.raises(EnvError, match=message) as info:
+        for batch in collector:
+            assert not torch.isnan(batch["next", "reward"]).any(), "a NaN reward was delivered"
+            assert batch["next", "truncated"].view(torch.uint8).max() <= 1, "a flag of 2 was delivered"
+            delivered += 1
+    collector.shutdown()
+    assert delivered < 2
+    return info.value
+
+
+@pytest.mark.parametrize(("value", "message"), [
+    (None, r"returned a reward that is not a number \(None, or NaN\)|returned reward=None"),
+    (float("nan"), r"returned a reward that is not a number \(None, or NaN\)|returned reward=nan"),
+])
+def test_a_reward_that_is_not_a_number_after_the_first_step_is_refused(variant, value, message):
+    """Types are checked in full at an env's first step; a later reward of ``None`` (stored as
+    NaN, as a VectorEnv stores it too) is found when the batch is built, before it is delivered."""
+    err = collect_until_refused(variant, "reward", value, message)
+    assert err.env is not None and err.worker is not None, str(err)
+
+
+@over_variants
+@pytest.mark.parametrize(("field", "value", "message"), [
+    ("terminated", "False", r"invalid literal for int\(\) with base 10: 'False'|returned terminated='False'"),
+    ("terminated", None, r"int\(\) argument must be .* not 'NoneType'|returned terminated=None"),
+    ("truncated", 2, r"returned truncated=2, not a boolean|returned truncated=2"),
+])
+def test_a_flag_that_is_not_a_boolean_after_the_first_step_is_refused(variant, field, value, message):
+    """A flag is stored as a byte by the workers: a string or ``None`` fails as it is stored
+    (numpy would have stored ``"False"`` as True), another number when the batch is built.
+    (Not for a VectorEnv: it turns the flags into booleans itself, before aiocollect sees them.)"""
+    err = collect_until_refused(variant, field, value, message)
+    assert err.env is not None, str(err)
+    if field == "terminated" and not variant.coroutine:
+        assert "checked at its first step only" in str(err) + (err.remote_traceback or "")
 
 
 @over_variants

@@ -55,3 +55,23 @@ class LateArrayReward(CounterEnv):
         if self.total_steps > self.after:
             reward = np.array([reward], np.float32)
         return obs, reward, terminated, truncated, info
+
+
+class LateBadStepTypes(BadStepTypes):
+    """``BadStepTypes`` whose ``field`` (``"reward"``, ``"terminated"`` or ``"truncated"``) turns
+    into ``value`` only after its first ``after`` steps: past the first-step type check."""
+
+    def __init__(self, field: str, value, after: int = 30):
+        super().__init__(field, value)
+        self.after = after
+
+    def step(self, action):
+        obs, reward, terminated, truncated, info = CounterEnv.step(self, action)
+        if self.total_steps > self.after:
+            if self.field == "reward":
+                reward = self.value
+            elif self.field == "terminated":
+                terminated = self.value
+            else:
+                truncated = self.value
+        return obs, reward, terminated, truncated, info
