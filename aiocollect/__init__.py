@@ -66,6 +66,7 @@ _EXPORTS = {
     "RandomPolicy": "._policies.random",
     "RayCollector": "._distributed.ray_collector",
     "RemoteCollectorError": "._errors",
+    "StartTimeoutError": "._errors",
     "StepTimeoutError": "._errors",
     "SyncDataCollector": "._collectors.collector",
     "ThreadEnv": "._envs.coroutine_group",
@@ -117,6 +118,7 @@ if _typing.TYPE_CHECKING:  # static tools see ordinary imports
     from ._errors import CollectorFailedError as CollectorFailedError
     from ._errors import EnvError as EnvError
     from ._errors import RemoteCollectorError as RemoteCollectorError
+    from ._errors import StartTimeoutError as StartTimeoutError
     from ._errors import StepTimeoutError as StepTimeoutError
     from ._errors import WorkerError as WorkerError
     from ._policies.random import RandomPolicy as RandomPolicy

@@ -12,9 +12,13 @@ replaces only an earlier save that its ``aiocollect.json`` proves to be one (see
 one's JSON in ``DIR`` and draws them side by side in ``DIR/benchmarks.png``
 (``benchmarks/chart.py``, needs matplotlib).
 
-A bad env id or option, an ``--out`` that cannot safely be written, or a size that cannot fit
-(``--frames`` on the disk, ``--frames-per-batch`` in memory) ends the command before any worker
-starts, with one line on stderr and exit code 2, never a traceback.
+A bad env id or option, an env module (``--env module:EnvId``) that cannot be imported or raises
+on import, an ``--out`` that cannot safely be written, or a size that cannot fit (``--frames`` on
+the disk, ``--frames-per-batch`` in memory) ends the command before any worker starts, with one
+line on stderr and exit code 2, never a traceback.
+
+``--env module:EnvId`` finds ``module`` in the current directory whether the command runs as
+``aiocollect`` or as ``python -m aiocollect`` (``_search_current_directory``).
 """
 
 from __future__ import annotations
@@ -48,7 +52,8 @@ def _parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
     c = sub.add_parser("collect", help="collect from a gymnasium env with random actions and save the frames")
     c.add_argument("--env", required=True,
-                   help="a gymnasium env id, e.g. CartPole-v1 (or module:EnvId, importing module first)")
+                   help="a gymnasium env id, e.g. CartPole-v1 (or module:EnvId, importing module first: "
+                        "from the current directory, PYTHONPATH or the installed packages)")
     c.add_argument("--workers", type=int, default=2, help="env worker processes (0: envs in this process)")
     c.add_argument("--envs-per-worker", type=int, default=8, help="envs stepped by each worker")
     c.add_argument("--frames", type=int, default=20_000, help="frames to collect (rounded up to whole batches)")
@@ -99,18 +104,46 @@ def _check_env(args: argparse.Namespace) -> None:
     import gymnasium as gym
 
     module, _, env_id = args.env.rpartition(":")  # "package.module:Env-v0" registers its envs on import
-    try:
-        if module:
+    if module:
+        _search_current_directory()
+        try:
             importlib.import_module(module)
+        except ImportError as exc:
+            raise UsageError(f"--env {args.env!r}: cannot import {module!r} ({exc}); it is looked for in the "
+                             "current directory, on PYTHONPATH and among the installed packages") from None
+        except (Exception, SystemExit) as exc:  # noqa: BLE001 - the module's own error, in one line
+            raise UsageError(f"--env {args.env!r}: importing {module!r} raised {_one_line(exc)}; fix the module "
+                             f"(python -c 'import {module}' shows the traceback)") from None
+    try:
         gym.spec(env_id)
-    except ImportError as exc:
-        raise UsageError(f"--env {args.env!r}: cannot import {module!r} ({exc})") from None
     except gym.error.Error as exc:
         raise UsageError(f"--env {args.env!r}: not a registered gymnasium env ({exc}); e.g. CartPole-v1") from None
     try:
         gym.make(args.env).close()
     except Exception as exc:  # noqa: BLE001 - a registered env that cannot be built here (a missing dependency...)
         raise UsageError(f"--env {args.env!r} cannot be built here: {type(exc).__name__}: {exc}") from None
+
+
+def _search_current_directory() -> None:
+    """Let ``--env module:EnvId`` find ``module`` in the current directory, whichever way the
+    command was started: ``python -m aiocollect`` has it first on ``sys.path`` (Python's rule
+    for ``-m``), the ``aiocollect`` console script not at all (its ``sys.path[0]`` is the
+    script's own directory), so it is appended here, after the installed packages, where it
+    cannot hide a standard module. Worker processes take this ``sys.path``."""
+    cwd = os.getcwd()
+    if not any(entry in ("", ".") or os.path.abspath(entry) == cwd for entry in sys.path):
+        sys.path.append(cwd)
+
+
+def _one_line(exc: BaseException) -> str:
+    """``TYPE: message`` of ``exc`` on one line (a ``SyntaxError`` with its file and line)."""
+    if isinstance(exc, SyntaxError):
+        text = f"{exc.msg} ({exc.filename}, line {exc.lineno})"
+    else:
+        text = str(exc)
+    text = " ".join(text.split())
+    text = text if len(text) <= 300 else f"{text[:300]}..."
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
 
 
 def _check_out(args: argparse.Namespace) -> Path:

@@ -47,6 +47,10 @@ class AsyncCollector(MultiAsyncCollector):
             or reset of the worker process (or of a coroutine env, which then runs on the
             engine loop in this process) that takes longer, in seconds, fails the collection
             with a [`StepTimeoutError`][aiocollect.StepTimeoutError].
+        start_timeout: as for [`MultiSyncCollector`][aiocollect.MultiSyncCollector]: the
+            seconds the worker process may take to start (default 300; ``None``: no bound),
+            past which the constructor raises a
+            [`StartTimeoutError`][aiocollect.StartTimeoutError].
         max_batch_size: not accepted, nor ``min_batch_size`` and ``batch_timeout``: see
             [`MultiAsyncCollector`][aiocollect.MultiAsyncCollector].
         cat_results: checked for TorchRL compatibility; no effect (a batch is the worker's).

@@ -69,6 +69,9 @@ class MultiAsyncCollector(WorkerCollectorBase):
             batched over every ready worker's envs.
         max_policy_lag: the bound described above, an int >= 0 (``None``: no bound).
         step_timeout: as for [`MultiSyncCollector`][aiocollect.MultiSyncCollector].
+        start_timeout: as for [`MultiSyncCollector`][aiocollect.MultiSyncCollector]: past
+            it (default 300 s), the constructor raises a
+            [`StartTimeoutError`][aiocollect.StartTimeoutError] naming the workers not up.
         max_batch_size: not accepted, nor ``min_batch_size`` and ``batch_timeout``: see
             [`MultiSyncCollector`][aiocollect.MultiSyncCollector].
         cat_results: checked for TorchRL compatibility; no effect (a batch is one worker's).

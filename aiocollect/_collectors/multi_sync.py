@@ -68,6 +68,12 @@ class MultiSyncCollector(WorkerCollectorBase):
             [`StepTimeoutError`][aiocollect.StepTimeoutError] naming the worker, its pid and
             envs, between ``step_timeout`` and ``step_timeout + 2`` s after the step was sent;
             the other workers are stopped. Give the slowest step you accept, with room to spare.
+        start_timeout: seconds the worker processes may take to start (each a fresh
+            interpreter that imports what the env factories need and builds its envs;
+            default 300, ``None``: no bound). The constructor returns once every worker is
+            up; past the bound it raises a [`StartTimeoutError`][aiocollect.StartTimeoutError]
+            naming the workers not up (killed, their Python stacks in the message) and those
+            that were (stopped). Raise it on a loaded machine, or for envs slow to build.
         max_batch_size: not accepted (``ValueError``), nor ``min_batch_size`` and
             ``batch_timeout``: they shape per-env policy calls over coroutine envs, and
             here each entry's envs step together; step such envs in a

@@ -446,10 +446,21 @@ class WorkerOptions:
     max_policy_lag: int | None = None
     """MultiAsync: no delivered frame was produced by a policy more than this many versions
     older than the newest published when the batch is delivered (``None``: no bound)."""
+    start_timeout: float | None = 300.0
+    """Seconds the worker processes may take, together, to start (a fresh interpreter each,
+    importing what the env factories need and building their envs) before the constructor
+    raises [`StartTimeoutError`][aiocollect.StartTimeoutError] naming those not up (killed)
+    and those that were (stopped); ``None``: wait forever. Raise it on a loaded machine, or
+    for envs that take minutes to build."""
+
+
+START_TIMEOUT_S = 300.0
+"""``start_timeout``'s default: how long worker processes may take to start."""
 
 
 def validate_worker_options(*, cat_results: Any, preemptive_threshold: Any, update_at_each_batch: Any,
-                            num_threads: Any, num_sub_threads: Any, max_policy_lag: Any = None) -> WorkerOptions:
+                            num_threads: Any, num_sub_threads: Any, max_policy_lag: Any = None,
+                            start_timeout: Any = START_TIMEOUT_S) -> WorkerOptions:
     """Check the multi-process options; see ``WorkerOptions``."""
     if cat_results is None:
         cat_results = "stack"
@@ -482,7 +493,21 @@ def validate_worker_options(*, cat_results: Any, preemptive_threshold: Any, upda
                 "lag behind the newest (an int >= 0), or None for no bound."
             )
         max_policy_lag = lag
-    return WorkerOptions(cat_results, preemptive_threshold, bool(update_at_each_batch), max_policy_lag)
+    start_timeout = validate_start_timeout(start_timeout)
+    return WorkerOptions(cat_results, preemptive_threshold, bool(update_at_each_batch), max_policy_lag,
+                         start_timeout)
+
+
+def validate_start_timeout(value: Any) -> float | None:
+    """``start_timeout`` (the worker collectors', ``RayCollector``'s): ``None`` or a positive,
+    finite number of seconds, at most ``LONGEST_WAIT``."""
+    if value is None:
+        return None
+    seconds = _finite(value)
+    if seconds is None or not 0 < seconds <= LONGEST_WAIT:
+        raise ValueError(f"start_timeout={value!r}: give the seconds the workers may take to start, a positive, "
+                         "finite number, or None to wait as long as they take.")
+    return seconds
 
 
 def validate_batching(*, max_batch_size: Any, min_batch_size: Any, batch_timeout: Any, step_timeout: Any,

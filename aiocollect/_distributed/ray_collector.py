@@ -12,14 +12,16 @@ import contextlib
 import importlib
 import os
 import sys
+import time
 import warnings
 from collections.abc import Callable, Iterator
 from typing import Any
 
 from tensordict.nn import InteractionType
 
-from .._collectors.options import options_from
+from .._collectors.options import options_from, validate_start_timeout
 from .._collectors.torchrl_compat import DISTRIBUTED_KEYWORDS, check_torchrl_keywords
+from .._errors import CollectorError, StartTimeoutError, exception_text
 from .base import RemoteCollectorsBase, _per_collector, check_policy_factory, forwarded_options, plan_remotes
 from .remote import RemoteCollector
 
@@ -58,6 +60,35 @@ def _loopback_node(enabled: bool) -> Iterator[None]:
         yield
     finally:
         constants.ENABLE_RAY_CLUSTER = saved
+
+
+def _resources(read: Callable[[], dict]) -> dict:
+    """Ray's resources as ``read()`` gives them, without the per-node entries (``node:...``)."""
+    try:
+        return {k: v for k, v in read().items() if not k.startswith("node:")}
+    except Exception:  # noqa: BLE001 - for a message only
+        return {}
+
+
+def _init_failed(ray: Any, config: dict, local: bool, elapsed: float, exc: BaseException) -> CollectorError:
+    """The error for ``ray.init(**config)`` that raised ``exc`` (or exited) after ``elapsed`` s."""
+    with contextlib.suppress(Exception):
+        if ray.is_initialized():  # half started: leave nothing behind
+            ray.shutdown()
+    shown = ", ".join(f"{k}={v!r}" for k, v in config.items())
+    if local:
+        fix = ("Ray could not start a local instance here: Ray's log above (and /tmp/ray/session_latest/logs) "
+               "says why; or give ray_init_config={'address': ...} to join a running cluster.")
+    else:
+        address = config.get("address") if config.get("address") not in (None, "auto") else \
+            os.environ.get("RAY_ADDRESS", config.get("address"))
+        fix = (f"Check that a Ray cluster runs at {address!r} and that this machine reaches it (`ray status "
+               f"--address {address}` there), or leave the address out (and unset RAY_ADDRESS) to start a "
+               "local instance.")
+    what = f"exited (SystemExit {exc.code!r})" if isinstance(exc, SystemExit) else \
+        f"raised {type(exc).__name__}: {exception_text(exc)}"
+    return CollectorError(f"RayCollector: ray.init({shown}) {what} after {elapsed:.1f} s; no remote collector "
+                          f"was started. {fix}")
 
 
 class RayCollector(RemoteCollectorsBase):
@@ -134,8 +165,10 @@ class RayCollector(RemoteCollectorsBase):
         update_after_each_batch: send the policy's weights to every actor (sync) or to the
             actor that delivered (async) after each batch.
         start_timeout: seconds the actors may take to be placed and to build their
-            collectors; past it, an error says what ``remote_configs`` asks and what the
-            cluster has.
+            collectors (default 120; ``None``: no bound); past it, a
+            [`StartTimeoutError`][aiocollect.StartTimeoutError] names the remote
+            collectors that were up and those that were not, and says what
+            ``remote_configs`` asks and what the cluster has. Every actor is killed.
 
     The other arguments are TorchRL's (see [`CollectorOptions`][aiocollect.CollectorOptions])
     and go to every remote collector (``max_frames_per_traj``, ``init_random_frames``,
@@ -153,7 +186,11 @@ class RayCollector(RemoteCollectorsBase):
         ValueError: ``frames_per_batch`` does not split over ``num_collectors`` with
             ``sync=True``, or ``collector_kwargs`` repeats one of this collector's own
             arguments.
-        TimeoutError: the actors could not start within ``start_timeout``.
+        StartTimeoutError: the actors could not start within ``start_timeout`` (a
+            ``TimeoutError``).
+        CollectorError: ``ray.init`` failed (a cluster that cannot be reached: Ray itself
+            exits the process then, with ``SystemExit``, which becomes this error), naming
+            the address, how long it tried and what to check.
 
     Examples:
         >>> from aiocollect import RayCollector, Collector, GymEnv
@@ -198,11 +235,12 @@ class RayCollector(RemoteCollectorsBase):
         remote_configs: dict | list[dict] | None = None,
         num_collectors: int | None = None,
         update_after_each_batch: bool = False,
-        start_timeout: float = 120.0,
+        start_timeout: float | None = 120.0,
         policy_factory: Any = None,
         **torchrl_options: Any,
     ):
         check_torchrl_keywords(type(self).__name__, torchrl_options, DISTRIBUTED_KEYWORDS)
+        start_timeout = validate_start_timeout(start_timeout)
         check_policy_factory(policy, policy_factory, update_after_each_batch)
         options = options_from({**locals(), **torchrl_options})
         ray = _import_ray()
@@ -232,10 +270,16 @@ class RayCollector(RemoteCollectorsBase):
                 config.setdefault("include_dashboard", False)
                 config["address"] = "local"
             on_loopback = local and "_node_ip_address" not in config
-            with warnings.catch_warnings(), _loopback_node(on_loopback):
-                # JAX's warning at fork: Ray forks and execs at once
-                warnings.filterwarnings("ignore", message=r"os\.fork\(\) was called", category=RuntimeWarning)
-                ray.init(**config)
+            start = time.monotonic()
+            try:
+                with warnings.catch_warnings(), _loopback_node(on_loopback):
+                    # JAX's warning at fork: Ray forks and execs at once
+                    warnings.filterwarnings("ignore", message=r"os\.fork\(\) was called", category=RuntimeWarning)
+                    ray.init(**config)
+            except (TypeError, ValueError):
+                raise  # a bad ray_init_config: Ray's own message names the argument
+            except (Exception, SystemExit) as exc:  # Ray exits (SystemExit) when it cannot reach a cluster
+                raise _init_failed(ray, config, local, time.monotonic() - start, exc) from exc
             self._started_ray = True
         actor = ray.remote(RemoteCollector)
         self._actors = [
@@ -243,20 +287,22 @@ class RayCollector(RemoteCollectorsBase):
             for cfg, payload in zip(configs, payloads)
         ]
         refs = [a.info.remote() for a in self._actors]
-        _, pending = ray.wait(refs, num_returns=len(refs), timeout=timeout)
-        if pending:
-            raise TimeoutError(
-                f"{len(pending)} of {len(refs)} remote collectors did not start within {timeout} s: the "
-                f"cluster may lack what remote_configs asks ({configs[0]} each); it has "
-                f"{ray.available_resources()} available."
-            )
-        info = []
+        ready, pending = ray.wait(refs, num_returns=len(refs), timeout=timeout)
+        info: list[Any] = [None] * len(refs)
         for i, ref in enumerate(refs):
-            try:
-                info.append(ray.get(ref))
+            if ref not in ready:
+                continue
+            try:  # a remote collector that failed to build says why, whatever the others do
+                info[i] = ray.get(ref)
             except Exception as exc:  # noqa: BLE001 - any remote failure becomes a RemoteCollectorError
                 error = self._error(i, exc)
                 raise error from error.__cause__
+        if pending:
+            late = [i for i, ref in enumerate(refs) if ref not in ready]
+            raise StartTimeoutError.remote(
+                timeout=timeout, started=[i for i in range(len(refs)) if i not in late], pending=late,
+                asked=[configs[i] for i in late], available=_resources(ray.available_resources),
+                total=_resources(ray.cluster_resources))
         return info
 
     def _submit(self, index: int, method: str, *args: Any) -> Any:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import threading
 from collections.abc import Sequence
 from typing import Any
 
@@ -23,7 +24,16 @@ import gymnasium as gym
 
 from .._errors import StepTimeoutError
 from .async_env import AsyncEnv, check_async_env, is_async_env
-from .group import _blame, _GroupBase, check_same_spaces, check_step_types, reset_result, scalar, step_result
+from .group import (
+    EnvCloseError,
+    _blame,
+    _GroupBase,
+    check_same_spaces,
+    check_step_types,
+    reset_result,
+    scalar,
+    step_result,
+)
 
 logger = logging.getLogger("aiocollect")
 
@@ -145,20 +155,50 @@ class CoroutineGroup(_GroupBase):
             _blame(exc, i)
             raise
 
-    async def aclose(self) -> None:
-        """Close every env (those with a ``close``), concurrently; errors are logged."""
-        async def close_one(env: Any) -> None:
+    async def aclose(self, where: str = "") -> None:
+        """Close every env (those with a ``close``), concurrently; those whose ``close()``
+        raised are logged together, in one error naming each (``where``: whose envs, e.g.
+        ``"worker 1"``)."""
+        failures = await self._close_all()
+        if failures:
+            logger.error("aiocollect: closing the coroutine envs%s: %s", f" of {where}" if where else "",
+                         EnvCloseError(failures, len(self.envs)))
+
+    async def _close_all(self) -> list[tuple[int, str, BaseException]]:
+        failures: list[tuple[int, str, BaseException]] = []
+
+        async def close_one(i: int, env: Any) -> None:
             close = getattr(env, "close", None)
             if close is None:
                 return
             try:
                 await close()
-            except Exception:  # the others still close
-                logger.exception("aiocollect: error while closing %r", env)
+            except Exception as exc:  # noqa: BLE001 - the others still close; reported together
+                failures.append((i, type(env).__qualname__, exc))
 
         async with anyio.create_task_group() as tg:
-            for env in self.envs:
-                tg.start_soon(close_one, env)
+            for i, env in enumerate(self.envs):
+                tg.start_soon(close_one, i, env)
+        return sorted(failures, key=lambda f: f[0])
+
+    def close_unstarted(self, timeout: float = 5.0) -> None:
+        """Close envs that were never started, from outside any event loop (those a worker
+        collector builds in this process to read the spaces): on an event loop of their own,
+        in a thread, for at most ``timeout`` seconds. Raises ``EnvCloseError`` if some
+        ``close()`` raised, ``TimeoutError`` if they took longer."""
+        failures: list[tuple[int, str, BaseException]] = []
+
+        def run() -> None:
+            failures.extend(anyio.run(self._close_all))
+
+        thread = threading.Thread(target=run, name="aiocollect-close-probe", daemon=True)
+        thread.start()
+        thread.join(timeout)
+        if thread.is_alive():
+            raise TimeoutError(f"closing {self.num_envs} coroutine env(s) took over {timeout} s; their close() "
+                               "must return promptly.")
+        if failures:
+            raise EnvCloseError(failures, len(self.envs))
 
     def close(self) -> None:
         """Coroutine envs are closed by ``aclose()``, on their loop."""

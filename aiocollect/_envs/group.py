@@ -30,7 +30,7 @@ from typing import Any
 
 import gymnasium as gym
 import numpy as np
-from gymnasium.vector import AutoresetMode, VectorEnv
+from gymnasium.vector import AutoresetMode, SyncVectorEnv, VectorEnv
 
 from .async_env import is_async_env
 from .gym import GymEnv
@@ -136,7 +136,7 @@ def scalar(value: Any) -> Any:
 
 _LATE_TYPES = ("(storing what step() returned failed: the types of an env's return values are checked at its "
                "first step only, and this env returned something else later, such as a reward that became an "
-               "array; return (obs, float, bool, bool, dict) at every step)")
+               "array or a flag that is not a boolean; return (obs, float, bool, bool, dict) at every step)")
 
 
 def _blame(exc: BaseException, i: int | None) -> None:
@@ -151,6 +151,47 @@ def _blame(exc: BaseException, i: int | None) -> None:
             return
         if i is not None:
             exc.add_note(f"(raised by env {i} of the group)")
+
+
+# --------------------------------------------------------------------------- closing
+
+
+def close_each(envs: Sequence[Any], first: int = 0,
+               catch: type[BaseException] = Exception) -> list[tuple[int, str, BaseException]]:
+    """Call every env's ``close()``, whatever the others' did; ``(first + i, class name,
+    exception)`` of each env ``i`` whose ``close()`` raised what ``catch`` names (a worker
+    process, which ignores Ctrl-C, catches ``BaseException``, as for its envs' steps)."""
+    failures = []
+    for i, env in enumerate(envs):
+        try:
+            env.close()
+        except catch as exc:  # the others still close
+            failures.append((first + i, type(env).__qualname__, exc))
+    return failures
+
+
+class EnvCloseError(RuntimeError):
+    """``close()`` raised in some envs of a group; every other env was still closed.
+
+    The message names each env that failed, with its exception and traceback; ``failures``
+    holds ``(env index, env class name, exception)`` of each. It never reaches the user as
+    an exception: ``shutdown()`` logs it (to the ``aiocollect`` logger, at ``ERROR``; a worker process
+    sends its own to the main process, which logs it), and a worker collector warns with
+    it (``RuntimeWarning``) for the envs it builds in this process to read the spaces.
+    """
+
+    def __init__(self, failures: list[tuple[int, str, BaseException]], total: int):
+        from .._errors import exception_text, exception_traceback, truncated
+
+        self.failures = failures
+        which = "; ".join(f"env {i} ({name}) raised {type(exc).__name__}: {exception_text(exc)}"
+                          for i, name, exc in failures)
+        traces = "".join(f"\n\nTraceback of env {i}'s close():\n{exception_traceback(exc).rstrip()}"
+                         for i, _, exc in failures)
+        others = "the others were closed" if len(failures) < total else "close() was called on each"
+        super().__init__(truncated(
+            f"close() raised in {len(failures)} of {total} env(s) ({others}): {which}. What they hold may "
+            f"not have been released: fix their close().{traces}"))
 
 
 class InProcessGroup(_GroupBase):
@@ -233,9 +274,12 @@ class InProcessGroup(_GroupBase):
         this group, not them)."""
         return [InProcessGroup(self.envs[a:b], self.device, self.first + a) for a, b in bounds]
 
-    def close(self) -> None:
-        for env in self.envs:
-            env.close()
+    def close(self, catch: type[BaseException] = Exception) -> None:
+        """Close every env, even after one whose ``close()`` raised (``catch``: what is
+        caught); then raise ``EnvCloseError`` naming each that did."""
+        failures = close_each(self.envs, self.first, catch)
+        if failures:
+            raise EnvCloseError(failures, len(self.envs))
 
 
 class VectorEnvGroup(_GroupBase):
@@ -304,8 +348,18 @@ class VectorEnvGroup(_GroupBase):
         for i in idx:
             self._writer.write_one(i, _row(obs, i))
 
-    def close(self) -> None:
-        self.venv.close()
+    def close(self, catch: type[BaseException] = Exception) -> None:
+        """Close the vector env. Gymnasium's ``SyncVectorEnv`` stops at the first env whose
+        ``close()`` raises, leaving the others open: its envs are closed here, each of them
+        (see ``InProcessGroup.close``)."""
+        venv = self.venv
+        if type(venv) is SyncVectorEnv and not venv.closed and isinstance(getattr(venv, "envs", None), list):
+            failures = close_each(venv.envs, 0, catch)
+            venv.closed = True
+            if failures:
+                raise EnvCloseError(failures, len(venv.envs))
+            return
+        venv.close()
 
 
 def _row(batched_obs: Any, i: int) -> Any:
@@ -470,10 +524,11 @@ def make_group(create_env_fn: Any, create_env_kwargs: dict | None,
                         "entry makes one env (pass the VectorEnv, or its factory, on its own)."
                     )
                 envs.append(env)
-        except BaseException:
-            for env in envs:
-                if not is_async_env(env):  # a coroutine env holds nothing before its reset
-                    env.close()
+        except BaseException as exc:
+            # a coroutine env holds nothing before its reset
+            failures = [f for i, e in enumerate(envs) if not is_async_env(e) for f in close_each([e], i)]
+            if failures and hasattr(exc, "add_note"):
+                exc.add_note(f"(then, closing the envs built before it: {EnvCloseError(failures, len(envs))})")
             raise
         devices = {_env_device(e) for e in envs} - {None}
         if any(is_async_env(e) for e in envs):
@@ -496,4 +551,5 @@ def _coroutine_group(envs: list, where: str) -> _GroupBase:
 
 EnvGroup = InProcessGroup | VectorEnvGroup
 
-__all__ = ["EnvGroup", "InProcessGroup", "VectorEnvGroup", "check_create_env_fn", "make_group"]
+__all__ = ["EnvCloseError", "EnvGroup", "InProcessGroup", "VectorEnvGroup", "check_create_env_fn", "close_each",
+           "make_group"]

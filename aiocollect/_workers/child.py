@@ -24,7 +24,8 @@ Its life:
 3. on ``CLOSE``, or when the engine's end of the socket closes or resets (the main
    process died), close the envs and exit at once, quietly (``os._exit``: no interpreter
    teardown, no ``atexit`` hooks, no traceback; ``env.close()`` is where envs release what
-   they hold).
+   they hold). Every env is closed, even after one whose ``close()`` raised; those that
+   raised are reported to the engine (``protocol.CLOSED``), which logs them.
 
 An exception in an env is answered with ``ERROR`` and its traceback text; the worker
 then waits for ``CLOSE``.
@@ -121,7 +122,7 @@ def main(argv: list[str]) -> int:
         sock.sendall(protocol.frame(("ready", os.getpid())))
         return worker.serve(sock)
     finally:
-        worker.close()
+        worker.close(sock)
 
 
 class _Worker:
@@ -258,10 +259,25 @@ class _Worker:
             if spin_s:
                 ctl[protocol.W_ASLEEP] = 0
 
-    def close(self) -> None:
+    def close(self, sock: socket.socket) -> None:
+        """Close every env, even after one whose ``close()`` raised (``SystemExit`` too), and
+        tell the engine which did (``protocol.CLOSED``): it logs them once this process exited."""
+        from .._envs.group import EnvCloseError
+        from .._errors import exception_text, exception_traceback
+        from . import protocol
+
         try:
-            self.group.close()
-        except BaseException:  # noqa: BLE001 - exiting anyway (SystemExit from an env's close too)
+            self.group.close(catch=BaseException)
+            return
+        except EnvCloseError as exc:
+            report = str(exc)
+        except BaseException as exc:  # noqa: BLE001 - a VectorEnv's own close(): reported too
+            report = (f"close() of its VectorEnv raised {type(exc).__name__}: {exception_text(exc)}\n\n"
+                      f"Traceback of the VectorEnv's close():\n{exception_traceback(exc).rstrip()}")
+        try:
+            sock.settimeout(1.0)  # (exiting: never wait long for an engine that does not read)
+            sock.sendall(protocol.CLOSED + protocol.frame(report))
+        except OSError:  # the engine is gone
             pass
 
 

@@ -141,4 +141,4 @@ class CoroutineEnvs:
     async def aclose(self) -> None:
         """Cancel what is pending and close the envs."""
         self.cancel()
-        await self.group.aclose()
+        await self.group.aclose("worker 0 (this process)")

@@ -146,4 +146,4 @@ class CoroutineWorker:
         if self._task is not None and not self._task.done():
             self._task.cancel()
         if self.group is not None:
-            await self.group.aclose()
+            await self.group.aclose(f"worker {self.index} (this process)")

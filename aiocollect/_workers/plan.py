@@ -113,18 +113,24 @@ def _pickle(i: int, entry: Any) -> bytes:
 
 
 def _close_probe(i: int, entry: Any, group: Any) -> None:
-    """Close the envs built to read ``create_env_fn[i]``'s spaces. An env whose ``close()``
-    raises still runs in its worker (which ignores such errors when it exits): warn, naming
-    the factory, instead of failing the constructor."""
+    """Close the envs built to read ``create_env_fn[i]``'s spaces, every one of them (coroutine
+    envs too, on a loop of their own). An env whose ``close()`` raises still runs in its
+    worker (which reports such errors at shutdown): warn, naming the factory and each env
+    that failed, instead of failing the constructor."""
+    from .._envs.coroutine_group import CoroutineGroup
+
     try:
-        group.close()
+        if isinstance(group, CoroutineGroup):
+            group.close_unstarted()
+        else:
+            group.close()
     except Exception as exc:  # noqa: BLE001 - see above
         from .._errors import exception_text
 
         name = getattr(entry, "__qualname__", None) or _kind(entry)
         warnings.warn(
-            f"create_env_fn[{i}] ({name}): close() of the env built in this process to read its "
-            f"spaces raised {type(exc).__name__}: {exception_text(exc)}",
+            f"create_env_fn[{i}] ({name}): closing the envs built in this process to read its "
+            f"spaces: {exception_text(exc)}",
             RuntimeWarning, stacklevel=4,
         )
 

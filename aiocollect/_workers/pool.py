@@ -8,10 +8,13 @@ Everything here runs on the collector's engine loop (its private uvloop thread):
   shared-memory file descriptor and the write end of a pipe for its stack dumps, sends the
   setup message, waits until each says it is ready (the first worker that fails to start
   is raised as it is, an [`EnvError`][aiocollect.EnvError] when its envs failed to build,
-  and the others are stopped), then watches the processes until it is told to stop (or
+  and the others are stopped; workers not ready within ``start_timeout`` are killed, their
+  Python stacks read first, and a [`StartTimeoutError`][aiocollect.StartTimeoutError]
+  names them), then watches the processes until it is told to stop (or
   cancelled); with a ``step_timeout``, ``_workers.watchdog`` kills a worker whose step
   outlives it. Its ``finally`` block always stops them: ``CLOSE``, then after a grace
-  period ``SIGTERM``, then ``SIGKILL``.
+  period ``SIGTERM``, then ``SIGKILL``; a worker whose envs' ``close()`` raised says which
+  (``protocol.CLOSED``), and that is logged (``aiocollect`` logger, ``ERROR``).
 * a ``Worker`` is the engine's end of one worker process: its socket, with a reader
   callback that turns doorbells and error reports into ``on_reply(worker)`` calls, and its
   ``ports``, one per part of its envs (``_workers.plan``), each with its own control line
@@ -39,18 +42,15 @@ import anyio
 import anyio.abc
 import numpy as np
 
-from .._errors import EnvError, WorkerError
+from .._errors import EnvError, StartTimeoutError, WorkerError
 from . import protocol
 from .coroutine_worker import CoroutineWorker
 from .plan import WorkerPlan, WorkerSpec
 from .process import WorkerProcess, worker_command
 from .shm import Layout, SharedArrays, create_segment
-from .watchdog import overdue, watch_steps
+from .watchdog import overdue, read_stack, watch_steps
 
 logger = logging.getLogger("aiocollect")
-
-START_TIMEOUT_S = 300.0
-"""How long a worker may take to import and build its envs."""
 
 _PACKAGE_ROOT = str(Path(__file__).resolve().parents[2])
 
@@ -223,8 +223,12 @@ class WorkerPool:
     """Starts, watches and stops the workers of one collector; see the module docstring."""
 
     def __init__(self, plan: WorkerPlan, layout: Layout, *, reset_when_done: bool,
-                 max_frames_per_traj: int | None = None, step_timeout: float | None = None):
+                 max_frames_per_traj: int | None = None, step_timeout: float | None = None,
+                 start_timeout: float | None = None):
         self.plan = plan
+        self.start_timeout = start_timeout
+        """How long the workers may take, together, to start (``None``: no bound; the
+        collectors pass their ``start_timeout``, 300 s by default)."""
         self.layout = layout
         self.reset_when_done = reset_when_done
         self.max_frames_per_traj = max_frames_per_traj
@@ -295,7 +299,9 @@ class WorkerPool:
 
     async def _start_all(self) -> None:
         """Start every worker at once; the first that fails is raised as it is (not in an
-        exception group), the others cancelled (``run()``'s ``finally`` stops them)."""
+        exception group), the others cancelled (``run()``'s ``finally`` stops them). Workers
+        not up within ``start_timeout`` are killed, once their Python stack is read, and a
+        [`StartTimeoutError`][aiocollect.StartTimeoutError] names them."""
         errors: list[Exception] = []
 
         async def start(worker: Worker | CoroutineWorker) -> None:
@@ -305,12 +311,41 @@ class WorkerPool:
                 errors.append(exc)
                 starting.cancel_scope.cancel()
 
-        with anyio.fail_after(START_TIMEOUT_S):
+        with anyio.move_on_after(self.start_timeout) as deadline:
             async with anyio.create_task_group() as starting:
                 for worker in self.workers:
                     starting.start_soon(start, worker)
         if errors:
             raise errors[0]
+        if deadline.cancelled_caught:
+            raise await self._start_timed_out()
+
+    async def _start_timed_out(self) -> StartTimeoutError:
+        """The error for the workers not up after ``start_timeout``, which are killed here
+        (after their Python stacks are read, all at once: ``watchdog.read_stack``)."""
+        late = [w for w in self.workers if isinstance(w, Worker) and not w.ready]
+        stacks: dict[int, str] = {}
+
+        async def read(worker: Worker) -> None:
+            stacks[worker.index] = await read_stack(worker) if worker.process is not None else ""
+
+        async with anyio.create_task_group() as tg:
+            for worker in late:
+                tg.start_soon(read, worker)
+        for worker in late:
+            if worker.process is not None:
+                try:
+                    worker.process.send_signal(signal.SIGKILL)  # (``_stop_all`` waits for it)
+                except ProcessLookupError:
+                    pass
+        try:
+            load = os.getloadavg()[0]
+        except OSError:
+            load = None
+        return StartTimeoutError.workers(
+            timeout=self.start_timeout, started=[w.index for w in self.workers if w not in late],
+            pending=[(w.index, w.pid, stacks.get(w.index, "")) for w in late],
+            processes=sum(isinstance(w, Worker) for w in self.workers), cores=protocol.usable_cores(), load=load)
 
     async def _start(self, worker: Worker | CoroutineWorker) -> None:
         if isinstance(worker, CoroutineWorker):
@@ -414,6 +449,10 @@ class WorkerPool:
             with anyio.move_on_after(grace):
                 for w in running:
                     await w.process.wait()
+        for w in live:
+            report = _close_report(w) if isinstance(w, Worker) and w.ready else None
+            if report:
+                logger.error("aiocollect: worker %s (pid %s), closing its envs at shutdown: %s", w.index, w.pid, report)
         for w in self.workers:
             if w.sock is not None:
                 w.sock.close()
@@ -437,6 +476,37 @@ class WorkerPool:
         if self.shm_fd >= 0:
             os.close(self.shm_fd)
             self.shm_fd = -1
+
+
+def _close_report(worker: Worker) -> str | None:
+    """What ``worker`` said of its envs' ``close()`` (``protocol.CLOSED``: the envs whose
+    ``close()`` raised), read from what is left in its socket once it exited; ``None`` if
+    nothing (every env closed, or it was killed)."""
+    buf = bytearray(worker._inbox)
+    while True:
+        try:
+            data = worker.sock.recv(65536)
+        except OSError:  # (BlockingIOError: nothing more)
+            break
+        if not data:
+            break
+        buf += data
+    start, marks = 0, (protocol.ERROR[0], protocol.CLOSED[0])
+    while start < len(buf):
+        kind = buf[start]
+        if kind not in marks:  # a doorbell
+            start += 1
+            continue
+        try:
+            parsed = protocol.parse_frame(buf, start + 1)
+        except Exception:  # noqa: BLE001 - cut short by a kill: nothing to report
+            return None
+        if parsed is None:
+            return None
+        message, start = parsed
+        if kind == protocol.CLOSED[0]:
+            return str(message)
+    return None
 
 
 def _close_dump(worker: Worker | CoroutineWorker) -> None:

@@ -69,8 +69,9 @@ that spun also wake up on a timer and look again.
 On the socket, engine -> worker: doorbells, and ``CLOSE`` (close the envs and exit);
 worker -> engine: doorbells, and ``ERROR`` followed by a framed message describing an
 exception (type, message, traceback text, env index); the failed command's ``DONE`` is
-never written. Setup uses framed messages both ways: a 4-byte little-endian length,
-then a pickle.
+never written; after ``CLOSE``, ``CLOSED`` followed by a framed text if some envs' ``close()``
+raised (the engine reads it once the worker exited, and logs it). Setup uses framed messages
+both ways: a 4-byte little-endian length, then a pickle.
 """
 
 from __future__ import annotations
@@ -86,6 +87,9 @@ CLOSE = b"c"
 OK = b"k"
 """A doorbell byte (either direction)."""
 ERROR = b"e"
+CLOSED = b"x"
+"""Worker -> engine, after ``CLOSE``: followed by a framed text naming the envs whose
+``close()`` raised, with their tracebacks (sent only if one did)."""
 
 STEP_CODE, RESET_CODE, RUN_CODE = 1, 2, 3
 CMD, DONE, W_ASLEEP, E_ASLEEP, SLOT, COL, COUNT, AT = 0, 1, 2, 3, 4, 5, 6, 7

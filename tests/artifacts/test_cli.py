@@ -126,3 +126,33 @@ def test_bench_results_must_be_a_directory(tmp_path):
 def test_python_dash_m_is_the_same_command():
     proc = subprocess.run([sys.executable, "-m", "aiocollect", "--help"], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0 and "collect" in proc.stdout and "bench" in proc.stdout
+
+
+def test_an_env_module_that_raises_on_import_is_one_line_and_exit_code_2(tmp_path, monkeypatch):
+    (tmp_path / "raising_envs_a.py").write_text("raise RuntimeError('no licence server')\n")
+    (tmp_path / "raising_envs_b.py").write_text("import gymnasium\ndef broken(:\n    pass\n")
+    (tmp_path / "raising_envs_c.py").write_text("import sys\nsys.exit(3)\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    cases = [
+        ("raising_envs_a:Any-v0", "importing 'raising_envs_a' raised RuntimeError: no licence server"),
+        ("raising_envs_b:Any-v0", "importing 'raising_envs_b' raised SyntaxError"),
+        ("raising_envs_c:Any-v0", "importing 'raising_envs_c' raised SystemExit: 3"),
+        ("no_such_envs_module:Any-v0", "cannot import 'no_such_envs_module'"),
+    ]
+    for env, expected in cases:
+        assert_one_line_error(run_main("collect", "--env", env, "--out", str(tmp_path / "o")), expected)
+    assert not (tmp_path / "o").exists()
+
+
+def test_an_env_module_in_the_current_directory_is_found_by_the_console_script(tmp_path):
+    """``aiocollect collect --env mod:Id`` imports ``mod`` from the current directory, as
+    ``python -m aiocollect`` does (and gymnasium's ``module:EnvId`` convention expects), in
+    this process and in the workers."""
+    (tmp_path / "cwd_envs.py").write_text(
+        "import gymnasium\n"
+        "gymnasium.register('CwdCartPole-v0', entry_point='gymnasium.envs.classic_control:CartPoleEnv')\n")
+    proc = run("collect", "--env", "cwd_envs:CwdCartPole-v0", "--workers", "1", "--envs-per-worker", "2",
+               "--frames", "200", "--out", "o", cwd=tmp_path, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "collected 200 frames of cwd_envs:CwdCartPole-v0" in proc.stdout
+    assert TensorDict.load_memmap(tmp_path / "o").shape == (1, 2, 100)

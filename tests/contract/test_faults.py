@@ -7,6 +7,7 @@ from __future__ import annotations
 import functools
 import gc
 import os
+import re
 import textwrap
 import threading
 import time
@@ -16,8 +17,8 @@ import pytest
 import aiocollect
 from aiocollect import CollectorBusyError, CollectorClosedError, CollectorFailedError, EnvError, StepTimeoutError
 from support.coroutine_envs import HangingEnv
-from support.envs import CounterEnv, EnvRecorder, SleepyEnv
-from support.procs import alive, interrupt_script, wait_until
+from support.envs import CounterEnv, EnvRecorder, SleepyEnv, SlowStartEnv
+from support.procs import alive, children, interrupt_script, wait_until
 
 TESTS = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -206,3 +207,39 @@ def test_ctrl_c_raises_keyboard_interrupt_and_leaves_nothing(variant):
     pids = [int(p) for p in out.split()[1:]]
     assert len(pids) == (variant.workers if variant.processes else 0)
     assert wait_until(lambda: not any(alive(pid) for pid in pids)), "a worker outlived Ctrl-C"
+
+
+def test_a_worker_slower_to_start_than_start_timeout_is_named_and_stopped(variant):
+    """``start_timeout`` bounds the start of worker processes: past it, a ``StartTimeoutError``
+    (a ``TimeoutError``) names the workers that were not up, how long it waited and how to
+    raise the bound, and every worker is stopped. Coroutine entries start at once; a
+    ``Collector`` starts no worker and refuses the argument."""
+    k = variant.num_envs - 1  # its worker sleeps 30 s building it (not in this process)
+    fns = [CounterEnv] * k + [functools.partial(SlowStartEnv, os.getpid())]
+    if variant.cls is aiocollect.Collector:
+        with pytest.raises(ValueError, match=r"start_timeout=0\.5: .*starts no worker process.*num_collectors"):
+            variant(fns, frames_per_batch=8, start_timeout=0.5)
+        if variant.envs == "inline":  # with num_collectors, it goes to the worker collector built
+            with pytest.raises(aiocollect.StartTimeoutError) as info:
+                aiocollect.Collector(fns, None, num_collectors=len(fns), frames_per_batch=8, start_timeout=0.5)
+            assert k in info.value.pending and "did not start within 0.5 s (start_timeout)" in str(info.value)
+        return
+    if not variant.processes:
+        with variant(fns, frames_per_batch=8, total_frames=8, start_timeout=0.5) as collector:
+            assert sum(1 for _ in collector) == 1
+        return
+    before = children()
+    t0 = time.monotonic()
+    with pytest.raises(aiocollect.StartTimeoutError) as info:
+        variant(fns, frames_per_batch=8, start_timeout=0.5)
+    assert time.monotonic() - t0 < 10
+    err = info.value
+    assert isinstance(err, TimeoutError) and isinstance(err, aiocollect.CollectorError)
+    worker = variant.locate(k)[0]
+    assert worker in err.pending and err.timeout == 0.5
+    text = str(err)
+    # "worker 1 (pid N) did not start", or "workers 0 (pid N), 1 (pid M) did not start" on a slow machine
+    assert re.match(rf"workers? (\d+ \(pid \d+\), )*{worker} \(pid \d+\)", text), text
+    assert "did not start within 0.5 s (start_timeout)" in text, text
+    assert "overloaded" in text and "raise start_timeout" in text, text
+    assert wait_until(lambda: children() == before), "a worker was left running"

@@ -5,13 +5,16 @@ that raises. Each still gives the usual error, naming worker and env, at once.""
 from __future__ import annotations
 
 import functools
+import logging
+import os
 import re
 import time
+import warnings
 
 import pytest
 
 from aiocollect import Collector, EnvError, MultiAsyncCollector, MultiSyncCollector
-from support.envs import CloseRaisesEnv, CounterEnv, HostileEnv, NoSpacesEnv
+from support.envs import CloseRaisesEnv, CloseRecordEnv, CounterEnv, HostileEnv, NoSpacesEnv
 from support.procs import children
 
 
@@ -82,3 +85,26 @@ def test_an_env_without_spaces_is_refused_naming_the_factory_before_any_process_
         cls(envs, None, frames_per_batch=10)
     assert NoSpacesEnv.closed
     assert children() == before, "a worker process was started for a collector that was refused"
+
+
+def test_every_env_is_closed_when_some_close_raises_and_each_failure_is_reported(variant, tmp_path, caplog):
+    # envs 0 and 2 (the first of each worker) fail to close: the envs after them, in the same
+    # worker, in the env built in this process to read the spaces, in a vector env, still close
+    fail = set(range(0, variant.num_envs, 2))
+    envs = [functools.partial(CloseRecordEnv, str(tmp_path), k, k in fail) for k in range(variant.num_envs)]
+    with warnings.catch_warnings(record=True) as warned:
+        warnings.simplefilter("always")
+        collector = variant(envs, frames_per_batch=8, total_frames=16)
+    with caplog.at_level(logging.ERROR, logger="aiocollect"):
+        assert sum(1 for _ in collector) == 2
+        collector.shutdown()
+    assert os.listdir(tmp_path), "no env recorded that it was built"
+    assert CloseRecordEnv.unclosed(str(tmp_path)) == []
+    reports = [r.getMessage() + (r.exc_text or "") for r in caplog.records if r.levelno >= logging.ERROR]
+    reports += [str(w.message) for w in warned if issubclass(w.category, RuntimeWarning)]
+    text = "\n".join(reports)
+    for k in fail:  # each failure is reported, with its traceback
+        assert f"close of env {k} failed on purpose" in text, text
+    assert "in close" in text, text
+    if variant.processes:  # reported by the worker, naming it, at shutdown
+        assert re.search(r"worker 0 \(pid \d+\)", text), text

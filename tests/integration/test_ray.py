@@ -14,7 +14,16 @@ import torch
 import torch.nn as nn
 from tensordict.nn import TensorDictModule
 
-from aiocollect import Collector, EnvError, GymEnv, MultiSyncCollector, RayCollector, RemoteCollectorError
+from aiocollect import (
+    Collector,
+    CollectorError,
+    EnvError,
+    GymEnv,
+    MultiSyncCollector,
+    RayCollector,
+    RemoteCollectorError,
+    StartTimeoutError,
+)
 from support.checks import check_batch
 from support.envs import CounterEnv, IntObsEnv
 from support.procs import wait_until
@@ -209,4 +218,41 @@ def test_bad_input_before_any_actor_starts():
         RayCollector(lambda: IntObsEnv(), None, frames_per_batch=10, collector_kwargs={"total_frames": 5})
     with pytest.raises(ValueError, match="num_collectors"):
         RayCollector(lambda: IntObsEnv(), None, frames_per_batch=10, num_collectors=0)
+    for bad in (0, -1, float("nan"), float("inf"), "60"):
+        with pytest.raises(ValueError, match=r"start_timeout=.*a positive, finite number, or None"):
+            RayCollector(lambda: IntObsEnv(), None, frames_per_batch=10, start_timeout=bad)
     assert MultiSyncCollector  # (imported for the "sync" class test above)
+
+
+def test_actors_that_cannot_start_within_start_timeout_are_named_and_killed(ray_cluster):
+    """An actor Ray cannot place (it asks for more CPUs than the cluster has) is a
+    ``StartTimeoutError`` after ``start_timeout``, naming it, what it asks and what the cluster
+    has (the constructor then kills every actor, as for any start-up failure)."""
+    t0 = time.monotonic()
+    with pytest.raises(StartTimeoutError) as info:
+        RayCollector(lambda: IntObsEnv(), None, frames_per_batch=10, num_collectors=1,
+                     remote_configs={"num_cpus": 64}, start_timeout=1)
+    assert time.monotonic() - t0 < 30
+    err = info.value
+    assert isinstance(err, TimeoutError) and isinstance(err, CollectorError)
+    assert (err.timeout, err.started, err.pending) == (1.0, (), (0,))
+    text = str(err)
+    assert "remote collector 0 of 1 did not start within 1 s (start_timeout)" in text, text
+    assert "none was up" in text and "{'num_cpus': 64}" in text and "'CPU': 2.0" in text, text
+    assert "raise start_timeout" in text, text
+
+
+def test_a_ray_init_that_fails_or_exits_is_a_collector_error_naming_the_address(monkeypatch):
+    """Ray exits (``SystemExit``) when it cannot reach a cluster's GCS, after about two minutes:
+    that becomes a ``CollectorError`` saying where it tried, how long, and what to check."""
+    def unreachable(**config):
+        raise SystemExit(15)
+
+    monkeypatch.setattr(ray, "is_initialized", lambda: False)
+    monkeypatch.setattr(ray, "init", unreachable)
+    with pytest.raises(CollectorError, match=r"ray.init\(address='ray://nowhere:10001'.*\) exited \(SystemExit 15\) "
+                                             r"after [\d.]+ s; no remote collector was started. Check that a Ray "
+                                             r"cluster runs at 'ray://nowhere:10001'") as info:
+        RayCollector(lambda: IntObsEnv(), None, frames_per_batch=10,
+                     ray_init_config={"address": "ray://nowhere:10001"})
+    assert isinstance(info.value.__cause__, SystemExit)

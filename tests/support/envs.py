@@ -300,6 +300,43 @@ class CloseRaisesEnv(CounterEnv):
         raise RuntimeError("close failed on purpose")
 
 
+class CloseRecordEnv(CounterEnv):
+    """``CounterEnv`` that leaves a file in ``folder`` when it is built (``K.ID.built``) and
+    another when its ``close()`` is reached (``K.ID.closed``; ``K``: the ``tag`` given,
+    ``ID``: this instance's), in whatever process it lives; with ``fail``, its ``close()``
+    then raises. Every env built must be closed, whatever the others' ``close()`` did."""
+
+    def __init__(self, folder: str, tag: int, fail: bool = False):
+        super().__init__()
+        import uuid
+
+        self.mark = os.path.join(folder, f"{tag}.{uuid.uuid4().hex}")
+        self.fail = fail
+        open(f"{self.mark}.built", "w").close()
+
+    def close(self):
+        open(f"{self.mark}.closed", "w").close()
+        if self.fail:
+            raise RuntimeError(f"close of env {os.path.basename(self.mark).split('.')[0]} failed on purpose")
+
+    @staticmethod
+    def unclosed(folder: str) -> list[str]:
+        """The envs built in ``folder`` whose ``close()`` was never reached (``K.ID``)."""
+        names = os.listdir(folder)
+        return sorted(n[:-6] for n in names if n.endswith(".built") and n[:-6] + ".closed" not in names)
+
+
+class SlowStartEnv(CounterEnv):
+    """``CounterEnv`` that sleeps ``delay`` seconds in its constructor, but only in a worker
+    process (not in ``main_pid``, where the collector builds one to read the spaces): a
+    worker that takes that long to start."""
+
+    def __init__(self, main_pid: int, delay: float = 30.0):
+        super().__init__()
+        if os.getpid() != main_pid:
+            time.sleep(delay)
+
+
 class NoSpacesEnv(gym.Env):
     """A custom env that never sets its spaces."""
 

@@ -30,6 +30,7 @@ EXPECTED = {
     "RandomPolicy",
     "RayCollector",
     "RemoteCollectorError",
+    "StartTimeoutError",
     "StepTimeoutError",
     "SyncDataCollector",
     "ThreadEnv",

@@ -327,6 +327,14 @@ BAD_WORKER = [
     (dict(max_policy_lag=1.5), ValueError, ["max_policy_lag=1.5"]),
     (dict(max_policy_lag=np.int64(-1)), ValueError, ["max_policy_lag=", "an int >= 0"]),
     (dict(num_threads=np.float64(2)), ValueError, ["num_threads=", "positive number of threads"]),
+    (dict(start_timeout=0), ValueError, ["start_timeout=0: give the seconds the workers may take to start",
+                                         "or None to wait as long as they take"]),
+    (dict(start_timeout=-1.0), ValueError, ["start_timeout=-1.0", "a positive, finite number"]),
+    (dict(start_timeout=float("nan")), ValueError, ["start_timeout=nan", "a positive, finite number"]),
+    (dict(start_timeout=float("inf")), ValueError, ["start_timeout=inf", "a positive, finite number"]),
+    (dict(start_timeout=1e30), ValueError, ["start_timeout=1e+30", "a positive, finite number"]),
+    (dict(start_timeout=True), ValueError, ["start_timeout=True"]),
+    (dict(start_timeout="60"), ValueError, ["start_timeout='60'"]),
 ]
 
 
@@ -342,6 +350,7 @@ def test_validate_worker_options_rejects_bad_values_naming_the_argument(kwargs, 
 
 def test_validate_worker_options_defaults():
     assert validate_worker_options(**{**GOOD_WORKER, "cat_results": None}) == WorkerOptions("stack", None, False, None)
+    assert validate_worker_options(**GOOD_WORKER).start_timeout == 300.0
 
 
 @pytest.mark.parametrize(("kwargs", "expected"), [
@@ -356,6 +365,9 @@ def test_validate_worker_options_defaults():
     (dict(cat_results=np.int64(0)), WorkerOptions(0, None, False, None)),
     (dict(max_policy_lag=np.int64(2), num_threads=np.int32(2)), WorkerOptions("stack", None, False, 2)),
     (dict(preemptive_threshold=np.float32(0.5)), WorkerOptions("stack", 0.5, False, None)),
+    (dict(start_timeout=0.5), WorkerOptions("stack", None, False, None, 0.5)),
+    (dict(start_timeout=np.int64(600)), WorkerOptions("stack", None, False, None, 600.0)),
+    (dict(start_timeout=None), WorkerOptions("stack", None, False, None, None)),
 ])
 def test_validate_worker_options_keeps_good_values(kwargs, expected):
     opts = validate_worker_options(**{**GOOD_WORKER, **kwargs})

@@ -120,6 +120,8 @@ class _Unpicklable:
         (lambda: CounterEnv(), {}, TypeError, "a list with one entry per worker"),
         ([lambda: CounterEnv()], dict(preemptive_threshold=1.5), ValueError, "preemptive_threshold"),
         ([[lambda: CounterEnv()] * 2, lambda: CounterEnv()], {}, ValueError, "same number of envs"),
+        ([lambda: CounterEnv()], dict(start_timeout=0), ValueError, r"start_timeout=0: give the seconds"),
+        ([lambda: CounterEnv()], dict(start_timeout=float("nan")), ValueError, r"start_timeout=nan"),
     ],
 )
 def test_bad_input_rejected_before_any_process_starts(env_fn, kwargs, exc, match):
