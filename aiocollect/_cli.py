@@ -182,7 +182,7 @@ def _frame_bytes(args: argparse.Namespace) -> int:
     """Bytes one frame takes in the save: one frame of one env, collected in this process."""
     import gymnasium as gym
 
-    from . import Collector
+    from ._collectors.collector import Collector
 
     env_id = args.env
     try:
@@ -236,7 +236,8 @@ def collect(args: argparse.Namespace) -> int:
     plan = _check_collect(args)
     import gymnasium as gym
 
-    from . import Collector, MultiSyncCollector
+    from ._collectors.collector import Collector
+    from ._collectors.multi_sync import MultiSyncCollector
     from ._dataset import CommitError, PartialSave, leftovers
 
     env_id = args.env

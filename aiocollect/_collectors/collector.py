@@ -24,8 +24,8 @@ from tensordict import TensorDictBase
 from tensordict.nn import InteractionType
 
 from .._engine.scheduler import Scheduler
+from .._envs.build import check_create_env_fn, make_group
 from .._envs.coroutine_group import CoroutineGroup
-from .._envs.group import check_create_env_fn, make_group
 from .._errors import CollectorError, EnvError
 from .._policies.setup import PolicySetup, check_policy, cuda_graphs_for
 from .._workers.coroutine_envs import CoroutineEnvs

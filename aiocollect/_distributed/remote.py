@@ -29,22 +29,22 @@ import torch
 from .._errors import CollectorError, pickled_exception, unpickled_exception
 from .._errors import RemoteCollectorError as RemoteCollectorError
 
-COLLECTOR_CLASSES = {"single": "Collector", "sync": "MultiSyncCollector", "async": "MultiAsyncCollector"}
-
 
 def resolve_collector_class(collector_class: Any) -> type:
     """``collector_class`` as a class: a collector class, or "single" / "sync" / "async"."""
-    import aiocollect
+    from .._collectors.collector import Collector
+    from .._collectors.multi_async import MultiAsyncCollector
+    from .._collectors.multi_sync import MultiSyncCollector
 
     if isinstance(collector_class, str):
-        name = COLLECTOR_CLASSES.get(collector_class)
-        if name is None:
+        named = {"single": Collector, "sync": MultiSyncCollector, "async": MultiAsyncCollector}
+        if collector_class not in named:
             raise ValueError(
                 f"collector_class={collector_class!r}: use 'single', 'sync', 'async', or one of "
                 "aiocollect.Collector, MultiSyncCollector, MultiAsyncCollector."
             )
-        return getattr(aiocollect, name)
-    allowed = (aiocollect.Collector, aiocollect.MultiSyncCollector, aiocollect.MultiAsyncCollector)
+        return named[collector_class]
+    allowed = (Collector, MultiSyncCollector, MultiAsyncCollector)
     if not (isinstance(collector_class, type) and issubclass(collector_class, allowed)):
         raise TypeError(
             f"collector_class={collector_class!r}: a remote collector runs an aiocollect collector: "

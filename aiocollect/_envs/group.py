@@ -14,8 +14,8 @@ Two groups live in this process:
 * ``InProcessGroup``, a list of gymnasium envs stepped in a tight loop;
 * ``VectorEnvGroup``, a gymnasium ``VectorEnv`` in any autoreset mode.
 
-(A third, ``CoroutineGroup``, holds coroutine envs, each stepped
-on its own; ``make_group`` builds it when a factory returns one.)
+(A third, ``CoroutineGroup``, holds coroutine envs, each stepped on its own; ``_envs.build``
+makes the right group out of what the user gave as ``create_env_fn``.)
 
 The same two classes run inside env worker processes, where their result arrays are
 views of shared memory (``_GroupBase.bind()``) and they are driven synchronously
@@ -32,8 +32,6 @@ import gymnasium as gym
 import numpy as np
 from gymnasium.vector import AutoresetMode, SyncVectorEnv, VectorEnv
 
-from .async_env import is_async_env
-from .gym import GymEnv
 from .spaces import ActionCheck, Leaf, NestedKey, ObsWriter, flatten_space
 
 
@@ -368,188 +366,6 @@ def _row(batched_obs: Any, i: int) -> Any:
     return batched_obs[i]
 
 
-# --------------------------------------------------------------------------- construction
-
-
-def _describe(obj: Any) -> str:
-    return f"{type(obj).__module__}.{type(obj).__qualname__}"
-
-
-# TorchRL envs (any ``EnvBase``) are taken too, wrapped by ``torchrl_env.from_torchrl`` into a
-# gymnasium env (``batch_size == []``) or ``VectorEnv`` (``[n]``). TorchRL is never imported to
-# find out: only an object whose class comes from TorchRL sends us to ``torchrl_env``.
-
-_TORCHRL_HINT = ("Pass a TorchRL env (an EnvBase), a callable or EnvCreator returning one, or a "
-                 "gymnasium env, its id or its factory.")
-
-
-def _from_torchrl(obj: Any) -> bool:
-    """Whether ``obj``'s class, or a class it derives from, is TorchRL's (imports nothing)."""
-    return any((getattr(cls, "__module__", None) or "").startswith("torchrl") for cls in type(obj).__mro__)
-
-
-def is_torchrl_env(obj: Any) -> bool:
-    """Whether ``obj`` is a TorchRL env (``torchrl.envs.EnvBase``), without importing TorchRL
-    for anything else."""
-    if not _from_torchrl(obj):
-        return False
-    from .torchrl_env import is_torchrl_env as is_env
-
-    return is_env(obj)
-
-
-def check_not_torchrl(obj: Any, where: str) -> None:
-    """A TorchRL object that is neither an env nor an ``EnvCreator`` where an env or a factory
-    belongs (a transform, a spec, a policy module...): say what to pass.
-
-    TorchRL objects are often callable, so without this check one would be taken for a
-    factory and fail deep inside TorchRL."""
-    if not _from_torchrl(obj):
-        return
-    from .torchrl_env import is_env_creator
-    from .torchrl_env import is_torchrl_env as is_env
-
-    if not (is_env(obj) or is_env_creator(obj)):
-        raise TypeError(f"{where} is a TorchRL object ({_describe(obj)}) but not an env. {_TORCHRL_HINT}")
-
-
-def _is_instance(obj: Any) -> bool:
-    """An env already built: a gymnasium env, a ``VectorEnv`` or a TorchRL env."""
-    return isinstance(obj, (gym.Env, VectorEnv)) or is_torchrl_env(obj)
-
-
-def _check_env(env: Any, where: str) -> gym.Env | VectorEnv:
-    if is_async_env(env):
-        return env
-    if isinstance(env, (gym.Env, VectorEnv)):
-        _check_spaces(env, where)
-        return env
-    if is_torchrl_env(env):
-        from .torchrl_env import from_torchrl
-
-        return from_torchrl(env, where)
-    raise TypeError(f"{where} gave {_describe(env)}, not a gymnasium env, a TorchRL env or a "
-                    "coroutine env (aiocollect.AsyncEnv).")
-
-
-def _check_spaces(env: gym.Env | VectorEnv, where: str) -> None:
-    """Raise unless ``env`` has the spaces aiocollect reads (a custom env that never set
-    them would otherwise fail later with a bare ``AttributeError``); the env is closed first.
-    A ``VectorEnv``'s are its ``single_*`` spaces, one env's."""
-    prefix = "single_" if isinstance(env, VectorEnv) else ""
-    for name in (f"{prefix}observation_space", f"{prefix}action_space"):
-        try:
-            space = getattr(env, name)
-        except AttributeError as exc:
-            if exc.name != name:  # another attribute, missing inside a property: that error
-                raise
-            space = None
-        if not isinstance(space, gym.spaces.Space):
-            try:
-                env.close()
-            except Exception:  # noqa: BLE001 - the missing space is the error to report
-                pass
-            what = "has no" if space is None else f"has a {type(space).__name__} as its"
-            sets = (f"VectorEnv sets self.{prefix}observation_space and self.{prefix}action_space" if prefix
-                    else "env sets self.observation_space and self.action_space")
-            raise TypeError(
-                f"{where} gave {_describe(env)}, which {what} {name}; a gymnasium {sets} to "
-                "gymnasium.spaces objects (in __init__, or as class attributes)."
-            )
-
-
-def _env_device(env: Any) -> str | None:
-    # the name, not GymEnv.device: that imports torch, which a worker process never needs
-    return env._device if isinstance(env, GymEnv) else None
-
-
-def _inner(env: gym.Env) -> gym.Env:
-    # GymEnv only carries a device: step the env it wraps and save a call per step.
-    return env.env if type(env) is GymEnv else env
-
-
-def check_create_env_fn(create_env_fn: Any, create_env_kwargs: dict | None) -> None:
-    """Validate ``create_env_fn`` without creating anything."""
-    check_not_torchrl(create_env_fn, "create_env_fn")
-    if isinstance(create_env_fn, (str, gym.Env, VectorEnv)) or callable(create_env_fn):
-        if create_env_kwargs and _is_instance(create_env_fn):
-            raise ValueError(
-                "create_env_kwargs: given with an env instance, which is already built; pass a "
-                "factory (callable) or an env id to use create_env_kwargs."
-            )
-        return
-    if isinstance(create_env_fn, (list, tuple)):
-        if not create_env_fn:
-            raise ValueError("create_env_fn: the list of env factories is empty; give at least one.")
-        for i, item in enumerate(create_env_fn):
-            check_not_torchrl(item, f"create_env_fn[{i}]")
-            if not (callable(item) or isinstance(item, (str, gym.Env))):
-                raise TypeError(
-                    f"create_env_fn[{i}]: expected a callable returning a gymnasium env (or an "
-                    f"env id or instance), got {_describe(item)}."
-                )
-        return
-    raise TypeError(
-        "create_env_fn: expected a callable returning a gymnasium or TorchRL env, a gymnasium env, "
-        f"a VectorEnv, a TorchRL env, an env id string, or a list of callables; got {_describe(create_env_fn)}."
-    )
-
-
-def _build_one(item: Any, kwargs: dict, where: str) -> gym.Env | VectorEnv:
-    if isinstance(item, str):
-        return gym.make(item, **kwargs)
-    if isinstance(item, (gym.Env, VectorEnv)) or is_torchrl_env(item):
-        return _check_env(item, where)
-    return _check_env(item(**kwargs), where)
-
-
-def make_group(create_env_fn: Any, create_env_kwargs: dict | None,
-               where: str = "create_env_fn") -> tuple[_GroupBase, bool]:
-    """Build the in-process group for ``create_env_fn``.
-
-    Returns the group and whether it is *batched* (batches get an env dimension before
-    ``time``): true for a list of factories and for a ``VectorEnv``, false for one env.
-    ``where`` names ``create_env_fn`` in errors (``create_env_fn[2]`` for a worker's entry).
-    """
-    kwargs = dict(create_env_kwargs or {})
-    if isinstance(create_env_fn, (list, tuple)):
-        envs = []
-        try:
-            for i, item in enumerate(create_env_fn):
-                env = _build_one(item, kwargs, f"{where}[{i}]")
-                if isinstance(env, VectorEnv):
-                    env.close()  # a batched TorchRL env may hold processes (ParallelEnv)
-                    raise TypeError(
-                        f"{where}[{i}] gave a VectorEnv (or a batched TorchRL env); in a list, each "
-                        "entry makes one env (pass the VectorEnv, or its factory, on its own)."
-                    )
-                envs.append(env)
-        except BaseException as exc:
-            # a coroutine env holds nothing before its reset
-            failures = [f for i, e in enumerate(envs) if not is_async_env(e) for f in close_each([e], i)]
-            if failures and hasattr(exc, "add_note"):
-                exc.add_note(f"(then, closing the envs built before it: {EnvCloseError(failures, len(envs))})")
-            raise
-        devices = {_env_device(e) for e in envs} - {None}
-        if any(is_async_env(e) for e in envs):
-            return _coroutine_group(envs, where), True
-        return InProcessGroup([_inner(e) for e in envs], next(iter(devices), None)), True
-    env = _build_one(create_env_fn, kwargs, where)
-    if isinstance(env, VectorEnv):
-        return VectorEnvGroup(env), True
-    if is_async_env(env):
-        return _coroutine_group([env], where), False
-    return InProcessGroup([_inner(env)], _env_device(env)), False
-
-
-def _coroutine_group(envs: list, where: str) -> _GroupBase:
-    """Coroutine envs, with the gymnasium envs of the same list adapted to them."""
-    from .coroutine_group import CoroutineGroup, as_coroutine_env
-
-    return CoroutineGroup([as_coroutine_env(e, f"{where}[{i}]") for i, e in enumerate(envs)])
-
-
 EnvGroup = InProcessGroup | VectorEnvGroup
 
-__all__ = ["EnvCloseError", "EnvGroup", "InProcessGroup", "VectorEnvGroup", "check_create_env_fn", "close_each",
-           "make_group"]
+__all__ = ["EnvCloseError", "EnvGroup", "InProcessGroup", "VectorEnvGroup", "close_each"]

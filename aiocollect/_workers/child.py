@@ -129,7 +129,7 @@ class _Worker:
     def __init__(self, setup: dict, shm_fd: int):
         import cloudpickle
 
-        from .._envs.group import make_group
+        from .._envs.build import make_group
         from .protocol import CMD
         from .rows import WorkerRows
         from .shm import SharedArrays

@@ -27,8 +27,8 @@ from typing import Any
 import cloudpickle
 import numpy as np
 
+from .._envs.build import make_group
 from .._envs.coroutine_group import CoroutineGroup, timed
-from .._envs.group import make_group
 from .._errors import WorkerError, env_failure
 from . import protocol
 from .plan import WorkerSpec

@@ -23,7 +23,8 @@ import cloudpickle
 import gymnasium as gym
 from gymnasium.vector import VectorEnv
 
-from .._envs.group import InProcessGroup, check_not_torchrl, is_torchrl_env, make_group
+from .._envs.build import check_not_torchrl, is_torchrl_env, make_group
+from .._envs.group import InProcessGroup
 from .protocol import env_flag, usable_cores
 
 

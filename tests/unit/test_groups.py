@@ -18,7 +18,8 @@ from gymnasium.vector import SyncVectorEnv, VectorEnv
 
 from aiocollect._engine.storage import OutputSpec
 from aiocollect._engine.timelines import IdPool
-from aiocollect._envs.group import InProcessGroup, VectorEnvGroup, make_group
+from aiocollect._envs.build import make_group
+from aiocollect._envs.group import InProcessGroup, VectorEnvGroup
 from support.envs import StepEnv
 
 # --------------------------------------------------------------------------- IdPool, OutputSpec
