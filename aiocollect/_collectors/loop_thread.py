@@ -58,6 +58,9 @@ class LoopThread:
         self._exited = threading.Event()
         """Set when the thread's loop has ended (not ``Thread.join``, which a Ctrl-C can
         leave believing a running thread is gone)."""
+        self.serial = asyncio.Lock()
+        """Taken on this loop by work that must not overlap: a collector's collections, one
+        of which may still be unwinding when the next comes (see ``acall``)."""
         self._thread = threading.Thread(target=self._main, name="aiocollect-loop", daemon=True)
         # Everything from start() on is in the try: a Ctrl-C can land inside start() (it
         # waits on an event, after the thread began), in result(), or in reading ``ident``
@@ -180,12 +183,18 @@ class LoopThread:
         propagates once the coroutine has unwound (for at most ``_UNWIND_TIMEOUT_S``; more
         cancellations meanwhile are absorbed): a coroutine that had already finished has
         left its effects, and none runs on once the caller has moved on.
+
+        Where the caller cannot wait (a ``KeyboardInterrupt`` raised in its own step, or its
+        coroutine closed because its event loop stopped for good: ``GeneratorExit``), the
+        coroutine is cancelled and the exception propagates at once: the coroutine may still
+        be unwinding when the caller's next call comes, which is why a collector's
+        collections take turns on ``serial``.
         """
         here = asyncio.get_running_loop()
         settled = here.create_future()
         job = _Job(fn, args, lambda: _set_soon(here, settled), live=self._live)
-        self._hand_over(job)
         try:
+            self._hand_over(job)
             await asyncio.shield(settled)
         except asyncio.CancelledError:
             job.abandoned = True
@@ -199,6 +208,13 @@ class LoopThread:
                     await asyncio.wait_for(asyncio.shield(settled), deadline - here.time())
                 except (asyncio.CancelledError, asyncio.TimeoutError):
                     pass
+            raise
+        except BaseException:
+            job.abandoned = True
+            try:
+                self._aloop.call_soon_threadsafe(job.cancel)
+            except RuntimeError:  # the loop is closed: nothing runs any more
+                pass
             raise
         if job.future.cancelled():  # the loop ended before the job could run
             raise asyncio.CancelledError

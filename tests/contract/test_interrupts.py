@@ -1,15 +1,18 @@
 """Interruptions and careless use, the same in every variant (issue 17): Ctrl-C in the
-middle of a batch and as a batch arrives, Ctrl-C while the loop thread starts, an
+middle of a batch and as a batch arrives, Ctrl-C out of the caller's own event loop during
+``async for`` (issue 32), Ctrl-C while the loop thread starts, an
 iteration abandoned to the garbage collector, ``shutdown()`` from the loop's body, use
 after shutdown, a policy output that holds no data, a batch too big for the machine, and
 env or policy data that is not what the spaces say."""
 
 from __future__ import annotations
 
+import asyncio
 import concurrent.futures
 import functools
 import gc
 import itertools
+import logging
 import os
 import signal
 import subprocess
@@ -24,9 +27,9 @@ import pytest
 import torch
 from tensordict.nn import TensorDictModule
 
-from aiocollect import CollectorClosedError, EnvError
+from aiocollect import CollectorBusyError, CollectorClosedError, EnvError
 from aiocollect._collectors.loop_thread import LoopThread
-from support.checks import rows
+from support.checks import check_batch, rows
 from support.envs import BadObsEnv, CounterEnv, SlowCounterEnv
 from support.procs import wait_until
 
@@ -143,6 +146,159 @@ async def test_cancelling_the_async_face_mid_batch_breaks_no_trajectory(variant)
                 got.append(await anext(batches))
         assert trajectory_breaks(got) == []
         assert collector.statistics().frames == sum(b.numel() for b in got)
+
+
+def ctrl_c_in_the_loop(loop, collector, how: str = "callback") -> None:
+    """Ctrl-C while ``loop`` runs a cell that is in the middle of a batch (a consumer holds
+    the collection), as in a REPL or terminal IPython, where each cell is a
+    ``loop.run_until_complete``: a ``KeyboardInterrupt`` raised inside the running loop, which
+    propagates out of ``run_until_complete`` and leaves the cell's task pending.
+    ``"callback"``: raised by a callback of the loop; ``"sigint"``: a real SIGINT, raised
+    wherever the main thread is (the loop's select, or an in-process env's step)."""
+    if how == "callback":
+        def ctrl_c():
+            if collector._busy:
+                raise KeyboardInterrupt
+            loop.call_later(0.001, ctrl_c)
+
+        loop.call_later(0.01, ctrl_c)
+        return
+
+    def send():
+        time.sleep(0.01)
+        deadline = time.monotonic() + 10
+        while not collector._busy and time.monotonic() < deadline:
+            time.sleep(0.001)
+        os.kill(os.getpid(), signal.SIGINT)
+
+    threading.Thread(target=send, daemon=True).start()
+
+
+def frames_of(batches) -> int:
+    return sum(int(b["collector", "mask"].sum()) if ("collector", "mask") in b.keys(True) else b.numel()
+               for b in batches)
+
+
+def printed_by_the_abandoned_iteration(unraisable, caplog) -> list[str]:
+    """What Python printed about an abandoned coroutine: ``Exception ignored in`` (the
+    NoEventLoopError of a coroutine closed without a loop) and asyncio's errors ("Task was
+    destroyed but it is pending!", "Task exception was never retrieved")."""
+    gc.collect()
+    return ([f"{u.exc_type.__name__}: {u.exc_value} ({u.object!r})" for u in unraisable]
+            + [r.getMessage() for r in caplog.records if r.name == "asyncio" or r.levelno >= logging.ERROR])
+
+
+@pytest.mark.parametrize("how", ["callback", "sigint"])
+def test_ctrl_c_out_of_the_callers_loop_then_a_new_async_for_resumes_the_batch(variant, monkeypatch, caplog, how):
+    # issue 32 item 4: after `loop.run_until_complete(cell())` was interrupted by a
+    # KeyboardInterrupt raised in the loop, the next cell's `async for` raised
+    # CollectorBusyError ("don't iterate it from two places"), the interrupted cell's task
+    # went on consuming batches whenever the loop ran, and a NoEventLoopError was printed
+    # when its coroutine was collected
+    unraisable = []
+    monkeypatch.setattr(sys, "unraisablehook", unraisable.append)
+    collector = variant(SlowCounterEnv, None, frames_per_batch=80, total_frames=-1)
+    loop = asyncio.new_event_loop()
+    got = []
+
+    async def cell(n):
+        async for batch in collector:
+            got.append(batch)
+            if len(got) >= n:
+                return
+
+    try:
+        for _ in range(2):
+            ctrl_c_in_the_loop(loop, collector, how)
+            with pytest.raises(KeyboardInterrupt):
+                loop.run_until_complete(cell(10**9))  # (pytest-timeout bounds it)
+            seen = len(got)
+            loop.run_until_complete(asyncio.sleep(0.2))  # a cell that does not iterate
+            assert len(got) == seen, "the interrupted cell went on consuming batches"
+            loop.run_until_complete(asyncio.wait_for(cell(seen + 2), 30))
+        stats = collector.statistics()
+    finally:
+        collector.shutdown()
+        loop.close()
+    assert len(got) >= 4
+    for batch in got:
+        check_batch(batch)
+    assert trajectory_breaks(got) == []
+    assert stats.frames == frames_of(got), "a batch was counted but never delivered"
+    assert printed_by_the_abandoned_iteration(unraisable, caplog) == []
+
+
+def test_ctrl_c_out_of_the_callers_loop_then_the_sync_face_or_a_new_loop_resumes(variant, monkeypatch, caplog):
+    # the same interruption, then: `for batch in collector` (the loop stays stopped, its
+    # cell's task pending); the loop closed with the task still referenced, and a new
+    # loop's `async for`; the loop closed and dropped (its task collected by the garbage
+    # collector: nothing printed), and shutdown()
+    unraisable = []
+    monkeypatch.setattr(sys, "unraisablehook", unraisable.append)
+    collector = variant(SlowCounterEnv, None, frames_per_batch=80, total_frames=-1)
+    got = []
+
+    async def cell(n):
+        async for batch in collector:
+            got.append(batch)
+            if len(got) >= n:
+                return
+
+    def interrupted_cell(loop):
+        ctrl_c_in_the_loop(loop, collector)
+        with pytest.raises(KeyboardInterrupt):
+            loop.run_until_complete(cell(10**9))  # (pytest-timeout bounds it)
+        return len(got)
+
+    loop = asyncio.new_event_loop()
+    try:
+        seen = interrupted_cell(loop)
+        batches = iter(collector)  # the sync face, while the loop is stopped
+        got += [next(batches), next(batches)]
+        del batches
+        seen = len(got)
+        loop.run_until_complete(asyncio.sleep(0.2))  # the interrupted cell ends, taking nothing
+        assert len(got) == seen
+
+        interrupted_cell(loop)
+        pending = asyncio.all_tasks(loop)  # still referenced once its loop is closed
+        loop.close()
+        loop = asyncio.new_event_loop()
+        loop.run_until_complete(asyncio.wait_for(cell(len(got) + 2), 30))
+        del pending
+
+        interrupted_cell(loop)
+        loop.close()
+        loop = None
+        gc.collect()
+        stats = collector.statistics()
+    finally:
+        t0 = time.monotonic()
+        collector.shutdown()
+        assert time.monotonic() - t0 < 15
+        if loop is not None:
+            loop.close()
+    for batch in got:
+        check_batch(batch)
+    assert trajectory_breaks(got) == []
+    assert stats.frames == frames_of(got), "a batch was counted but never delivered"
+    assert printed_by_the_abandoned_iteration(unraisable, caplog) == []
+
+
+async def test_two_async_for_at_once_are_still_refused(variant):
+    # what an abandoned iteration is not: a live one, in another task of the same loop run
+    collector = variant(SlowCounterEnv, None, frames_per_batch=80, total_frames=-1)
+    async with collector:
+        first = asyncio.ensure_future(anext(aiter(collector)))
+        deadline = time.monotonic() + 10
+        while not collector._busy and time.monotonic() < deadline:
+            await asyncio.sleep(0.001)
+        with pytest.raises(CollectorBusyError, match="already collecting"):
+            await anext(aiter(collector))
+        with pytest.raises(CollectorBusyError, match="already collecting"):
+            await collector.arollout()
+        assert (await asyncio.wait_for(first, 30)) is not None
+        assert not first.cancelled()
 
 
 def test_an_interrupt_as_a_batch_arrives_loses_no_batch(variant, monkeypatch):
