@@ -27,7 +27,7 @@ shows the best and the median, ratios use the best):
   default) that includes the time the engine spins, yielding its core, while it waits for
   the workers; ``AIOCOLLECT_SPIN=0`` rows show the work and the system calls alone.
 
-Goals (issue 15, on 2 cores): E and P collectors >= 0.7 and >= 0.8 of their limits; M <= 0.5 us.
+Goals (on 2 cores): E and P collectors >= 0.7 and >= 0.8 of their limits; M <= 0.5 us.
 
     python benchmarks/bench_engine.py                # ~2 min on 2 cores
     python benchmarks/bench_engine.py --quick        # smoke run, ~20 s

@@ -23,9 +23,9 @@ the best and the median, ratios use the best):
 * **U. The update call for a CUDA module** (the Nature-CNN, 1.7M parameters) while the
   collector collects in another thread: median, 90th percentile and worst of
   ``update_policy_weights_`` in milliseconds, in ``Collector``, ``MultiSyncCollector`` and
-  ``MultiAsyncCollector``, and in TorchRL's ``MultiSyncCollector``. Goal (issue 16): < 1 ms median.
+  ``MultiAsyncCollector``, and in TorchRL's ``MultiSyncCollector``. Goal: < 1 ms median.
 
-Goals (issues 15 and 16, 16 cores and a GPU): G >= 0.8 of the limit and >= 3x TorchRL.
+Goals (16 cores and a GPU): G >= 0.8 of the limit and >= 3x TorchRL.
 
     python benchmarks/bench_gpu.py                     # on a CUDA machine, ~4 min
     python benchmarks/bench_gpu.py --quick             # smoke run

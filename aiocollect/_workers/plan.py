@@ -211,7 +211,7 @@ def pipeline(processes: int, gpu_policy: bool = False, cores: int | None = None)
     * a policy on the CPU computes on the engine's core, and twice the calls cost it twice
       the CPU: parts when ``2 * processes <= cores``. On 2 cores, 1 worker x 16 CartPole
       envs collects 13-16% faster in parts, while 2 workers x 16 (the engine taking its
-      core from the workers) collect up to 27% slower (``benchmarks/README.md``);
+      core from the workers) collect up to 27% slower (``docs/changelog.md``, 2026-11-23);
     * a policy on a GPU costs the engine little CPU but a wait for the GPU at every call,
       which parts hide: parts when the engine has a core of its own, ``processes + 1 <=
       cores``. On the 2-core VM, 1 worker x 8 pixel envs (1.6 ms a step) with a policy

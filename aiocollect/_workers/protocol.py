@@ -42,7 +42,7 @@ woken by the workers' doorbells), but the workers still spin, for up to
 wants it at each look, and when the command comes, it needs no doorbell and no wakeup.
 Sleeping workers spent about half their CPU time in those two system calls (``py-spy``,
 2 workers x 16 CartPole envs on the 2-core VM); spinning workers collect 10-45% faster
-there (``benchmarks/README.md``).
+there (``docs/changelog.md``, 2026-11-23).
 
 **Parts.** A worker whose envs step in parts (``_workers.plan``: two halves, when the
 engine has a core of its own) has one control line per part, and the scheduler drives each
