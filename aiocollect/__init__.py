@@ -53,7 +53,7 @@ _EXPORTS = {
     "CollectorError": "._errors",
     "CollectorFailedError": "._errors",
     "CollectorOptions": "._collectors.options",
-    "CollectorStatistics": "._collectors.base",
+    "CollectorStatistics": "._collectors.statistics",
     "DataCollectorBase": "._collectors.base",
     "EnvError": "._errors",
     "GymEnv": "._envs.gym",
@@ -71,7 +71,7 @@ _EXPORTS = {
     "SyncDataCollector": "._collectors.collector",
     "ThreadEnv": "._envs.coroutine_group",
     "WorkerError": "._errors",
-    "WorkerStatistics": "._collectors.base",
+    "WorkerStatistics": "._collectors.statistics",
     "aSyncDataCollector": "._collectors.async_collector",
     "split_trajectories": "._engine.trajectories",
 }
@@ -95,9 +95,7 @@ def __dir__() -> list[str]:
 if _typing.TYPE_CHECKING:  # static tools see ordinary imports
     from ._collectors.async_collector import AsyncCollector as AsyncCollector
     from ._collectors.async_collector import aSyncDataCollector as aSyncDataCollector
-    from ._collectors.base import CollectorStatistics as CollectorStatistics
     from ._collectors.base import DataCollectorBase as DataCollectorBase
-    from ._collectors.base import WorkerStatistics as WorkerStatistics
     from ._collectors.collector import Collector as Collector
     from ._collectors.collector import SyncDataCollector as SyncDataCollector
     from ._collectors.interruptor import Interruptor as Interruptor
@@ -106,6 +104,8 @@ if _typing.TYPE_CHECKING:  # static tools see ordinary imports
     from ._collectors.multi_sync import MultiSyncCollector as MultiSyncCollector
     from ._collectors.multi_sync import MultiSyncDataCollector as MultiSyncDataCollector
     from ._collectors.options import CollectorOptions as CollectorOptions
+    from ._collectors.statistics import CollectorStatistics as CollectorStatistics
+    from ._collectors.statistics import WorkerStatistics as WorkerStatistics
     from ._distributed.ray_collector import RayCollector as RayCollector
     from ._distributed.rpc_collector import RPCCollector as RPCCollector
     from ._engine.trajectories import split_trajectories as split_trajectories

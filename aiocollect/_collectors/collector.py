@@ -27,14 +27,14 @@ from .._engine.scheduler import Scheduler
 from .._envs.build import check_create_env_fn, make_group
 from .._envs.coroutine_group import CoroutineGroup
 from .._errors import CollectorError, EnvError
-from .._policies.setup import PolicySetup, check_policy, cuda_graphs_for
+from .._policies.setup import PolicySetup
 from .._workers.coroutine_envs import CoroutineEnvs
 from .._workers.inline_worker import InlineWorker
 from .._workers.shm import Layout, SharedArrays
 from .base import DataCollectorBase
 from .loop_thread import LoopThread
-from .options import as_int, env_seeds, fit_to_envs, next_seed, options_from, validate_batching
-from .torchrl_compat import check_torchrl_keywords, envs_as_given, resolve_policy
+from .options import env_seeds, fit_to_envs, next_seed, options_from, validate_batching
+from .torchrl_compat import check_torchrl_keywords, envs_as_given, policy_from, worker_entries
 
 
 class Collector(DataCollectorBase):
@@ -136,20 +136,9 @@ class Collector(DataCollectorBase):
         (or the ``N`` entries of a list of factories)."""
         if cls is not Collector or num_collectors is None:
             return super().__new__(cls)
-        count = as_int(num_collectors)
-        if count is None or count < 1:
-            raise ValueError(f"num_collectors={num_collectors!r}: give the number of worker processes (an int >= 1), "
-                             "or None for one process.")
-        num_collectors = count
+        entries = worker_entries(create_env_fn, num_collectors, "num_collectors", ", or None for one process")
         if sync is not None and not isinstance(sync, bool):
             raise TypeError(f"sync must be True or False, got {sync!r}")
-        if isinstance(create_env_fn, (list, tuple)):
-            if len(create_env_fn) != num_collectors:
-                raise ValueError(f"num_collectors={num_collectors} but create_env_fn has {len(create_env_fn)} "
-                                 "entries; give one entry per worker, or a single factory.")
-            entries = list(create_env_fn)
-        else:
-            entries = [create_env_fn] * num_collectors
         from .multi_async import MultiAsyncCollector
         from .multi_sync import MultiSyncCollector
 
@@ -178,8 +167,12 @@ class Collector(DataCollectorBase):
         reset_when_done: bool = True,
         interruptor: Any = None,
         set_truncated: bool = False,
+        track_policy_version: bool = False,
         replay_buffer: Any = None,
         progress: bool = False,
+        trajs_per_batch: int | None = None,
+        traj_format: str | None = None,
+        trajs_per_write: int | None = None,
         max_batch_size: int | None = None,
         min_batch_size: int | None = None,
         batch_timeout: float | None = None,
@@ -200,10 +193,8 @@ class Collector(DataCollectorBase):
                              "Collector without num_collectors starts no worker process (its envs step in this "
                              "process). Remove it, or pass num_collectors=N for N worker processes.")
         check_torchrl_keywords(type(self).__name__, torchrl_options)
-        policy = resolve_policy(policy, policy_factory, compile_policy)
-        options = options_from({**locals(), **torchrl_options})
-        check_policy(policy)
-        cuda_graphs = cuda_graphs_for(cudagraph_policy, policy, options.policy_device, compile_policy)
+        options = options_from(locals())
+        policy, cuda_graphs = policy_from(locals(), options.policy_device)
         if create_env_fn is None:
             raise TypeError("create_env_fn is required: a callable returning a gymnasium env, or an env id.")
         check_create_env_fn(create_env_fn, options.create_env_kwargs)

@@ -1,24 +1,81 @@
-"""Validated collector options.
+"""The collector options, declared once, and validated from the declaration.
 
-Every constructor argument is checked here, up front, before an env is built or a
-process started; a bad value raises ``ValueError``/``TypeError`` naming the argument and
-saying what would be accepted. The result is a frozen [`CollectorOptions`][aiocollect.CollectorOptions].
+Every option is one field of [`CollectorOptions`][aiocollect.CollectorOptions] (or of
+``WorkerOptions``, the multi-process collectors' own), declared with its type, its
+normalised default, its docstring (the documentation users read) and its ``option(...)``
+metadata: the check of its value (``_collectors.checks``), the constructors' keyword
+default where that differs from the normalised one (TorchRL's ``split_trajs=None``), and
+what the distributed collectors do with it. From that declaration:
+
+* ``validate_options`` and ``validate_worker_options`` (``options_from`` in the
+  constructors) run each field's check, in declaration order, then the few rules that join
+  several options; every constructor calls them before an env is built or a process
+  started. A bad value raises ``ValueError``/``TypeError`` naming the argument and saying
+  what would be accepted.
+* ``FORWARDED`` (``_distributed.base``), the options RayCollector and RPCCollector pass to
+  every remote collector, are the fields marked ``FORWARD``.
+* The constructors keep explicit keyword signatures (for users, IDEs and TorchRL's
+  signature tests); ``tests/unit/test_options.py`` checks every one against the
+  declaration: each option a constructor takes is a keyword-only argument with the
+  declared default, and every other keyword is one of its own documented arguments.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import inspect
-import math
-import numbers
-import threading
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from types import MappingProxyType
+from typing import Any, Literal
 
 import torch
 from tensordict.nn import InteractionType
+
+from . import checks
+from .checks import LONGEST_WAIT as LONGEST_WAIT
+from .checks import as_int as as_int
+from .checks import finite
+from .checks import parse_device as parse_device
+from .checks import parse_exploration_type as parse_exploration_type
+from .checks import validate_start_timeout as validate_start_timeout
+from .checks import validate_timeout as validate_timeout
+
+# --------------------------------------------------------------------------- how an option is declared
+
+FORWARD: Literal["forward"] = "forward"
+"""RayCollector and RPCCollector take the option and pass it to every remote collector."""
+HERE: Literal["here"] = "here"
+"""RayCollector and RPCCollector take the option and apply it themselves, to the batches they gather."""
+
+_SAME: Any = object()
+
+
+@dataclass(frozen=True)
+class Option:
+    """How one option is given and checked: its field's ``metadata["option"]`` (see ``option``)."""
+
+    check: Callable[[str, Any], Any]
+    """``check(name, value)``: the value normalised, or an error naming the argument and the fix."""
+    keyword: Any
+    """The constructors' default for the keyword, as ``options_of`` gives it (``inspect.Parameter.empty``:
+    required)."""
+    distributed: Literal["forward", "here"] | None
+    """``FORWARD``, ``HERE``, or ``None``: the distributed collectors do not take it (pass it to the
+    remote collectors in ``collector_kwargs``)."""
+
+
+def option(check: Callable[[str, Any], Any], distributed: Literal["forward", "here"] | None = None, *,
+           keyword: Any = _SAME) -> Mapping[str, Option]:
+    """A field's metadata: ``check`` its value; the ``distributed`` collectors ``FORWARD`` it to
+    their remote collectors, apply it ``HERE``, or do not take it (``None``); ``keyword``: the
+    constructors' default, where it is not the field's (normalised) one."""
+    return {"option": Option(check, keyword, distributed)}
+
+
+# --------------------------------------------------------------------------- the declaration
 
 
 @dataclass(frozen=True)
@@ -39,313 +96,186 @@ class CollectorOptions:
         50
     """
 
-    frames_per_batch: int
+    frames_per_batch: int = field(metadata=option(checks.frames_per_batch, HERE))
     """Frames (env steps, summed over envs) in each batch; a value that does not split evenly
     over the envs is rounded up to one that does, with a warning, as in TorchRL."""
-    total_frames: int = -1
+    total_frames: int = field(default=-1, metadata=option(checks.total_frames, HERE))
     """Frames over the collector's life, a multiple of ``frames_per_batch`` (another value is
     rounded up to one, with a warning, as in TorchRL); ``-1``: endless."""
-    device: torch.device | None = None
+    device: torch.device | None = field(default=None, metadata=option(checks.device, FORWARD))
     """Fills any of the three devices below that is not given."""
-    storing_device: torch.device | None = None
+    storing_device: torch.device | None = field(default=None, metadata=option(checks.device, FORWARD))
     """Where batches are stored."""
-    env_device: torch.device | None = None
+    env_device: torch.device | None = field(default=None, metadata=option(checks.device, FORWARD))
     """Where the env's tensors live (gymnasium envs compute on the CPU)."""
-    policy_device: torch.device | None = None
+    policy_device: torch.device | None = field(default=None, metadata=option(checks.device, FORWARD))
     """Where the policy runs; observations are moved there and actions back."""
-    create_env_kwargs: dict = field(default_factory=dict)
+    create_env_kwargs: dict = field(default_factory=dict, metadata=option(checks.create_env_kwargs, keyword=None))
     """Keyword arguments for ``create_env_fn`` (factories and env ids only)."""
-    max_frames_per_traj: int | None = None
+    max_frames_per_traj: int | None = field(default=None, metadata=option(checks.max_frames_per_traj, FORWARD))
     """Truncate (and reset) a trajectory after this many steps; ``None`` (or ``-1``): never."""
-    init_random_frames: int = 0
+    init_random_frames: int = field(default=0, metadata=option(checks.init_random_frames, FORWARD, keyword=None))
     """Frames collected with a random policy first (rounded up to whole batches); ``None``
     or ``-1`` (TorchRL's spelling): none."""
-    reset_at_each_iter: bool = False
+    reset_at_each_iter: bool = field(default=False, metadata=option(checks.flag, FORWARD))
     """Reset every env at the start of each batch."""
-    postproc: Callable | None = None
+    postproc: Callable | None = field(default=None, metadata=option(checks.postproc, HERE))
     """Applied to each batch (after ``split_trajs``)."""
-    split_trajs: bool = False
+    split_trajs: bool = field(default=False, metadata=option(checks.flag_or_none, HERE, keyword=None))
     """Deliver batches split into zero-padded trajectories (see
     [`split_trajectories`][aiocollect.split_trajectories])."""
-    exploration_type: InteractionType = InteractionType.RANDOM
+    exploration_type: InteractionType = field(default=InteractionType.RANDOM,
+                                              metadata=option(checks.exploration_type, FORWARD))
     """Interaction type set (tensordict's ``set_interaction_type``) around policy calls; an
     ``InteractionType`` or its name (``"random"``, ``"mode"``, ``"mean"``...)."""
-    return_same_td: bool = False
+    return_same_td: bool = field(default=False, metadata=option(checks.flag))
     """Reuse one TensorDict for every batch (its values are overwritten)."""
-    reset_when_done: bool = True
+    reset_when_done: bool = field(default=True, metadata=option(checks.flag))
     """Reset an env as soon as it is done; if false, finished envs keep stepping and the
     root done flags carry over (not for coroutine envs, which are always reset)."""
-    interruptor: Any = None
+    interruptor: Any = field(default=None, metadata=option(checks.interruptor))
     """An object whose ``collection_stopped()`` cuts the current batch short (see
     [`Interruptor`][aiocollect.Interruptor])."""
-    set_truncated: bool = False
+    set_truncated: bool = field(default=False, metadata=option(checks.flag))
     """Mark the last step of each batch as truncated (and done), as TorchRL does; the episodes
     go on in the next batch, with the same trajectory ids."""
-    track_policy_version: bool = False
+    track_policy_version: bool = field(default=False, metadata=option(checks.flag, HERE))
     """TorchRL's keyword: batches also carry ``"policy_version"`` and ``("next",
     "policy_version")`` (every frame has ``("collector", "policy_version")`` anyway)."""
-    replay_buffer: Any = None
+    replay_buffer: Any = field(default=None, metadata=option(checks.replay_buffer, HERE))
     """Anything with ``extend``: batches go there (to a TorchRL buffer of one-dimensional
     storage as frames, one per item, as TorchRL's collectors give it); iteration then yields ``None``."""
-    progress: bool = False
+    progress: bool = field(default=False, metadata=option(checks.flag, HERE))
     """Show a tqdm progress bar (frames, frames/s, mean episode return; a widget in Jupyter)."""
-    trajs_per_batch: int | None = None
+    trajs_per_batch: int | None = field(default=None, metadata=option(checks.trajs_per_batch, HERE))
     """Deliver batches of exactly this many **complete** trajectories instead of
     ``frames_per_batch`` frames (TorchRL 0.14's keyword): frames are still collected
     ``frames_per_batch`` at a time, and each trajectory is delivered once it ended (a done
     step), whole, however many collections it spanned. With a ``replay_buffer``, each
     complete trajectory is written to it flat as soon as it ended (as TorchRL does, for
     ``SliceSampler(end_key=("next", "done"))``). ``None``: frame batches."""
-    traj_format: str = "padded"
+    traj_format: str = field(default="padded", metadata=option(checks.traj_format, HERE, keyword=None))
     """The layout of ``trajs_per_batch``'s batches: ``"padded"``, ``[trajs, longest]``
     zero-padded with a ``("collector", "mask")`` of the real frames; or ``"cat"``,
     ``[frames]``, the trajectories one after the other."""
-    trajs_per_write: int | None = None
+    trajs_per_write: int | None = field(default=None, metadata=option(checks.trajs_per_write, HERE))
     """With ``trajs_per_batch`` and a ``replay_buffer``: complete trajectories per
     ``extend`` call (``None``: all those that ended in a collection, in one call)."""
 
 
-def as_int(value: Any) -> int | None:
-    """``value`` as a Python ``int`` if it is an integer (numpy's and torch's count), else ``None``.
-
-    Every integer argument goes through here, so that ``np.int64(3)`` is taken wherever ``3``
-    is. ``True``/``False`` are not integers here: ``max_policy_lag=True`` is a mistake, not 1.
-
-    Examples:
-        >>> as_int(np.int64(3)), as_int(3.0), as_int(True)
-        (3, None, None)
-    """
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        return None
-    return int(value)
+START_TIMEOUT_S = 300.0
+"""``start_timeout``'s default: how long worker processes may take to start."""
 
 
-def _int(name: str, value: Any, *, allow: str) -> int:
-    number = as_int(value)
-    if number is None:
-        raise TypeError(f"{name} must be an integer ({allow}), got {value!r}")
-    return number
+@dataclass(frozen=True)
+class WorkerOptions:
+    """The options of the multi-process collectors, on top of [`CollectorOptions`][aiocollect.CollectorOptions]."""
+
+    cat_results: str | int = field(default="stack", metadata=option(checks.cat_results, keyword=None))
+    """MultiSync: ``"stack"`` the workers' batches along a new first dim, or an int:
+    concatenate them along that dim (TorchRL's meaning). Checked but unused by MultiAsync."""
+    preemptive_threshold: float | None = field(default=None, metadata=option(checks.preemptive_threshold))
+    """MultiSync: cut the batch once this fraction of workers has its share; the frames
+    the others did not collect are masked out with ``("collector", "mask")``."""
+    update_at_each_batch: bool = field(default=False, metadata=option(checks.flag))
+    """MultiSync: call ``update_policy_weights_()`` before each batch. Accepted but unused
+    by MultiAsync."""
+    max_policy_lag: int | None = field(default=None, metadata=option(checks.max_policy_lag))
+    """MultiAsync: no delivered frame was produced by a policy more than this many versions
+    older than the newest published when the batch is delivered (``None``: no bound)."""
+    start_timeout: float | None = field(default=START_TIMEOUT_S, metadata=option(checks.start_timeout))
+    """Seconds the worker processes may take, together, to start (a fresh interpreter each,
+    importing what the env factories need and building their envs) before the constructor
+    raises [`StartTimeoutError`][aiocollect.StartTimeoutError] naming those not up (killed)
+    and those that were (stopped); ``None``: wait forever. Raise it on a loaded machine, or
+    for envs that take minutes to build."""
+    num_threads: int | None = field(default=None, compare=False, metadata=option(checks.threads))
+    """TorchRL's keyword, checked (a positive number, or ``None``) but without effect: workers
+    do not run torch. (Left out of comparisons, as it changes nothing.)"""
+    num_sub_threads: int | None = field(default=1, compare=False, metadata=option(checks.threads))
+    """As ``num_threads``."""
 
 
-def _finite(value: Any) -> float | None:
-    """``value`` as a float if it is a real, finite number (not a bool), else ``None``.
-
-    For the float options: seconds, and ``preemptive_threshold``'s fraction.
-
-    ``nan`` must not slip through a ``not value > 0``-style check (every comparison with
-    ``nan`` is false), and ``inf`` is no number of seconds: Python's waits refuse it
-    (``OverflowError``) or wait forever, which is what ``None`` already says.
-    """
-    if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        return None
-    number = float(value)
-    return number if math.isfinite(number) else None
+# --------------------------------------------------------------------------- validation
 
 
-LONGEST_WAIT = threading.TIMEOUT_MAX / 4
-"""The longest ``timeout`` taken, in seconds (about 73 years): the collectors add margins to
-it, and Python's waits refuse anything over ``threading.TIMEOUT_MAX``."""
+@functools.cache
+def options_of(kind: type) -> Mapping[str, Option]:
+    """The options of ``kind`` (``CollectorOptions`` or ``WorkerOptions``) by name, in
+    declaration order, each ``keyword`` resolved to the constructors' default."""
+    declared = {}
+    for f in dataclasses.fields(kind):
+        spec = f.metadata["option"]
+        if spec.keyword is _SAME:
+            default = inspect.Parameter.empty if f.default is dataclasses.MISSING else f.default
+            spec = dataclasses.replace(spec, keyword=default)
+        declared[f.name] = spec
+    return MappingProxyType(declared)
 
 
-def validate_timeout(timeout: Any) -> float | None:
-    """``shutdown``'s and ``async_shutdown``'s ``timeout``: ``None`` or seconds, as a float.
-
-    Checked before anything is stored or stopped, so a bad value leaves the collector as it
-    was (and shut-downable).
-
-    Raises:
-        TypeError: ``timeout`` is not a number (or is a bool).
-        ValueError: ``timeout`` is negative, ``nan``, infinite or absurdly large.
-    """
-    if timeout is None:
-        return None
-    if isinstance(timeout, bool) or not isinstance(timeout, numbers.Real):
-        raise TypeError(f"timeout must be a number of seconds (an int or float >= 0), or None; got {timeout!r}")
-    seconds = _finite(timeout)
-    if seconds is None or not 0 <= seconds <= LONGEST_WAIT:
-        raise ValueError(
-            f"timeout={timeout!r}: give the seconds to wait, a finite number in 0..{LONGEST_WAIT:.0f}, "
-            "or None for the default."
-        )
-    return seconds
+def _checked(kind: type, given: Mapping[str, Any]) -> dict[str, Any]:
+    """Every option of ``kind`` through its check, in declaration order: its value in ``given``,
+    else the constructors' default."""
+    declared = options_of(kind)
+    unknown = [name for name in given if name not in declared]
+    if unknown:
+        raise TypeError(f"{', '.join(unknown)}: not an option of {kind.__name__}")
+    values = {}
+    for name, spec in declared.items():
+        value = given.get(name, spec.keyword)
+        if value is inspect.Parameter.empty:
+            raise TypeError(f"{name} is required (see {kind.__name__}.{name})")
+        values[name] = spec.check(name, value)
+    return values
 
 
-def parse_device(name: str, value: Any) -> torch.device | None:
-    """``value`` as a ``torch.device`` usable here; a clear error otherwise."""
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, (str, int, torch.device)):
-        raise TypeError(f"{name} must be a device such as 'cpu' or 'cuda:0', got {value!r}")
-    try:
-        device = torch.device(value)
-    except (RuntimeError, ValueError) as exc:
-        raise ValueError(
-            f"{name}={value!r} is not a device; use 'cpu', 'cuda', 'cuda:<index>' or a torch.device."
-        ) from exc
-    backend = getattr(torch, device.type, None) if device.type != "cpu" else None
-    if device.type == "mps":
-        available = torch.backends.mps.is_available()
-    else:
-        available = device.type == "cpu" or bool(backend and backend.is_available())
-    if not available:
-        raise ValueError(f"{name}={value!r}: no {device.type} device is available here; use 'cpu'.")
-    if device.type == "cuda" and device.index is not None and device.index >= torch.cuda.device_count():
-        raise ValueError(
-            f"{name}={value!r}: this machine has {torch.cuda.device_count()} CUDA device(s)."
-        )
-    if device.type == "cuda" and device.index is None:
-        # the GPU meant now, in the caller's thread: the collector's threads may have another
-        # current device, and batches say ``cuda:N`` (as TensorDict(device="cuda") does)
-        device = torch.device("cuda", torch.cuda.current_device())
-    return device
+def validate_options(**given: Any) -> CollectorOptions:
+    """Check every option given (by its field's name; the others take the constructors'
+    defaults); returns them normalised. See the module docstring."""
+    return _collector_options(given, stacklevel=3)
 
 
-def parse_exploration_type(value: Any) -> InteractionType:
-    if isinstance(value, InteractionType):
-        return value
-    if isinstance(value, str):
-        try:
-            return InteractionType(value.lower())
-        except ValueError:
-            pass
-    choices = ", ".join(repr(t.value) for t in InteractionType)
-    raise ValueError(f"exploration_type must be an InteractionType or one of {choices}; got {value!r}")
+def validate_worker_options(**given: Any) -> WorkerOptions:
+    """Check the multi-process options given; see ``WorkerOptions``."""
+    return WorkerOptions(**_checked(WorkerOptions, given))
 
 
-def validate_options(
-    *,
-    frames_per_batch: Any,
-    total_frames: Any = -1,
-    device: Any = None,
-    storing_device: Any = None,
-    env_device: Any = None,
-    policy_device: Any = None,
-    create_env_kwargs: Any = None,
-    max_frames_per_traj: Any = None,
-    init_random_frames: Any = None,
-    reset_at_each_iter: Any = False,
-    postproc: Any = None,
-    split_trajs: Any = None,
-    exploration_type: Any = InteractionType.RANDOM,
-    return_same_td: Any = False,
-    reset_when_done: Any = True,
-    interruptor: Any = None,
-    set_truncated: Any = False,
-    track_policy_version: Any = False,
-    replay_buffer: Any = None,
-    progress: Any = False,
-    trajs_per_batch: Any = None,
-    traj_format: Any = None,
-    trajs_per_write: Any = None,
-) -> CollectorOptions:
-    """Check every option; returns them normalised."""
-    fpb = _int("frames_per_batch", frames_per_batch, allow="a positive number of frames")
-    if fpb <= 0:
-        raise ValueError(f"frames_per_batch must be positive, got {fpb}")
-    total = _int("total_frames", total_frames, allow="positive, or -1 for an endless collector")
-    if total == 0 or total < -1:
-        raise ValueError(f"total_frames must be positive, or -1 for an endless collector; got {total}")
+def options_from(arguments: Mapping[str, Any], kind: type = CollectorOptions, *, stacklevel: int = 4) -> Any:
+    """The options of ``kind`` among a constructor's ``locals()``, checked. ``stacklevel``: that
+    of a warning (4: the caller of the constructor that calls this)."""
+    given = {name: arguments[name] for name in options_of(kind) if name in arguments}
+    if kind is CollectorOptions:
+        return _collector_options(given, stacklevel)
+    return kind(**_checked(kind, given))
+
+
+def _collector_options(given: Mapping[str, Any], stacklevel: int) -> CollectorOptions:
+    """Each option's own check, then the rules that join several."""
+    values = _checked(CollectorOptions, given)
+    fpb, tpb = values["frames_per_batch"], values["trajs_per_batch"]
+    if tpb is not None and values["split_trajs"]:
+        raise ValueError("split_trajs=True and trajs_per_batch: trajs_per_batch batches already hold "
+                         "whole trajectories (padded, with a mask); drop split_trajs.")
+    if given.get("traj_format") is not None and tpb is None:
+        raise ValueError(f"traj_format={given['traj_format']!r} shapes trajs_per_batch's batches: set "
+                         "trajs_per_batch too (how many complete trajectories per batch).")
+    if values["trajs_per_write"] is not None and (tpb is None or values["replay_buffer"] is None):
+        raise checks.trajs_per_write_error(given["trajs_per_write"])
+    for name in ("storing_device", "env_device", "policy_device"):
+        values[name] = values[name] or values["device"]
+    values["init_random_frames"] = -(-values["init_random_frames"] // fpb) * fpb  # whole batches
+    total = values["total_frames"]
     if total > 0 and total % fpb:  # TorchRL's rule: rounded up to whole batches, with a warning
-        upper = -(-total // fpb) * fpb
+        values["total_frames"] = upper = -(-total // fpb) * fpb
         warnings.warn(
             f"total_frames={total} is not a multiple of frames_per_batch={fpb}: it is rounded up to "
             f"{upper} (whole batches), as TorchRL does; give total_frames={upper} to silence this.",
-            UserWarning, stacklevel=4,
+            UserWarning, stacklevel=stacklevel,
         )
-        total = upper
-    dev = parse_device("device", device)
-    devices = {
-        name: parse_device(name, value) or dev
-        for name, value in (("storing_device", storing_device), ("env_device", env_device),
-                            ("policy_device", policy_device))
-    }
-    if create_env_kwargs is not None and not isinstance(create_env_kwargs, dict):
-        raise TypeError(f"create_env_kwargs must be a dict, got {type(create_env_kwargs).__name__}")
-    mfpt = None
-    if max_frames_per_traj is not None:
-        mfpt = _int("max_frames_per_traj", max_frames_per_traj, allow="a number of steps, or None")
-        if mfpt == 0 or mfpt < -1:
-            raise ValueError(
-                f"max_frames_per_traj={mfpt}: give the most steps a trajectory may take (a positive "
-                "int), or None (or -1, TorchRL's spelling) for no limit."
-            )
-        mfpt = mfpt if mfpt > 0 else None
-    irf = 0
-    if init_random_frames is not None:
-        irf = _int("init_random_frames", init_random_frames, allow="a number of frames, or None")
-        if irf < -1:
-            raise ValueError(
-                f"init_random_frames={irf}: give how many frames to collect with a random policy "
-                "first (an int >= 0), or None (or -1, TorchRL's spelling) for none."
-            )
-        irf = max(irf, 0)
-        irf = -(-irf // fpb) * fpb  # whole batches
-    for name, value in (
-        ("reset_at_each_iter", reset_at_each_iter),
-        ("return_same_td", return_same_td),
-        ("reset_when_done", reset_when_done),
-        ("set_truncated", set_truncated),
-        ("track_policy_version", track_policy_version),
-        ("progress", progress),
-    ):
-        if not isinstance(value, bool):
-            raise TypeError(f"{name} must be True or False, got {value!r}")
-    if split_trajs is not None and not isinstance(split_trajs, bool):
-        raise TypeError(f"split_trajs must be True or False, got {split_trajs!r}")
-    if postproc is not None and not callable(postproc):
-        raise TypeError(f"postproc must be a callable taking and returning a TensorDict, got {postproc!r}")
-    if interruptor is not None and not callable(getattr(interruptor, "collection_stopped", None)):
-        raise TypeError("interruptor must have a collection_stopped() method (see aiocollect.Interruptor)")
-    if replay_buffer is not None and not callable(getattr(replay_buffer, "extend", None)):
-        raise TypeError(
-            f"replay_buffer must have an extend(batch) method (a TorchRL ReplayBuffer, say); "
-            f"got {type(replay_buffer).__name__}"
-        )
-    tpb = tpw = None
-    if trajs_per_batch is not None:
-        tpb = _int("trajs_per_batch", trajs_per_batch, allow="a number of trajectories, or None")
-        if tpb <= 0:
-            raise ValueError(f"trajs_per_batch={tpb}: give how many complete trajectories each batch holds "
-                             "(an int > 0), or None for batches of frames_per_batch frames.")
-        if split_trajs:
-            raise ValueError("split_trajs=True and trajs_per_batch: trajs_per_batch batches already hold "
-                             "whole trajectories (padded, with a mask); drop split_trajs.")
-    if traj_format is not None:
-        if traj_format not in ("padded", "cat"):
-            raise ValueError(f"traj_format={traj_format!r}: use 'padded' ([trajs, longest] with a mask) "
-                             "or 'cat' (the trajectories one after the other).")
-        if tpb is None:
-            raise ValueError(f"traj_format={traj_format!r} shapes trajs_per_batch's batches: set "
-                             "trajs_per_batch too (how many complete trajectories per batch).")
-    if trajs_per_write is not None:
-        tpw = _int("trajs_per_write", trajs_per_write, allow="a number of trajectories, or None")
-        if tpw <= 0 or tpb is None or replay_buffer is None:
-            raise ValueError(f"trajs_per_write={trajs_per_write!r}: it is the number of complete trajectories "
-                             "per replay_buffer.extend call (an int > 0), with trajs_per_batch and a "
-                             "replay_buffer set.")
-    return CollectorOptions(
-        frames_per_batch=fpb,
-        total_frames=total,
-        device=dev,
-        create_env_kwargs=dict(create_env_kwargs or {}),
-        max_frames_per_traj=mfpt,
-        init_random_frames=irf,
-        reset_at_each_iter=reset_at_each_iter,
-        postproc=postproc,
-        split_trajs=bool(split_trajs),
-        exploration_type=parse_exploration_type(exploration_type),
-        return_same_td=return_same_td,
-        reset_when_done=reset_when_done,
-        interruptor=interruptor,
-        set_truncated=set_truncated,
-        track_policy_version=track_policy_version,
-        replay_buffer=replay_buffer,
-        progress=progress,
-        trajs_per_batch=tpb,
-        traj_format=traj_format or "padded",
-        trajs_per_write=tpw,
-        **devices,
-    )
+    return CollectorOptions(**values)
+
+
+# --------------------------------------------------------------------------- frames, seeds, workers
 
 
 def fit_to_envs(options: CollectorOptions, multiple: int, what: str, stacklevel: int) -> CollectorOptions:
@@ -424,90 +354,7 @@ def worker_indices(worker_ids: Any, count: int, what: str) -> list[int]:
     return ids
 
 
-def options_from(arguments: dict[str, Any]) -> CollectorOptions:
-    """``validate_options`` on the options among a constructor's ``locals()``."""
-    names = inspect.signature(validate_options).parameters
-    return validate_options(**{name: arguments[name] for name in names if name in arguments})
-
-
-@dataclass(frozen=True)
-class WorkerOptions:
-    """The options of the multi-process collectors, on top of [`CollectorOptions`][aiocollect.CollectorOptions]."""
-
-    cat_results: str | int = "stack"
-    """MultiSync: ``"stack"`` the workers' batches along a new first dim, or an int:
-    concatenate them along that dim (TorchRL's meaning). Checked but unused by MultiAsync."""
-    preemptive_threshold: float | None = None
-    """MultiSync: cut the batch once this fraction of workers has its share; the frames
-    the others did not collect are masked out with ``("collector", "mask")``."""
-    update_at_each_batch: bool = False
-    """MultiSync: call ``update_policy_weights_()`` before each batch. Accepted but unused
-    by MultiAsync."""
-    max_policy_lag: int | None = None
-    """MultiAsync: no delivered frame was produced by a policy more than this many versions
-    older than the newest published when the batch is delivered (``None``: no bound)."""
-    start_timeout: float | None = 300.0
-    """Seconds the worker processes may take, together, to start (a fresh interpreter each,
-    importing what the env factories need and building their envs) before the constructor
-    raises [`StartTimeoutError`][aiocollect.StartTimeoutError] naming those not up (killed)
-    and those that were (stopped); ``None``: wait forever. Raise it on a loaded machine, or
-    for envs that take minutes to build."""
-
-
-START_TIMEOUT_S = 300.0
-"""``start_timeout``'s default: how long worker processes may take to start."""
-
-
-def validate_worker_options(*, cat_results: Any, preemptive_threshold: Any, update_at_each_batch: Any,
-                            num_threads: Any, num_sub_threads: Any, max_policy_lag: Any = None,
-                            start_timeout: Any = START_TIMEOUT_S) -> WorkerOptions:
-    """Check the multi-process options; see ``WorkerOptions``."""
-    if cat_results is None:
-        cat_results = "stack"
-    dim = as_int(cat_results)
-    if dim is not None:
-        cat_results = dim
-    elif not (isinstance(cat_results, str) and cat_results == "stack"):
-        raise ValueError(
-            f"cat_results={cat_results!r}: use 'stack' (a new leading worker dim) or an integer "
-            "dim to concatenate the workers' batches along (0, or -1 for time)."
-        )
-    if preemptive_threshold is not None:
-        fraction = _finite(preemptive_threshold)
-        if fraction is None or not 0.0 < fraction <= 1.0:
-            raise ValueError(
-                f"preemptive_threshold={preemptive_threshold!r}: give the fraction of workers (in "
-                "(0, 1]) that must have their share before the batch is cut, or None."
-            )
-        preemptive_threshold = fraction
-    if not isinstance(update_at_each_batch, bool):
-        raise TypeError(f"update_at_each_batch must be True or False, got {update_at_each_batch!r}")
-    for name, value in (("num_threads", num_threads), ("num_sub_threads", num_sub_threads)):
-        if value is not None and (as_int(value) is None or value < 1):
-            raise ValueError(f"{name}={value!r}: give a positive number of threads, or None.")
-    if max_policy_lag is not None:
-        lag = as_int(max_policy_lag)
-        if lag is None or lag < 0:
-            raise ValueError(
-                f"max_policy_lag={max_policy_lag!r}: give how many policy versions a delivered frame may "
-                "lag behind the newest (an int >= 0), or None for no bound."
-            )
-        max_policy_lag = lag
-    start_timeout = validate_start_timeout(start_timeout)
-    return WorkerOptions(cat_results, preemptive_threshold, bool(update_at_each_batch), max_policy_lag,
-                         start_timeout)
-
-
-def validate_start_timeout(value: Any) -> float | None:
-    """``start_timeout`` (the worker collectors', ``RayCollector``'s): ``None`` or a positive,
-    finite number of seconds, at most ``LONGEST_WAIT``."""
-    if value is None:
-        return None
-    seconds = _finite(value)
-    if seconds is None or not 0 < seconds <= LONGEST_WAIT:
-        raise ValueError(f"start_timeout={value!r}: give the seconds the workers may take to start, a positive, "
-                         "finite number, or None to wait as long as they take.")
-    return seconds
+# --------------------------------------------------------------------------- coroutine envs
 
 
 def validate_batching(*, max_batch_size: Any, min_batch_size: Any, batch_timeout: Any, step_timeout: Any,
@@ -563,12 +410,7 @@ def validate_batching(*, max_batch_size: Any, min_batch_size: Any, batch_timeout
 
 def _batch_size(name: str, value: Any) -> int | None:
     """``max_batch_size``/``min_batch_size``: ``None`` or a number of envs >= 1, as an int."""
-    if value is None:
-        return None
-    envs = as_int(value)
-    if envs is None or envs < 1:
-        raise ValueError(f"{name}={value!r}: give a number of envs >= 1, or None.")
-    return envs
+    return checks.count_or_none(name, value, "a number of envs >= 1")
 
 
 def _timeout_knob(name: str, value: Any) -> float | None:
@@ -579,7 +421,7 @@ def _timeout_knob(name: str, value: Any) -> float | None:
     """
     if value is None:
         return None
-    seconds = _finite(value)
+    seconds = finite(value)
     if seconds is None or seconds <= 0:
         raise ValueError(f"{name}={value!r}: give a positive, finite number of seconds, or None.")
     return seconds

@@ -24,15 +24,24 @@ of three ways:
   ``update_policy_weights_()`` is that carrier.
 
 A keyword TorchRL does not have is the usual ``TypeError``, with the nearest valid name.
+
+Its collectors' methods besides iteration (``policy_version``, ``getattr_policy``, ``env``,
+``n_env``...) live here too, in ``TorchRLAccessors``, each answered the way aiocollect's
+design allows; the TorchRL methods that have nothing to do here (``init_updater``) or cannot
+work (``register_scheme_receiver`` with a scheme) say so.
 """
 
 from __future__ import annotations
 
 import difflib
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
+
+from .._policies.random import SpecRandomPolicy
+from .._policies.setup import check_policy, cuda_graphs_for
+from .options import CollectorOptions, as_int, options_of
 
 
 @dataclass(frozen=True)
@@ -113,11 +122,10 @@ def check_torchrl_keywords(owner: str, given: dict[str, Any], extra: dict[str, _
     ``extra``: the keywords of ``owner`` on top of the shared ones (``DISTRIBUTED_KEYWORDS``)."""
     keywords = {**_KEYWORDS, **(extra or {})}
     for name, value in given.items():
-        if name in OPTION_KEYWORDS:
-            continue  # checked with the other options (validate_options)
         keyword = keywords.get(name)
         if keyword is None:
-            close = difflib.get_close_matches(name, [*keywords, *_KNOWN_ELSEWHERE, *OPTION_KEYWORDS], n=1)
+            known = [k for k in (*keywords, *_KNOWN_ELSEWHERE, *options_of(CollectorOptions)) if k != name]
+            close = difflib.get_close_matches(name, known, n=1)
             hint = f"; did you mean {close[0]!r}?" if close else ""
             raise TypeError(f"{owner}() got an unexpected keyword argument {name!r}{hint}")
         if not any(v(value) if callable(v) else value is v or (isinstance(v, str) and value == v)
@@ -126,14 +134,35 @@ def check_torchrl_keywords(owner: str, given: dict[str, Any], extra: dict[str, _
             raise ValueError(f"{name}={value!r}: {keyword.meaning} (TorchRL's keyword is taken at {off}).")
 
 
-OPTION_KEYWORDS = ("trajs_per_batch", "traj_format", "trajs_per_write", "track_policy_version")
-"""TorchRL keywords that are collector options here: taken through ``**torchrl_options``
-and validated by ``validate_options`` with the others."""
+_KNOWN_ELSEWHERE = ("create_env_fn", "policy", "num_collectors", "compile_policy", "cudagraph_policy",
+                    "policy_factory", "num_workers", "sync")
+"""Constructor arguments that are not options, offered (with the options) as the nearest name."""
 
-_KNOWN_ELSEWHERE = ("frames_per_batch", "total_frames", "create_env_fn", "policy", "device", "storing_device",
-                    "policy_device", "env_device", "max_frames_per_traj", "init_random_frames", "split_trajs",
-                    "reset_at_each_iter", "postproc", "exploration_type", "replay_buffer", "num_collectors",
-                    "compile_policy", "cudagraph_policy", "policy_factory", "num_workers", "sync")
+
+def policy_from(arguments: Mapping[str, Any], policy_device: Any) -> tuple[Any, int | None]:
+    """The policy a collector runs in this process, from its constructor's ``locals()``:
+    ``policy`` or ``policy_factory()``, compiled as ``compile_policy`` asks, checked; and
+    ``cudagraph_policy`` checked against it (``cuda_graphs_for``)."""
+    compile_policy = arguments["compile_policy"]
+    policy = resolve_policy(arguments["policy"], arguments["policy_factory"], compile_policy)
+    check_policy(policy)
+    # (a warning points at the constructor's caller)
+    return policy, cuda_graphs_for(arguments["cudagraph_policy"], policy, policy_device, compile_policy, stacklevel=4)
+
+
+def worker_entries(create_env_fn: Any, count: Any, name: str, none: str = "") -> list:
+    """``create_env_fn`` as one entry per worker process, for TorchRL's ``num_workers`` and
+    ``num_collectors`` (``name``, whose ``None`` means what ``none`` says): a single factory
+    repeated ``count`` times, or a list (or tuple) of ``count`` entries."""
+    n = as_int(count)
+    if n is None or n < 1:
+        raise ValueError(f"{name}={count!r}: give the number of worker processes (an int >= 1){none}.")
+    if not isinstance(create_env_fn, (list, tuple)):
+        return [create_env_fn] * n
+    if len(create_env_fn) != n:
+        raise ValueError(f"{name}={n} but create_env_fn has {len(create_env_fn)} entries; give one entry per "
+                         "worker, or a single factory.")
+    return list(create_env_fn)
 
 
 def resolve_policy(policy: Any, policy_factory: Callable[[], Any] | None, compile_policy: Any) -> Any:
@@ -248,3 +277,207 @@ def _unwrapped(env: Any) -> Any:
     if adapters is not None and isinstance(env, (adapters.TorchRLEnv, adapters.TorchRLVectorEnv)):
         env = env.torchrl_env
     return env
+
+
+class TorchRLAccessors:
+    """``DataCollectorBase``'s TorchRL accessors. Uses the collector's ``options``,
+    ``_policy``, ``_versions`` and ``update_policy_weights_``."""
+
+    @property
+    def policy_version(self) -> int:
+        """The newest policy version: TorchRL's ``collector.policy_version``.
+
+        0 is the weights at construction; each
+        [`update_policy_weights_`][aiocollect.DataCollectorBase.update_policy_weights_] (or
+        [`increment_version`][aiocollect.DataCollectorBase.increment_version]) adds one, and
+        it is in effect from the next policy call on (the one in effect now is
+        ``statistics().policy_version``). For a ``Collector``, an optimiser step on your
+        module becomes a version when the next policy call finds it. TorchRL gives ``None``
+        unless ``track_policy_version=True``; aiocollect versions every frame anyway, so this
+        is always an int (0 for a policy without weights, which keeps its one version).
+        """
+        versions = self._versions()
+        return 0 if versions is None else versions[1]
+
+    def get_policy_version(self) -> int:
+        """[`policy_version`][aiocollect.DataCollectorBase.policy_version], as a method (TorchRL's
+        spelling for remote calls, where properties cannot be read).
+
+        Returns:
+            The newest policy version.
+        """
+        return self.policy_version
+
+    def increment_version(self) -> int:
+        """Make a new policy version: TorchRL's ``increment_version()``.
+
+        In aiocollect a version is a set of weights, so this is
+        ``update_policy_weights_()`` with no argument: the weights of the policy object given
+        at construction become the new version, in effect from the next policy call. A
+        ``Collector`` acts with your module itself: nothing is copied, the version is only
+        counted. The worker collectors copy your module's weights into theirs (TorchRL's
+        multi-process collectors count the version and leave the weights alone). A policy
+        without weights (``None``, a plain function) has one version, 0, and this changes
+        nothing.
+
+        Returns:
+            The new version (TorchRL returns ``None``).
+        """
+        return self.update_policy_weights_()
+
+    def getattr_policy(self, attr: str) -> Any:
+        """An attribute of the collector's policy: TorchRL's ``getattr_policy(attr)``.
+
+        Every local collector runs its policy in this process, so the attribute is read
+        here, from the policy the collector runs (``collector.policy``: for a ``Collector``
+        your module itself, or its copy on ``policy_device``; for the worker collectors the
+        one copy that acts for every worker, where TorchRL asks its first worker's), and
+        then from the object you gave (first from it for a TorchRL ``RandomPolicy``, which
+        the collector runs through a stand-in).
+
+        Args:
+            attr: the attribute's name.
+
+        Returns:
+            Its value (the object itself, not a copy).
+
+        Raises:
+            AttributeError: neither policy object has it.
+            NotImplementedError: the collector has no policy in this process (a distributed
+                collector: each remote collector runs its own).
+        """
+        setup = self._policy
+        if setup is None:
+            raise NotImplementedError(
+                f"getattr_policy: {type(self).__name__} runs its policy in its remote collectors, not in "
+                "this process; read the attribute from the policy object you built."
+            )
+        order = (setup.policy, setup.user_policy)
+        if isinstance(setup.policy, SpecRandomPolicy):  # a stand-in for the TorchRL RandomPolicy given
+            order = order[::-1]
+        for policy in order:
+            if policy is not None and hasattr(policy, attr):
+                return getattr(policy, attr)
+        raise AttributeError(f"getattr_policy: the collector's policy ({type(setup.policy).__name__}) has no "
+                             f"attribute {attr!r}")
+
+    @property
+    def env(self) -> Any:
+        """The env this collector steps in this process: TorchRL's ``collector.env``.
+
+        For a [`Collector`][aiocollect.Collector]: the env as built from ``create_env_fn``
+        (a TorchRL env as the TorchRL env; a ``VectorEnv`` as it is), or the list of envs
+        for a list of factories. Use it to read the env, not to step or reset it: the
+        collector owns its state between batches. The worker collectors have their envs in
+        their worker processes, and no ``env`` (``AttributeError``, so ``hasattr`` is false).
+        """
+        raise AttributeError(  # (Collector, whose envs are here, overrides this)
+            f"{type(self).__name__} has no env in this process: its envs are its workers' (worker "
+            "processes, or remote collectors), which step envs and answer nothing else; build one with "
+            "your env factory to look at it."
+        )
+
+    def getattr_env(self, attr: str) -> Any:
+        """An attribute of the collector's env: TorchRL's ``getattr_env(attr)``.
+
+        A [`Collector`][aiocollect.Collector] answers from its env in this process
+        ([`env`][aiocollect.DataCollectorBase.env]; for a list of envs, from the first, as
+        TorchRL's multi-process collectors answer from their first worker's). The worker
+        collectors refuse: their envs live in worker processes that step envs and answer
+        nothing else, and an answer from a copy built here could silently differ from the
+        live env's (its state, its seed); build one with your env factory to read a static
+        attribute such as a spec.
+
+        Args:
+            attr: the attribute's name.
+
+        Returns:
+            Its value.
+
+        Raises:
+            AttributeError: the env has no such attribute.
+            NotImplementedError: the collector's envs are not in this process.
+        """
+        try:
+            env = self.env
+        except AttributeError as exc:
+            raise NotImplementedError(f"getattr_env({attr!r}): {exc}") from None
+        if isinstance(env, list):
+            env = env[0]
+        return getattr(env, attr)
+
+    def getattr_rb(self, attr: str) -> Any:
+        """An attribute of the ``replay_buffer``: TorchRL's ``getattr_rb(attr)``.
+
+        Args:
+            attr: the attribute's name.
+
+        Returns:
+            ``getattr(collector.replay_buffer, attr)``.
+
+        Raises:
+            AttributeError: the collector has no replay buffer, or it has no such attribute.
+        """
+        if self.options.replay_buffer is None:
+            raise AttributeError(f"getattr_rb({attr!r}): {type(self).__name__} has no replay_buffer.")
+        return getattr(self.options.replay_buffer, attr)
+
+    @property
+    def n_env(self) -> int:
+        """How many envs the collector steps: TorchRL's ``n_env`` (``num_envs``, over every worker)."""
+        num = getattr(self, "num_envs", None)
+        if num is None:
+            raise AttributeError(f"{type(self).__name__} has no n_env: its envs live in its remote collectors.")
+        return num
+
+    @property
+    def requested_frames_per_batch(self) -> int:
+        """Frames in each batch, summed over its envs: TorchRL's ``requested_frames_per_batch``.
+
+        ``frames_per_batch`` as the collector uses it: rounded up (with a warning) to split
+        evenly over the envs, as TorchRL's ``Collector`` does.
+        """
+        return self.options.frames_per_batch
+
+    def enable_profile(self, **profile_options: Any) -> None:
+        """TorchRL's worker profiler: not available here (``NotImplementedError``).
+
+        TorchRL profiles the rollouts of its workers, where its policy and envs run.
+        aiocollect's workers step envs only, and the policy runs in this process: profile
+        the main process with ``torch.profiler.profile()`` around your loop instead.
+
+        Raises:
+            NotImplementedError: always.
+        """
+        raise NotImplementedError(
+            "enable_profile: aiocollect does not profile collection itself. The policy runs in this "
+            "process: wrap your loop in torch.profiler.profile() to see it; worker processes only step envs."
+        )
+
+    def init_updater(self, *args: Any, **kwargs: Any) -> None:
+        """TorchRL's ``init_updater(...)``: nothing to do here.
+
+        TorchRL passes the arguments to its ``weight_updater``, and does nothing without
+        one. An aiocollect collector never has one (``weight_updater=None``): weights reach
+        the policy through ``update_policy_weights_``. So this does nothing.
+        """
+
+    def register_scheme_receiver(self, weight_recv_schemes: dict, *, synchronize_weights: bool = True) -> None:
+        """TorchRL's ``register_scheme_receiver``: not available for a scheme (``NotImplementedError``).
+
+        In TorchRL it makes a collector receive weights from a parent collector through
+        weight-sync schemes. No collector sends weights to an aiocollect collector that
+        way: send them with ``update_policy_weights_``. An empty dict registers nothing.
+
+        Args:
+            weight_recv_schemes: ``{model_id: scheme}``.
+            synchronize_weights: TorchRL's; unused.
+
+        Raises:
+            NotImplementedError: ``weight_recv_schemes`` names a scheme.
+        """
+        if weight_recv_schemes:
+            raise NotImplementedError(
+                f"register_scheme_receiver({sorted(weight_recv_schemes)}): an aiocollect collector receives "
+                "weights only through update_policy_weights_(weights); call it with the weights instead."
+            )

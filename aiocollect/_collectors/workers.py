@@ -24,26 +24,25 @@ from tensordict.nn import InteractionType
 from .._engine.scheduler import Scheduler
 from .._envs.spaces import ActionCheck, flatten_space
 from .._policies.random import RandomPolicy
-from .._policies.setup import PolicySetup, check_policy, cuda_graphs_for, runs_on_gpu
+from .._policies.setup import PolicySetup, runs_on_gpu
 from .._workers.plan import WorkerPlan, plan_workers
 from .._workers.pool import WorkerPool
 from .._workers.shm import Layout
-from .base import DataCollectorBase, WorkerStatistics
+from .base import DataCollectorBase
 from .loop_thread import LoopThread
 from .options import (
     START_TIMEOUT_S,
     CollectorOptions,
     WorkerOptions,
-    as_int,
     env_seeds,
     next_seed,
     options_from,
     validate_batching,
     validate_timeout,
-    validate_worker_options,
     worker_indices,
 )
-from .torchrl_compat import check_torchrl_keywords, resolve_policy
+from .statistics import WorkerStatistics
+from .torchrl_compat import check_torchrl_keywords, policy_from, worker_entries
 
 
 class WorkerCollectorBase(DataCollectorBase):
@@ -96,8 +95,12 @@ class WorkerCollectorBase(DataCollectorBase):
         reset_when_done: bool = True,
         interruptor: Any = None,
         set_truncated: bool = False,
+        track_policy_version: bool = False,
         replay_buffer: Any = None,
         progress: bool = False,
+        trajs_per_batch: int | None = None,
+        traj_format: str | None = None,
+        trajs_per_write: int | None = None,
         cat_results: str | int | None = None,
         preemptive_threshold: float | None = None,
         update_at_each_batch: bool = False,
@@ -116,26 +119,11 @@ class WorkerCollectorBase(DataCollectorBase):
         **torchrl_options: Any,
     ):
         check_torchrl_keywords(type(self).__name__, torchrl_options)
-        policy = resolve_policy(policy, policy_factory, compile_policy)
         if num_workers is not None:  # TorchRL: that many workers of a single factory
-            count = as_int(num_workers)
-            if count is None or count < 1:
-                raise ValueError(f"num_workers={num_workers!r}: give the number of worker processes (an int >= 1).")
-            num_workers = count
-            if isinstance(create_env_fn, (list, tuple)):
-                if len(create_env_fn) != num_workers:
-                    raise ValueError(f"num_workers={num_workers} but create_env_fn has {len(create_env_fn)} entries; "
-                                     "give one entry per worker, or a single factory.")
-            else:
-                create_env_fn = [create_env_fn] * num_workers
-        options = options_from({**locals(), **torchrl_options})
-        worker_options = validate_worker_options(
-            cat_results=cat_results, preemptive_threshold=preemptive_threshold,
-            update_at_each_batch=update_at_each_batch, num_threads=num_threads,
-            num_sub_threads=num_sub_threads, max_policy_lag=max_policy_lag, start_timeout=start_timeout,
-        )
-        check_policy(policy)
-        cuda_graphs = cuda_graphs_for(cudagraph_policy, policy, options.policy_device, compile_policy)
+            create_env_fn = worker_entries(create_env_fn, num_workers, "num_workers")
+        options = options_from(locals())
+        worker_options = options_from(locals(), WorkerOptions)
+        policy, cuda_graphs = policy_from(locals(), options.policy_device)
         if create_env_fn is None:
             raise TypeError("create_env_fn is required: a list with one env factory per worker.")
         # random actions go in runs of steps (``_engine.scheduler``), with no policy call to overlap

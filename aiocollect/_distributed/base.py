@@ -31,10 +31,19 @@ import cloudpickle
 import torch
 from tensordict import TensorDictBase
 
-from .._collectors.base import DataCollectorBase, WorkerStatistics
+from .._collectors.base import DataCollectorBase
 from .._collectors.checkpoint import read_checkpoint
-from .._collectors.options import CollectorOptions, env_seeds, next_seed, worker_indices
-from .._collectors.torchrl_compat import weights_given
+from .._collectors.options import (
+    FORWARD,
+    CollectorOptions,
+    env_seeds,
+    next_seed,
+    options_from,
+    options_of,
+    worker_indices,
+)
+from .._collectors.statistics import WorkerStatistics
+from .._collectors.torchrl_compat import DISTRIBUTED_KEYWORDS, check_torchrl_keywords, weights_given
 from .remote import RemoteCollectorError, RemoteFailure, portable_weights, resolve_collector_class
 
 _RESERVED = ("create_env_fn", "policy", "policy_factory", "frames_per_batch", "total_frames", "replay_buffer")
@@ -51,14 +60,17 @@ def _per_collector(value: Any, n: int, name: str, default: Callable[[], Any]) ->
     return [value] * n
 
 
-FORWARDED = ("device", "storing_device", "env_device", "policy_device", "max_frames_per_traj",
-             "init_random_frames", "reset_at_each_iter", "exploration_type")
-"""The distributed collectors' TorchRL options that every remote collector receives."""
+FORWARDED = tuple(name for name, spec in options_of(CollectorOptions).items() if spec.distributed == FORWARD)
+"""The distributed collectors' options that every remote collector receives, as given (the
+``CollectorOptions`` fields declared ``FORWARD``); the others they take apply here."""
 
 
-def forwarded_options(arguments: dict) -> dict:
-    """The ``FORWARDED`` options among a constructor's ``locals()``."""
-    return {name: arguments[name] for name in FORWARDED}
+def remote_options(owner: str, arguments: dict[str, Any]) -> CollectorOptions:
+    """A distributed collector's first checks, among its constructor's ``locals()``: TorchRL's
+    keywords, ``policy_factory``, then the options, returned validated."""
+    check_torchrl_keywords(owner, arguments["torchrl_options"], DISTRIBUTED_KEYWORDS)
+    check_policy_factory(arguments["policy"], arguments["policy_factory"], arguments["update_after_each_batch"])
+    return options_from(arguments, stacklevel=5)
 
 
 def check_policy_factory(policy: Any, policy_factory: Any, update_after_each_batch: Any) -> None:
@@ -82,16 +94,18 @@ def check_policy_factory(policy: Any, policy_factory: Any, update_after_each_bat
         )
 
 
-def plan_remotes(create_env_fn: Any, policy: Any, options: CollectorOptions, forwarded: dict, *,
-                 collector_class: Any, collector_kwargs: Any, num_workers_per_collector: int,
-                 num_collectors: int | None, sync: bool, policy_factory: Any = None) -> tuple[int, list[bytes]]:
-    """Validate the distributed arguments; returns ``num_collectors`` and each remote
-    collector's cloudpickled ``(class, args, kwargs, index)``. Nothing starts here.
+def plan_remotes(arguments: dict[str, Any], options: CollectorOptions) -> tuple[int, list[bytes]]:
+    """Validate the distributed arguments among a constructor's ``locals()``; returns
+    ``num_collectors`` and each remote collector's cloudpickled ``(class, args, kwargs,
+    index)``, its kwargs the ``FORWARDED`` options as given. Nothing starts here.
 
     ``policy_factory`` (checked by ``check_policy_factory``): each remote collector gets its
     own factory and calls it, as TorchRL's remote collectors do (so a policy that cannot be
     pickled can still be used)."""
-    cls = resolve_collector_class(collector_class)
+    create_env_fn, policy, sync = arguments["create_env_fn"], arguments["policy"], arguments["sync"]
+    num_collectors, num_workers_per_collector = arguments["num_collectors"], arguments["num_workers_per_collector"]
+    forwarded = {name: arguments[name] for name in FORWARDED}
+    cls = resolve_collector_class(arguments["collector_class"])
     single = cls.__name__ == "Collector"
     if create_env_fn is None:
         raise TypeError("create_env_fn is required: an env factory (or a list, one per remote collector).")
@@ -112,8 +126,8 @@ def plan_remotes(create_env_fn: Any, policy: Any, options: CollectorOptions, for
         )
     envs = (create_env_fn if isinstance(create_env_fn, list) and single and len(create_env_fn) == num_collectors
             else [create_env_fn] * num_collectors)
-    kwargs_list = _per_collector(collector_kwargs, num_collectors, "collector_kwargs", dict)
-    factories = _per_collector(policy_factory, num_collectors, "policy_factory", lambda: None)
+    kwargs_list = _per_collector(arguments["collector_kwargs"], num_collectors, "collector_kwargs", dict)
+    factories = _per_collector(arguments["policy_factory"], num_collectors, "policy_factory", lambda: None)
     per_batch = fpb // num_collectors if sync else fpb
     payloads = []
     for i, (env, kw, factory) in enumerate(zip(envs, kwargs_list, factories)):

@@ -19,10 +19,9 @@ from typing import Any
 
 from tensordict.nn import InteractionType
 
-from .._collectors.options import options_from, validate_start_timeout
-from .._collectors.torchrl_compat import DISTRIBUTED_KEYWORDS, check_torchrl_keywords
+from .._collectors.options import validate_start_timeout
 from .._errors import CollectorError, StartTimeoutError, exception_text
-from .base import RemoteCollectorsBase, _per_collector, check_policy_factory, forwarded_options, plan_remotes
+from .base import RemoteCollectorsBase, _per_collector, plan_remotes, remote_options
 from .remote import RemoteCollector
 
 
@@ -173,13 +172,15 @@ class RayCollector(RemoteCollectorsBase):
     The other arguments are TorchRL's (see [`CollectorOptions`][aiocollect.CollectorOptions])
     and go to every remote collector (``max_frames_per_traj``, ``init_random_frames``,
     ``exploration_type``, ``reset_at_each_iter``, devices), except ``total_frames``,
-    ``postproc``, ``split_trajs``, ``replay_buffer``, ``progress`` and ``trajs_per_batch`` (with
-    ``traj_format``, ``trajs_per_write``: trajectories are assembled here, over every remote
-    collector's batches), which apply here. ``policy_factory`` (a callable, or a list of them,
-    one per remote collector) is called in each remote collector's process, as in TorchRL, so
-    a policy that cannot be pickled still works; there is no policy here then, so weights go
-    out with ``update_policy_weights_(weights)``. TorchRL's other keywords are taken as by the
-    local collectors (see ``docs/migrating.md``).
+    ``postproc``, ``split_trajs``, ``track_policy_version``, ``replay_buffer``, ``progress`` and
+    ``trajs_per_batch`` (with ``traj_format``, ``trajs_per_write``: trajectories are assembled
+    here, over every remote collector's batches), which apply here. The others
+    (``reset_when_done``, ``create_env_kwargs``...) go in ``collector_kwargs``.
+    ``policy_factory`` (a callable, or a list of them, one per remote collector) is called in
+    each remote collector's process, as in TorchRL, so a policy that cannot be pickled still
+    works; there is no policy here then, so weights go out with
+    ``update_policy_weights_(weights)``. TorchRL's other keywords are taken as by the local
+    collectors (see ``docs/migrating.md``).
 
     Raises:
         ImportError: Ray is not installed.
@@ -222,6 +223,7 @@ class RayCollector(RemoteCollectorsBase):
         postproc: Any = None,
         split_trajs: bool | None = None,
         exploration_type: InteractionType | str = InteractionType.RANDOM,
+        track_policy_version: bool = False,
         replay_buffer: Any = None,
         progress: bool = False,
         trajs_per_batch: int | None = None,
@@ -239,16 +241,10 @@ class RayCollector(RemoteCollectorsBase):
         policy_factory: Any = None,
         **torchrl_options: Any,
     ):
-        check_torchrl_keywords(type(self).__name__, torchrl_options, DISTRIBUTED_KEYWORDS)
+        options = remote_options(type(self).__name__, locals())
         start_timeout = validate_start_timeout(start_timeout)
-        check_policy_factory(policy, policy_factory, update_after_each_batch)
-        options = options_from({**locals(), **torchrl_options})
         ray = _import_ray()
-        forwarded = forwarded_options(locals())
-        num_collectors, payloads = plan_remotes(
-            create_env_fn, policy, options, forwarded, collector_class=collector_class,
-            collector_kwargs=collector_kwargs, num_workers_per_collector=num_workers_per_collector,
-            num_collectors=num_collectors, sync=sync, policy_factory=policy_factory)
+        num_collectors, payloads = plan_remotes(locals(), options)
         configs = _per_collector(remote_configs, num_collectors, "remote_configs", lambda: {"num_cpus": 1})
         if not all(isinstance(c, dict) for c in configs):
             raise TypeError("remote_configs must be a dict of ray.remote options (or a list of them).")

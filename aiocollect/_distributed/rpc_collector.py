@@ -22,11 +22,9 @@ from typing import Any
 
 from tensordict.nn import InteractionType
 
-from .._collectors.options import options_from
-from .._collectors.torchrl_compat import DISTRIBUTED_KEYWORDS, check_torchrl_keywords
 from .._errors import CollectorError
 from . import rpc_rendezvous
-from .base import RemoteCollectorsBase, check_policy_factory, forwarded_options, plan_remotes
+from .base import RemoteCollectorsBase, plan_remotes, remote_options
 from .remote import RemoteCollector
 
 _PACKAGE_ROOT = str(Path(__file__).resolve().parents[2])
@@ -141,6 +139,7 @@ class RPCCollector(RemoteCollectorsBase):
         postproc: Any = None,
         split_trajs: bool | None = None,
         exploration_type: InteractionType | str = InteractionType.RANDOM,
+        track_policy_version: bool = False,
         replay_buffer: Any = None,
         progress: bool = False,
         trajs_per_batch: int | None = None,
@@ -161,17 +160,14 @@ class RPCCollector(RemoteCollectorsBase):
         tcp_port: int | None = None,
         **torchrl_options: Any,
     ):
-        check_torchrl_keywords(type(self).__name__, torchrl_options, DISTRIBUTED_KEYWORDS)
-        check_policy_factory(policy, policy_factory, update_after_each_batch)
+        options = remote_options(type(self).__name__, locals())
         if tcp_port is not None:  # TorchRL's name for the rendezvous port
             if master_port not in (None, tcp_port):
                 raise ValueError(f"tcp_port={tcp_port} and master_port={master_port}: they name the same "
                                  "port (tcp_port is TorchRL's name); give one.")
             master_port = tcp_port
-        options = options_from({**locals(), **torchrl_options})
         from torch.distributed import rpc
 
-        forwarded = forwarded_options(locals())
         if worker_names is not None:
             if not isinstance(worker_names, (list, tuple)) or not all(isinstance(n, str) for n in worker_names):
                 raise TypeError("worker_names must be a list of RPC worker names (str).")
@@ -196,10 +192,7 @@ class RPCCollector(RemoteCollectorsBase):
                 "cannot be initialised twice in one process (a second init_rpc hangs): run one launched "
                 "RPCCollector per process, or start the world once yourself and pass worker_names."
             )
-        num_collectors, payloads = plan_remotes(
-            create_env_fn, policy, options, forwarded, collector_class=collector_class,
-            collector_kwargs=collector_kwargs, num_workers_per_collector=num_workers_per_collector,
-            num_collectors=num_collectors, sync=sync, policy_factory=policy_factory)
+        num_collectors, payloads = plan_remotes(locals(), options)
         super().__init__(options, policy, num_collectors, sync, update_after_each_batch)
         self._rpc = rpc
         self._launched = worker_names is None

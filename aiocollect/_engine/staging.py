@@ -158,6 +158,23 @@ class DeviceStaging:
                     self._pool.append(_Block(_round_up(total), pinned=self.cuda))
                     del self._pool[: -_MAX_BLOCKS]
 
+    def hand_over(self, batch: Any) -> Any:
+        """``batch``, uploaded on the loop thread, made ready on the calling thread's current
+        stream: its upload was waited for by the loop thread's stream (the default stream),
+        so a stream of the caller's own (``with torch.cuda.stream(s): for batch in
+        collector``) waits for the default stream too, on the GPU, and is recorded as a
+        user of the batch's memory. Nothing to do on the default stream, off CUDA, or for
+        what is not a TensorDict (``None`` from a replay-buffer collection)."""
+        if not self.cuda or not isinstance(batch, TensorDictBase):
+            return batch
+        here = torch.cuda.current_stream(self.device)
+        default = torch.cuda.default_stream(self.device)
+        if here != default:
+            here.wait_stream(default)
+            for tensor in batch.values(True, True):
+                tensor.record_stream(here)
+        return batch
+
     def _copy(self, block: _Block) -> torch.Tensor:
         """The block's bytes on the device. On CUDA the copy goes on a stream of its own, so
         it overlaps the kernels on the others; the current stream of the thread that uploads

@@ -55,13 +55,15 @@ from .weights import CopyChannel, FollowChannel, TorchWeights, WeightsChannel
 logger = logging.getLogger("aiocollect")
 
 
-def cuda_graphs_for(value: Any, policy: Any, device: Any, compile_policy: Any = None) -> int | None:
+def cuda_graphs_for(value: Any, policy: Any, device: Any, compile_policy: Any = None,
+                    stacklevel: int = 3) -> int | None:
     """``cudagraph_policy`` checked against the policy, before anything starts: the number of
     eager calls per row count before its capture, or ``None`` (off). A policy that has no
     torch calls to capture (random actions, a JAX policy, which XLA compiles) is a
     ``ValueError``; a torch policy that runs on the CPU is warned about and runs as it is,
     as TorchRL's ``CudaGraphModule`` does there. A ``compile_policy`` whose mode captures CUDA
-    graphs itself (``"reduce-overhead"``, ``"max-autotune"``) is a ``ValueError`` too."""
+    graphs itself (``"reduce-overhead"``, ``"max-autotune"``) is a ``ValueError`` too.
+    ``stacklevel``: the warning's (3: the caller of this function's caller)."""
     warmup = cudagraph_warmup(value)
     if warmup is None:
         return None
@@ -80,7 +82,7 @@ def cuda_graphs_for(value: Any, policy: Any, device: Any, compile_policy: Any = 
     if device is None or device.type != "cuda":
         warnings.warn(f"cudagraph_policy: the policy runs on {device or 'the CPU'}, and CUDA graphs need a "
                       "CUDA device (policy_device='cuda', or a module on the GPU); it runs without them.",
-                      UserWarning, stacklevel=3)
+                      UserWarning, stacklevel=stacklevel)
         return None
     named = value.get("device") if isinstance(value, dict) else None
     if named is not None:

@@ -1,6 +1,8 @@
 """Option checking, before any env or process exists: ``validate_options``,
 ``validate_worker_options``, ``validate_batching``, ``parse_device``, ``env_seeds`` and
-``worker_indices`` (``aiocollect._collectors.options``).
+``worker_indices`` (``aiocollect._collectors.options``); and the declaration they follow
+(the fields of ``CollectorOptions`` and ``WorkerOptions``), against which every
+constructor's keywords and the distributed collectors' ``FORWARDED`` are checked.
 
 Every bad value must raise ``TypeError``/``ValueError`` with a message that names the
 argument and says what would be accepted; good values come back normalised.
@@ -8,21 +10,31 @@ argument and says what would be accepted; good values come back normalised.
 
 from __future__ import annotations
 
+import ast
 import dataclasses
+import inspect
+import itertools
 import re
 
+import cloudpickle
 import numpy as np
 import pytest
 import torch
 from tensordict.nn import InteractionType
 
+import aiocollect
+from aiocollect._collectors import torchrl_compat
 from aiocollect._collectors.options import (
+    FORWARD,
+    HERE,
     LONGEST_WAIT,
     CollectorOptions,
+    Option,
     WorkerOptions,
     env_seeds,
     next_seed,
     options_from,
+    options_of,
     parse_device,
     parse_exploration_type,
     validate_batching,
@@ -31,6 +43,7 @@ from aiocollect._collectors.options import (
     validate_worker_options,
     worker_indices,
 )
+from aiocollect._distributed.base import FORWARDED, plan_remotes
 from aiocollect._engine.scheduler import Batching
 
 
@@ -560,3 +573,103 @@ def test_validate_timeout_rejects_nan_negative_and_endless_waits(timeout):
     with pytest.raises(ValueError) as info:
         validate_timeout(timeout)
     assert str(info.value).startswith(f"timeout={timeout!r}: give the seconds to wait, a finite number in 0..")
+
+
+# --------------------------------------------------------------------------- the declaration, and what follows it
+# The options are declared once, as the fields of CollectorOptions and WorkerOptions; the
+# constructors keep explicit keyword signatures, checked here against that declaration.
+
+TAKES_WORKER_OPTIONS = ("MultiSyncCollector", "MultiAsyncCollector", "AsyncCollector")
+DISTRIBUTED = ("RayCollector", "RPCCollector")
+_POLICY_ARGUMENTS = {"policy_factory", "compile_policy", "cudagraph_policy"}
+_COROUTINE_KNOBS = {"max_batch_size", "min_batch_size", "batch_timeout", "step_timeout"}
+OWN_ARGUMENTS = {
+    # each constructor's keywords that are not options (documented in its class's docstrings,
+    # or, for TorchRL's implemented keywords, in _collectors.torchrl_compat's)
+    "Collector": {"create_env_fn", "policy", *_POLICY_ARGUMENTS, *_COROUTINE_KNOBS, "num_collectors", "sync",
+                  "start_timeout"},  # (refused: it bounds worker processes, and a Collector starts none)
+    **{name: {"create_env_fn", "policy", *_POLICY_ARGUMENTS, *_COROUTINE_KNOBS, "num_workers"}
+       for name in TAKES_WORKER_OPTIONS},
+    "RayCollector": {"create_env_fn", "policy", "policy_factory", "collector_class", "collector_kwargs",
+                     "num_workers_per_collector", "sync", "num_collectors", "update_after_each_batch",
+                     "ray_init_config", "remote_configs", "start_timeout"},  # (the actors', not WorkerOptions')
+    "RPCCollector": {"create_env_fn", "policy", "policy_factory", "collector_class", "collector_kwargs",
+                     "num_workers_per_collector", "sync", "num_collectors", "update_after_each_batch",
+                     "worker_names", "master_addr", "master_port", "tcp_port", "rpc_timeout", "start_timeout"},
+}
+
+
+def options_taken(name: str) -> dict[str, Option]:
+    """The declared options that collector ``name`` takes as keywords."""
+    if name in DISTRIBUTED:  # the rest go to the remote collectors in collector_kwargs
+        return {k: spec for k, spec in options_of(CollectorOptions).items() if spec.distributed is not None}
+    worker = options_of(WorkerOptions) if name in TAKES_WORKER_OPTIONS else {}
+    return {**options_of(CollectorOptions), **worker}
+
+
+@pytest.mark.parametrize("name", list(OWN_ARGUMENTS))
+def test_every_constructor_takes_its_options_as_declared(name):
+    """Every option a constructor takes is a keyword-only argument with the declared default, and
+    every other keyword is one of its own arguments: an option added to the dataclass but not to a
+    signature, a default that drifted, or a keyword that is neither fails here."""
+    parameters = inspect.signature(getattr(aiocollect, name).__init__).parameters
+    keywords = {k: p for k, p in parameters.items()
+                if k != "self" and p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL)}
+    taken = options_taken(name)
+    missing = sorted(set(taken) - set(keywords))
+    assert not missing, f"{name}() lacks the option keyword(s) {missing}"
+    for option_name, spec in taken.items():
+        parameter = keywords[option_name]
+        assert parameter.kind is parameter.KEYWORD_ONLY, (name, option_name)
+        assert parameter.default == spec.keyword and type(parameter.default) is type(spec.keyword), (
+            f"{name}({option_name}={parameter.default!r}): the declared default is {spec.keyword!r}")
+    stray = sorted(set(keywords) - set(taken) - OWN_ARGUMENTS[name])
+    assert not stray, f"{name}() takes {stray}: declare them as options, or list them as its own arguments"
+    assert OWN_ARGUMENTS[name] <= set(keywords), sorted(OWN_ARGUMENTS[name] - set(keywords))
+
+
+@pytest.mark.parametrize("name", list(OWN_ARGUMENTS))
+def test_a_constructors_own_arguments_are_documented(name):
+    cls = getattr(aiocollect, name)
+    docs = [klass.__doc__ or "" for klass in cls.__mro__] + [cls.__new__.__doc__ or "", torchrl_compat.__doc__]
+    undocumented = sorted(k for k in OWN_ARGUMENTS[name] if not any(f"{k}:" in d or f"``{k}``" in d for d in docs))
+    assert not undocumented, f"{name}: {undocumented} documented nowhere"
+
+
+@pytest.mark.parametrize("kind", [CollectorOptions, WorkerOptions])
+def test_every_option_is_declared_with_a_docstring_a_check_and_a_default_that_validates_to_its_own(kind):
+    """The docstring under each field is the reference users read; each keyword default, checked,
+    is the field's (normalised) default."""
+    tree = ast.parse(inspect.getsource(kind))
+    body = tree.body[0].body
+    documented = {node.target.id for node, after in itertools.pairwise(body)
+                  if isinstance(node, ast.AnnAssign) and isinstance(after, ast.Expr)
+                  and isinstance(after.value, ast.Constant) and isinstance(after.value.value, str)}
+    declared = options_of(kind)
+    assert documented == set(declared) == {f.name for f in dataclasses.fields(kind)}
+    for f in dataclasses.fields(kind):
+        spec = declared[f.name]
+        if spec.keyword is inspect.Parameter.empty:
+            continue  # (frames_per_batch: required)
+        default = f.default_factory() if f.default is dataclasses.MISSING else f.default
+        assert spec.check(f.name, spec.keyword) == default, f.name
+
+
+def test_forwarded_is_the_options_declared_forward_and_reaches_the_remote_collectors_as_given():
+    declared = options_of(CollectorOptions)
+    assert tuple(k for k, spec in declared.items() if spec.distributed == FORWARD) == FORWARDED
+    assert {spec.distributed for spec in declared.values()} == {FORWARD, HERE, None}
+    for name in FORWARDED:  # RayCollector's docstring lists what goes to every remote collector
+        assert f"``{name}``" in aiocollect.RayCollector.__doc__ or name.endswith("device"), name
+    given = dict(device="cpu", storing_device=None, env_device=None, policy_device=None, max_frames_per_traj=-1,
+                 init_random_frames=15, reset_at_each_iter=True, exploration_type="mode")
+    arguments = dict(create_env_fn="CartPole-v1", policy=None, policy_factory=None, collector_class="single",
+                     collector_kwargs=None, num_workers_per_collector=1, num_collectors=2, sync=True,
+                     frames_per_batch=20, **given)
+    options = options_from(arguments)
+    count, payloads = plan_remotes(arguments, options)
+    assert count == 2
+    for payload in payloads:
+        _, _, kwargs, _ = cloudpickle.loads(payload)
+        assert {k: kwargs[k] for k in FORWARDED} == given  # as given: each remote collector checks them itself
+        assert (kwargs["frames_per_batch"], kwargs["total_frames"]) == (10, -1)

@@ -406,7 +406,7 @@ def test_returns_match_a_frame_by_frame_sum_whatever_the_layout(seed):
 
 @pytest.mark.parametrize("unchecked", [True, False])
 def test_a_batch_tensordict_is_the_one_the_public_constructor_builds(unchecked, monkeypatch):
-    from aiocollect._collectors import base
+    from aiocollect._collectors import delivery as base
 
     flat = {"obs": torch.arange(6.0).reshape(2, 3), ("next", ("pos", "x")): torch.ones(2, 3, 1),
             ("collector", "traj_ids"): torch.zeros(2, 3, dtype=torch.int64)}

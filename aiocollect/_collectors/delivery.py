@@ -1,0 +1,207 @@
+"""From a collected batch to what the user gets.
+
+A variant's ``_collect()`` returns a raw batch and its valid frames. ``Delivery`` counts it
+(``total_frames``), measures its policy lag, adds its episode returns to the progress bar,
+moves it to the storing device, then applies ``split_trajs``, ``postproc`` and the replay
+buffer, or assembles whole trajectories for ``trajs_per_batch``. ``frames_for_buffer`` says
+what a replay buffer's ``extend`` receives.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from tensordict import TensorDict, TensorDictBase
+
+from .._engine.trajectories import split_trajectories
+from .progress import ProgressBar, flat_numpy
+
+DONE = object()
+"""What ``_next_batch`` returns once ``total_frames`` are delivered."""
+NOTHING = object()
+"""No batch (``_undelivered`` between batches)."""
+
+_UNCHECKED = getattr(TensorDict, "_new_unsafe", None)
+
+
+def batch_tensordict(nested: dict, shape: torch.Size, device: torch.device | None) -> TensorDictBase:
+    """A TensorDict of the tensors the collector built (``nested``: ``nest``'s dicts), every
+    one already of ``shape`` and on ``device``, the last dim named ``"time"``.
+
+    tensordict's own unchecked constructor (``_new_unsafe``, which TorchRL's collectors
+    use too) takes them as they are: the public one checks every tensor's shape and
+    device again, which cost several times more than the rest of building the batch's
+    TensorDict. Without it (another tensordict), the public constructor does the same.
+    """
+    names = [None] * (len(shape) - 1) + ["time"]
+    if _UNCHECKED is None:
+        return TensorDict(nested, batch_size=shape, device=device, names=names)
+    fields = {key: batch_tensordict(value, shape, device) if isinstance(value, dict) else value
+              for key, value in nested.items()}
+    return _UNCHECKED(fields, batch_size=shape, device=device, names=names, nested=False)
+
+
+_MASK = ("collector", "mask")
+
+
+_VERSION = ("collector", "policy_version")
+
+
+def with_torchrl_versions(batch: TensorDictBase) -> None:
+    """Add TorchRL's ``track_policy_version=True`` keys to ``batch``: ``"policy_version"`` and
+    ``("next", "policy_version")``, int64, one per frame (the batch's shape, as TorchRL's),
+    each a copy of ``("collector", "policy_version")``: the version that computed the
+    frame's action (-1 for masked-out frames). TorchRL writes them through an env transform,
+    so its root entry holds the version of the step before (the first frame after an update
+    still has the old one); here both hold the frame's own version. A batch without
+    ``("collector", "policy_version")`` is left as it is."""
+    version = batch.get(_VERSION, None)
+    if version is None:
+        return
+    batch.set("policy_version", version.clone())
+    batch.set(("next", "policy_version"), version.clone())
+
+
+def frames_for_buffer(batch: Any, buffer: Any) -> Any:
+    """What ``replay_buffer.extend`` receives for a delivered ``batch``.
+
+    A TorchRL buffer (one with a ``storage``) gets the batch's **frames, one per item**,
+    as TorchRL's collectors give them (its multi-process workers extend the buffer with
+    their own ``[T]`` batches), so that a sampled item is one transition whatever the
+    collector: a batch ``[envs, T]`` (``[workers, envs, T]`` for ``MultiSyncCollector``,
+    ``[trajectories, L]`` with ``split_trajs``) becomes ``[frames]``, each row's frames in
+    order, one row after the other, so a trajectory stays contiguous (as TorchRL's
+    ``SliceSampler`` wants it). Frames masked out in ``("collector", "mask")`` (the
+    padding of split trajectories, what a preempted or interrupted batch did not collect)
+    hold no transition and are left out, the mask with them: every frame that goes in is
+    a real one, and the items have one layout whether a batch was cut or not.
+
+    Left as they are: batches for a storage with more than one batch dim
+    (``LazyTensorStorage(..., ndim=2)`` asks for ``[envs, T]``), for a buffer of your own
+    without a ``storage`` (it decides what to keep, mask included), and whatever a
+    ``postproc`` returned that is not a TensorDict.
+    """
+    storage = getattr(buffer, "storage", None)
+    if storage is None or getattr(storage, "ndim", 1) > 1 or not isinstance(batch, TensorDictBase):
+        return batch
+    frames = batch
+    if batch.ndim != 1:
+        frames = batch.clone(recurse=False)  # a shallow copy: the names go, not the batch's
+        frames.names = None
+        frames = frames.reshape(-1)
+    mask = frames.get(_MASK, None)
+    if mask is None:
+        return frames
+    frames = frames.exclude(_MASK)
+    return frames if bool(mask.all()) else frames[mask.reshape(-1)]
+
+
+
+class Delivery:
+    """``DataCollectorBase``'s path from ``_collect()`` to the user. Uses the collector's
+    ``options``, counters (``_frames``, ``_batches``, ``_max_lag``), ``_returns``,
+    ``_progress``, ``_staging``, ``_assembler``, ``_policy`` and ``_guarded_collect``."""
+
+    async def _next_batch(self) -> Any:
+        """The next delivered batch (``None`` with a replay buffer), or ``DONE``."""
+        opts = self.options
+        if opts.trajs_per_batch is not None:
+            return await self._next_trajectories()
+        batch = await self._next_raw()
+        if batch is DONE:
+            return DONE
+        if opts.split_trajs:
+            batch = split_trajectories(batch)
+        return self._deliver(batch)
+
+    async def _next_raw(self) -> Any:
+        """The next collected batch, counted, measured and shown, or ``DONE``."""
+        self._check_usable()
+        total = self.options.total_frames
+        if total > 0 and self._frames >= total:
+            return DONE
+        batch, frames = await self._guarded_collect()
+        self._frames += frames
+        self._batches += 1
+        self._measure_lag(batch)  # (both read the host's copy of the batch)
+        self._returns.add(batch, self.options.set_truncated)
+        batch = self._finish(batch)
+        if self.options.progress:
+            if self._progress is None:
+                self._progress = ProgressBar(self.options.total_frames, type(self).__name__, self._returns)
+                self._resources.closers.append(self._progress.close)
+            self._progress.update(frames)
+        return batch
+
+    def _finish(self, batch: TensorDictBase) -> TensorDictBase:
+        """A collected batch as it is handed out: on the storing device (one copy, see
+        ``_stage_batches``), with TorchRL's version keys if asked for, written into the first
+        batch with ``return_same_td``."""
+        if self._staging is not None:
+            batch = self._staging.upload(batch)
+        if self.options.track_policy_version:
+            with_torchrl_versions(batch)
+        if self._reuse_td:
+            batch = self._reuse(batch)
+        return batch
+
+    def _reuse(self, batch: TensorDictBase) -> TensorDictBase:
+        """``return_same_td``: the batch written into the first batch delivered (whose keys it has)."""
+        same = self._same_td
+        if same is not None and set(batch.keys(True, True)) <= set(same.keys(True, True)):
+            return same.update_(batch)
+        self._same_td = batch
+        return batch
+
+    async def _next_trajectories(self) -> Any:
+        """``trajs_per_batch``: collect until that many trajectories are complete (with a replay
+        buffer: write those that ended in one collection); ``DONE`` once ``total_frames``
+        are collected (trajectories still incomplete then are never delivered, as in TorchRL).
+        ``postproc`` applies to each collected batch before assembly, as in TorchRL."""
+        opts, assembler = self.options, self._assembler
+        while True:
+            if opts.replay_buffer is None and assembler.ready >= opts.trajs_per_batch:
+                return assembler.take(opts.trajs_per_batch, opts.traj_format)
+            batch = await self._next_raw()
+            if batch is DONE:
+                return DONE
+            if opts.postproc is not None:  # on each collected batch, before assembly, as in TorchRL
+                batch = opts.postproc(batch)
+            assembler.cut(self._take_cut())
+            assembler.add(batch)
+            if opts.reset_at_each_iter:
+                assembler.drop_partial()  # their envs restart: those trajectories never end
+            if opts.replay_buffer is not None:
+                for trajs in assembler.take_each(opts.trajs_per_write):
+                    opts.replay_buffer.extend(frames_for_buffer(trajs, opts.replay_buffer))
+                return None
+
+    def _deliver(self, batch: TensorDictBase) -> Any:
+        """``postproc``, then the replay buffer (``None`` is delivered) or the batch itself."""
+        opts = self.options
+        if opts.postproc is not None:
+            batch = opts.postproc(batch)
+        if opts.replay_buffer is not None:
+            opts.replay_buffer.extend(frames_for_buffer(batch, opts.replay_buffer))
+            return None
+        return batch
+
+    def _versions(self) -> tuple[int, int] | None:
+        """``(version in effect, newest version published)``, or ``None`` without weights."""
+        policy = self._policy
+        if policy is None or policy.weights is None:
+            return None
+        return policy.version, policy.latest
+
+    def _measure_lag(self, batch: TensorDictBase) -> None:
+        versions = self._versions()
+        if versions is None or batch is None:
+            return
+        tagged = batch.get(("collector", "policy_version"), None)
+        if tagged is None:
+            return
+        tagged = flat_numpy(tagged)  # (numpy: see EpisodeReturns.add)
+        tagged = tagged[tagged >= 0]  # -1: masked-out frames
+        if tagged.size:
+            self._max_lag = max(self._max_lag, versions[1] - int(tagged.min()))
