@@ -255,8 +255,8 @@ class Collector(DataCollectorBase):
                                     step_count=options.max_frames_per_traj is not None,
                                     reset_when_done=options.reset_when_done,
                                     batching=batching if self._coroutine else None)
-        self._book = self._scheduler.timelines
-        self._book.keep_cut = options.trajs_per_batch is not None
+        self._timelines = self._scheduler.timelines
+        self._timelines.keep_cut = options.trajs_per_batch is not None
         self._stage_batches(self._scheduler.storage)
         try:  # (with cudagraph_policy: the policy's graphs, captured now)
             self._policy.prepare([lane.num_envs for lane in self._scheduler.lanes], leaves)
@@ -351,10 +351,10 @@ class Collector(DataCollectorBase):
         return [sched.seal(lane, opts.set_truncated) for lane in lanes]
 
     def _counters(self) -> tuple[int, int]:
-        return self._book.env_steps, self._book.completed_trajectories
+        return self._timelines.env_steps, self._timelines.completed_trajectories
 
     def _take_cut(self):
-        return self._book.take_cut()
+        return self._timelines.take_cut()
 
     # ------------------------------------------------------------------ control
 
@@ -393,7 +393,7 @@ class Collector(DataCollectorBase):
         seed = seeds[0]  # a Python int, numpy's converted
 
         def apply():
-            self._book.request_reset(seeds)
+            self._timelines.request_reset(seeds)
             self._policy.random.seed(seed)
 
         self._on_engine(apply)
@@ -408,7 +408,7 @@ class Collector(DataCollectorBase):
         as TorchRL does.
         """
         def apply() -> None:  # on the engine's thread, where trajectories are assembled
-            self._assembler.clear(cut=self._book.request_reset())
+            self._assembler.clear(cut=self._timelines.request_reset())
 
         self._on_engine(apply)
 
@@ -440,7 +440,7 @@ class Collector(DataCollectorBase):
         counters = self._counters_state()
         state["frames"] = counters["frames"]
         state["iter"] = counters["iter"]
-        state["traj_pool"] = self._book.state_dict()
+        state["traj_pool"] = self._timelines.state_dict()
         state["aiocollect_format"] = counters["aiocollect_format"]
         if "trajectories" in counters:
             state["trajectories"] = counters["trajectories"]
@@ -476,7 +476,7 @@ class Collector(DataCollectorBase):
 
         def apply():
             self._restore_counters(saved)
-            self._book.load_state_dict({"next_traj_id": saved.next_traj_id,
+            self._timelines.load_state_dict({"next_traj_id": saved.next_traj_id,
                                         "completed_trajectories": saved.completed_trajectories})
 
         self._on_engine(apply)

@@ -21,7 +21,7 @@ from tensordict import TensorDictBase
 from .._engine.scheduler import Lane, Sealed
 from .._workers.plan import WorkerPlan
 from .options import CollectorOptions, WorkerOptions, as_int, fit_to_envs
-from .workers import WorkerCollectorBase
+from .worker_collectors import WorkerCollectorBase
 
 
 class MultiAsyncCollector(WorkerCollectorBase):

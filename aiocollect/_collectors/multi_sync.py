@@ -12,7 +12,7 @@ from tensordict import TensorDictBase
 
 from .._workers.plan import WorkerPlan
 from .options import CollectorOptions, WorkerOptions, as_int, fit_to_envs
-from .workers import WorkerCollectorBase
+from .worker_collectors import WorkerCollectorBase
 
 
 class MultiSyncCollector(WorkerCollectorBase):

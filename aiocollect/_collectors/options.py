@@ -12,7 +12,7 @@ what the distributed collectors do with it. From that declaration:
   several options; every constructor calls them before an env is built or a process
   started. A bad value raises ``ValueError``/``TypeError`` naming the argument and saying
   what would be accepted.
-* ``FORWARDED`` (``_distributed.base``), the options RayCollector and RPCCollector pass to
+* ``FORWARDED`` (``_distributed.remote_collectors``), the options RayCollector and RPCCollector pass to
   every remote collector, are the fields marked ``FORWARD``.
 * The constructors keep explicit keyword signatures (for users, IDEs and TorchRL's
   signature tests); ``tests/unit/test_options.py`` checks every one against the

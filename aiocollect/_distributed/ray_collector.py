@@ -1,6 +1,6 @@
 """``RayCollector``: aiocollect collectors on Ray actors, gathered into one iterator.
 
-The transport half of a distributed collector (``_distributed.base`` has the rest): each
+The transport half of a distributed collector (``_distributed.remote_collectors`` has the rest): each
 remote collector is a Ray actor holding a ``RemoteCollector``, batches come back through
 Ray's object store and weights go out with one ``ray.put`` per update. The class
 docstring says what users see.
@@ -21,8 +21,8 @@ from tensordict.nn import InteractionType
 
 from .._collectors.options import validate_start_timeout
 from .._errors import CollectorError, StartTimeoutError, exception_text
-from .base import RemoteCollectorsBase, _per_collector, plan_remotes, remote_options
 from .remote import RemoteCollector
+from .remote_collectors import RemoteCollectorsBase, _per_collector, plan_remotes, remote_options
 
 
 def _import_ray():

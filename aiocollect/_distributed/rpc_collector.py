@@ -1,6 +1,6 @@
 """``RPCCollector``: aiocollect collectors on ``torch.distributed.rpc`` workers.
 
-The transport half of a distributed collector (``_distributed.base`` has the rest): each
+The transport half of a distributed collector (``_distributed.remote_collectors`` has the rest): each
 remote collector is a ``RemoteCollector`` created on an RPC worker with ``rpc.remote``;
 batches and weights travel as RPC messages. A launched world puts the workers on ranks
 0..n-1 and the driver on the last rank. The class docstring says what users see.
@@ -24,8 +24,8 @@ from tensordict.nn import InteractionType
 
 from .._errors import CollectorError
 from . import rpc_rendezvous
-from .base import RemoteCollectorsBase, plan_remotes, remote_options
 from .remote import RemoteCollector
+from .remote_collectors import RemoteCollectorsBase, plan_remotes, remote_options
 
 _PACKAGE_ROOT = str(Path(__file__).resolve().parents[2])
 

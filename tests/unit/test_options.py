@@ -43,7 +43,7 @@ from aiocollect._collectors.options import (
     validate_worker_options,
     worker_indices,
 )
-from aiocollect._distributed.base import FORWARDED, plan_remotes
+from aiocollect._distributed.remote_collectors import FORWARDED, plan_remotes
 from aiocollect._engine.scheduler import Batching
 
 
