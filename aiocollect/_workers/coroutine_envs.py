@@ -2,10 +2,10 @@
 
 Coroutine envs ([`AsyncEnv`][aiocollect.AsyncEnv]) wait on I/O for most of a step, each
 for its own time. Stepping them together would make every step as slow as the slowest
-env, so each env is a lane of its own (an ``EnvLane``, the scheduler's worker for one
-row of the storage): the scheduler posts it a ``STEP`` as soon as the policy has its
-action, and the policy runs batched on whichever envs are ready (``Scheduler``'s per-env
-rounds, with EnvPool's knobs: ``Batching``).
+env, so each env is a lane of its own (an ``EnvLane``, a ``_workers.lane.LaneWorker`` for
+one row of the storage): the scheduler posts it a ``STEP`` as soon as the policy has its
+action, and the policy runs batched on whichever envs are ready (per-env rounds,
+``_engine.rounds.EnvQueueRounds``, with EnvPool's knobs: ``Batching``).
 
 A command is a task on the collector's loop: a step awaits the env, writes its results
 at the env's row and column of the rollout storage, and, if the episode ended, resets the
@@ -25,26 +25,23 @@ from __future__ import annotations
 import asyncio
 import os
 from collections.abc import Callable
-from typing import Any
 
 import numpy as np
 
 from .._envs.coroutine_group import CoroutineGroup, timed
 from .._errors import WorkerError, env_failure
 from . import protocol
+from .lane import LaneOwner, LaneWorker, no_reply
 from .shm import SharedArrays
 
 
-def _ignore(worker: Any) -> None:
-    pass
+class EnvLane(LaneWorker):
+    """One coroutine env as a lane of the scheduler (row ``lo`` of the storage)."""
 
-
-class EnvLane:
-    """One coroutine env as the scheduler's worker (row ``lo`` of the storage)."""
-
+    in_process = True
+    takes_runs = False
+    synchronous = False
     process = None
-    sock = None
-    control = None  # nothing crosses a process boundary
 
     def __init__(self, envs: CoroutineEnvs, row: int):
         self.envs = envs
@@ -53,15 +50,11 @@ class EnvLane:
         self.lo, self.hi, self.num_envs = row, row + 1, 1
         self.env_steps = 0
         self.error: WorkerError | None = None
-        self.on_reply: Callable[[Any], None] = _ignore
+        self.on_reply: Callable[[LaneOwner], None] = no_reply
         self.task: asyncio.Task | None = None
         self.done = False
 
-    @property
-    def alive(self) -> bool:
-        return self.error is None
-
-    def post(self, code: int, slot: int, col: int) -> None:
+    def post(self, code: int, slot: int, col: int, count: int = 1) -> None:
         self.done = False
         self.task = asyncio.get_running_loop().create_task(self.envs.run(self, code, slot, col))
 

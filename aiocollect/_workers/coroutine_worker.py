@@ -25,36 +25,34 @@ from functools import partial
 from typing import Any
 
 import cloudpickle
-import numpy as np
 
 from .._envs.build import make_group
 from .._envs.coroutine_group import CoroutineGroup, timed
 from .._errors import WorkerError, env_failure
 from . import protocol
+from .lane import LaneOwner, LaneWorker, no_reply
 from .plan import WorkerSpec
 from .rows import WorkerRows
 from .shm import SharedArrays
 
 
-def _ignore(worker: Any) -> None:
-    pass
+class CoroutineWorker(LaneWorker):
+    """A worker entry of coroutine envs on the engine loop, one lane; see the module docstring."""
 
-
-class CoroutineWorker:
-    """A worker entry of coroutine envs on the engine loop; see the module docstring."""
+    in_process = True
+    takes_runs = False
+    synchronous = False
+    process = None
+    pid = None
 
     def __init__(self, spec: WorkerSpec):
         self.spec = spec
         self.index = spec.index
         self.lo, self.hi = spec.lo, spec.hi
         self.num_envs = spec.num_envs
-        self.process = None
-        self.pid: int | None = None
-        self.sock = None
         self.error: WorkerError | None = None
         self.env_steps = 0
-        self.on_reply: Callable[[Any], None] = _ignore
-        self.control: np.ndarray | None = None  # unused: nothing crosses a process boundary
+        self.on_reply: Callable[[LaneOwner], None] = no_reply
         self.group: CoroutineGroup | None = None
         self._posted = 0
         self._done = 0
@@ -79,9 +77,8 @@ class CoroutineWorker:
 
     # ------------------------------------------------------------------ the worker interface
 
-    def post(self, code: int, slot: int, col: int) -> None:
+    def post(self, code: int, slot: int, col: int, count: int = 1) -> None:
         self._posted += 1
-
         self._task = asyncio.get_running_loop().create_task(self._run(code, slot, col))
 
     def completed(self) -> bool:

@@ -1,12 +1,13 @@
 """``InlineWorker``: the envs of a ``Collector``, stepped right here, inside ``post``.
 
-To the scheduler (``_engine.scheduler``) it is a worker like the others (``post`` a
-command, ``completed()``), so ``Collector`` shares the storage, the bookkeeping and the
-rounds of the multi-process collectors. Its rows of the storage are the whole (private,
-unshared) storage, and a command is carried out before ``post`` returns, with the same
-``WorkerRows`` calls a process worker makes, so a round needs no event-loop callback at
-all: ``Scheduler.run_inline`` runs round after round in one loop (the synchronous fast
-path) and gives the event loop a turn about every millisecond.
+To the scheduler (``_engine.scheduler``) it is a lane like the others
+(``_workers.lane.LaneWorker``: ``post`` a command, ``completed()``), so ``Collector``
+shares the storage, the bookkeeping and the rounds of the multi-process collectors. Its
+rows of the storage are the whole (private, unshared) storage, and a command is carried
+out before ``post`` returns (it is ``synchronous``), with the same ``WorkerRows`` calls a
+process worker makes, so a round needs no event-loop callback at all:
+``Scheduler.run_inline`` runs round after round in one loop (the synchronous fast path,
+``_engine.rounds.InlineRounds``) and gives the event loop a turn about every millisecond.
 
 An env's exception propagates out of ``post`` (and out of the round), as a plain call's
 would; the collector wraps it in an [`EnvError`][aiocollect.EnvError]. A command that an
@@ -20,16 +21,20 @@ import os
 from typing import Any
 
 from . import protocol
+from .lane import LaneWorker, no_reply
 from .rows import WorkerRows
 from .shm import SharedArrays
 
 
-class InlineWorker:
-    """An in-process env group as a scheduler's worker; see the module docstring."""
+class InlineWorker(LaneWorker):
+    """An in-process env group as a scheduler's lane; see the module docstring."""
 
+    in_process = True
+    takes_runs = False
+    synchronous = True
     process = None
-    sock = None
     error = None
+    """Never set: an env's exception propagates out of ``post``."""
 
     def __init__(self, group: Any, shared: SharedArrays, *, max_frames_per_traj: int | None,
                  reset_when_done: bool):
@@ -39,16 +44,12 @@ class InlineWorker:
         self.lo, self.hi = 0, group.num_envs
         self.num_envs = group.num_envs
         self.env_steps = 0
-        self.control = shared.control[0]  # unused: nothing crosses a process boundary
+        self.on_reply = no_reply  # (never called: a command is done when ``post`` returns)
         self.rows = WorkerRows(shared, 0, group.num_envs, [leaf.key for leaf in group.obs_leaves],
                                max_frames_per_traj=max_frames_per_traj, reset_when_done=reset_when_done)
         self._done = False
 
-    @property
-    def alive(self) -> bool:
-        return True
-
-    def post(self, code: int, slot: int, col: int) -> None:
+    def post(self, code: int, slot: int, col: int, count: int = 1) -> None:
         """Carry out the command now (see the module docstring)."""
         if code == protocol.STEP_CODE:
             self.rows.step(self.group, slot, col)

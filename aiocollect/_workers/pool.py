@@ -45,6 +45,7 @@ import numpy as np
 from .._errors import EnvError, StartTimeoutError, WorkerError
 from . import protocol
 from .coroutine_worker import CoroutineWorker
+from .lane import LaneWorker, ProcessWorker, no_reply
 from .plan import WorkerPlan, WorkerSpec
 from .process import WorkerProcess, worker_command
 from .shm import Layout, SharedArrays, create_segment
@@ -55,7 +56,7 @@ logger = logging.getLogger("aiocollect")
 _PACKAGE_ROOT = str(Path(__file__).resolve().parents[2])
 
 
-class Worker:
+class Worker(ProcessWorker):
     """The engine's end of one worker process: its process, its socket, its ``ports``."""
 
     def __init__(self, spec: WorkerSpec):
@@ -71,7 +72,7 @@ class Worker:
         self.dump_fd = -1
         """The read end of the pipe the process writes its stacks to (``_workers.watchdog``)."""
         self.error: WorkerError | None = None
-        self.on_reply: Callable[[Worker], None] = _ignore
+        self.on_reply: Callable[[Worker], None] = no_reply
         """Called from the reader callback when a doorbell or an error arrives."""
         self.ports = [Port(self, lo, hi) for lo, hi in spec.lanes]
         """One per part of its envs (``WorkerSpec.parts``): the lanes the scheduler drives."""
@@ -147,16 +148,18 @@ class Worker:
             self.on_reply(self)
 
 
-def _ignore(worker: Worker) -> None:
-    pass
-
-
-class Port:
-    """One lane of a worker process: a part of its envs, with its own control line.
+class Port(LaneWorker):
+    """One lane of a worker process: a part of its envs, with its own control line (a
+    ``_workers.lane.ProcessLane``).
 
     The scheduler posts commands to a port and learns of their completion; the process,
-    its socket and its errors are the worker's (``port.worker``).
+    its socket and its errors are the worker's (``port.worker``, its ``owner``).
     """
+
+    in_process = False
+    takes_runs = True
+    """Takes ``RUN`` commands (steps in a row: see ``_workers.protocol``)."""
+    synchronous = False
 
     def __init__(self, worker: Worker, lo: int, hi: int):
         self.worker = worker
@@ -168,6 +171,14 @@ class Port:
         """This port's control line in shared memory (see ``_workers.protocol``)."""
         self._posted = 0
         self._seen = 0
+
+    @property
+    def owner(self) -> Worker:
+        return self.worker
+
+    @property
+    def posted(self) -> int:
+        return self._posted
 
     @property
     def error(self) -> WorkerError | None:
@@ -188,9 +199,6 @@ class Port:
     @on_reply.setter
     def on_reply(self, callback: Callable[[Worker], None]) -> None:
         self.worker.on_reply = callback
-
-    runs = True
-    """Takes ``RUN`` commands (steps in a row: see ``_workers.protocol``)."""
 
     def post(self, code: int, slot: int, col: int, count: int = 1) -> None:
         """Ask for ``protocol.STEP_CODE``, ``RESET_CODE`` or ``RUN_CODE`` (``count`` steps)
@@ -246,10 +254,14 @@ class WorkerPool:
         """How long the engine spins before blocking (0: never; see ``_workers.protocol``)."""
         self.worker_spin_s = protocol.worker_spin_budget(processes)
         """How long a worker spins before blocking."""
-        self.lanes = [port for w in self.workers for port in (w.ports if isinstance(w, Worker) else [w])]
+        self.processes = [w for w in self.workers if isinstance(w, Worker)]
+        """The workers that are processes."""
+        self.lanes: list[LaneWorker] = [port for w in self.workers
+                                         for port in (w.ports if isinstance(w, Worker) else [w])]
         """What the scheduler drives: every process worker's ports, every coroutine worker."""
-        for lane, line in zip(self.lanes, self.shared.control):
-            lane.control = line
+        for lane, line in zip(self.lanes, self.shared.control):  # (a coroutine worker's line: unused)
+            if isinstance(lane, Port):
+                lane.control = line
             line[protocol.E_ASLEEP] = 1
             line[protocol.W_ASLEEP] = 1
         self._lines = {id(lane): k for k, lane in enumerate(self.lanes)}
@@ -271,7 +283,7 @@ class WorkerPool:
             await self._start_all()
             os.close(self.shm_fd)
             self.shm_fd = -1
-            processes = [worker for worker in self.workers if isinstance(worker, Worker)]
+            processes = self.processes
             async with anyio.create_task_group() as tg:
                 for worker in processes:
                     tg.start_soon(self._watch, worker)
@@ -323,7 +335,7 @@ class WorkerPool:
     async def _start_timed_out(self) -> StartTimeoutError:
         """The error for the workers not up after ``start_timeout``, which are killed here
         (after their Python stacks are read, all at once: ``watchdog.read_stack``)."""
-        late = [w for w in self.workers if isinstance(w, Worker) and not w.ready]
+        late = [w for w in self.processes if not w.ready]
         stacks: dict[int, str] = {}
 
         async def read(worker: Worker) -> None:
@@ -345,7 +357,7 @@ class WorkerPool:
         return StartTimeoutError.workers(
             timeout=self.start_timeout, started=[w.index for w in self.workers if w not in late],
             pending=[(w.index, w.pid, stacks.get(w.index, "")) for w in late],
-            processes=sum(isinstance(w, Worker) for w in self.workers), cores=protocol.usable_cores(), load=load)
+            processes=len(self.processes), cores=protocol.usable_cores(), load=load)
 
     async def _start(self, worker: Worker | CoroutineWorker) -> None:
         if isinstance(worker, CoroutineWorker):
@@ -415,11 +427,11 @@ class WorkerPool:
                 async with anyio.create_task_group() as tg:
                     for w in coroutine:
                         tg.start_soon(w.aclose)
-        live = [w for w in self.workers if w.process is not None]
+        live = [w for w in self.processes if w.process is not None]
         for w in live:
             w.stop_reading()
             if w.process.returncode is None and self.step_timeout is not None and w.error is None \
-                    and isinstance(w, Worker) and overdue(w, self._since, self.step_timeout):
+                    and overdue(w, self._since, self.step_timeout):
                 # hung as well (the watchdog's next look would say so): no CLOSE can reach it
                 logger.warning("aiocollect: worker %s is hung too (a command over step_timeout): SIGKILL", w.index)
                 try:
@@ -450,26 +462,26 @@ class WorkerPool:
                 for w in running:
                     await w.process.wait()
         for w in live:
-            report = _close_report(w) if isinstance(w, Worker) and w.ready else None
+            report = _close_report(w) if w.ready else None
             if report:
                 logger.error("aiocollect: worker %s (pid %s), closing its envs at shutdown: %s", w.index, w.pid, report)
-        for w in self.workers:
-            if w.sock is not None:
-                w.sock.close()
-            if w.process is not None:
-                w.process.close()
-            _close_dump(w)
-        if self.shm_fd >= 0:
-            os.close(self.shm_fd)
-            self.shm_fd = -1
+        self._let_go(kill=False)
         self.shared.release()
 
     def kill_leftovers(self) -> None:
         """Last resort, from any thread once the engine loop is gone: ``SIGKILL`` any worker
         that was never seen to exit (the loop stopped before ``run()`` could clean up)."""
-        for w in self.workers:
+        self._let_go(kill=True)
+
+    def _let_go(self, kill: bool) -> None:
+        """Forget every process (``SIGKILL`` it first if ``kill`` and it still runs), close
+        its socket and dump pipe, and the segment's descriptor."""
+        for w in self.processes:
             if w.process is not None:
-                w.process.kill_now()
+                if kill:
+                    w.process.kill_now()
+                else:
+                    w.process.close()
             if w.sock is not None:
                 w.sock.close()
             _close_dump(w)
@@ -509,8 +521,8 @@ def _close_report(worker: Worker) -> str | None:
     return None
 
 
-def _close_dump(worker: Worker | CoroutineWorker) -> None:
-    fd = getattr(worker, "dump_fd", -1)
+def _close_dump(worker: Worker) -> None:
+    fd = worker.dump_fd
     if fd >= 0:
         os.close(fd)
         worker.dump_fd = -1

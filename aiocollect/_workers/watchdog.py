@@ -6,11 +6,13 @@ would otherwise hang the collector forever: the engine waits on that worker's re
 With a ``step_timeout``, the pool runs ``watch_steps`` next to its workers:
 
 * every ``period(step_timeout)`` seconds (a quarter of it, between 50 ms and 0.5 s) it
-  looks at each port's control line (``_workers.protocol``): a command posted
-  (``Port._posted``) and not done (``DONE``) is *outstanding*, and the first look that
-  saw it outstanding starts its clock; a ``RUN`` of steps restarts it at each step done
-  (``AT``), so the limit is per step, however long the run. The hot path pays nothing:
-  the watchdog reads counters the engine and the worker write anyway;
+  looks at the control line of each lane of each worker process (``_workers.protocol``;
+  the pool's workers and ports, seen as ``_workers.lane.ProcessWorker`` and
+  ``ProcessLane``): a command posted (``posted``) and not done (``DONE``) is
+  *outstanding*, and the first look that saw it outstanding starts its clock; a ``RUN``
+  of steps restarts it at each step done (``AT``), so the limit is per step, however long
+  the run. The hot path pays nothing: the watchdog reads counters the engine and the
+  worker write anyway;
 * a command outstanding for more than ``step_timeout`` fails its worker with a
   [`StepTimeoutError`][aiocollect.StepTimeoutError] naming the worker, its pid, the envs
   and ``step_timeout``, and saying how to fix it. So the collector raises it at most
@@ -31,15 +33,12 @@ from __future__ import annotations
 import os
 import signal
 import time
-from typing import TYPE_CHECKING
 
 import anyio
 
 from .._errors import StepTimeoutError
 from . import protocol
-
-if TYPE_CHECKING:
-    from .pool import Port, Worker
+from .lane import ProcessLane, ProcessWorker
 
 STACK_READ_S = 1.0
 """How long to wait for a hung worker's stack before killing it anyway."""
@@ -52,7 +51,7 @@ def period(step_timeout: float) -> float:
     return min(max(step_timeout / 4, 0.05), 0.5)
 
 
-async def watch_steps(workers: list[Worker], step_timeout: float, stopping,
+async def watch_steps(workers: list[ProcessWorker], step_timeout: float, stopping,
                       since: dict[int, tuple[tuple[int, int], float]] | None = None) -> None:
     """Fail and kill any worker whose command stays outstanding over ``step_timeout``
     (until cancelled; ``stopping()`` true: the pool is stopping its workers, leave them).
@@ -73,15 +72,15 @@ async def watch_steps(workers: list[Worker], step_timeout: float, stopping,
                     break
 
 
-def overdue(worker: Worker, since: dict[int, tuple[tuple[int, int], float]], step_timeout: float) -> bool:
+def overdue(worker: ProcessWorker, since: dict[int, tuple[tuple[int, int], float]], step_timeout: float) -> bool:
     """Whether a command of ``worker`` was seen outstanding more than ``step_timeout`` ago
     (by the watchdog's looks, ``since``): it is hung, as the watchdog's next look would say."""
     now = time.monotonic()
     return any(_late(port, since, now, step_timeout) for port in worker.ports)
 
 
-def _late(port: Port, since: dict[int, tuple[tuple[int, int], float]], now: float, step_timeout: float) -> bool:
-    posted = port._posted
+def _late(port: ProcessLane, since: dict[int, tuple[tuple[int, int], float]], now: float, step_timeout: float) -> bool:
+    posted = port.posted
     if int(port.control[protocol.DONE]) == posted:
         since.pop(id(port), None)
         return False
@@ -93,7 +92,7 @@ def _late(port: Port, since: dict[int, tuple[tuple[int, int], float]], now: floa
     return now - seen[1] > step_timeout
 
 
-async def _kill_hung(worker: Worker, port: Port, step_timeout: float, stopping) -> None:
+async def _kill_hung(worker: ProcessWorker, port: ProcessLane, step_timeout: float, stopping) -> None:
     stopped = process_state(worker.pid) in ("T", "t")
     stack = "" if stopped else await read_stack(worker)
     if worker.error is not None or stopping():
@@ -117,7 +116,7 @@ def process_state(pid: int | None) -> str:
         return ""
 
 
-async def read_stack(worker: Worker) -> str:
+async def read_stack(worker: ProcessWorker) -> str:
     """Ask ``worker`` for its threads' Python stacks (``SIGUSR1``) and read them from its
     dump pipe: "" if it does not answer within ``STACK_READ_S``."""
     fd = worker.dump_fd

@@ -1,0 +1,384 @@
+"""Round strategies: which lanes a round acts on, and how it reads and writes their rows.
+
+The scheduler (``_engine.scheduler``) runs a *round* whenever a completion arrived or the
+collector released a slot: the ready lanes that need a reset are sent a ``RESET``, the
+others get actions from **one** policy call and a ``STEP``. How a round finds its lanes and
+lays out their observations depends on the lanes, so each schedule is a strategy of its
+own, chosen once when the scheduler is built (``rounds_for``), each readable alone:
+
+* ``WorkerRounds``: the lanes of worker processes (and coroutine workers), a few of them,
+  scanned at each round. The policy reads a *view* of the storage when the ready lanes sit
+  side by side at the same column, as in a lockstep round (``_act_block``), and a
+  concatenation otherwise (``_act_apart``).
+* ``RandomRuns``: the same, but with ``policy=None`` (a ``RandomPolicy``, whose actions do
+  not depend on the observations) a round needs no policy call: each ready lane whose worker
+  ``takes_runs`` (a process's port) is given a *run* instead, a command for up to ``RUN_S``
+  worth of steps (``_workers.protocol``), with every step's actions drawn at once from the
+  lane's own stream (``RandomPolicy.sample_steps``). The worker steps on with no round
+  trip, and the run is booked as a whole when it completes (``Timelines.ran``): the main
+  process does a few array operations per run, not per step. (The collector decides when
+  runs are allowed: never where a batch must be cut after any step, an interruptor, or
+  where finished envs wait for a reset, no ``reset_when_done``.)
+* ``InlineRounds``: a ``Collector``'s in-process envs, one ``synchronous`` lane
+  (``_workers.inline_worker``) that carries a command out inside ``post``: ``run`` (the
+  scheduler's ``run_inline``) runs round after round with no callback at all, and gives the
+  event loop a turn about every ``SLICE_S``.
+* ``EnvQueueRounds``: a ``Collector``'s coroutine envs, one lane each, hundreds of them,
+  each at its own column. A scan of every lane per round would cost more than the round:
+  ready lanes wait in a queue in the order they became ready (the scheduler tells the
+  strategy, ``ready(lane)``), a round takes them as ``Batching`` says (EnvPool's
+  ``max_batch_size``/``min_batch_size``/``batch_timeout``), gathers their observations with
+  one fancy index per field and writes their outputs the same way.
+
+The interface (``Rounds``) is three calls: ``round(runner)`` posts the ready lanes their
+commands, ``ready(lane)`` says a lane may want a step (its batch began, a command of it was
+taken in or abandoned), and ``run(runner, until)`` is the fast path, ``InlineRounds``' only.
+What the strategies share is there too: the policy call and its checks (``_infer``), and
+posting the steps (``_post_steps``). The bookkeeping of completions, resets, batches and
+the event loop stays with the scheduler (what a strategy uses of it: ``Engine``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Protocol
+
+import anyio
+import numpy as np
+
+from .._policies.runner import PolicyRunner, check_outputs
+from .._workers import protocol
+from .lanes import READY, STEPPING, Lane
+
+if TYPE_CHECKING:
+    from .._envs.spaces import ActionCheck
+    from .storage import RolloutStorage
+    from .timelines import Timelines
+
+SLICE_S = 0.001
+"""Longest stretch of rounds run without a break before the loop gets a turn."""
+RUN_S = 0.016
+"""About how long a run of steps lasts (sized from the lane's last runs): long enough that
+booking it costs little per frame, short enough that what the collector asks next (a new
+batch, a reset, ``CLOSE``) waits little."""
+
+
+@dataclass(frozen=True)
+class Batching:
+    """How per-env rounds (a ``Collector``'s coroutine envs, each a lane of its own) group
+    ready envs into policy calls: EnvPool's knobs."""
+
+    max_batch_size: int | None = None
+    """At most this many envs per policy call (``None``: every ready env)."""
+    min_batch_size: int = 1
+    """A round waits for this many ready envs while others are still stepping..."""
+    batch_timeout: float = 0.005
+    """...but no longer than this many seconds after the first of them became ready."""
+    step_timeout: float | None = None
+    """A step or reset that takes longer fails the collection, naming the env (``None``: no limit)."""
+
+
+class Engine(Protocol):
+    """What a round strategy uses of its scheduler (``Scheduler`` is one)."""
+
+    storage: RolloutStorage
+    timelines: Timelines
+    lanes: list[Lane]
+    check_action: ActionCheck
+    """Checks (and converts) a policy's actions, and gives the envs theirs."""
+    busy: int
+    """Lanes stepping or resetting: a strategy adds those it posts."""
+
+    def post_reset(self, lane: Lane) -> bool:
+        """Send ``lane`` a ``RESET`` for the envs that need one; ``True``."""
+        ...
+
+    def take(self, lane: Lane) -> None:
+        """Book ``lane``'s completed command."""
+        ...
+
+    def poke(self) -> None:
+        """Run a round on the next loop pass."""
+        ...
+
+    def abandon(self, lanes: list[Lane]) -> None:
+        """The commands under way on ``lanes`` were cut short: they count as undone."""
+        ...
+
+
+def rounds_for(sched: Engine, batching: Batching | None, runs: bool) -> Rounds:
+    """The strategy for ``sched``'s lanes: see the module docstring."""
+    if batching is not None:
+        return EnvQueueRounds(sched, batching)
+    lanes = sched.lanes
+    if len(lanes) == 1 and lanes[0].worker.synchronous:
+        return InlineRounds(sched)
+    return RandomRuns(sched) if runs else WorkerRounds(sched)
+
+
+class Rounds:
+    """The interface the scheduler drives, and what every strategy shares."""
+
+    cache_flags = True
+    """The scheduler may keep views of a lane's flags per column (``RolloutStorage.flags``);
+    not for one-env lanes, which would make one per env and column."""
+
+    def __init__(self, sched: Engine):
+        self.sched = sched
+        self.storage, self.timelines, self.lanes = sched.storage, sched.timelines, sched.lanes
+
+    def round(self, runner: PolicyRunner) -> None:
+        """Post the ready lanes their commands: resets, or steps with the actions of one
+        call of ``runner`` (or runs of steps)."""
+        raise NotImplementedError
+
+    def ready(self, lane: Lane) -> None:
+        """``lane`` may be ready for its next step: its batch began, a command of it was
+        taken in, or one was abandoned. (Strategies that scan the lanes need not know.)"""
+
+    async def run(self, runner: Callable[[], PolicyRunner], until: Callable[[], bool]) -> None:
+        """Rounds until ``until()``, with no event-loop callback (``Scheduler.run_inline``)."""
+        kinds = sorted({type(lane.worker).__name__ for lane in self.lanes})
+        raise ValueError(f"run_inline drives one inline lane, not {len(self.lanes)} ({', '.join(kinds)})")
+
+    def _infer(self, ready: list[Lane], runner: PolicyRunner, obs, n: int) -> tuple[dict, np.ndarray, np.ndarray]:
+        """One policy call on the observations ``obs`` of the ``ready`` lanes (``n`` envs):
+        the outputs (checked), the actions the batch stores, and the actions the envs get."""
+        out = runner(obs, n)
+        if ready[0].keys is None or any(not v.shape or v.shape[0] != n for v in out.values()):
+            check_outputs(out, n)  # a lane's first call, or a row count that would broadcast
+        action = out["action"]
+        if not isinstance(action, np.ndarray):
+            try:
+                action = action.numpy(force=True)
+            except TypeError:  # bfloat16, float8 (autocast): numpy lacks them; the batch keeps them
+                action = action.float().numpy(force=True)
+        to_env = action  # what the envs are given; ``action``: what the batch stores
+        if runner.kind != "random":
+            check = self.sched.check_action
+            checked = check(action, n)
+            if checked is not action:  # converted (booleans for a discrete space): store that
+                out = {**out, "action": checked}
+                action = checked
+            to_env = check.env_action(action)  # one-hot rows: their indices
+        keys = tuple(out)
+        st = self.storage
+        for lane in ready:
+            if lane.keys is None:
+                lane.keys = keys
+                lane.carry = st.carried(keys)
+            elif lane.keys != keys:
+                st.check_outputs(out, lane.keys)
+        return out, action, to_env
+
+    def _post_steps(self, ready: list[Lane]) -> None:
+        """Their actions are in the storage: post each of the ``ready`` lanes a ``STEP``."""
+        self.sched.busy += len(ready)
+        for lane in ready:
+            lane.state = STEPPING
+            lane.worker.post(protocol.STEP_CODE, lane.slot, lane.t)
+
+
+class WorkerRounds(Rounds):
+    """Rounds over every ready lane, found by a scan (the parts of worker processes)."""
+
+    def round(self, runner: PolicyRunner) -> None:
+        ready = self._ready_lanes()
+        if ready:
+            self._act(ready, runner)
+
+    def _ready_lanes(self) -> list[Lane]:
+        """The lanes that want a step: the ready ones, less those just sent a reset."""
+        ready = [lane for lane in self.lanes if lane.state is READY and not lane.held and lane.t < lane.frames]
+        tl = self.timelines
+        if ready and tl.any_reset:
+            post_reset = self.sched.post_reset
+            ready = [lane for lane in ready if not (tl.wants_reset(lane.lo, lane.hi) and post_reset(lane))]
+        return ready
+
+    def _act(self, ready: list[Lane], runner: PolicyRunner) -> None:
+        s, t = ready[0].slot, ready[0].t
+        if all(lane.slot == s and lane.t == t and (i == 0 or ready[i - 1].hi == lane.lo)
+               for i, lane in enumerate(ready)):
+            self._act_block(ready, runner)
+        else:
+            self._act_apart(ready, runner)
+
+    def _act_block(self, ready: list[Lane], runner: PolicyRunner) -> None:
+        """Lanes side by side at one slot and column: the policy reads a view of the storage,
+        and its outputs are written as one block of rows."""
+        st, tl = self.storage, self.timelines
+        first = ready[0]
+        s, t, lo, hi = first.slot, first.t, first.lo, ready[-1].hi
+        out, action, to_env = self._infer(ready, runner, st.policy_input(s, t, lo, hi), hi - lo)
+        st.write(s, t, lo, hi, out, 0, runner.version, tl.traj_ids, tl.step_count, action)
+        st.action[t, lo:hi] = to_env
+        self._post_steps(ready)
+
+    def _act_apart(self, ready: list[Lane], runner: PolicyRunner) -> None:
+        """Lanes at different columns (or slots, or not adjacent): their observations are
+        concatenated, and the outputs written lane by lane."""
+        st, tl = self.storage, self.timelines
+        obs = st.policy_inputs([(lane.slot, lane.t, lane.lo, lane.hi) for lane in ready],
+                               aligned=runner.kind == "array")  # (a JAX policy reads it in place)
+        out, action, to_env = self._infer(ready, runner, obs, sum(lane.num_envs for lane in ready))
+        version = runner.version
+        start = 0
+        for lane in ready:
+            st.write(lane.slot, lane.t, lane.lo, lane.hi, out, start, version, tl.traj_ids, tl.step_count, action)
+            st.action[lane.t, lane.lo : lane.hi] = to_env[start : start + lane.num_envs]
+            start += lane.num_envs
+        self._post_steps(ready)
+
+
+class RandomRuns(WorkerRounds):
+    """``WorkerRounds`` where random actions go in runs of steps; see the module docstring."""
+
+    def round(self, runner: PolicyRunner) -> None:
+        ready = self._ready_lanes()
+        if ready and runner.kind == "random":
+            ready = self._post_runs(ready, runner)
+        if ready:
+            self._act(ready, runner)
+
+    def _post_runs(self, ready: list[Lane], runner: PolicyRunner) -> list[Lane]:
+        """Give each of the ``ready`` lanes that takes runs a run of steps with random
+        actions (``runner``'s ``RandomPolicy``); returns the others."""
+        st, random = self.storage, runner.policy
+        if runner.weights is not None:
+            runner.version = runner.weights.version
+        rest = []
+        now = time.perf_counter()
+        for lane in ready:
+            if not lane.runs:
+                rest.append(lane)
+                continue
+            left = lane.frames - lane.t
+            k = left if 2 * left <= 3 * lane.run_steps else lane.run_steps  # (no short run at the end)
+            if lane.keys is None:
+                lane.keys, lane.carry = ("action",), []
+            st.write_run(lane.slot, lane.t, lane.lo, lane.hi, random.sample_steps(lane.lo, k, lane.num_envs),
+                         runner.version)
+            lane.run, lane.run_posted, lane.state = k, now, STEPPING
+            self.sched.busy += 1
+            lane.worker.post(protocol.RUN_CODE, lane.slot, lane.t, k)
+        return rest
+
+    def book_run(self, lane: Lane) -> int:
+        """A completed run: the ids and step counts of all its steps at once, and the size
+        of the lane's next run (``RUN_S`` at this one's pace, growing at most twofold).
+        Returns the steps it took."""
+        s, t, lo, hi = lane.slot, lane.t, lane.lo, lane.hi
+        k = lane.worker.steps_done()  # all of the run, unless settle() cut it short
+        st, cols = self.storage, slice(t, t + k)
+        ids, counts = self.timelines.ran(lo, hi, st.terminated[s, cols, lo:hi], st.truncated[s, cols, lo:hi])
+        st.ran(s, t, lo, hi, ids, counts)
+        per_step = (time.perf_counter() - lane.run_posted) / k
+        lane.run_steps = max(1, min(int(RUN_S / per_step) if per_step > 0 else k, 2 * max(k, lane.run_steps)))
+        lane.run = 0
+        return k
+
+
+class InlineRounds(WorkerRounds):
+    """One ``synchronous`` lane (a ``Collector``'s in-process envs): ``run`` is the fast path."""
+
+    async def run(self, runner: Callable[[], PolicyRunner], until: Callable[[], bool]) -> None:
+        """Round after round in this one loop, with no callback, no search for ready lanes
+        and no harvest; the event loop gets a turn about every ``SLICE_S`` (so that
+        collection stays cancellable). A command an exception cut short counts as undone
+        (``Scheduler.abandon``): those envs are reset before their next step, with new
+        trajectory ids."""
+        sched, lanes, tl = self.sched, self.lanes, self.timelines
+        lane = lanes[0]
+        worker, act, take, post_reset = lane.worker, self._act_block, sched.take, sched.post_reset
+        clock = time.perf_counter
+        last = clock()
+        try:
+            while not until():
+                if tl.any_reset and tl.wants_reset(lane.lo, lane.hi):
+                    post_reset(lane)
+                else:
+                    act(lanes, runner())
+                worker.completed()
+                take(lane)
+                if clock() - last > SLICE_S:
+                    await anyio.lowlevel.checkpoint()
+                    last = clock()
+        except BaseException:
+            sched.abandon([lane])
+            raise
+
+
+class EnvQueueRounds(Rounds):
+    """Per-env rounds over one-env lanes, lane ``i`` on row ``i``; see the module docstring."""
+
+    cache_flags = False
+
+    def __init__(self, sched: Engine, batching: Batching):
+        super().__init__(sched)
+        if any(lane.num_envs != 1 or lane.lo != i for i, lane in enumerate(self.lanes)):
+            raise ValueError("per-env rounds drive lanes of one env each, lane i on row i")
+        self.batching = batching
+        self.queue: list[Lane] = []
+        """The ready lanes, in the order they became ready (``lane.queued``)."""
+        self._first_ready: float | None = None
+        self._timer: asyncio.TimerHandle | None = None
+
+    def ready(self, lane: Lane) -> None:
+        if not lane.queued and lane.state is READY and not lane.held and lane.t < lane.frames:
+            lane.queued = True
+            self.queue.append(lane)
+
+    def round(self, runner: PolicyRunner) -> None:
+        queue, tl = self.queue, self.timelines
+        keep = []
+        for lane in queue:  # drop what is no longer ready (held between batches, or full)
+            if lane.state is READY and not lane.held and lane.t < lane.frames:
+                if tl.any_reset and tl.needs_reset[lane.lo]:
+                    lane.queued = False
+                    self.sched.post_reset(lane)
+                else:
+                    keep.append(lane)
+            else:
+                lane.queued = False
+        if not keep:
+            queue.clear()
+            return
+        b, clock = self.batching, time.perf_counter
+        if len(keep) < b.min_batch_size and self.sched.busy:  # wait for more, but not for long
+            now = clock()
+            if self._first_ready is None:
+                self._first_ready = now
+            waited = now - self._first_ready
+            if waited < b.batch_timeout:
+                queue[:] = keep
+                if self._timer is None:
+                    self._timer = asyncio.get_running_loop().call_later(b.batch_timeout - waited, self._on_timer)
+                return
+        cap = b.max_batch_size or len(keep)
+        take, queue[:] = keep[:cap], keep[cap:]
+        self._first_ready = clock() if queue else None
+        for lane in take:
+            lane.queued = False
+        self._act(take, runner)
+        if queue:
+            self.sched.poke()  # the rest, capped out of this call, in the next
+
+    def _on_timer(self) -> None:
+        self._timer = None
+        self.sched.poke()
+
+    def _act(self, ready: list[Lane], runner: PolicyRunner) -> None:
+        """One-env lanes, one slot, each at its own column: one fancy index per field."""
+        st, tl = self.storage, self.timelines
+        n = len(ready)
+        s = ready[0].slot
+        rows = np.fromiter([lane.lo for lane in ready], dtype=np.int64, count=n)
+        cols = np.fromiter([lane.t for lane in ready], dtype=np.int64, count=n)
+        out, action, to_env = self._infer(ready, runner, st.gather(s, cols, rows), n)
+        st.write_rows(s, cols, rows, out, runner.version, tl.traj_ids, tl.step_count, action)
+        st.action[cols, rows] = to_env
+        self._post_steps(ready)
