@@ -62,6 +62,7 @@ _EXPORTS = {
     "MultiSyncCollector": "._collectors.multi_sync",
     "MultiSyncDataCollector": "._collectors.multi_sync",
     "MultiaSyncDataCollector": "._collectors.multi_async",
+    "ProfileReport": "._engine.profile",
     "RPCCollector": "._distributed.rpc_collector",
     "RandomPolicy": "._policies.random",
     "RayCollector": "._distributed.ray_collector",
@@ -108,6 +109,7 @@ if _typing.TYPE_CHECKING:  # static tools see ordinary imports
     from ._collectors.statistics import WorkerStatistics as WorkerStatistics
     from ._distributed.ray_collector import RayCollector as RayCollector
     from ._distributed.rpc_collector import RPCCollector as RPCCollector
+    from ._engine.profile import ProfileReport as ProfileReport
     from ._engine.trajectories import split_trajectories as split_trajectories
     from ._envs.async_env import AsyncEnv as AsyncEnv
     from ._envs.coroutine_group import ThreadEnv as ThreadEnv

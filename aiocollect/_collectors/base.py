@@ -37,6 +37,7 @@ from typing import Any
 import torch
 from tensordict import TensorDictBase
 
+from .._engine.profile import Profile
 from .._engine.staging import DeviceStaging
 from .._engine.storage import RolloutStorage
 from .._engine.trajectories import TrajectoryAssembler
@@ -149,6 +150,8 @@ class DataCollectorBase(Faces, Consumers, Delivery, Background, TorchRLAccessors
         self._reuse_td = False
         """``return_same_td`` (``Collector``): each batch is written into the first one."""
         self._same_td: TensorDictBase | None = None
+        self._profile: Profile | None = None
+        """Set by ``enable_profile()`` (``_engine.profile``)."""
         self._assembler = TrajectoryAssembler()
         """``trajs_per_batch``'s trajectories, complete and under way (see ``_next_trajectories``)."""
         self._kept: tuple[TensorDictBase, int] | None = None

@@ -101,19 +101,23 @@ def frames_for_buffer(batch: Any, buffer: Any) -> Any:
 class Delivery:
     """``DataCollectorBase``'s path from ``_collect()`` to the user. Uses the collector's
     ``options``, counters (``_frames``, ``_batches``, ``_max_lag``), ``_returns``,
-    ``_progress``, ``_staging``, ``_assembler``, ``_policy`` and ``_guarded_collect``."""
+    ``_progress``, ``_profile``, ``_staging``, ``_assembler``, ``_policy`` and ``_guarded_collect``."""
 
     async def _next_batch(self) -> Any:
         """The next delivered batch (``None`` with a replay buffer), or ``DONE``."""
         opts = self.options
         if opts.trajs_per_batch is not None:
-            return await self._next_trajectories()
-        batch = await self._next_raw()
-        if batch is DONE:
-            return DONE
-        if opts.split_trajs:
-            batch = split_trajectories(batch)
-        return self._deliver(batch)
+            delivered = await self._next_trajectories()
+        else:
+            delivered = await self._next_raw()
+            if delivered is DONE:
+                return DONE
+            if opts.split_trajs:
+                delivered = split_trajectories(delivered)
+            delivered = self._deliver(delivered)
+        if self._profile is not None and delivered is not DONE:
+            self._profile.delivered()
+        return delivered
 
     async def _next_raw(self) -> Any:
         """The next collected batch, counted, measured and shown, or ``DONE``."""
@@ -121,7 +125,14 @@ class Delivery:
         total = self.options.total_frames
         if total > 0 and self._frames >= total:
             return DONE
+        prof = self._profile
+        if prof is not None:
+            if prof.traces:
+                self._on_engine(prof.trace_step, prof.batches)  # (torch's profiler records one thread)
+            prof.asked()
         batch, frames = await self._guarded_collect()
+        if prof is not None:
+            prof.collected(frames)
         self._frames += frames
         self._batches += 1
         self._measure_lag(batch)  # (both read the host's copy of the batch)

@@ -37,8 +37,11 @@ import difflib
 import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
+from .._engine.profile import Profile, ProfileReport
+from .._errors import CollectorError
 from .._policies.random import SpecRandomPolicy
 from .._policies.setup import check_policy, cuda_graphs_for
 from .options import CollectorOptions, as_int, options_of
@@ -439,20 +442,89 @@ class TorchRLAccessors:
         """
         return self.options.frames_per_batch
 
-    def enable_profile(self, **profile_options: Any) -> None:
-        """TorchRL's worker profiler: not available here (``NotImplementedError``).
+    def enable_profile(self, *, workers: list[int] | None = None, num_rollouts: int = 3, warmup_rollouts: int = 1,
+                       save_path: str | Path | None = None, activities: list[str] | None = None,
+                       record_shapes: bool = True, profile_memory: bool = False, with_stack: bool = False,
+                       with_flops: bool = False, on_trace_ready: Callable[[Any], None] | None = None) -> None:
+        """Time where the collection's time goes from now on: TorchRL's ``enable_profile``.
 
-        TorchRL profiles the rollouts of its workers, where its policy and envs run.
-        aiocollect's workers step envs only, and the policy runs in this process: profile
-        the main process with ``torch.profiler.profile()`` around your loop instead.
+        The engine counts and times its policy calls and the batches it copies out of the
+        rollout storage, and the caller's side how long your loop waited for each batch and
+        how long it spent between two batches;
+        [`profile_report()`][aiocollect.DataCollectorBase.profile_report] returns the figures
+        (``print()`` shows them as a table). The same parts are named for ``torch.profiler``
+        (``aiocollect.policy``, ``aiocollect.batch`` ranges). With ``save_path`` (or
+        ``on_trace_ready``), batches ``warmup_rollouts`` to ``num_rollouts - 1`` after this
+        call are also recorded by ``torch.profiler``, in the thread where the engine runs,
+        and the trace saved there as a Chrome trace. TorchRL profiles its workers, where its
+        policy runs; here the policy runs in this process, so ``workers`` selects nothing (a
+        distributed collector's policy runs in its remote collectors: there only the caller's
+        side is timed). Calling it again starts the counts afresh.
+
+        Args:
+            workers: TorchRL's; checked (a list of worker indices, or ``None``), no effect.
+            num_rollouts: the batch (counted from this call) before which the trace ends.
+            warmup_rollouts: the batch from which the trace records.
+            save_path: where the Chrome trace goes (``None``: no trace, unless ``on_trace_ready``).
+            activities: ``"cpu"`` and/or ``"cuda"`` (default ``["cpu"]``).
+            record_shapes: ``torch.profiler.profile``'s.
+            profile_memory: ``torch.profiler.profile``'s.
+            with_stack: ``torch.profiler.profile``'s.
+            with_flops: ``torch.profiler.profile``'s.
+            on_trace_ready: called with the ``torch.profiler.profile`` once the trace ends.
 
         Raises:
-            NotImplementedError: always.
+            ValueError: ``warmup_rollouts`` is not below ``num_rollouts``, a count is
+                negative, or an activity is neither ``"cpu"`` nor ``"cuda"``.
+            TypeError: an argument of the wrong type.
+
+        Examples:
+            >>> collector.enable_profile(save_path="trace.json")
+            >>> for batch in collector:
+            ...     train(batch)
+            >>> print(collector.profile_report())
         """
-        raise NotImplementedError(
-            "enable_profile: aiocollect does not profile collection itself. The policy runs in this "
-            "process: wrap your loop in torch.profiler.profile() to see it; worker processes only step envs."
-        )
+        if self._closed:
+            raise self._closed_error()
+        if workers is not None and not (isinstance(workers, (list, tuple)) and all(
+                as_int(w) is not None for w in workers)):
+            raise TypeError(f"enable_profile: workers={workers!r}: give a list of worker indices, or None.")
+        for name, value in (("num_rollouts", num_rollouts), ("warmup_rollouts", warmup_rollouts)):
+            if as_int(value) is None or value < 0:
+                raise ValueError(f"enable_profile: {name}={value!r}: give a count of batches (an int >= 0).")
+        if warmup_rollouts >= num_rollouts:
+            raise ValueError(f"enable_profile: warmup_rollouts={warmup_rollouts} must be below num_rollouts="
+                             f"{num_rollouts} (the trace records batches warmup_rollouts to num_rollouts - 1).")
+        unknown = set(activities or ()) - {"cpu", "cuda"}
+        if unknown:
+            raise ValueError(f"enable_profile: activities={activities!r}: use 'cpu' and/or 'cuda'.")
+        if on_trace_ready is not None and not callable(on_trace_ready):
+            raise TypeError(f"enable_profile: on_trace_ready={on_trace_ready!r} is not callable.")
+        old = self._profile
+        if old is not None:
+            self._on_engine(old.finish)
+        self._profile = Profile(num_rollouts=num_rollouts, warmup_rollouts=warmup_rollouts, save_path=save_path,
+                                on_trace_ready=on_trace_ready, activities=activities, record_shapes=record_shapes,
+                                profile_memory=profile_memory, with_stack=with_stack, with_flops=with_flops)
+        self._resources.closers.append(self._profile.finish)  # a trace under way at shutdown is saved
+        self._profile_engine(self._profile)
+
+    def _profile_engine(self, profile: Profile) -> None:
+        """Hand ``profile`` to the engine's parts (a local collector's scheduler)."""
+
+    def profile_report(self) -> ProfileReport:
+        """Where the collection's time went since ``enable_profile()``: a frozen snapshot.
+
+        Returns:
+            A [`ProfileReport`][aiocollect.ProfileReport]; ``print()`` shows it as a table.
+
+        Raises:
+            CollectorError: ``enable_profile()`` was not called.
+        """
+        if self._profile is None:
+            raise CollectorError("profile_report(): call collector.enable_profile() first: the collection is "
+                                 "timed only from then on (off, it costs nothing).")
+        return self._profile.report()
 
     def init_updater(self, *args: Any, **kwargs: Any) -> None:
         """TorchRL's ``init_updater(...)``: nothing to do here.

@@ -239,6 +239,9 @@ class WorkerCollectorBase(DataCollectorBase):
         tl = self._scheduler.timelines
         return tl.env_steps, tl.completed_trajectories
 
+    def _profile_engine(self, profile) -> None:
+        self._scheduler.profile = profile
+
     def _take_cut(self):
         return self._scheduler.timelines.take_cut()
 

@@ -55,6 +55,7 @@ from .lanes import READY, STEPPING, Lane
 
 if TYPE_CHECKING:
     from .._envs.spaces import ActionCheck
+    from .profile import Profile
     from .storage import RolloutStorage
     from .timelines import Timelines
 
@@ -91,6 +92,8 @@ class Engine(Protocol):
     """Checks (and converts) a policy's actions, and gives the envs theirs."""
     busy: int
     """Lanes stepping or resetting: a strategy adds those it posts."""
+    profile: Profile | None
+    """Times and names the policy calls (``_engine.profile``; ``None``: off)."""
 
     def post_reset(self, lane: Lane) -> bool:
         """Send ``lane`` a ``RESET`` for the envs that need one; ``True``."""
@@ -147,7 +150,8 @@ class Rounds:
     def _infer(self, ready: list[Lane], runner: PolicyRunner, obs, n: int) -> tuple[dict, np.ndarray, np.ndarray]:
         """One policy call on the observations ``obs`` of the ``ready`` lanes (``n`` envs):
         the outputs (checked), the actions the batch stores, and the actions the envs get."""
-        out = runner(obs, n)
+        profile = self.sched.profile
+        out = runner(obs, n) if profile is None else profile.policy(runner, obs, n)
         if ready[0].keys is None or any(not v.shape or v.shape[0] != n for v in out.values()):
             check_outputs(out, n)  # a lane's first call, or a row count that would broadcast
         action = out["action"]

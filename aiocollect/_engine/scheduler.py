@@ -53,6 +53,7 @@ from .._workers import protocol
 from .._workers.lane import LaneOwner, LaneWorker
 from .._workers.shm import SharedArrays
 from .lanes import READY, RESETTING, STEPPING, Lane, Sealed
+from .profile import Profile
 from .rounds import SLICE_S, Batching, RandomRuns, rounds_for
 from .storage import RolloutStorage, StoredValueError, concat, host_empty
 from .timelines import Timelines
@@ -69,6 +70,8 @@ class Scheduler:
                  step_count: bool, reset_when_done: bool, spin_s: float = 0.0, batching: Batching | None = None,
                  runs: bool = False):
         self.storage = RolloutStorage(shared, obs_leaves, step_count=step_count)
+        self.profile: Profile | None = None
+        """Set by ``enable_profile()``: the policy calls and batches are timed (``_engine.profile``)."""
         self.num_envs = self.storage.num_envs
         self.timelines = Timelines(self.num_envs, reset_when_done=reset_when_done, count_steps=step_count)
         self.reset_when_done = reset_when_done
@@ -153,9 +156,16 @@ class Scheduler:
         """
         lane = sealed.lane
         valid = np.full(lane.num_envs, sealed.valid, dtype=np.int64)
+        return self._copy_out(sealed.slot, lane.lo, lane.hi, sealed.frames, valid, keys or sealed.keys,
+                              sealed.start_flags, sealed.mask, empty)
+
+    def _copy_out(self, *args: Any) -> dict:
+        """``storage.batch(*args)``, its bad values named (``_naming_bad_values``), timed
+        when profiled."""
         with self._naming_bad_values():
-            return self.storage.batch(sealed.slot, lane.lo, lane.hi, sealed.frames, valid, keys or sealed.keys,
-                                      sealed.start_flags, sealed.mask, empty)
+            if self.profile is None:
+                return self.storage.batch(*args)
+            return self.profile.batch(lambda: self.storage.batch(*args))
 
     @contextlib.contextmanager
     def _naming_bad_values(self) -> Iterator[None]:
@@ -182,9 +192,8 @@ class Scheduler:
         valid = np.concatenate([np.full(b.lane.num_envs, b.valid, dtype=np.int64) for b in sealed])
         flags = None if first.start_flags is None else np.concatenate([b.start_flags for b in sealed], axis=1)
         if all(b.slot == first.slot for b in sealed):
-            with self._naming_bad_values():
-                return storage.batch(first.slot, first.lane.lo, sealed[-1].lane.hi, first.frames, valid, keys,
-                                     flags, first.mask)
+            return self._copy_out(first.slot, first.lane.lo, sealed[-1].lane.hi, first.frames, valid, keys, flags,
+                                  first.mask)
         parts = [self.batch(b, keys, host_empty) for b in sealed]  # only the joined batch is staged
         return {k: concat([p[k] for p in parts], storage.empty) for k in parts[0]}
 

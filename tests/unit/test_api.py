@@ -26,6 +26,7 @@ EXPECTED = {
     "MultiSyncCollector",
     "MultiSyncDataCollector",
     "MultiaSyncDataCollector",
+    "ProfileReport",
     "RPCCollector",
     "RandomPolicy",
     "RayCollector",
