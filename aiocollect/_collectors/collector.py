@@ -6,7 +6,7 @@ private storage of one batch:
 * gymnasium envs (and vector envs) over one ``InlineWorker`` (``_workers.inline_worker``)
   that steps the group right here, through the scheduler's synchronous fast path
   (``run_inline``);
-* coroutine envs each as a lane of their own (``_workers.coroutine_envs``), stepped as
+* coroutine envs each as a lane of their own (``_coroutines.lanes``), stepped as
   tasks on the collector's loop, with the scheduler's per-env rounds.
 
 This module builds the env group and the policy setup, validates the options, and turns
@@ -23,12 +23,12 @@ import torch
 from tensordict import TensorDictBase
 from tensordict.nn import InteractionType
 
+from .._coroutines.group import CoroutineGroup
+from .._coroutines.lanes import CoroutineEnvs
 from .._engine.scheduler import Scheduler
 from .._envs.build import check_create_env_fn, make_group
-from .._envs.coroutine_group import CoroutineGroup
 from .._errors import CollectorError, EnvError
 from .._policies.setup import PolicySetup
-from .._workers.coroutine_envs import CoroutineEnvs
 from .._workers.inline_worker import InlineWorker
 from .._workers.shm import Layout, SharedArrays
 from .base import DataCollectorBase

@@ -11,7 +11,7 @@ of lane implement the protocol, each declaring it (``class Port(LaneWorker)``):
   shared memory (a ``ProcessLane``). Not ``in_process``; ``takes_runs``; its process
   reports for it (``owner``: the ``pool.Worker``, whose one doorbell serves all its parts).
 * ``CoroutineWorker``: a worker entry of coroutine envs, run as tasks on the engine loop.
-* ``EnvLane``: one coroutine env of a ``Collector`` (``coroutine_envs``), a lane of one row.
+* ``EnvLane``: one coroutine env of a ``Collector`` (``_coroutines.lanes``), a lane of one row.
 * ``InlineWorker``: a ``Collector``'s envs, stepped right inside ``post`` (``synchronous``).
 
 The capabilities are declared, never probed: the scheduler gives runs of random steps to

@@ -118,7 +118,7 @@ def _close_probe(i: int, entry: Any, group: Any) -> None:
     envs too, on a loop of their own). An env whose ``close()`` raises still runs in its
     worker (which reports such errors at shutdown): warn, naming the factory and each env
     that failed, instead of failing the constructor."""
-    from .._envs.coroutine_group import CoroutineGroup
+    from .._coroutines.group import CoroutineGroup
 
     try:
         if isinstance(group, CoroutineGroup):
@@ -156,7 +156,7 @@ def plan_workers(create_env_fn: Any, create_env_kwargs: dict | None, *,
     pickled = [_pickle(i, entry) for i, entry in enumerate(create_env_fn)]
     kwargs = dict(create_env_kwargs or {})
 
-    from .._envs.coroutine_group import CoroutineGroup
+    from .._coroutines.group import CoroutineGroup
 
     probed: dict[int, tuple[gym.Space, gym.Space, int, bool, bool, bool]] = {}
     specs, first, lo = [], None, 0

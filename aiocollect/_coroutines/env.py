@@ -2,7 +2,7 @@
 
 A coroutine env waits rather than computes: a simulator or game server behind a socket, a
 web API, a tool an agent calls, a robot. Hundreds of them share one event loop, and the
-scheduler steps each one as soon as its action is ready (``_workers.coroutine_envs``).
+scheduler steps each one as soon as its action is ready (``_coroutines.lanes``).
 
 The protocol, [`AsyncEnv`][aiocollect.AsyncEnv], is gymnasium's with ``async``; its class
 docstring says what users see. ``is_async_env`` recognises one, ``check_async_env``
