@@ -32,7 +32,7 @@ import asyncio
 import concurrent.futures
 import threading
 import weakref
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from tensordict import TensorDictBase
@@ -55,6 +55,8 @@ from .resources import Resources
 from .statistics import CollectorStatistics, WorkerStatistics
 from .torchrl_compat import TorchRLAccessors, weights_given
 
+if TYPE_CHECKING:
+    from .._engine.scheduler import Scheduler
 
 class DataCollectorBase(Faces, Consumers, Delivery, Background, TorchRLAccessors):
     """Base class of every collector: iteration, lifecycle, weight updates and counters.
@@ -150,6 +152,9 @@ class DataCollectorBase(Faces, Consumers, Delivery, Background, TorchRLAccessors
         self._reuse_td = False
         """``return_same_td`` (``Collector``): each batch is written into the first one."""
         self._same_td: TensorDictBase | None = None
+        self._scheduler: Scheduler | None = None
+        """The engine of a local collector (``_engine.scheduler``), set by the variant;
+        ``None`` for the distributed collectors, whose engines are remote."""
         self._profile: Profile | None = None
         """Set by ``enable_profile()`` (``_engine.profile``)."""
         self._assembler = TrajectoryAssembler()
@@ -194,7 +199,7 @@ class DataCollectorBase(Faces, Consumers, Delivery, Background, TorchRLAccessors
     def _take_cut(self) -> Any:
         """The ids of the trajectories that resets cut since the last call (``trajs_per_batch``
         drops them: see ``_engine.timelines``)."""
-        return ()
+        return () if self._scheduler is None else self._scheduler.timelines.take_cut()
 
     def _worker_statistics(self) -> tuple[WorkerStatistics, ...]:
         return ()

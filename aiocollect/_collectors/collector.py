@@ -353,12 +353,6 @@ class Collector(DataCollectorBase):
     def _counters(self) -> tuple[int, int]:
         return self._timelines.env_steps, self._timelines.completed_trajectories
 
-    def _profile_engine(self, profile) -> None:
-        self._scheduler.profile = profile
-
-    def _take_cut(self):
-        return self._timelines.take_cut()
-
     # ------------------------------------------------------------------ control
 
     @property

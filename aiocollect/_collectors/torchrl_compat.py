@@ -507,10 +507,8 @@ class TorchRLAccessors:
                                 on_trace_ready=on_trace_ready, activities=activities, record_shapes=record_shapes,
                                 profile_memory=profile_memory, with_stack=with_stack, with_flops=with_flops)
         self._resources.closers.append(self._profile.finish)  # a trace under way at shutdown is saved
-        self._profile_engine(self._profile)
-
-    def _profile_engine(self, profile: Profile) -> None:
-        """Hand ``profile`` to the engine's parts (a local collector's scheduler)."""
+        if self._scheduler is not None:  # a local collector: its engine times its own parts
+            self._scheduler.profile = self._profile
 
     def profile_report(self) -> ProfileReport:
         """Where the collection's time went since ``enable_profile()``: a frozen snapshot.

@@ -239,12 +239,6 @@ class WorkerCollectorBase(DataCollectorBase):
         tl = self._scheduler.timelines
         return tl.env_steps, tl.completed_trajectories
 
-    def _profile_engine(self, profile) -> None:
-        self._scheduler.profile = profile
-
-    def _take_cut(self):
-        return self._scheduler.timelines.take_cut()
-
     def _worker_statistics(self) -> tuple[WorkerStatistics, ...]:
         return tuple(
             WorkerStatistics(w.index, w.pid, w.num_envs, w.env_steps, w.alive) for w in self._pool.workers

@@ -174,6 +174,14 @@ def ctrl_c_in_the_loop(loop, collector, how: str = "callback") -> None:
     threading.Thread(target=send, daemon=True).start()
 
 
+async def cell(collector, got: list, n: int) -> None:
+    """A notebook cell: ``async for`` over ``collector`` into ``got`` until it holds ``n`` batches."""
+    async for batch in collector:
+        got.append(batch)
+        if len(got) >= n:
+            return
+
+
 def frames_of(batches) -> int:
     return sum(int(b["collector", "mask"].sum()) if ("collector", "mask") in b.keys(True) else b.numel()
                for b in batches)
@@ -190,7 +198,7 @@ def printed_by_the_abandoned_iteration(unraisable, caplog) -> list[str]:
 
 @pytest.mark.parametrize("how", ["callback", "sigint"])
 def test_ctrl_c_out_of_the_callers_loop_then_a_new_async_for_resumes_the_batch(variant, monkeypatch, caplog, how):
-    # issue 32 item 4: after `loop.run_until_complete(cell())` was interrupted by a
+    # after `loop.run_until_complete(cell())` was interrupted by a
     # KeyboardInterrupt raised in the loop, the next cell's `async for` raised
     # CollectorBusyError ("don't iterate it from two places"), the interrupted cell's task
     # went on consuming batches whenever the loop ran, and a NoEventLoopError was printed
@@ -201,21 +209,15 @@ def test_ctrl_c_out_of_the_callers_loop_then_a_new_async_for_resumes_the_batch(v
     loop = asyncio.new_event_loop()
     got = []
 
-    async def cell(n):
-        async for batch in collector:
-            got.append(batch)
-            if len(got) >= n:
-                return
-
     try:
         for _ in range(2):
             ctrl_c_in_the_loop(loop, collector, how)
             with pytest.raises(KeyboardInterrupt):
-                loop.run_until_complete(cell(10**9))  # (pytest-timeout bounds it)
+                loop.run_until_complete(cell(collector, got, 10**9))  # (pytest-timeout bounds it)
             seen = len(got)
             loop.run_until_complete(asyncio.sleep(0.2))  # a cell that does not iterate
             assert len(got) == seen, "the interrupted cell went on consuming batches"
-            loop.run_until_complete(asyncio.wait_for(cell(seen + 2), 30))
+            loop.run_until_complete(asyncio.wait_for(cell(collector, got, seen + 2), 30))
         stats = collector.statistics()
     finally:
         collector.shutdown()
@@ -238,16 +240,10 @@ def test_ctrl_c_out_of_the_callers_loop_then_the_sync_face_or_a_new_loop_resumes
     collector = variant(SlowCounterEnv, None, frames_per_batch=80, total_frames=-1)
     got = []
 
-    async def cell(n):
-        async for batch in collector:
-            got.append(batch)
-            if len(got) >= n:
-                return
-
     def interrupted_cell(loop):
         ctrl_c_in_the_loop(loop, collector)
         with pytest.raises(KeyboardInterrupt):
-            loop.run_until_complete(cell(10**9))  # (pytest-timeout bounds it)
+            loop.run_until_complete(cell(collector, got, 10**9))  # (pytest-timeout bounds it)
         return len(got)
 
     loop = asyncio.new_event_loop()
@@ -264,7 +260,7 @@ def test_ctrl_c_out_of_the_callers_loop_then_the_sync_face_or_a_new_loop_resumes
         pending = asyncio.all_tasks(loop)  # still referenced once its loop is closed
         loop.close()
         loop = asyncio.new_event_loop()
-        loop.run_until_complete(asyncio.wait_for(cell(len(got) + 2), 30))
+        loop.run_until_complete(asyncio.wait_for(cell(collector, got, len(got) + 2), 30))
         del pending
 
         interrupted_cell(loop)
