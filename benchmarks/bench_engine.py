@@ -1,20 +1,23 @@
 """How close the worker collectors come to what the envs allow, and what the main process spends.
 
-Three sections, in one run, every contender round-robin (``--repeats`` runs each; the table
-shows the best and the median, ratios use the best):
+Sections, in one run, every contender round-robin (``--repeats`` runs each; the table shows
+the best and the median, ratios use the best):
 
-* **E. CartPole-v1, W workers x 16 envs, random policy** (``--workers``, default 2). The
-  *limit* is one core stepping 16 envs in a bare loop (pre-drawn actions, reset when done,
-  nothing stored), times the cores the W workers can use. Rows: aiocollect
-  ``MultiSyncCollector`` and ``MultiAsyncCollector`` (random actions: each worker takes runs
-  of steps, with no round trip per step), and ``MultiAsyncCollector`` with ``lean_policy``
-  (a policy that reads the observation: a round trip and a policy call per step); TorchRL
-  ``MultiSyncCollector`` with each worker a ``GymWrapper(SyncVectorEnv(16))``, random and
-  with ``lean_policy`` (which each TorchRL worker runs itself on its own envs); PufferLib's
-  raw ``Multiprocessing`` vector (W workers x 16 envs, no rollout storage; only where
-  ``pufferlib`` is installed: ``pip install --no-deps pufferlib-core``, its pinned torch is
-  not needed); gymnasium ``AsyncVectorEnv`` of the W*16 CartPole envs (one process each, as
-  users write it).
+* **E. CartPole-v1, W workers x 16 envs, an MLP policy that reads the observation** (the
+  headline: how everyone trains; ``--workers``, default 2). The policy is a
+  ``TensorDictModule`` over a 4-64-2 MLP (``Tanh``, ``argmax``), ``MLPPolicy``. The *limit*
+  is one core stepping 16 envs in a bare loop (pre-drawn actions, reset when done, nothing
+  stored), times the cores the W workers can use. Rows: aiocollect ``MultiSyncCollector``
+  and ``MultiAsyncCollector`` as a user gets them (with as many workers as cores, each
+  worker runs its own copy of the policy: ``_policies.in_workers``), the same with the
+  policy in the main process, batched over the workers (``AIOCOLLECT_POLICY_IN_WORKERS=0``,
+  "central"), and TorchRL's ``MultiSyncCollector`` (each worker a
+  ``GymWrapper(SyncVectorEnv(16))`` running the same MLP on its own envs: TorchRL's design).
+* **R. The same envs with random actions** (the warm-up, not training): aiocollect's two
+  collectors (each worker takes runs of steps, no round trip per step), TorchRL's, PufferLib's
+  raw ``Multiprocessing`` vector (no rollout storage; only where ``pufferlib`` is installed:
+  ``pip install --no-deps pufferlib-core``), gymnasium ``AsyncVectorEnv`` of the W*16 envs
+  (one process each, as users write it; full runs only).
 * **P. A pixel env, 2 workers x 8 envs, random policy**: observations ``4x84x84`` uint8, each
   step spins 200 us of CPU. The limit is one core stepping 8 of them, times 2 (or the cores).
 * **L. A policy that waits, as a GPU policy's call does** (each call sleeps 0, 0.5 or 1 ms,
@@ -22,21 +25,26 @@ shows the best and the median, ratios use the best):
   ``MultiSyncCollector`` with each worker stepping its envs in two halves in turn (the
   default for a GPU policy when the engine has a core of its own) and without
   (``AIOCOLLECT_PIPELINE=1``/``0``). The halves hide a wait up to about half a step.
-* **M. Main-process CPU per frame** for section E's collectors: the CPU time of every thread
-  of this process over the timed batches, divided by the frames. With spinning on (the
-  default) that includes the time the engine spins, yielding its core, while it waits for
-  the workers; ``AIOCOLLECT_SPIN=0`` rows show the work and the system calls alone.
+* **M. Main-process CPU per frame** at the first W: the CPU time of every thread of this
+  process over the timed batches, divided by the frames, with the MLP (as a user gets it,
+  and central) and random actions. With spinning on (the default where the engine has a
+  core of its own) that includes the time the engine spins, yielding its core, while it
+  waits for the workers; ``AIOCOLLECT_SPIN=0`` rows (full runs) show the work alone.
+* **W. Memory of one worker process** (resident set, MiB) at the first W: random actions
+  (the lean worker: no torch), the MLP in the workers (each imports torch), and TorchRL's.
 
-Goals (on 2 cores): E and P collectors >= 0.7 and >= 0.8 of their limits; M <= 0.5 us.
+Goals (on 2 cores): E's aiocollect rows >= 0.6 of the limit and >= 5x TorchRL; R and P
+collectors >= 0.7 and >= 0.8 of their limits; M with the MLP <= 1.5 us.
 
-    python benchmarks/bench_engine.py                # ~2 min on 2 cores
-    python benchmarks/bench_engine.py --quick        # smoke run, ~20 s
-    python benchmarks/bench_engine.py --workers 2 8  # one section E per worker count
+    python benchmarks/bench_engine.py                # a few minutes on 2 cores
+    python benchmarks/bench_engine.py --quick        # smoke run, about a minute
+    python benchmarks/bench_engine.py --workers 2 8  # sections E and R per worker count
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import functools
 import importlib.util
 import logging
@@ -128,18 +136,53 @@ def timed(collector, batches: int, cpu: dict | None = None) -> float:
 
 
 def aio(cls_name: str, make, workers: int, envs: int, steps: int, batches: int, cpu: dict | None = None,
-        policy=None, policy_device: str | None = None) -> float:
+        policy=None, policy_device: str | None = None, in_workers: str | None = None) -> float:
+    """aiocollect's ``cls_name`` over ``workers`` x ``envs`` envs; ``in_workers``: the
+    ``AIOCOLLECT_POLICY_IN_WORKERS`` it is built with (``None``: as the user's environment says)."""
     cls = getattr(aiocollect, cls_name)
     fpb = envs * steps * (workers if cls_name == "MultiSyncCollector" else 1)
-    with cls([[make] * envs] * workers, policy, frames_per_batch=fpb, policy_device=policy_device) as c:
+    with env_var("AIOCOLLECT_POLICY_IN_WORKERS", in_workers), \
+            cls([[make] * envs] * workers, policy, frames_per_batch=fpb, policy_device=policy_device) as c:
         return timed(c, batches, cpu)
 
 
-def lean_policy(observation):
-    """Push the cart towards the pole's lean: a policy that reads the observation, so (unlike
-    random actions, which workers take in runs of steps) every step is a round through the
-    main process and one batched policy call."""
-    return (observation[..., 2] > 0).long()
+class MLP(torch.nn.Module):
+    """A 4-64-2 MLP whose action is the argmax of its two outputs: the size of a CartPole
+    PPO or DQN network, a policy that reads the observation."""
+
+    def __init__(self):
+        super().__init__()
+        gen = torch.Generator().manual_seed(0)
+        self.net = torch.nn.Sequential(torch.nn.Linear(4, 64), torch.nn.Tanh(), torch.nn.Linear(64, 2))
+        with torch.no_grad():
+            for p in self.net.parameters():
+                p.copy_(torch.randn(p.shape, generator=gen) * 0.5)
+
+    def forward(self, observation: torch.Tensor) -> torch.Tensor:
+        return self.net(observation).argmax(-1)
+
+
+def mlp_policy():
+    """``MLP`` as users hand it over: a ``TensorDictModule`` reading ``"observation"``."""
+    from tensordict.nn import TensorDictModule
+
+    return TensorDictModule(MLP(), in_keys=["observation"], out_keys=["action"])
+
+
+@contextlib.contextmanager
+def env_var(name: str, value: str | None):
+    """``os.environ[name]`` set to ``value`` (``None``: left as it is) for the block: the
+    engine's switches are read when a collector is built."""
+    before = os.environ.get(name)
+    if value is not None:
+        os.environ[name] = value
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = before
 
 
 class WaitingPolicy(torch.nn.Module):
@@ -213,24 +256,61 @@ def torchrl_vector_cartpole(categorical: bool = False):
     return GymWrapper(vec, categorical_action_encoding=categorical)
 
 
-def torchrl_multisync(workers: int, steps: int, batches: int, lean: bool = False) -> float:
-    """TorchRL's ``MultiSyncCollector``, random actions or (``lean``) ``lean_policy``, which
+def torchrl_multisync(workers: int, steps: int, batches: int, mlp: bool = False) -> float:
+    """TorchRL's ``MultiSyncCollector``, random actions or (``mlp``) ``mlp_policy``, which
     each of its workers runs on its own envs (TorchRL's design: no round trip per step)."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         logging.getLogger("torchrl").setLevel(logging.ERROR)
-        from tensordict.nn import TensorDictModule
         from torchrl.collectors import MultiSyncCollector
 
         fpb = workers * E_ENVS * steps
-        make = functools.partial(torchrl_vector_cartpole, categorical=True) if lean else torchrl_vector_cartpole
-        policy = TensorDictModule(lean_policy, in_keys=["observation"], out_keys=["action"]) if lean else None
-        c = MultiSyncCollector([make] * workers, policy, frames_per_batch=fpb,
+        make = functools.partial(torchrl_vector_cartpole, categorical=True) if mlp else torchrl_vector_cartpole
+        c = MultiSyncCollector([make] * workers, mlp_policy() if mlp else None, frames_per_batch=fpb,
                                total_frames=fpb * (batches + 1))
         try:
             return timed(c, batches)
         finally:
             c.shutdown()
+
+
+def rss_mib(pid: int) -> float:
+    """Resident memory of process ``pid``, MiB (Linux)."""
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    raise RuntimeError(f"no VmRSS for pid {pid}")
+
+
+def worker_rss(kind: str, workers: int) -> float:
+    """MiB of resident memory of one worker process after a few batches: aiocollect's with
+    random actions (``"random"``) or the MLP in the workers (``"mlp"``), or TorchRL's with
+    the MLP (``"torchrl"``); the largest of the workers."""
+    fpb = workers * E_ENVS * 8
+    if kind == "torchrl":
+        import psutil  # (torchrl needs it)
+        from torchrl.collectors import MultiSyncCollector
+
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            c = MultiSyncCollector([functools.partial(torchrl_vector_cartpole, categorical=True)] * workers,
+                                   mlp_policy(), frames_per_batch=fpb, total_frames=-1)
+            try:
+                it = iter(c)
+                for _ in range(3):
+                    next(it)
+                kids = psutil.Process().children(recursive=True)
+                return max(k.memory_info().rss for k in kids) / 2**20
+            finally:
+                c.shutdown()
+    policy = mlp_policy() if kind == "mlp" else None
+    with env_var("AIOCOLLECT_POLICY_IN_WORKERS", "1" if kind == "mlp" else None), \
+            aiocollect.MultiSyncCollector([[make_cartpole] * E_ENVS] * workers, policy, frames_per_batch=fpb) as c:
+        it = iter(c)
+        for _ in range(3):
+            next(it)
+        return max(rss_mib(w.pid) for w in c.statistics().workers)
 
 
 def gym_async(workers: int, steps: int) -> float:
@@ -249,11 +329,15 @@ def gym_async(workers: int, steps: int) -> float:
         venv.close()
 
 
-def main_cpu_row(cls_name: str, workers: int, steps: int, batches: int, spin: str) -> float:
-    """In a subprocess (``AIOCOLLECT_SPIN`` is read at construction): main-process CPU us/frame."""
+def main_cpu_row(cls_name: str, workers: int, steps: int, batches: int, spin: str, policy: str | None,
+                 in_workers: str | None) -> float:
+    """In a subprocess (``AIOCOLLECT_SPIN`` is read at construction): main-process CPU
+    us/frame, with random actions or (``policy="mlp"``) ``mlp_policy``."""
+    make_policy = "b.mlp_policy()" if policy == "mlp" else "None"
     code = (f"import sys; sys.path.insert(0, {os.path.dirname(os.path.abspath(__file__))!r}); "
             f"import bench_engine as b, torch; torch.set_num_threads(1); cpu = {{}}; "
-            f"b.aio({cls_name!r}, b.make_cartpole, {workers}, b.E_ENVS, {steps}, {batches}, cpu); print(cpu['us'])")
+            f"b.aio({cls_name!r}, b.make_cartpole, {workers}, b.E_ENVS, {steps}, {batches}, cpu, "
+            f"policy={make_policy}, in_workers={in_workers!r}); print(cpu['us'])")
     env = dict(os.environ, AIOCOLLECT_SPIN=spin)
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
     if out.returncode:
@@ -271,7 +355,7 @@ class Row:
     def best(self) -> float | None:
         if not self.runs:
             return None
-        return min(self.runs) if self.unit.startswith("us") else max(self.runs)
+        return min(self.runs) if self.unit in ("us/frame", "MiB") else max(self.runs)
 
 
 def run_rows(rows: list[Row], repeats: int, after: Callable[[], None] | None = None) -> None:
@@ -297,16 +381,24 @@ def rows_for(args) -> list[Row]:
         s = f"E{w}"
         rows.append(Row(s, "limit", lambda w=w: limit(make_cartpole, E_ENVS, w, 2_000 if quick else 40_000)))
         for cls in ("MultiSyncCollector", "MultiAsyncCollector"):
+            rows.append(Row(s, f"aiocollect {cls} {w}x{E_ENVS}, MLP",
+                            lambda cls=cls, w=w: aio(cls, make_cartpole, w, E_ENVS, e_steps, e_batches,
+                                                     policy=mlp_policy())))
+        for cls in ("MultiSyncCollector", "MultiAsyncCollector"):
+            rows.append(Row(s, f"aiocollect {cls} {w}x{E_ENVS}, MLP central",
+                            lambda cls=cls, w=w: aio(cls, make_cartpole, w, E_ENVS, e_steps, e_batches,
+                                                     policy=mlp_policy(), in_workers="0")))
+        if HAVE_TORCHRL:
+            rows.append(Row(s, f"TorchRL MultiSync {w}x GymWrapper(SyncVec16), MLP",
+                            lambda w=w: torchrl_multisync(w, e_steps, max(2, e_batches // 4), mlp=True)))
+        s = f"R{w}"
+        rows.append(Row(s, "limit", lambda w=w: limit(make_cartpole, E_ENVS, w, 2_000 if quick else 40_000)))
+        for cls in ("MultiSyncCollector", "MultiAsyncCollector"):
             rows.append(Row(s, f"aiocollect {cls} {w}x{E_ENVS}",
                             lambda cls=cls, w=w: aio(cls, make_cartpole, w, E_ENVS, e_steps, e_batches)))
-        rows.append(Row(s, f"aiocollect MultiAsyncCollector {w}x{E_ENVS}, lean_policy",
-                        lambda w=w: aio("MultiAsyncCollector", make_cartpole, w, E_ENVS, e_steps, e_batches,
-                                        policy=lean_policy)))
         if HAVE_TORCHRL:
             rows.append(Row(s, f"TorchRL MultiSync {w}x GymWrapper(SyncVec16)",
                             lambda w=w: torchrl_multisync(w, e_steps, max(2, e_batches // 4))))
-            rows.append(Row(s, f"TorchRL MultiSync {w}x GymWrapper(SyncVec16), lean_policy",
-                            lambda w=w: torchrl_multisync(w, e_steps, max(2, e_batches // 4), lean=True)))
         if HAVE_PUFFERLIB:
             rows.append(Row(s, f"PufferLib Multiprocessing {w}x{E_ENVS} (raw vector)",
                             lambda w=w: pufferlib_multiprocessing(w, e_steps, e_batches)))
@@ -323,44 +415,60 @@ def rows_for(args) -> list[Row]:
             name = f"MultiSyncCollector {lw}x{P_ENVS}, wait {ms:.1f} ms, {'halves' if halves else 'whole'}"
             rows.append(Row("L", name, lambda ms=ms, halves=halves: latency_row(lw, ms, halves, p_steps, p_batches)))
     w = args.workers[0]
+    cases = [("MLP", "mlp", None), ("MLP central", "mlp", "0"), ("random", None, None)]
     for cls in ("MultiSyncCollector", "MultiAsyncCollector"):
-        for spin in ("1",) if quick else ("1", "0"):
-            rows.append(Row("M", f"{cls} {w}x{E_ENVS}, AIOCOLLECT_SPIN={spin}",
-                            lambda cls=cls, spin=spin: main_cpu_row(cls, w, e_steps, e_batches, spin), "us/frame"))
+        for label, policy, in_workers in cases:
+            for spin in ("1",) if quick else ("1", "0"):
+                rows.append(Row("M", f"{cls} {w}x{E_ENVS}, {label}, AIOCOLLECT_SPIN={spin}",
+                                lambda cls=cls, spin=spin, policy=policy, in_workers=in_workers:
+                                main_cpu_row(cls, w, e_steps, e_batches, spin, policy, in_workers), "us/frame"))
+    rows.append(Row("W", "aiocollect worker, random actions", lambda: worker_rss("random", w), "MiB"))
+    rows.append(Row("W", "aiocollect worker, MLP in the workers", lambda: worker_rss("mlp", w), "MiB"))
+    if HAVE_TORCHRL:
+        rows.append(Row("W", "TorchRL worker, MLP", lambda: worker_rss("torchrl", w), "MiB"))
     return rows
 
 
 def report(rows: list[Row], args) -> dict:
     titles = {"P": f"P. Pixel env {PIXEL_SHAPE} uint8, {PIXEL_STEP_S * 1e6:.0f} us CPU per step, "
                    f"{P_WORKERS} workers x {P_ENVS} envs, random policy",
+              "W": "W. Resident memory of one worker process (the largest), MiB",
               "L": f"L. A policy that waits (as a GPU's call does), pixel env {max(1, cores() - 1)} workers x "
                    f"{P_ENVS} envs, workers in halves or whole",
               "M": "M. Main-process CPU per frame (all its threads), CartPole"}
     results = []
     for section in dict.fromkeys(r.section for r in rows):
-        title = titles.get(section) or f"E. CartPole-v1, {section[1:]} workers x {E_ENVS} envs, random policy"
+        title = titles.get(section) or (
+            f"E. CartPole-v1, {section[1:]} workers x {E_ENVS} envs, an MLP policy that reads the observation"
+            if section[0] == "E" else
+            f"R. CartPole-v1, {section[1:]} workers x {E_ENVS} envs, random actions (the warm-up)")
         print(f"\n{title}\n")
         part = [r for r in rows if r.section == section]
         lim = next((r.best for r in part if r.name == "limit"), None)
-        print(f"{'name':52s} | {'best':>12s} | {'median':>12s} | {'vs limit':>8s}")
-        print("-" * 95)
+        trl = next((r.best for r in part if r.name.startswith("TorchRL") and r.unit == "frames/s"), None)
+        print(f"{'name':58s} | {'best':>12s} | {'median':>12s} | {'vs limit':>8s} | {'vs TorchRL':>10s}")
+        print("-" * 114)
         for r in part:
             med = statistics.median(r.runs) if r.runs else None
-            ratio = f"{r.best / lim:.2f}" if lim and r.best and r.unit == "frames/s" else ""
+            frames = bool(r.best) and r.unit == "frames/s"
+            ratio = f"{r.best / lim:.2f}" if lim and frames else ""
+            vs_trl = f"{r.best / trl:.1f}x" if trl and frames and r.name.startswith("aiocollect") else ""
             if r.error:
-                print(f"{r.name:52s} | error: {r.error.splitlines()[-1][:60]}")
+                print(f"{r.name:58s} | error: {r.error.splitlines()[-1][:60]}")
             else:
                 digits = 2 if r.unit.startswith("us") else 1  # (us per frame: tenths hide what changes)
-                print(f"{r.name:52s} | {r.best:12,.{digits}f} | {med:12,.{digits}f} | {ratio:>8s}   {r.unit}")
+                print(f"{r.name:58s} | {r.best:12,.{digits}f} | {med:12,.{digits}f} | {ratio:>8s} | {vs_trl:>10s}"
+                      f"   {r.unit}")
             results.append({"section": section, "name": r.name, "unit": r.unit, "runs": r.runs,
-                            "best": r.best, "limit_ratio": (r.best / lim) if lim and r.best and r.unit == "frames/s"
+                            "best": r.best, "limit_ratio": (r.best / lim) if lim and frames else None,
+                            "torchrl_ratio": (r.best / trl) if trl and frames and r.name.startswith("aiocollect")
                             else None, "error": r.error})
     return {"environment": environment(), "cores": cores(), "results": results}
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--quick", action="store_true", help="smoke run, ~20 s")
+    parser.add_argument("--quick", action="store_true", help="smoke run, about a minute")
     parser.add_argument("--repeats", type=int, default=None, help="runs per row (default 3; 1 with --quick)")
     parser.add_argument("--workers", type=int, nargs="+", default=[2], help="worker counts of section E")
     parser.add_argument("--json", metavar="PATH", help="also write the results as JSON to PATH")

@@ -17,12 +17,14 @@ from __future__ import annotations
 from collections import OrderedDict
 from typing import Any
 
+import cloudpickle
 import torch
 from tensordict import TensorDictBase
 from tensordict.nn import InteractionType
 
 from .._engine.scheduler import Scheduler
 from .._envs.spaces import ActionCheck, flatten_space
+from .._policies.in_workers import SharedWeights, WorkersRunner, fields, probe, seeds_for, use_workers
 from .._policies.random import RandomPolicy
 from .._policies.setup import PolicySetup, runs_on_gpu
 from .._workers.plan import WorkerPlan, plan_workers
@@ -126,10 +128,15 @@ class WorkerCollectorBase(DataCollectorBase):
         policy, cuda_graphs = policy_from(locals(), options.policy_device)
         if create_env_fn is None:
             raise TypeError("create_env_fn is required: a list with one env factory per worker.")
-        # random actions go in runs of steps (``_engine.scheduler``), with no policy call to overlap
-        runs = (options.reset_when_done and options.interruptor is None
-                and (policy is None or isinstance(policy, RandomPolicy)))
-        plan = plan_workers(self._entries(create_env_fn), options.create_env_kwargs, policy_between_steps=not runs,
+        # random actions go in runs of steps (``_engine.scheduler``), with no policy call to
+        # overlap; so do the steps of a policy that runs in the workers (``_policies.in_workers``)
+        may_run = options.reset_when_done and options.interruptor is None
+        entries = self._entries(create_env_fn)
+        in_workers = may_run and isinstance(entries, (list, tuple)) and bool(use_workers(
+            policy, num_workers=len(entries), policy_device=options.policy_device,
+            compiled=cuda_graphs is not None or compile_policy not in (None, False), runs=may_run))
+        runs = may_run and (policy is None or isinstance(policy, RandomPolicy) or in_workers)
+        plan = plan_workers(entries, options.create_env_kwargs, policy_between_steps=not runs,
                             gpu_policy=runs_on_gpu(policy, options.policy_device))
         options = self._check_plan(plan, options, worker_options)
         validate_batching(max_batch_size=max_batch_size, min_batch_size=min_batch_size,
@@ -154,11 +161,19 @@ class WorkerCollectorBase(DataCollectorBase):
         obs_leaves = flatten_space(plan.observation_space, "observation", "observation_space")
         action = ActionCheck.for_space(plan.action_space)
         columns = max(self._steps_per_env(w.num_envs) for w in plan.workers)
-        layout = Layout.plan([(leaf.dtype, leaf.shape) for leaf in obs_leaves], (action.dtype, action.shape),
-                             plan.num_envs, plan.num_lanes, columns=columns)
         self._policy = PolicySetup(policy, plan.action_space, [leaf.key for leaf in obs_leaves],
                                    device=self.policy_device, exploration_type=options.exploration_type,
-                                   cuda_graphs=cuda_graphs)
+                                   cuda_graphs=cuda_graphs, obs_leaves=obs_leaves)
+        outputs = None
+        if in_workers and not any(w.coroutine for w in plan.workers):
+            outputs = probe(self._policy.policy, obs_leaves, options.exploration_type, action)
+        extra = () if outputs is None else fields(outputs, self._policy.policy, 2, columns, plan.num_envs)
+        layout = Layout.plan([(leaf.dtype, leaf.shape) for leaf in obs_leaves], (action.dtype, action.shape),
+                             plan.num_envs, plan.num_lanes, columns=columns, extra=list(extra))
+        self.policy_in_workers = outputs is not None
+        """Whether each worker acts with its own copy of the policy (``_policies.in_workers``
+        says when, and ``AIOCOLLECT_POLICY_IN_WORKERS`` decides): ``False``, the policy runs
+        here, batched over the workers."""
         self.policy = self._policy.policy
         """The policy the collector runs: its own copy of the one given if that has weights
         (on ``policy_device``), the given object otherwise, a
@@ -166,6 +181,9 @@ class WorkerCollectorBase(DataCollectorBase):
         pool = WorkerPool(plan, layout, reset_when_done=options.reset_when_done,
                           max_frames_per_traj=options.max_frames_per_traj, step_timeout=step_timeout,
                           start_timeout=worker_options.start_timeout)
+        if outputs is not None:
+            pool.policy = {"policy": cloudpickle.dumps(self._policy.policy), "keys": tuple(k for k, _, _ in outputs),
+                           "exploration_type": options.exploration_type, "seeds": seeds_for(len(plan.workers))}
         self._pool = pool
         res = self._resources
         res.closers += [pool.kill_leftovers, self._policy.close]
@@ -175,6 +193,11 @@ class WorkerCollectorBase(DataCollectorBase):
                                         reset_when_done=options.reset_when_done, spin_s=pool.spin_s,
                                         runs=runs)
             self._scheduler.timelines.keep_cut = options.trajs_per_batch is not None
+            self._workers_runner = None
+            if outputs is not None:
+                self._scheduler.storage.adopt(outputs, pool.shared.arrays)
+                self._workers_runner = WorkersRunner(self._policy.runner, SharedWeights(pool.shared.arrays),
+                                                     tuple(k for k, _, _ in outputs))
             self._stage_batches(self._scheduler.storage)
             self._worker_lanes = [[lane for lane in self._scheduler.lanes if lane.index == w.index]
                                   for w in plan.workers]
@@ -233,7 +256,9 @@ class WorkerCollectorBase(DataCollectorBase):
 
     def _runner(self):
         opts = self.options
-        return self._policy.random_runner if self._frames < opts.init_random_frames else self._policy.runner
+        if self._frames < opts.init_random_frames:
+            return self._policy.random_runner
+        return self._workers_runner or self._policy.runner
 
     def _counters(self) -> tuple[int, int]:
         tl = self._scheduler.timelines

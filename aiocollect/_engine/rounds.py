@@ -11,7 +11,9 @@ own, chosen once when the scheduler is built (``rounds_for``), each readable alo
   side by side at the same column, as in a lockstep round (``_act_block``), and a
   concatenation otherwise (``_act_apart``).
 * ``RandomRuns``: the same, but with ``policy=None`` (a ``RandomPolicy``, whose actions do
-  not depend on the observations) a round needs no policy call: each ready lane whose worker
+  not depend on the observations), or with the policy in the workers
+  (``_policies.in_workers``: each worker acts with its own copy, the engine's runner is of
+  kind ``"workers"``), a round needs no policy call: each ready lane whose worker
   ``takes_runs`` (a process's port) is given a *run* instead, a command for up to ``RUN_S``
   worth of steps (``_workers.protocol``), with every step's actions drawn at once from the
   lane's own stream (``RandomPolicy.sample_steps``). The worker steps on with no round
@@ -243,16 +245,21 @@ class RandomRuns(WorkerRounds):
 
     def round(self, runner: PolicyRunner) -> None:
         ready = self._ready_lanes()
-        if ready and runner.kind == "random":
+        if ready and runner.kind in ("random", "workers"):
             ready = self._post_runs(ready, runner)
         if ready:
             self._act(ready, runner)
 
     def _post_runs(self, ready: list[Lane], runner: PolicyRunner) -> list[Lane]:
-        """Give each of the ``ready`` lanes that takes runs a run of steps with random
-        actions (``runner``'s ``RandomPolicy``); returns the others."""
+        """Give each of the ``ready`` lanes that takes runs a run of steps: with random
+        actions (``runner``'s ``RandomPolicy``), or with the actions of the workers' own
+        copies of the policy (``runner.kind == "workers"``: ``_policies.in_workers``, whose
+        weights are published first); returns the others."""
         st, random = self.storage, runner.policy
-        if runner.weights is not None:
+        local = runner.kind == "workers"
+        if local:
+            runner.sync()
+        elif runner.weights is not None:
             runner.version = runner.weights.version
         rest = []
         now = time.perf_counter()
@@ -263,12 +270,13 @@ class RandomRuns(WorkerRounds):
             left = lane.frames - lane.t
             k = left if 2 * left <= 3 * lane.run_steps else lane.run_steps  # (no short run at the end)
             if lane.keys is None:
-                lane.keys, lane.carry = ("action",), []
-            st.write_run(lane.slot, lane.t, lane.lo, lane.hi, random.sample_steps(lane.lo, k, lane.num_envs),
-                         runner.version)
+                lane.keys, lane.carry = (runner.keys if local else ("action",)), []
+            if not local:
+                st.write_run(lane.slot, lane.t, lane.lo, lane.hi, random.sample_steps(lane.lo, k, lane.num_envs),
+                             runner.version)
             lane.run, lane.run_posted, lane.state = k, now, STEPPING
             self.sched.busy += 1
-            lane.worker.post(protocol.RUN_CODE, lane.slot, lane.t, k)
+            lane.worker.post(protocol.RUN_CODE, lane.slot, lane.t, k, local)
         return rest
 
     def book_run(self, lane: Lane) -> int:

@@ -187,6 +187,17 @@ class RolloutStorage:
         self.staging: DeviceStaging | None = None
         """Set for a GPU storing device: batches are built in its pinned blocks."""
 
+    def adopt(self, outputs: list[tuple[NestedKey, np.dtype, tuple]], arrays: dict[str, np.ndarray]) -> None:
+        """The policy's outputs (``(key, dtype, per-env shape)`` each) and versions live in
+        the shared fields ``out{i}`` and ``version`` of ``arrays``: the policy runs in the
+        workers (``_policies.in_workers``), which write them."""
+        for i, (key, _, shape) in enumerate(outputs):
+            x = arrays[f"out{i}"]
+            self._out_np[key], self._out_t[key] = x, torch.from_numpy(x)
+            self.specs[key] = OutputSpec(tuple(shape), self._out_t[key].dtype)
+        self.policy_version = arrays["version"]
+        self.policy_version.fill(-1)
+
     @property
     def empty(self) -> Any:
         """The allocator of batch tensors: ``host_empty``, or the staging's pinned blocks."""

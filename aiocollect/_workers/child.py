@@ -1,9 +1,10 @@
 """The env worker: a fresh interpreter that builds its envs and steps them on command.
 
 Started by the pool as ``python -c BOOTSTRAP SOCK_FD SHM_FD DUMP_FD`` (``_workers.process``:
-the bootstrap keeps the current directory off ``sys.path``, then calls ``run``). It never
-imports torch (``import aiocollect`` is lazy): it needs gymnasium, numpy, cloudpickle and
-the user's env code. Nothing of the user's ``__main__`` module is re-imported; env
+the bootstrap keeps the current directory off ``sys.path``, then calls ``run``). It does
+not import torch (``import aiocollect`` is lazy): it needs gymnasium, numpy, cloudpickle and
+the user's env code; a worker given its own copy of the policy (``_policies.in_workers``)
+imports torch for it. Nothing of the user's ``__main__`` module is re-imported; env
 factories arrive pickled by value with cloudpickle.
 
 Its life:
@@ -161,6 +162,16 @@ class _Worker:
         self.control = self.parts[0][0]
         """The first part's line: it also holds this process's ``W_ASLEEP``."""
         self.spin_s = setup["spin_s"]
+        self.policy = None
+        """The worker's own copy of the policy (``_policies.in_workers``), if it has one."""
+        self.acts: list = [None] * len(self.parts)
+        if setup.get("policy") is not None:
+            from .._policies.in_workers import WorkerPolicy
+
+            policy = self.policy = WorkerPolicy(setup["policy"], self.shared.arrays, action_space, keys,
+                                                setup["policy"]["seeds"][setup["index"]])
+            self.acts = [(lambda s, t, rows=rows, a=a, b=b: policy.act(rows.inputs(s, t), rows.action[t], s, t, a, b))
+                         for (_, _, rows), (_, a, b) in zip(self.parts, parts)]
         self._inbox = bytearray(64)
         self._poll = select.poll()
         self._cmd = CMD
@@ -177,6 +188,8 @@ class _Worker:
         count = len(parts)
         step_code, run_code = protocol.STEP_CODE, protocol.RUN_CODE
         DONE, E_ASLEEP, SLOT, COL = protocol.DONE, protocol.E_ASLEEP, protocol.SLOT, protocol.COL
+        POLICY = protocol.POLICY
+        acts, policy = self.acts, self.policy
         ring = protocol.ring
         self._poll.register(sock, select.POLLIN)
         if not self.spin_s:
@@ -193,11 +206,16 @@ class _Worker:
             last[j] = seq = word >> 2
             try:
                 code = word & 3
+                act = acts[j] if ctl[POLICY] else None
                 if code == step_code:
+                    if act is not None:
+                        act(int(ctl[SLOT]), int(ctl[COL]))
                     rows.step(group, int(ctl[SLOT]), int(ctl[COL]))
                 elif code == run_code:
-                    rows.run(group, int(ctl[SLOT]), int(ctl[COL]), ctl, word)
+                    rows.run(group, int(ctl[SLOT]), int(ctl[COL]), ctl, word, act)
                 else:
+                    if policy is not None and rows.seed_set.any():  # set_seed: the policy's draws too
+                        policy.reseed(int(rows.seed[int(rows.seed_set.argmax())]))
                     rows.reset(group, int(ctl[SLOT]), int(ctl[COL]))
             except BaseException as exc:  # noqa: BLE001 - reported to the engine
                 # SystemExit, KeyboardInterrupt... raised by the env's own code are its

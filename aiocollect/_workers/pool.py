@@ -200,14 +200,16 @@ class Port(LaneWorker):
     def on_reply(self, callback: Callable[[Worker], None]) -> None:
         self.worker.on_reply = callback
 
-    def post(self, code: int, slot: int, col: int, count: int = 1) -> None:
+    def post(self, code: int, slot: int, col: int, count: int = 1, local: int = 0) -> None:
         """Ask for ``protocol.STEP_CODE``, ``RESET_CODE`` or ``RUN_CODE`` (``count`` steps)
-        at ``slot``, ``col`` of the storage; ring if the worker sleeps."""
+        at ``slot``, ``col`` of the storage (``local``: with actions from the worker's own
+        policy); ring if the worker sleeps."""
         self._posted += 1
         ctl = self.control
         ctl[protocol.SLOT] = slot
         ctl[protocol.COL] = col
         ctl[protocol.COUNT] = count
+        ctl[protocol.POLICY] = local
         ctl[protocol.CMD] = self._posted * 4 + code  # last: the worker acts once it sees it
         self.worker.ring()
 
@@ -238,6 +240,9 @@ class WorkerPool:
         """How long the workers may take, together, to start (``None``: no bound; the
         collectors pass their ``start_timeout``, 300 s by default)."""
         self.layout = layout
+        self.policy: dict | None = None
+        """What each worker needs to run its own copy of the policy (``_policies.in_workers``:
+        the pickled module, its outputs, seeds), or ``None``: actions come from the engine."""
         self.reset_when_done = reset_when_done
         self.max_frames_per_traj = max_frames_per_traj
         self.workers = [CoroutineWorker(spec) if spec.coroutine else Worker(spec) for spec in plan.workers]
@@ -391,6 +396,7 @@ class WorkerPool:
             "reset_when_done": self.reset_when_done,
             "max_frames_per_traj": self.max_frames_per_traj,
             "spin_s": self.worker_spin_s,
+            "policy": self.policy,
         }
         await loop.sock_sendall(parent, protocol.frame(setup))
         reply = await self._recv_frame(worker)

@@ -2,7 +2,7 @@
 
 The data of a step (actions, observations, rewards, flags) sits in shared memory; what
 crosses over per step is a command and its completion, both in the worker's *control
-line*, one 64-byte line of ``int64`` words in the shared segment:
+line*, 128 bytes of ``int64`` words in the shared segment:
 
 =============  =================================================================================
 word           meaning
@@ -23,6 +23,9 @@ word           meaning
                watchdog's sign of life, and what the engine books)
 ``W_ASLEEP``   the worker is (about to be) blocked on its socket: wake it with a byte
 ``E_ASLEEP``   the engine is (about to be) blocked in its event loop: wake it with a byte
+``POLICY``     written by the engine before ``CMD``: 1 if the worker computes each step's actions
+               with its own copy of the policy (``_policies.in_workers``), 0 if they are in
+               shared memory
 =============  =================================================================================
 
 Each side, while it waits, may *spin* for a short while on the other's word, and only
@@ -92,7 +95,7 @@ CLOSED = b"x"
 ``close()`` raised, with their tracebacks (sent only if one did)."""
 
 STEP_CODE, RESET_CODE, RUN_CODE = 1, 2, 3
-CMD, DONE, W_ASLEEP, E_ASLEEP, SLOT, COL, COUNT, AT = 0, 1, 2, 3, 4, 5, 6, 7
+CMD, DONE, W_ASLEEP, E_ASLEEP, SLOT, COL, COUNT, AT, POLICY = 0, 1, 2, 3, 4, 5, 6, 7, 8
 
 SPIN_S = 100e-6
 """How long each side spins (yielding its core between looks) before it blocks."""

@@ -39,6 +39,7 @@ class WorkerRows:
         self.autoreset = reset_when_done
         self.step_count = np.zeros(hi - lo, dtype=np.int64)
         self._views: dict[tuple[int, int, bool], tuple] = {}
+        self._inputs: dict[tuple[int, int], list[np.ndarray]] = {}
         n = hi - lo
         self._scratch = (np.zeros(n, np.float32), np.zeros(n, np.uint8), np.zeros(n, np.uint8))  # resets write no flags
 
@@ -108,16 +109,27 @@ class WorkerRows:
             group.reset_now(finished, None)
             self.were_reset(finished)
 
-    def run(self, group, s: int, t: int, control: np.ndarray, word: int) -> None:
+    def inputs(self, s: int, t: int) -> list[np.ndarray]:
+        """The observations each leaf's step at column ``t`` of slot ``s`` starts from:
+        what a worker's own policy reads (``_policies.in_workers``); views, made once per column."""
+        views = self._inputs.get((s, t))
+        if views is None:
+            views = self._inputs[(s, t)] = [a[s, t] for a in self.obs]
+        return views
+
+    def run(self, group, s: int, t: int, control: np.ndarray, word: int, act=None) -> None:
         """``RUN``: ``step`` at columns ``t`` to ``t + control[COUNT] - 1``, writing the
         steps done to ``control[AT]`` after each; stops early once ``control[CMD]`` is no
         longer ``word`` (the engine gave the run up and posted another command) or
         ``control[COUNT]`` is down to the steps done (the engine cut the run short). A run
         cut before it began (``COUNT`` 0) still takes its first step, so that ``AT``, which
-        the engine books, is this run's."""
+        the engine books, is this run's. ``act(s, t)``: writes column ``t``'s actions
+        before its step (the worker's own policy), if given."""
         from .protocol import AT, CMD, COUNT
 
         for i in range(max(1, int(control[COUNT]))):
+            if act is not None:
+                act(s, t + i)
             self.step(group, s, t + i)
             control[AT] = i + 1
             if control[CMD] != word or control[COUNT] <= i + 1:

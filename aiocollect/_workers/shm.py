@@ -27,7 +27,11 @@ field               meaning
 ``seed_set``
 ==================  ==========================================================================
 
-After the fields comes the *control block*: one 64-byte line of ``int64`` per lane (a
+With the policy in the workers (``_policies.in_workers``), fields the collector adds
+(``extra``) follow: the policy's outputs ``out{i}`` (``[K, T, N, ...]``, as the main
+process stores them), each step's ``version``, and the weights the workers load.
+
+After the fields comes the *control block*: one 128-byte line of ``int64`` per lane (a
 worker, or a part of a worker's envs: ``_workers.plan``; not per env), through which
 commands, their slot and column, and completions pass (see ``_workers.protocol``).
 
@@ -48,8 +52,8 @@ from dataclasses import dataclass
 import numpy as np
 
 _ALIGN = 64
-CONTROL_WORDS = _ALIGN // 8
-"""int64 words per lane in the control block: one cache line each."""
+CONTROL_WORDS = 2 * _ALIGN // 8
+"""int64 words per lane in the control block: two cache lines each."""
 
 
 @dataclass(frozen=True)
@@ -79,9 +83,11 @@ class Layout:
 
     @classmethod
     def plan(cls, obs: list[tuple[np.dtype, tuple[int, ...]]], action: tuple[np.dtype, tuple[int, ...]],
-             num_envs: int, num_lanes: int, columns: int = 1, slots: int = 2) -> Layout:
+             num_envs: int, num_lanes: int, columns: int = 1, slots: int = 2,
+             extra: list[tuple[str, np.dtype, tuple[int, ...]]] = ()) -> Layout:
         """``obs``: (dtype, per-env shape) of each observation leaf; ``action`` likewise;
-        ``columns``: steps per env of the longest batch; ``slots``: batches held at once."""
+        ``columns``: steps per env of the longest batch; ``slots``: batches held at once;
+        ``extra``: more fields, ``(name, dtype, full shape)`` each."""
         k, t, n = slots, columns, num_envs
         specs: list[tuple[str, np.dtype, tuple[int, ...]]] = []
         for i, (dtype, shape) in enumerate(obs):
@@ -95,6 +101,7 @@ class Layout:
             ("reset_mask", np.dtype(bool), (n,)),
             ("seed", np.dtype(np.int64), (n,)),
             ("seed_set", np.dtype(bool), (n,)),
+            *extra,
         ]
         fields, offset = [], 0
         for name, dtype, shape in specs:

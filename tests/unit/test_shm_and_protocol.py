@@ -57,7 +57,7 @@ def test_layout_lays_the_fields_out_time_major_in_order_each_on_its_own_cache_li
         ("seed_set", "|b1", (4,), 1664),
     ]
     assert layout.control == Field("control", "<i8", (2, CONTROL_WORDS), 1728)
-    assert CONTROL_WORDS == 8  # one 64-byte line of int64 per worker
+    assert CONTROL_WORDS == 16  # two 64-byte lines of int64 per worker
     assert layout.size == 1728 + 2 * 64
     assert (layout.num_obs, layout.slots, layout.columns) == (2, 2, 3)
 

@@ -1,0 +1,274 @@
+"""The policy in the workers: each worker acts with its own copy, next to its envs.
+
+A worker collector normally calls its policy here, in the main process, batched over every
+ready worker (*central inference*): the right place when the engine has a core of its own
+or the policy a GPU. When it has neither (as many workers as cores or more, a policy on the
+CPU), each round through the main process costs more than the policy itself: waking the
+engine, the bookkeeping, and the policy's own Python overhead, which a small MLP's
+arithmetic does not hide (``docs/benchmarks.md``). Then each worker runs a copy of the
+policy on its own envs' observations and steps on with no round trip at all: the engine
+posts *runs* of steps, as for random actions (``_engine.rounds.RandomRuns``), and books
+each run as a whole.
+
+What stays exactly as with central inference:
+
+* **the batch**: the policy is called the same way (``PolicyRunner``), its action checked
+  (and a one-hot action turned into the envs' indices) by the same ``ActionCheck``, and
+  every output it writes lands in the same rollout storage: the output fields live in
+  shared memory (``out{i}``, laid out before the workers start from one call of the policy
+  on zeros: ``probe``), and so does each step's policy ``version``;
+* **versions and weights**: the workers' copies load new weights from shared memory
+  (``SharedWeights``: every tensor of the module's ``state_dict``, behind a sequence lock)
+  before the first step that starts after the engine published them; the engine publishes
+  what ``update_policy_weights_`` gave (``WorkersRunner.sync``) before it posts any step, so
+  each frame carries the version that computed its action, and ``max_policy_lag`` bounds
+  what it did before;
+* **random frames**: ``init_random_frames`` are drawn in the main process as before (its
+  steps carry ``POLICY`` 0).
+
+**When** (``use_workers``): ``AIOCOLLECT_POLICY_IN_WORKERS=1`` forces it, ``0`` forbids it;
+unset, it is chosen for a torch module on the CPU (no ``policy_device`` other than the
+CPU, no ``compile_policy``/``cudagraph_policy``) when the workers are at least as many as
+the usable cores, random actions may go in runs (``reset_when_done``, no
+``interruptor``), and ``probe`` finds outputs the workers can write. A recurrent policy
+(one that writes ``("next", key)`` state) stays central.
+
+**Cost**: a worker with a policy imports torch (the lean worker does not): about 200 MiB
+more per worker (``docs/benchmarks.md`` has the measured figures).
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import numpy as np
+
+from .._workers.protocol import env_flag, usable_cores
+
+SEQ, VERSION = 0, 1
+"""The words of the weights' clock (``wclock``): a sequence lock (odd while the engine
+writes) and the version of the weights there."""
+
+
+def use_workers(policy: Any, *, num_workers: int, policy_device: Any, compiled: bool, runs: bool) -> bool | None:
+    """Whether the policy should run in the workers (see the module docstring), before the
+    probe: ``True`` (chosen or forced), ``False``; ``None`` where it cannot (then forcing
+    it changes nothing)."""
+    import torch
+
+    from .random import RandomPolicy
+
+    forced = env_flag("AIOCOLLECT_POLICY_IN_WORKERS")
+    if forced is False:
+        return False
+    if (not isinstance(policy, torch.nn.Module) or isinstance(policy, RandomPolicy) or compiled or not runs):
+        return None
+    if policy_device is not None and torch.device(policy_device).type != "cpu":
+        return None
+    if any(t.device.type != "cpu" for t in policy.state_dict(keep_vars=True).values()):
+        return None
+    return True if forced else num_workers >= usable_cores()
+
+
+def probe(policy: Any, obs_leaves: list, exploration_type: Any, check: Any) -> list[tuple[Any, np.dtype, tuple]] | None:
+    """The policy's outputs as the workers will write them, ``(key, dtype, per-env
+    shape)`` each, found by one call on zeros of two envs' observations, as the engine
+    calls it; ``None`` if that call fails, writes what shared memory cannot hold
+    (a dtype numpy lacks) or writes a recurrent state (``("next", key)``)."""
+    import torch
+
+    from .runner import PolicyRunner, check_outputs
+
+    keys = [leaf.key for leaf in obs_leaves]
+    runner = PolicyRunner(policy, keys, device=None, exploration_type=exploration_type)
+    if runner.kind not in ("module", "tensordict", "callable"):
+        return None
+    n = 2
+    obs = {leaf.key: torch.from_numpy(np.zeros((n, *leaf.shape), dtype=leaf.dtype)) for leaf in obs_leaves}
+    state = torch.random.get_rng_state()
+    try:
+        out = runner(obs, n)
+        check_outputs(out, n)
+        specs = []
+        for key, value in out.items():
+            if isinstance(key, tuple) and key[0] == "next":
+                return None
+            value = _array(value)
+            if key == "action":
+                value = check(value, n)
+            if value.dtype.kind not in "biuf" or value.shape[0] != n:
+                return None
+            specs.append((key, value.dtype, tuple(value.shape[1:])))
+        return specs
+    except Exception:  # noqa: BLE001 - then it runs centrally, where its first call says what is wrong
+        return None
+    finally:
+        torch.random.set_rng_state(state)  # (the probe takes no draw from the user's generator)
+
+
+def _array(value: Any) -> np.ndarray:
+    return value if isinstance(value, np.ndarray) else value.detach().cpu().numpy()
+
+
+def fields(outputs: list[tuple[Any, np.dtype, tuple]], module: Any, slots: int, columns: int,
+           num_envs: int) -> list[tuple[str, np.dtype, tuple]]:
+    """The shared-memory fields of the policy in the workers (``Layout.plan``'s ``extra``):
+    each output, each step's version, the weights and their clock."""
+    k, t, n = slots, columns, num_envs
+    out = [(f"out{i}", dtype, (k, t, n, *shape)) for i, (_, dtype, shape) in enumerate(outputs)]
+    out.append(("version", np.dtype(np.int64), (k, t, n)))
+    for i, tensor in enumerate(module.state_dict().values()):
+        out.append((f"w{i}", _array(tensor).dtype, tuple(tensor.shape)))
+    out.append(("wclock", np.dtype(np.int64), (2,)))
+    return out
+
+
+class SharedWeights:
+    """The module's weights in shared memory: the engine ``write``s, workers ``read``."""
+
+    def __init__(self, arrays: dict[str, np.ndarray]):
+        count = sum(1 for name in arrays if name.startswith("w") and name[1:].isdigit())
+        self.arrays = [arrays[f"w{i}"] for i in range(count)]
+        self.clock = arrays["wclock"]
+
+    @property
+    def version(self) -> int:
+        return int(self.clock[VERSION])
+
+    def write(self, module: Any, version: int) -> None:
+        """Copy ``module``'s ``state_dict`` in, as ``version`` (the engine's thread)."""
+        clock = self.clock
+        clock[SEQ] += 1  # odd: being written
+        for dst, tensor in zip(self.arrays, module.state_dict().values()):
+            np.copyto(dst, _array(tensor))
+        clock[VERSION] = version
+        clock[SEQ] += 1
+
+    def read(self, tensors: list, seen: int) -> tuple[int, int] | None:
+        """Load the weights into ``tensors`` (a worker's copy's ``state_dict`` values) if they
+        changed since sequence ``seen``: ``(sequence, version)``, or ``None`` if unchanged."""
+        import torch
+
+        clock = self.clock
+        while True:
+            seq = int(clock[SEQ])
+            if seq == seen:
+                return None
+            if seq & 1:
+                os.sched_yield()
+                continue
+            version = int(clock[VERSION])
+            for tensor, src in zip(tensors, self.arrays):
+                tensor.copy_(torch.from_numpy(src))
+            if int(clock[SEQ]) == seq:
+                return seq, version
+
+
+class WorkersRunner:
+    """The engine's runner while the policy runs in the workers (``kind`` ``"workers"``):
+    ``sync`` publishes new weights to them; called like a ``PolicyRunner`` (for lanes that
+    take no runs), it calls the policy here."""
+
+    kind = "workers"
+
+    def __init__(self, central: Any, weights: SharedWeights, keys: tuple):
+        self.central = central
+        self.policy = central.policy
+        self.shared = weights
+        self.keys = keys
+        """The outputs, in the order the workers write them."""
+        self.published = 0
+
+    @property
+    def weights(self) -> Any:
+        return self.central.weights
+
+    @property
+    def version(self) -> int:
+        return self.published
+
+    @version.setter
+    def version(self, value: int) -> None:  # (``RandomRuns`` sets it for random policies only)
+        pass
+
+    def sync(self) -> None:
+        """Publish the weights ``update_policy_weights_`` gave, if any, before steps are posted."""
+        channel = self.central.weights
+        if channel is None:
+            return
+        with channel.lock:
+            if channel.has_pending:
+                channel.apply_pending()
+            if channel.version != self.published:
+                self.shared.write(self.policy, channel.version)
+                self.published = channel.version
+                self.central.version = channel.version
+
+    def __call__(self, obs: dict, num_envs: int) -> dict:
+        return self.central(obs, num_envs)
+
+
+class WorkerPolicy:
+    """A worker's copy of the policy (``_workers.child``): ``act`` writes one step's actions
+    and outputs for one part of its envs, as the engine's ``Rounds._infer`` and
+    ``RolloutStorage.write`` would."""
+
+    def __init__(self, setup: dict, arrays: dict[str, np.ndarray], action_space: Any, obs_keys: list, seed: int):
+        import cloudpickle
+        import torch
+
+        from .._envs.spaces import ActionCheck
+        from .runner import PolicyRunner
+
+        torch.set_num_threads(1)
+        torch.manual_seed(seed)
+        self.policy = cloudpickle.loads(setup["policy"])
+        self.runner = PolicyRunner(self.policy, obs_keys, device=None, exploration_type=setup["exploration_type"])
+        self.check = ActionCheck.for_space(action_space)
+        self.keys = setup["keys"]
+        self.outputs = [arrays[f"out{i}"] for i in range(len(self.keys))]
+        self.version_field = arrays["version"]
+        self.weights = SharedWeights(arrays)
+        self.tensors = list(self.policy.state_dict().values())
+        self.seen, self.version = 0, 0
+        self._from_numpy = torch.from_numpy
+
+    def reseed(self, seed: int) -> None:
+        """A seeded reset (``set_seed``): the policy's own draws restart from ``seed`` too."""
+        import torch
+
+        torch.manual_seed(seed)
+
+    def act(self, obs: list[np.ndarray], action: np.ndarray, s: int, t: int, lo: int, hi: int) -> None:
+        """Column ``t`` of slot ``s`` for rows ``lo:hi``: the policy's outputs from the
+        observations ``obs`` (each leaf's ``[envs, ...]`` view), the envs' actions into ``action``."""
+        got = self.weights.read(self.tensors, self.seen)
+        if got is not None:
+            self.seen, self.version = got
+        n = hi - lo
+        inputs = {key: self._from_numpy(x) for key, x in zip(self.runner.obs_keys, obs)}
+        out = self.runner(inputs, n)
+        if tuple(out) != self.keys:
+            raise KeyError(f"policy: wrote {list(out)!r} at this step but {list(self.keys)!r} at its first call; "
+                           "a policy must write the same keys at every step.")
+        for key, dst in zip(self.keys, self.outputs):
+            value = _array(out[key])
+            if key == "action":
+                value = self.check(value, n)
+                action[...] = self.check.env_action(value)
+            part = dst[s, t, lo:hi]
+            if value.shape != part.shape:
+                raise ValueError(f"policy: output {key!r} has shape {list(value.shape)} for {n} env(s) here, "
+                                 f"{[n, *part.shape[1:]]} at its first call; a policy's outputs keep their shape.")
+            part[...] = value
+        self.version_field[s, t, lo:hi] = self.version
+
+
+def seeds_for(num_workers: int) -> list[int]:
+    """One seed per worker's policy, from torch's seed (``torch.manual_seed`` makes them
+    reproducible; no draw is taken from the user's generator)."""
+    import torch
+
+    base = torch.initial_seed() % 2**62
+    return [base + 7919 * (i + 1) for i in range(num_workers)]

@@ -1,0 +1,245 @@
+"""The policy in the workers (``_policies.in_workers``): each worker acts with its own copy of
+the policy, and the batches are what central inference gives: every output the policy writes,
+the version that computed each frame, new weights whole, seeds, errors and no leaks.
+
+Each test runs over the worker collectors with process workers, the policy forced into the
+workers (``AIOCOLLECT_POLICY_IN_WORKERS=1``) and, where the comparison matters, forced out.
+"""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import pytest
+import torch
+import torch.nn as nn
+from tensordict.nn import TensorDictModule
+
+from aiocollect import AsyncCollector, MultiAsyncCollector, MultiSyncCollector, WorkerError
+from aiocollect._policies.in_workers import use_workers
+from aiocollect._workers.protocol import usable_cores
+from support.envs import CounterEnv, IntObsEnv
+from support.weights import Trainer, linear, versions_while_training
+
+COLLECTORS = [MultiSyncCollector, MultiAsyncCollector, AsyncCollector]
+
+
+@pytest.fixture(params=["in_workers", "central"])
+def placement(request, monkeypatch):
+    monkeypatch.setenv("AIOCOLLECT_POLICY_IN_WORKERS", "1" if request.param == "in_workers" else "0")
+    return request.param
+
+
+@pytest.fixture
+def in_workers(monkeypatch):
+    monkeypatch.setenv("AIOCOLLECT_POLICY_IN_WORKERS", "1")
+
+
+def build(cls, make, policy, **kwargs):
+    """``cls`` over 2 workers x 2 envs (``AsyncCollector``: one worker of 2 envs)."""
+    envs = [make] * 2 if cls is AsyncCollector else [[make] * 2] * 2
+    return cls(envs, policy, **kwargs)
+
+
+class TwoHeads(nn.Module):
+    """Reads the observation: logits from a linear layer, the action their argmax."""
+
+    def __init__(self, seed: int):
+        super().__init__()
+        torch.manual_seed(seed)
+        self.linear = nn.Linear(3, 3)
+
+    def forward(self, observation):
+        logits = self.linear(observation)
+        return logits, logits.argmax(-1)
+
+
+def two_heads(seed: int = 0) -> TensorDictModule:
+    return TensorDictModule(TwoHeads(seed), in_keys=["observation"], out_keys=["logits", "action"])
+
+
+def flat(batch):
+    """Every frame of a batch, ``[frames, ...]``."""
+    return batch.reshape(-1)
+
+
+@pytest.mark.parametrize("cls", COLLECTORS)
+def test_every_output_is_the_policy_s_on_its_observation_and_new_weights_arrive_whole(cls, placement):
+    """The batch holds each output the policy wrote, as the policy computes it from the
+    frame's observation with the weights of the frame's version; after an update, frames
+    of version 1 come from the new weights."""
+    policy = two_heads(0)
+    new = two_heads(1)
+    by_version = {0: two_heads(0).module, 1: new.module}
+    with build(cls, CounterEnv, policy, frames_per_batch=40, total_frames=40 * 8) as c:
+        assert c.policy_in_workers is (placement == "in_workers")
+        seen = set()
+        for i, batch in enumerate(c):
+            frames = flat(batch)
+            assert set(frames.keys()) >= {"logits", "action"}
+            assert frames["action"].dtype == torch.int64 and frames["logits"].dtype == torch.float32
+            for version in frames["collector", "policy_version"].unique().tolist():
+                part = frames[frames["collector", "policy_version"] == version]
+                with torch.no_grad():
+                    logits, action = by_version[version](part["observation"])
+                torch.testing.assert_close(part["logits"], logits)
+                assert torch.equal(part["action"], action)
+                seen.add(version)
+            if i == 1:
+                assert c.update_policy_weights_(new) == 1
+        assert seen == {0, 1}
+
+
+@pytest.mark.parametrize("face", ["sync", "async"])
+@pytest.mark.parametrize("cls", COLLECTORS)
+async def test_concurrent_updates_never_mix_versions_in_the_workers(cls, face, in_workers):
+    """The poison test (``support.weights``) with each worker's own copy: a trainer publishes
+    version after version and poisons its own copy at once; every frame's action is exactly
+    its version's."""
+    collector = build(cls, IntObsEnv, linear(0.0), frames_per_batch=40, total_frames=40 * 30)
+    assert collector.policy_in_workers
+    await versions_while_training(collector, Trainer(collector), face)
+
+
+def test_max_policy_lag_holds_with_the_policy_in_the_workers(in_workers):
+    """No delivered frame is more than ``max_policy_lag`` versions older than the newest
+    published when its batch is delivered."""
+    with MultiAsyncCollector([[IntObsEnv] * 2] * 2, linear(0.0), frames_per_batch=40, total_frames=40 * 20,
+                             max_policy_lag=1) as c:
+        assert c.policy_in_workers
+        for i, batch in enumerate(c):
+            latest = c.statistics().latest_policy_version
+            assert batch["collector", "policy_version"].min().item() >= latest - 1, (i, latest)
+            c.update_policy_weights_(linear(float(i + 1)))
+
+
+class Noisy(nn.Module):
+    """Draws its action from torch's generator: what a stochastic policy does."""
+
+    def forward(self, observation):
+        return torch.randint(0, 3, observation.shape[:1])
+
+
+@pytest.mark.parametrize("cls", COLLECTORS)
+def test_set_seed_makes_a_stochastic_policy_in_the_workers_repeat(cls, in_workers):
+    def actions():
+        policy = TensorDictModule(Noisy(), in_keys=["observation"], out_keys=["action"])
+        with build(cls, CounterEnv, policy, frames_per_batch=40, total_frames=80) as c:
+            assert c.policy_in_workers
+            c.set_seed(7)
+            # (MultiAsync delivers its workers' batches in the order they fill, and a worker
+            # may fill two before another fills one: each batch is keyed by where it starts)
+            return {flat(b)["observation"][0].numpy().tobytes(): (flat(b)["observation"], flat(b)["action"])
+                    for b in c}
+
+    first, second = actions(), actions()
+    common = first.keys() & second.keys()
+    assert common
+    for key in common:
+        assert torch.equal(first[key][0], second[key][0]) and torch.equal(first[key][1], second[key][1])
+    drawn = torch.cat([a for _, a in first.values()])
+    assert len(drawn.unique()) == 3  # (drawn, not constant)
+
+
+class Explodes(nn.Module):
+    """Fine on the collector's zeros, raises on the 5th observation it reads."""
+
+    def __init__(self):
+        super().__init__()
+        self.linear = nn.Linear(3, 3)
+        self.calls = 0
+
+    def forward(self, observation):
+        if observation.abs().sum() > 0:
+            self.calls += 1
+            if self.calls >= 5:
+                raise RuntimeError("the policy exploded on purpose")
+        return self.linear(observation).argmax(-1)
+
+
+@pytest.mark.parametrize("cls", COLLECTORS)
+def test_a_policy_that_raises_in_a_worker_is_named_with_its_traceback_within_seconds(cls, in_workers):
+    policy = TensorDictModule(Explodes(), in_keys=["observation"], out_keys=["action"])
+    c = build(cls, CounterEnv, policy, frames_per_batch=40, total_frames=-1)
+    assert c.policy_in_workers
+    start = time.monotonic()
+    with c, pytest.raises(WorkerError) as info:
+        for _ in c:
+            pass
+    assert time.monotonic() - start < 30
+    text = str(info.value)
+    assert "the policy exploded on purpose" in text and "worker" in text
+    assert "Explodes" in text or "forward" in text  # the traceback shows where
+
+
+class Recurrent(nn.Module):
+    def forward(self, observation, hidden):
+        return observation[:, :1].long().clamp(0, 2)[:, 0], hidden + 1
+
+
+def test_policies_the_workers_cannot_run_stay_in_the_main_process(in_workers):
+    """A recurrent policy (it writes the state the next step reads), a plain function and
+    random actions: central, whatever the switch says; the collection works as before."""
+    from aiocollect import RandomPolicy  # noqa: F401 - (random actions: policy=None)
+
+    recurrent = TensorDictModule(Recurrent(), in_keys=["observation", "hidden"],
+                                 out_keys=["action", ("next", "hidden")])
+    with MultiSyncCollector([[CounterEnv] * 2] * 2, lambda obs: obs[:, 0].long().clamp(0, 2),
+                            frames_per_batch=40, total_frames=40) as c:
+        assert not c.policy_in_workers
+        assert next(iter(c)).numel() == 40
+    with MultiSyncCollector([[CounterEnv] * 2] * 2, None, frames_per_batch=40, total_frames=40) as c:
+        assert not c.policy_in_workers
+    assert use_workers(recurrent, num_workers=2, policy_device=None, compiled=False, runs=True) is True
+    # (its probe finds the ("next", ...) output: central; covered end to end by
+    # tests/integration/test_recurrent_policies.py, which runs wherever the switch says)
+
+
+def test_the_choice_follows_the_cores_and_the_switch(monkeypatch):
+    monkeypatch.delenv("AIOCOLLECT_POLICY_IN_WORKERS", raising=False)
+    cores = usable_cores()
+    policy = two_heads()
+    choose = dict(policy_device=None, compiled=False, runs=True)
+    assert use_workers(policy, num_workers=cores, **choose) is True  # no core left for the engine
+    assert use_workers(policy, num_workers=max(1, cores - 1), **choose) is (cores - 1 < 1)
+    assert use_workers(policy, num_workers=cores, policy_device=None, compiled=True, runs=True) is None
+    assert use_workers(policy, num_workers=cores, policy_device=None, compiled=False, runs=False) is None
+    assert use_workers(lambda obs: obs, num_workers=cores, **choose) is None
+    monkeypatch.setenv("AIOCOLLECT_POLICY_IN_WORKERS", "0")
+    assert use_workers(policy, num_workers=cores, **choose) is False
+    monkeypatch.setenv("AIOCOLLECT_POLICY_IN_WORKERS", "1")
+    assert use_workers(policy, num_workers=1, **choose) is True
+
+
+def _maps_torch(pid: int) -> bool:
+    with open(f"/proc/{pid}/maps") as f:
+        return "libtorch" in f.read()
+
+
+@pytest.mark.parametrize("policy_kind", ["mlp", "random"])
+def test_only_workers_given_the_policy_import_torch(policy_kind, in_workers):
+    policy = two_heads() if policy_kind == "mlp" else None
+    with MultiSyncCollector([[CounterEnv] * 2] * 2, policy, frames_per_batch=40, total_frames=-1) as c:
+        next(iter(c))
+        pids = [w.pid for w in c.statistics().workers]
+        assert [_maps_torch(pid) for pid in pids] == [policy_kind == "mlp"] * 2
+
+
+def test_random_frames_come_first_then_the_workers_policy(in_workers):
+    """``init_random_frames``: drawn in the main process (every output key, zeros but the
+    action), then the workers' own policy, in one layout."""
+    policy = two_heads(0)
+    with MultiSyncCollector([[CounterEnv] * 2] * 2, policy, frames_per_batch=40, total_frames=160,
+                            init_random_frames=80) as c:
+        assert c.policy_in_workers
+        batches = [flat(b) for b in c]
+    module = two_heads(0).module
+    for b in batches[:2]:
+        assert (b["logits"] == 0).all()
+    for b in batches[2:]:
+        with torch.no_grad():
+            logits, action = module(b["observation"])
+        assert torch.equal(b["action"], action)
+        torch.testing.assert_close(b["logits"], logits)
+    assert np.array_equal(sorted(batches[0].keys()), sorted(batches[3].keys()))
