@@ -361,6 +361,17 @@ class CollectorBusyError(CollectorError):
     """
 
 
+class PolicyKeyError(KeyError, ValueError):
+    """A policy whose keys do not fit the envs: ``in_keys`` the envs do not give, or no
+    ``"action"`` among its ``out_keys``. A bad argument, so a ``ValueError``, raised before
+    any process starts; also a ``KeyError``, which the same mistake raised before (from
+    tensordict, or a bare ``KeyError: 'action'``). Its message prints as written (a
+    ``KeyError`` would print it quoted)."""
+
+    def __str__(self) -> str:
+        return str(self.args[0]) if self.args else ""
+
+
 def env_failure(exc: Exception, worker: int, pid: int | None) -> EnvError:
     """The error for ``exc``, raised in this process by an env of worker ``worker`` (a
     coroutine env or entry): a [`StepTimeoutError`][aiocollect.StepTimeoutError] now

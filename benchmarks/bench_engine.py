@@ -75,8 +75,8 @@ def cores() -> int:
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
-def make_cartpole() -> gym.Env:
-    return gym.make("CartPole-v1")
+make_cartpole = functools.partial(gym.make, "CartPole-v1")
+"""A CartPole factory that workers unpickle without importing this module (and torch with it)."""
 
 
 class PixelEnv(gym.Env):

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from .._envs.build import check_not_instance_for_worker
 from .multi_async import MultiAsyncCollector
 
 
@@ -82,6 +83,7 @@ class AsyncCollector(MultiAsyncCollector):
 
     @staticmethod
     def _entries(create_env_fn: Any) -> Any:
+        check_not_instance_for_worker(create_env_fn, "create_env_fn")  # (named as given, not [0])
         return [create_env_fn]
 
 

@@ -223,8 +223,13 @@ class Collector(DataCollectorBase):
         obs_keys = [leaf.key for leaf in group.obs_leaves]
         # the policy runs only while the user waits for a batch: act with the user's module
         # itself, as TorchRL does, a change of it being a new policy version
-        self._policy = PolicySetup(policy, group.action_space, obs_keys, device=self.policy_device,
-                                   exploration_type=options.exploration_type, share=True, cuda_graphs=cuda_graphs)
+        try:
+            self._policy = PolicySetup(policy, group.action_space, obs_keys, device=self.policy_device,
+                                       exploration_type=options.exploration_type, share=True,
+                                       cuda_graphs=cuda_graphs, obs_leaves=group.obs_leaves)
+        except BaseException:
+            self.shutdown()  # (a policy whose keys do not fit the envs: close the envs built)
+            raise
         self._resources.closers.append(self._policy.close)
         self.policy = self._policy.policy
         """The policy the collector runs: the object given (a module is not copied: your

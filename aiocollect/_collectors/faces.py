@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
+import warnings
 from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any
 
@@ -142,6 +143,9 @@ class Faces:
         raises [`CollectorClosedError`][aiocollect.CollectorClosedError] instead).
         """
         with self._loop_thread("for batch in collector") as loop:
+            if self._finished():
+                self._warn_finished("for batch in collector")
+                return
             while True:
                 if self._undelivered is NOTHING:
                     self._after_caller_stream()
@@ -153,6 +157,26 @@ class Faces:
                 yield self._on_caller_stream(batch)
                 if self._closed:
                     return  # shut down by the loop's body: the iteration is over
+
+    def _finished(self) -> bool:
+        """Whether the collection is over: ``total_frames`` collected, and nothing left to
+        deliver (a batch an interrupted iteration kept, trajectories already assembled)."""
+        opts = self.options
+        if opts.total_frames < 0 or self._frames < opts.total_frames or self._undelivered is not NOTHING:
+            return False
+        return not (opts.trajs_per_batch is not None and opts.replay_buffer is None
+                    and self._assembler.ready >= opts.trajs_per_batch)
+
+    def _warn_finished(self, face: str) -> None:
+        """A new iteration over a finished collector yields nothing, as in TorchRL: say so
+        (once per line of the caller's code, as Python shows a ``UserWarning``)."""
+        opts = self.options
+        warnings.warn(
+            f"{face}: this {type(self).__name__} has already collected its total_frames={opts.total_frames} "
+            f"(len(collector) == {len(self)} batches), so this iteration yields nothing. To collect more, "
+            "create a new collector (with a larger total_frames, or total_frames=-1 for an endless one).",
+            UserWarning, stacklevel=3,
+        )
 
     async def _next_batch_kept(self) -> None:
         self._undelivered = await self._next_batch()
@@ -234,6 +258,8 @@ class AsyncBatches:
         self._collector = collector
         self._last: Consumer | None = None
         """The task of the last ``__anext__``, and the run of its loop then."""
+        self._started = False
+        """Whether ``__anext__`` was called: a first one on a finished collector warns."""
 
     def __aiter__(self):
         return self
@@ -243,8 +269,15 @@ class AsyncBatches:
         if here.same_task(self._last) and not self._last.in_this_run():
             raise asyncio.CancelledError(OVER)
         self._last = here
-        self._collector._after_caller_stream()
-        batch = await self._collector._next_batch()
+        collector = self._collector
+        if not self._started:
+            self._started = True
+            collector._check_usable()  # (a shut-down or failed collector says so first)
+            if collector._finished():
+                collector._warn_finished("async for batch in collector")
+                raise StopAsyncIteration
+        collector._after_caller_stream()
+        batch = await collector._next_batch()
         if batch is DONE:
             raise StopAsyncIteration
         return batch

@@ -164,9 +164,13 @@ class WorkerCollectorBase(DataCollectorBase):
         self._policy = PolicySetup(policy, plan.action_space, [leaf.key for leaf in obs_leaves],
                                    device=self.policy_device, exploration_type=options.exploration_type,
                                    cuda_graphs=cuda_graphs, obs_leaves=obs_leaves)
-        outputs = None
+        outputs = pickled = None
         if in_workers and not any(w.coroutine for w in plan.workers):
             outputs = probe(self._policy.policy, obs_leaves, options.exploration_type, action)
+            try:
+                pickled = cloudpickle.dumps(self._policy.policy) if outputs is not None else None
+            except Exception:  # noqa: BLE001 - (a lock, an open file...): it runs here
+                outputs = None
         extra = () if outputs is None else fields(outputs, self._policy.policy, 2, columns, plan.num_envs)
         layout = Layout.plan([(leaf.dtype, leaf.shape) for leaf in obs_leaves], (action.dtype, action.shape),
                              plan.num_envs, plan.num_lanes, columns=columns, extra=list(extra))
@@ -182,7 +186,7 @@ class WorkerCollectorBase(DataCollectorBase):
                           max_frames_per_traj=options.max_frames_per_traj, step_timeout=step_timeout,
                           start_timeout=worker_options.start_timeout)
         if outputs is not None:
-            pool.policy = {"policy": cloudpickle.dumps(self._policy.policy), "keys": tuple(k for k, _, _ in outputs),
+            pool.policy = {"policy": pickled, "keys": tuple(k for k, _, _ in outputs),
                            "exploration_type": options.exploration_type, "seeds": seeds_for(len(plan.workers))}
         self._pool = pool
         res = self._resources

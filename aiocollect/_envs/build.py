@@ -69,6 +69,19 @@ def _is_instance(obj: Any) -> bool:
     return isinstance(obj, (gym.Env, VectorEnv)) or is_torchrl_env(obj)
 
 
+def check_not_instance_for_worker(obj: Any, where: str) -> None:
+    """The one rule for env instances: a collector that steps its envs in this process
+    (``Collector``) takes one; an entry built in a worker process cannot be one (an env is
+    not sent to another process). The worker collectors' message (``_workers.plan``), for
+    an argument that is not a list (``AsyncCollector``'s ``create_env_fn``)."""
+    if _is_instance(obj):
+        raise TypeError(
+            f"{where} is an env instance ({_describe(obj)}); a worker builds its own envs: pass a "
+            "factory instead, e.g. `lambda: gym.make(...)` or `lambda: GymEnv(...)` for a TorchRL "
+            "env, or the env id string."
+        )
+
+
 def _check_env(env: Any, where: str) -> gym.Env | VectorEnv:
     if is_async_env(env):
         return env
@@ -80,7 +93,22 @@ def _check_env(env: Any, where: str) -> gym.Env | VectorEnv:
 
         return from_torchrl(env, where)
     raise TypeError(f"{where} gave {_describe(env)}, not a gymnasium env, a TorchRL env or a "
-                    "coroutine env (aiocollect.AsyncEnv).")
+                    f"coroutine env (aiocollect.AsyncEnv). {_factory_fix(env)}")
+
+
+def _factory_fix(got: Any) -> str:
+    """How to fix a factory that returned ``got``, not an env."""
+    if got is None:
+        return "The factory must return the env it builds: does it end with `return env`?"
+    if isinstance(got, str):
+        return (f"To make the env of an id, pass the id itself (create_env_fn={got!r}), or a factory that "
+                f"returns gymnasium.make({got!r}).")
+    if callable(got):
+        name = getattr(got, "__qualname__", None)
+        return (f"It returned a callable{f' ({name})' if isinstance(name, str) else ''}, a factory of a "
+                "factory? Pass the factory that builds the env (`make_env`, not `lambda: make_env`), or "
+                "have yours return the env (`lambda: make_env()`).")
+    return "The factory must return the env it builds."
 
 
 def _check_spaces(env: gym.Env | VectorEnv, where: str) -> None:
@@ -168,6 +196,7 @@ def make_group(create_env_fn: Any, create_env_kwargs: dict | None,
         try:
             for i, item in enumerate(create_env_fn):
                 env = _build_one(item, kwargs, f"{where}[{i}]")
+                _check_distinct(env, envs, item, where, i)
                 if isinstance(env, VectorEnv):
                     env.close()  # a batched TorchRL env may hold processes (ParallelEnv)
                     raise TypeError(
@@ -191,6 +220,20 @@ def make_group(create_env_fn: Any, create_env_kwargs: dict | None,
     if is_async_env(env):
         return _coroutine_group([env], where), False
     return InProcessGroup([_inner(env)], _env_device(env)), False
+
+
+def _check_distinct(env: Any, envs: list, item: Any, where: str, i: int) -> None:
+    """``env``, built for ``where[i]``, is not one of the ``envs`` built before it: one env
+    object stepped as two would interleave their episodes (and raise, or not, much later)."""
+    for j, other in enumerate(envs):
+        if env is other:
+            fix = ("pass a factory per env, e.g. `[lambda: gym.make(...)] * n`, not `[env] * n`"
+                   if _is_instance(item) else
+                   "a factory must build a new env at each call (`lambda: gym.make(...)`, not `lambda: env`)")
+            raise ValueError(
+                f"{where}[{i}] gave the same env object as {where}[{j}] ({_describe(env)}); each entry of "
+                f"the list is an env of its own: {fix}."
+            )
 
 
 def _coroutine_group(envs: list, where: str) -> _GroupBase:

@@ -250,15 +250,9 @@ class ActionCheck:
         if action.shape != expected:
             if self.one_hot is not None and action.shape == (num_envs, self.one_hot):
                 return self._check_one_hot(action)
-            hint = ""
-            if action.shape == (*expected, 1) and self.one_hot is not None:
-                hint = " Discrete actions are int64 indices of shape [num_envs]: squeeze the last dim."
-            elif self.one_hot is not None and action.ndim == 2:
-                hint = (f" A one-hot action has shape [num_envs, {self.one_hot}], one column per action"
-                        f"{' of each part' if len(self.parts) > 1 else ''}.")
             raise ValueError(
                 f"action: the policy returned shape {list(action.shape)} for {num_envs} env(s), "
-                f"expected {list(expected)} for {self.space}.{hint}"
+                f"expected {list(expected)} for {self.space}.{self._shape_fix(action.shape, num_envs)}"
             )
         if self.low is None:
             if action.dtype.kind != "f":
@@ -279,6 +273,32 @@ class ActionCheck:
                 f"(min {action.min()}, max {action.max()}; allowed {self.low}..{self.high})."
             )
         return action.astype(self.dtype) if action.dtype.kind == "b" else action
+
+    def _shape_fix(self, got: tuple[int, ...], num_envs: int) -> str:
+        """What to change in the policy for an action of shape ``got`` that does not fit."""
+        expected = (num_envs, *self.shape)
+        if not got or got[0] != num_envs:
+            return (" Return one row per env: keep the first (batch) dim of the observations the "
+                    "policy is given.")
+        if got == (*expected, 1) and self.one_hot is not None:
+            return " Discrete actions are int64 indices of shape [num_envs]: squeeze the last dim."
+        if isinstance(self.space, spaces.Discrete):
+            per_env = f"{got[1]} values per env" if len(got) == 2 else f"shape {list(got[1:])} per env"
+            return (f" A one-hot action has shape [num_envs, {self.one_hot}], one column per action. The "
+                    f"policy gave {per_env}: return one int64 index per env (an argmax over the "
+                    f"{self.one_hot} actions' scores, or a Categorical sample), or one-hot rows of "
+                    f"{self.one_hot} columns (a last layer with {self.one_hot} outputs).")
+        if self.one_hot is not None and len(got) == 2:
+            return (f" A one-hot action has shape [num_envs, {self.one_hot}], one column per action of each "
+                    f"part. Return int64 indices of shape {list(expected)}, one per part, or one-hot rows of "
+                    f"{self.one_hot} columns.")
+        if self.shape == (1,) and got == (num_envs,):
+            return " Return shape [num_envs, 1]: add the last dim (action.unsqueeze(-1))."
+        if len(got) == len(expected) == 2:
+            return (f" The policy gave {got[1]} values per env for an action of {self.shape[0]}: give its "
+                    f"last layer {self.shape[0]} outputs.")
+        return (f" Return one action of shape {list(self.shape)} per env: a tensor of shape {list(expected)} "
+                f"(reshape the policy's output to it).")
 
     def in_range(self, action: np.ndarray) -> bool:
         """Every value of ``action`` (integers or booleans) within ``low..high``.

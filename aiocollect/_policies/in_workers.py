@@ -28,7 +28,7 @@ What stays exactly as with central inference:
 
 **When** (``use_workers``): ``AIOCOLLECT_POLICY_IN_WORKERS=1`` forces it, ``0`` forbids it;
 unset, it is chosen for a torch module on the CPU (no ``policy_device`` other than the
-CPU, no ``compile_policy``/``cudagraph_policy``) when the workers are at least as many as
+CPU, no ``compile_policy``/``cudagraph_policy``, no lazy module) when the workers are at least as many as
 the usable cores, random actions may go in runs (``reset_when_done``, no
 ``interruptor``), and ``probe`` finds outputs the workers can write. A recurrent policy
 (one that writes ``("next", key)`` state) stays central.
@@ -66,8 +66,11 @@ def use_workers(policy: Any, *, num_workers: int, policy_device: Any, compiled: 
         return None
     if policy_device is not None and torch.device(policy_device).type != "cpu":
         return None
-    if any(t.device.type != "cpu" for t in policy.state_dict(keep_vars=True).values()):
-        return None
+    from torch.nn.parameter import is_lazy
+
+    tensors = policy.state_dict(keep_vars=True).values()
+    if any(is_lazy(t) or t.device.type != "cpu" for t in tensors):
+        return None  # (a lazy module takes its shapes at its first call, or from the first update)
     return True if forced else num_workers >= usable_cores()
 
 

@@ -43,9 +43,13 @@ import anyio
 import gymnasium as gym
 import numpy as np
 import torch
-from tensordict.nn import InteractionType
+from tensordict import TensorDict, TensorDictBase
+from tensordict.nn import InteractionType, TensorDictModule, TensorDictModuleBase, set_interaction_type
+from tensordict.utils import unravel_key
 from torch.nn.parameter import is_lazy
 
+from .._envs.spaces import nest
+from .._errors import PolicyKeyError
 from .array import ArrayPolicy
 from .graphs import CudaGraphs, cudagraph_warmup
 from .random import RandomPolicy, SpecRandomPolicy, is_torchrl_random
@@ -99,6 +103,107 @@ def check_policy(policy: Any) -> None:
             f"policy must be a TensorDictModuleBase, an nn.Module, a callable taking the "
             f"observation tensor, or None (random actions); got {type(policy).__name__}."
         )
+
+
+# --------------------------------------------------------------------------- the policy's keys
+
+
+def _keys(keys: Any) -> list | None:
+    """A policy's declared ``in_keys`` / ``out_keys``, unravelled as observation keys are
+    (``("observation",)`` is ``"observation"``); ``None`` where it declares none."""
+    if keys is None or isinstance(keys, (str, tuple)):
+        return None if keys is None else [unravel_key(keys)]
+    try:
+        return [unravel_key(k) for k in keys]
+    except Exception:  # noqa: BLE001 - keys that are not keys: the call will say what is wrong
+        return None
+
+
+def _writes_its_out_keys(policy: Any) -> bool:
+    """Whether ``policy`` writes exactly its ``out_keys``, so they say without a call whether
+    it writes an ``"action"``: a ``JaxPolicy`` (``ArrayPolicy``), or a plain ``TensorDictModule``
+    (tensordict's own ``forward``, no hooks that could write more)."""
+    if isinstance(policy, ArrayPolicy):
+        return True
+    return type(policy) is TensorDictModule and not policy._forward_hooks and not policy._forward_pre_hooks
+
+
+def in_keys_error(in_keys: list, missing: list, obs_keys: list, *, called: bool) -> PolicyKeyError:
+    """``policy``'s ``in_keys`` name ``missing``, which no env gives: say which keys the batch
+    has, and what to write instead."""
+    it = "it" if len(missing) == 1 else "them"
+    fails = f", and the policy fails without {it}" if called else ""
+    example = ""
+    if len(missing) == 1 and len(obs_keys) == 1 and obs_keys[0] not in in_keys:
+        example = f" (in_keys={[obs_keys[0] if k == missing[0] else k for k in in_keys]!r})"
+    return PolicyKeyError(
+        f"policy: in_keys {in_keys!r}: the envs give no {', '.join(repr(k) for k in missing)} (the batch's "
+        f"observation keys are {obs_keys!r}){fails}. Set the policy's in_keys to the observation keys it "
+        f"reads{example}."
+    )
+
+
+def out_keys_error(out_keys: list, written: list | None = None) -> PolicyKeyError:
+    """``policy`` writes no ``"action"``: say what it writes and how to name its action."""
+    what = f"its out_keys are {out_keys!r}" if written is None else \
+        f"it wrote {written!r} (its out_keys are {out_keys!r})"
+    example = " (out_keys=['action'])" if len(out_keys) == 1 else ""
+    return PolicyKeyError(
+        f"policy: {what}, with no 'action': the collector steps the envs with the policy's 'action' "
+        f"output. Name the output that is the action 'action' in out_keys{example}."
+    )
+
+
+def _probe(policy: TensorDictModuleBase, obs_leaves: list, device: torch.device | None,
+           exploration_type: InteractionType) -> Any:
+    """``policy`` called as the collector calls it, on a TensorDict of zeros shaped as one
+    env's observations: what it returns."""
+    obs = {leaf.key: torch.from_numpy(np.zeros((1, *leaf.shape), dtype=leaf.dtype)) for leaf in obs_leaves}
+    td = TensorDict(nest(obs), batch_size=[1], device=device)
+    with torch.no_grad(), set_interaction_type(exploration_type):
+        result = policy(td)
+    return td if result is None else result
+
+
+def check_policy_keys(policy: Any, obs_keys: list, obs_leaves: list | None, device: torch.device | None,
+                      exploration_type: InteractionType) -> None:
+    """Before collecting (for a worker collector, before any process starts): a policy that
+    declares its keys reads observations the envs give and writes an ``"action"``.
+
+    What its keys alone settle is checked without a call: a ``JaxPolicy`` or a plain
+    ``TensorDictModule`` without ``"action"`` in ``out_keys``, a ``JaxPolicy`` reading a key
+    the envs do not give (it is called with exactly its ``in_keys``). Any other
+    ``TensorDictModuleBase`` whose keys say it may fail (an ``in_keys`` entry the envs do not
+    give, which a module with ``strict=False`` gets as ``None``, or no ``"action"`` among
+    its ``out_keys``, which a module of its own may still write) is called **once**, on
+    zeros shaped as one env's observations, and the error raised if that call fails
+    without its inputs or writes no ``"action"``. A policy whose keys fit is never called
+    here.
+
+    Raises:
+        PolicyKeyError: naming the policy's keys, the observation keys and the fix.
+    """
+    if isinstance(policy, RandomPolicy) or not isinstance(policy, (TensorDictModuleBase, ArrayPolicy)):
+        return
+    in_keys, out_keys = _keys(getattr(policy, "in_keys", None)), _keys(getattr(policy, "out_keys", None))
+    obs_keys = [unravel_key(k) for k in obs_keys]
+    if out_keys is not None and "action" not in out_keys and _writes_its_out_keys(policy):
+        raise out_keys_error(out_keys)
+    missing = [k for k in in_keys or () if k not in obs_keys]
+    if missing and isinstance(policy, ArrayPolicy):
+        raise in_keys_error(in_keys, missing, obs_keys, called=False)
+    if isinstance(policy, ArrayPolicy) or obs_leaves is None \
+            or not (missing or (out_keys is not None and "action" not in out_keys)):
+        return
+    try:
+        result = _probe(policy, obs_leaves, device, exploration_type)
+    except Exception as exc:
+        if missing:
+            raise in_keys_error(in_keys, missing, obs_keys, called=True) from exc
+        return  # (a call on zeros failed: the first call on real observations will say what is wrong)
+    if out_keys is not None and isinstance(result, TensorDictBase) and "action" not in result.keys(True, True):
+        written = [k for k in result.keys(True, True) if k not in obs_keys]
+        raise out_keys_error(out_keys, written)
 
 
 def _own_copy(policy: Any, device: torch.device | None) -> Any:
@@ -182,7 +287,7 @@ class PolicySetup:
 
     def __init__(self, policy: Any, action_space: gym.Space, obs_keys: list, *,
                  device: torch.device | None, exploration_type: InteractionType, share: bool = False,
-                 cuda_graphs: int | None = None):
+                 cuda_graphs: int | None = None, obs_leaves: list | None = None):
         self.user_policy = policy
         if policy is None:
             policy = RandomPolicy(action_space)
@@ -194,6 +299,9 @@ class PolicySetup:
             self.policy = policy  # the user's module itself: nothing to copy, nothing to move
         else:
             self.policy = _own_copy(policy, device)
+        # (``obs_leaves``: the observations' shapes, for the one call that settles a policy
+        # whose keys say it may not fit; without them, only what its keys alone settle)
+        check_policy_keys(self.policy, obs_keys, obs_leaves, device, exploration_type)
         self.weights: WeightsChannel | None = None
         stream = None
         if isinstance(self.policy, ArrayPolicy):

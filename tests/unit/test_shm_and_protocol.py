@@ -58,7 +58,7 @@ def test_layout_lays_the_fields_out_time_major_in_order_each_on_its_own_cache_li
     ]
     assert layout.control == Field("control", "<i8", (2, CONTROL_WORDS), 1728)
     assert CONTROL_WORDS == 16  # two 64-byte lines of int64 per worker
-    assert layout.size == 1728 + 2 * 64
+    assert layout.size == 1728 + 2 * 128
     assert (layout.num_obs, layout.slots, layout.columns) == (2, 2, 3)
 
 
@@ -87,7 +87,7 @@ def test_a_field_larger_than_a_line_takes_whole_lines():
     assert all(f.offset % 64 == 0 for f in layout.fields) and layout.control.offset % 64 == 0
     for a, b in zip(layout.fields[:-1], layout.fields[1:], strict=True):
         assert a.offset + a.nbytes <= b.offset
-    assert layout.size == 9152 + 3 * 64
+    assert layout.size == 9152 + 3 * 128
 
 
 def test_an_empty_field_still_gets_its_own_line():

@@ -160,12 +160,14 @@ def test_for_space_records_the_bounds_of_each_kind_of_space():
 
 @pytest.mark.parametrize(("space", "action", "error", "message"), [
     (spaces.Discrete(3), np.array([0, 1, 2], np.int64), ValueError,
-     "action: the policy returned shape [3] for 2 env(s), expected [2] for Discrete(3)."),
+     "action: the policy returned shape [3] for 2 env(s), expected [2] for Discrete(3). Return one row per env: "
+     "keep the first (batch) dim of the observations the policy is given."),
     (spaces.Discrete(3), np.array([[0], [1]], np.int64), ValueError,
      "action: the policy returned shape [2, 1] for 2 env(s), expected [2] for Discrete(3). Discrete actions "
      "are int64 indices of shape [num_envs]: squeeze the last dim."),
     (spaces.Box(-1, 1, (2,), np.float32), np.zeros(2, np.float32), ValueError,
-     "action: the policy returned shape [2] for 2 env(s), expected [2, 2] for Box(-1.0, 1.0, (2,), float32)."),
+     "action: the policy returned shape [2] for 2 env(s), expected [2, 2] for Box(-1.0, 1.0, (2,), float32). "
+     "Return one action of shape [2] per env: a tensor of shape [2, 2] (reshape the policy's output to it)."),
     (spaces.Box(-1, 1, (2,), np.float32), np.zeros((2, 2), np.int64), TypeError,
      "action: the policy returned dtype int64 for Box(-1.0, 1.0, (2,), float32); a Box action must be a "
      "floating-point tensor."),

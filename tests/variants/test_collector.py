@@ -316,7 +316,15 @@ def test_policy_returning_nothing_named_action():
 
     policy = TensorDictModule(nn.Linear(3, 1), in_keys=["observation"], out_keys=["act"])
     policy_seq = __import__("tensordict").nn.TensorDictSequential(policy)
-    c = Collector(lambda: CounterEnv(), policy_seq, frames_per_batch=10)
+    # its out_keys say it may write no action: one call at construction settles it
+    with pytest.raises(KeyError, match=r"^policy: it wrote \['act'\] \(its out_keys are \['act'\]\), with no 'action'"):
+        Collector(lambda: CounterEnv(), policy_seq, frames_per_batch=10)
+
+    def act(td):  # declares no keys: its first call says what it wrote
+        td["act"] = td["observation"][:, :1]
+        return td
+
+    c = Collector(lambda: CounterEnv(), act, frames_per_batch=10)
     with pytest.raises(KeyError, match="action: the policy wrote"):
         next(iter(c))
     c.shutdown()
