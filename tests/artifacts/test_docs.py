@@ -4,6 +4,7 @@ namespace, shell blocks in a shell, in an empty directory."""
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import re
 import subprocess
@@ -103,6 +104,77 @@ def test_the_benchmarks_page_shows_the_chart_the_benchmark_script_drew(site):
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     # the chart was drawn from the JSON kept beside it, one file per benchmark script
     assert {p.stem for p in png.parent.glob("*.json")} >= {"collect", "workers", "coroutines", "ray"}
+
+
+@ON_THE_SITE
+def test_the_guide_draws_the_data_flow_and_the_weights_path(site):
+    """The diagrams are mermaid blocks, drawn by mkdocs-material in the browser (mkdocs.yml's
+    superfences custom fence): the built pages carry them as ``<pre class="mermaid">``."""
+    def diagrams(page: str) -> list[str]:
+        text = (site / page / "index.html").read_text()
+        return re.findall(r'<pre class="mermaid"><code>(.*?)</code></pre>', text, re.S)
+
+    guide = diagrams("guide")
+    assert len(guide) >= 3, "the data flow, the weights path, a worker's round trips"
+    flow = next(d for d in guide if d.startswith("flowchart") and "shared memory" in d)
+    for part in ("your process", "loop thread", "scheduler", "policy", "worker processes", "rollout storage",
+                 "batch", "doorbell"):
+        assert part in flow, part
+    assert any("update_policy_weights_" in d and "max_policy_lag" in d for d in guide)
+    assert any(d.startswith("sequenceDiagram") and "spins" in d for d in guide)
+    weights = diagrams("weights")
+    assert weights and "update_policy_weights_" in weights[0] and "policy_version" in weights[0]
+
+
+def test_every_api_directive_has_a_line_of_context():
+    """Above each ``:::`` directive of the API pages, a line saying what it is for; on the errors
+    page, its tree says it, one line per class."""
+    for page in sorted((DOCS / "api").glob("*.md")):
+        text = page.read_text()
+        tree = re.search(r"^```text\n(.*?)^```", text, re.S | re.M)
+        lines = text.splitlines()
+        for i, line in enumerate(lines):
+            if not line.startswith("::: "):
+                continue
+            name = line.split()[1].rsplit(".", 1)[-1]
+            if tree and re.search(rf"\b{name}\b", tree.group(1)):
+                continue
+            above = next(prev for prev in reversed(lines[:i]) if prev.strip())
+            assert not above.startswith((":::", " ", "#")), f"{page.name}: no line of context above {line!r}"
+
+
+def _training():
+    spec = importlib.util.spec_from_file_location("draw_training_curves", ROOT / "scripts" / "draw_training_curves.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@ON_THE_SITE
+def test_the_training_page_shows_the_curves_its_programs_draw(site):
+    programs = _training().programs()
+    assert set(programs) == {"ppo_cartpole_torchrl", "jax_learner_async"}
+    assert "ClipPPOLoss" in programs["ppo_cartpole_torchrl"] and "GAE(" in programs["ppo_cartpole_torchrl"]
+    assert "async for batch in collector" in programs["jax_learner_async"]
+    images = _parse(site / "training" / "index.html").images
+    for name in programs:
+        src = next(src for src in images if src.endswith(f"{name}.png"))
+        png = (site / "training" / src).resolve()
+        assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+        assert png.stat().st_size < 100_000, f"{png.name}: keep the figure small"
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("name", ["ppo_cartpole_torchrl", "jax_learner_async"])
+def test_the_training_programs_run_and_draw_their_curve(name, tmp_path):
+    """Each program of docs/training.md, as it is but for two batches (the full runs draw the
+    page's figures: ``scripts/draw_training_curves.py``)."""
+    training = _training()
+    proc = training.run(training.programs()[name], tmp_path, total_frames=4096, timeout=200)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    lines = re.findall(r"^ +[\d,]+ frames  mean return +[\d.]+", proc.stdout, re.M)
+    assert len(lines) == 2, proc.stdout
+    assert (tmp_path / f"{name}.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
 def test_the_pages_with_examples_include_the_quick_start_and_every_collector():
