@@ -97,6 +97,29 @@ class WorkerError(CollectorError):
         return WorkerError(message, worker=worker, pid=pid, exitcode=exitcode)
 
 
+def policy_error_from_worker(worker: int, pid: int | None, info: dict) -> BaseException:
+    """The error for the copy of the policy that raised in worker process ``worker`` (the
+    policy runs in the workers: ``_policies.in_workers``): the policy's own exception, as
+    central inference raises it, with a note naming the worker and its traceback there; a
+    ``WorkerError`` saying the same if it does not unpickle here. Either carries the
+    ``WorkerError`` attributes (``worker``, ``pid``, ``remote_type``...)."""
+    where = (f"raised by the copy of the policy in worker {worker} (pid {pid}): the policy runs in the "
+             "workers here (AIOCOLLECT_POLICY_IN_WORKERS=0 runs it in this process).")
+    trace = f"Traceback in the worker:\n{info['traceback'].rstrip()}"
+    error = unpickled_exception(info.get("pickled"))
+    if error is None:
+        return WorkerError(f"{where[0].upper()}{where[1:-1]}: {info['type']}: {info['message']}\n\n{trace}",
+                           worker=worker, pid=pid, remote_type=info["type"], remote_traceback=info["traceback"])
+    error.add_note(f"{where}\n\n{trace}")
+    for name, value in (("worker", worker), ("pid", pid), ("env", None), ("remote_type", info["type"]),
+                        ("remote_traceback", info["traceback"]), ("exitcode", None)):
+        try:
+            setattr(error, name, value)
+        except AttributeError:  # (an exception type with fixed slots: the note says it all)
+            pass
+    return error
+
+
 class EnvError(WorkerError):
     """An env's ``reset()`` or ``step()`` raised (or its factory did, in a worker).
 

@@ -222,7 +222,7 @@ class WorkerPolicy:
         import torch
 
         from .._envs.spaces import ActionCheck
-        from .runner import PolicyRunner
+        from .runner import PolicyRunner, check_outputs
 
         torch.set_num_threads(1)
         torch.manual_seed(seed)
@@ -236,6 +236,7 @@ class WorkerPolicy:
         self.tensors = list(self.policy.state_dict().values())
         self.seen, self.version = 0, 0
         self._from_numpy = torch.from_numpy
+        self._check_outputs = check_outputs
 
     def reseed(self, seed: int) -> None:
         """A seeded reset (``set_seed``): the policy's own draws restart from ``seed`` too."""
@@ -246,12 +247,24 @@ class WorkerPolicy:
     def act(self, obs: list[np.ndarray], action: np.ndarray, s: int, t: int, lo: int, hi: int) -> None:
         """Column ``t`` of slot ``s`` for rows ``lo:hi``: the policy's outputs from the
         observations ``obs`` (each leaf's ``[envs, ...]`` view), the envs' actions into ``action``."""
+        try:
+            self._act(obs, action, s, t, lo, hi)
+        except BaseException as exc:
+            try:
+                exc._aiocollect_policy = True  # (the engine raises it as the policy's: ``_errors``)
+            except AttributeError:
+                pass
+            raise
+
+    def _act(self, obs: list[np.ndarray], action: np.ndarray, s: int, t: int, lo: int, hi: int) -> None:
         got = self.weights.read(self.tensors, self.seen)
         if got is not None:
             self.seen, self.version = got
         n = hi - lo
         inputs = {key: self._from_numpy(x) for key, x in zip(self.runner.obs_keys, obs)}
         out = self.runner(inputs, n)
+        if any(not v.shape or v.shape[0] != n for v in out.values()):
+            self._check_outputs(out, n)  # (the engine's message for a row count that would broadcast)
         if tuple(out) != self.keys:
             raise KeyError(f"policy: wrote {list(out)!r} at this step but {list(self.keys)!r} at its first call; "
                            "a policy must write the same keys at every step.")

@@ -76,6 +76,7 @@ def describe_exception(exc: BaseException) -> dict:
         "traceback": exception_traceback(exc),
         "env": env if isinstance(env, int) else None,
         "pickled": pickled_exception(exc),
+        "policy": getattr(exc, "_aiocollect_policy", False),
     }
 
 

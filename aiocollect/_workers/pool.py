@@ -43,7 +43,7 @@ import anyio.abc
 import numpy as np
 
 from .._coroutines.worker import CoroutineWorker
-from .._errors import EnvError, StartTimeoutError, WorkerError
+from .._errors import EnvError, StartTimeoutError, WorkerError, policy_error_from_worker
 from . import protocol
 from .lane import LaneWorker, ProcessWorker, no_reply
 from .plan import WorkerPlan, WorkerSpec
@@ -135,7 +135,8 @@ class Worker(ProcessWorker):
             if parsed is None:
                 break  # the rest of the error report is on its way
             info, start = parsed
-            self.fail(EnvError.from_remote(self.index, self.pid, info))
+            self.fail(policy_error_from_worker(self.index, self.pid, info) if info.get("policy")
+                      else EnvError.from_remote(self.index, self.pid, info))
         del inbox[:start]
         self.on_reply(self)
 

@@ -36,15 +36,19 @@ def content(batch) -> dict:
     return {k: batch[k].clone() for k in FIELDS if k in batch.keys(True)}
 
 
-def collect(cls, pipeline: str, monkeypatch, workers: int, envs: int, per_worker: int) -> tuple[dict, dict]:
-    """Batches by worker (MultiSync: one list), and the collector's state afterwards."""
+def collect(cls, pipeline: str, monkeypatch, workers: int, envs: int, per_worker: int,
+            in_workers: str = "0") -> tuple[dict, dict]:
+    """Batches by worker (MultiSync: one list), and the collector's state afterwards; the
+    policy central (parts are for a central policy) or, ``in_workers="1"``, in the workers."""
     monkeypatch.setenv("AIOCOLLECT_PIPELINE", pipeline)
+    monkeypatch.setenv("AIOCOLLECT_POLICY_IN_WORKERS", in_workers)
     steps = 7
     fpb = steps * envs * (workers if cls is MultiSyncCollector else 1)
     got: dict[int, list] = {}
     with cls(entries(workers, envs), deterministic_policy(), frames_per_batch=fpb) as c:
+        assert c.policy_in_workers is (in_workers == "1")
         parts = {lane.index: len(lanes) for lanes in c._worker_lanes for lane in lanes}
-        assert set(parts.values()) == ({2} if pipeline == "1" else {1})
+        assert set(parts.values()) == ({2} if pipeline == "1" and in_workers == "0" else {1})
         c.set_seed(3)
         keys = [0] if cls is MultiSyncCollector else list(range(workers))
         for _, batch in zip(range(200), c):
@@ -60,24 +64,26 @@ def collect(cls, pipeline: str, monkeypatch, workers: int, envs: int, per_worker
 
 @pytest.mark.parametrize(("cls", "envs"), [(MultiSyncCollector, 2), (MultiSyncCollector, 3), (MultiAsyncCollector, 3)])
 def test_parts_give_the_batches_whole_workers_give(cls, envs, monkeypatch):
-    """(3 envs: parts of 2 and 1.)"""
+    """(3 envs: parts of 2 and 1.) And the policy in the workers, each acting with its own
+    copy in runs of steps, gives them too."""
     whole, whole_state = collect(cls, "0", monkeypatch, 2, envs, 3)
-    parts, parts_state = collect(cls, "1", monkeypatch, 2, envs, 3)
-    assert whole.keys() == parts.keys()
-    for key in whole:
-        for a, b in zip(whole[key], parts[key], strict=True):
-            assert a.keys() == b.keys()
-            for k in a:
-                assert torch.equal(a[k], b[k]), (key, k)
-    if cls is MultiSyncCollector:  # (MultiAsync collects ahead, by its workers' pace)
-        # a worker in parts counts its steps and trajectories once
-        for w in (0, 1):
-            a, b = whole_state["state"][f"worker{w}"], parts_state["state"][f"worker{w}"]
-            assert a["completed_trajectories"] == b["completed_trajectories"] > 0
-            assert a["env_steps"] == b["env_steps"] == 3 * 7 * envs
-        steps = [[w.env_steps for w in run["stats"].workers] for run in (whole_state, parts_state)]
-        assert steps[0] == steps[1]
-        assert parts_state["state"]["traj_pool"] == whole_state["state"]["traj_pool"]
+    for other, other_state in (collect(cls, "1", monkeypatch, 2, envs, 3),
+                               collect(cls, "0", monkeypatch, 2, envs, 3, in_workers="1")):
+        assert whole.keys() == other.keys()
+        for key in whole:
+            for a, b in zip(whole[key], other[key], strict=True):
+                assert a.keys() == b.keys()
+                for k in a:
+                    assert torch.equal(a[k], b[k]), (key, k)
+        if cls is MultiSyncCollector:  # (MultiAsync collects ahead, by its workers' pace)
+            # a worker in parts counts its steps and trajectories once
+            for w in (0, 1):
+                a, b = whole_state["state"][f"worker{w}"], other_state["state"][f"worker{w}"]
+                assert a["completed_trajectories"] == b["completed_trajectories"] > 0
+                assert a["env_steps"] == b["env_steps"] == 3 * 7 * envs
+            steps = [[w.env_steps for w in run["stats"].workers] for run in (whole_state, other_state)]
+            assert steps[0] == steps[1]
+            assert other_state["state"]["traj_pool"] == whole_state["state"]["traj_pool"]
 
 
 @pytest.mark.parametrize("cls", [MultiSyncCollector, MultiAsyncCollector])
