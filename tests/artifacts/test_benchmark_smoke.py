@@ -85,11 +85,15 @@ def test_ray_benchmark_quick_mode_reports_both_contenders(tmp_path):
 
 def test_engine_benchmark_quick_mode_reports_every_section(tmp_path):
     stdout, results = run_quick("engine", tmp_path)
-    for row in ("aiocollect MultiSyncCollector 2x16", "aiocollect MultiAsyncCollector 2x8",
-                "aiocollect MultiAsyncCollector 2x16, lean_policy",
-                "TorchRL MultiSync 2x GymWrapper(SyncVec16)", "MultiSyncCollector 2x16, AIOCOLLECT_SPIN=1",
-                "L. A policy that waits", "wait 0.5 ms, halves", "wait 0.5 ms, whole"):
+    for row in ("E. CartPole-v1, 2 workers x 16 envs, an MLP policy that reads the observation",
+                "aiocollect MultiSyncCollector 2x16, MLP", "aiocollect MultiAsyncCollector 2x16, MLP central",
+                "TorchRL MultiSync 2x GymWrapper(SyncVec16), MLP", "R. CartPole-v1, 2 workers x 16 envs, random",
+                "aiocollect MultiSyncCollector 2x16", "aiocollect MultiAsyncCollector 2x8",
+                "TorchRL MultiSync 2x GymWrapper(SyncVec16)", "MultiSyncCollector 2x16, MLP, AIOCOLLECT_SPIN=1",
+                "L. A policy that waits", "wait 0.5 ms, halves", "wait 0.5 ms, whole",
+                "W. Resident memory", "aiocollect worker, MLP in the workers"):
         assert row in stdout, row
+    assert stdout.index("E. CartPole") < stdout.index("R. CartPole")  # the MLP is the headline
     rows = results["results"]
     assert not [r for r in rows if r["error"]]
     assert all(r["best"] > 0 for r in rows)
@@ -97,4 +101,6 @@ def test_engine_benchmark_quick_mode_reports_every_section(tmp_path):
     # A quick run's limit is 2,000 steps taken while the other pytest worker competes for a core,
     # so a ratio can read well over 1 (1.6 seen in CI); a miscounted batch or limit reads off by
     # a factor of W or 16, which this bound still catches.
-    assert len(ratios) == 5 and all(0 < r < 4 for r in ratios)
+    assert len(ratios) == 8 and all(0 < r < 4 for r in ratios)
+    vs_torchrl = [r["torchrl_ratio"] for r in rows if r["section"] == "E2" and r["name"].startswith("aiocollect")]
+    assert len(vs_torchrl) == 4 and all(r > 0 for r in vs_torchrl)

@@ -91,8 +91,8 @@ def test_every_output_is_the_policy_s_on_its_observation_and_new_weights_arrive_
         assert seen == {0, 1}
 
 
-@pytest.mark.parametrize("face", ["sync", "async"])
-@pytest.mark.parametrize("cls", COLLECTORS)
+@pytest.mark.parametrize(("cls", "face"), [(MultiSyncCollector, "async"), (MultiAsyncCollector, "sync"),
+                                         (AsyncCollector, "sync")])
 async def test_concurrent_updates_never_mix_versions_in_the_workers(cls, face, in_workers):
     """The poison test (``support.weights``) with each worker's own copy: a trainer publishes
     version after version and poisons its own copy at once; every frame's action is exactly
