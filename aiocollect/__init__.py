@@ -75,6 +75,7 @@ _EXPORTS = {
     "WorkerStatistics": "._collectors.statistics",
     "aSyncDataCollector": "._collectors.async_collector",
     "split_trajectories": "._engine.trajectories",
+    "tune": "._tune",
 }
 
 __all__ = sorted(_EXPORTS)  # noqa: PLE0605 - lazy exports, one list
@@ -124,3 +125,4 @@ if _typing.TYPE_CHECKING:  # static tools see ordinary imports
     from ._errors import StepTimeoutError as StepTimeoutError
     from ._errors import WorkerError as WorkerError
     from ._policies.random import RandomPolicy as RandomPolicy
+    from ._tune import tune as tune

@@ -9,6 +9,14 @@ below; after each optimisation phase the new weights go to the collector with
 
     python examples/ppo_cartpole.py                  # until a mean return of 450: about 45 s on 2 cores
     python examples/ppo_cartpole.py --frames 4096    # a smoke run
+    python examples/ppo_cartpole.py --save trained.pt2  # and keep the trained actor, for:
+    aiocollect collect --env CartPole-v1 --policy trained.pt2 --workers 1 --frames 20000 --out eval
+
+``--save PATH`` writes the trained actor (observation -> sampled action) as a ``torch.export``
+program for a ``PATH`` ending in ``.pt2``, as TorchScript otherwise (deprecated by torch 2.13,
+still read); ``aiocollect collect --policy PATH`` collects with it and prints an evaluation
+(episode returns and lengths). The weights alone (``torch.save(Actor(model.actor).state_dict(),
+PATH)``) load with ``--policy PATH --policy-factory ppo_cartpole:Actor``, run from ``examples/``.
 """
 
 from __future__ import annotations
@@ -46,6 +54,30 @@ class ActorCritic(nn.Module):
         return dist.log_prob(action), dist.entropy(), self.critic(obs).squeeze(-1)
 
 
+class Actor(nn.Module):
+    """The trained policy on its own: observation -> action, sampled from the actor's logits
+    (``Actor()`` builds the untrained network, into which a saved state dict loads)."""
+
+    def __init__(self, logits: nn.Module | None = None):
+        super().__init__()
+        self.logits = logits if logits is not None else ActorCritic().actor
+
+    def forward(self, observation: torch.Tensor) -> torch.Tensor:
+        probs = self.logits(observation).softmax(-1)
+        return torch.multinomial(probs.reshape(-1, probs.shape[-1]), 1).reshape(probs.shape[:-1])
+
+
+def save_actor(model: ActorCritic, path: str) -> None:
+    """``model``'s actor as a ``torch.export`` program for a ``.pt2`` path, as TorchScript otherwise."""
+    actor = Actor(model.actor).eval()
+    if path.endswith(".pt2"):
+        batch = torch.export.Dim("batch")  # any number of envs
+        program = torch.export.export(actor, (torch.zeros(2, 4),), dynamic_shapes=({0: batch},))
+        torch.export.save(program, path)
+    else:
+        torch.jit.script(actor).save(path)
+
+
 def gae(batch: TensorDict, model: ActorCritic, gamma: float, lam: float) -> tuple[torch.Tensor, torch.Tensor]:
     """Advantages and returns for a ``[envs, T]`` batch (truncation bootstraps from the next value)."""
     reward = batch["next", "reward"][..., 0]
@@ -70,6 +102,8 @@ def main() -> None:
     parser.add_argument("--envs", type=int, default=8)
     parser.add_argument("--steps", type=int, default=256, help="steps per env per batch")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--save", metavar="PATH", help="save the trained actor: a torch.export program for a .pt2 "
+                                                       "PATH, TorchScript otherwise (for aiocollect collect --policy)")
     args = parser.parse_args()
     torch.manual_seed(args.seed)
     torch.set_num_threads(1)
@@ -119,6 +153,10 @@ def main() -> None:
     elapsed = time.perf_counter() - start
     print(f"done: mean return {mean:.1f} over the last {len(returns)} episodes after {frames:,} frames "
           f"in {elapsed:.1f} s")
+    if args.save:
+        save_actor(model, args.save)
+        print(f"saved the actor to {args.save}: aiocollect collect --env CartPole-v1 --policy {args.save} "
+              "--workers 1 --frames 20000 --out eval")
 
 
 if __name__ == "__main__":

@@ -21,7 +21,10 @@ def test_collect_saves_a_memmapped_tensordict_and_prints_a_summary(tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert re.search(r"collected 4,000 frames of CartPole-v1 from 8 envs \(2 worker processes\) in [\d.]+ s: "
                      r"[\d,]+ frames/s", proc.stdout), proc.stdout
-    assert re.search(r"episodes finished, mean return of the last \d+: [\d.]+", proc.stdout)
+    assert "frames: 4,000 collected, as asked" in proc.stdout and "policy: random actions" in proc.stdout
+    assert re.search(r"^episodes: [\d,]+ finished \(\d+ still running at the end, not counted\)\n"
+                     r"  return: mean [\d.]+, std [\d.]+, min [\d.]+, max [\d.]+\n"
+                     r"  length: mean [\d.]+, min \d+, max \d+ steps$", proc.stdout, re.M), proc.stdout
     assert "MultiSyncCollector" in proc.stderr and "frames/s" in proc.stderr  # the progress bar
     data = TensorDict.load_memmap(out)
     assert data.shape == (2, 4, 500) and data.numel() == 4000
@@ -125,7 +128,7 @@ def test_bench_results_must_be_a_directory(tmp_path):
 
 def test_python_dash_m_is_the_same_command():
     proc = subprocess.run([sys.executable, "-m", "aiocollect", "--help"], capture_output=True, text=True, timeout=60)
-    assert proc.returncode == 0 and "collect" in proc.stdout and "bench" in proc.stdout
+    assert proc.returncode == 0 and all(name in proc.stdout for name in ("collect", "tune", "bench"))
 
 
 def test_an_env_module_that_raises_on_import_is_one_line_and_exit_code_2(tmp_path, monkeypatch):

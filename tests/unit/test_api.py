@@ -39,6 +39,7 @@ EXPECTED = {
     "WorkerStatistics",
     "aSyncDataCollector",
     "split_trajectories",
+    "tune",
 }
 
 
