@@ -16,7 +16,8 @@ replaces only an earlier save that its ``aiocollect.json`` proves to be one (see
 on this machine (``aiocollect._tune.tune``) and prints the best, with the command to use.
 
 ``aiocollect bench`` runs the comparison benchmarks of a source checkout
-(``benchmarks/*.py``) and prints their tables; with ``--results DIR`` it also keeps each
+(``benchmarks/*.py``), the engine's first (its headline: CartPole with an MLP policy that reads
+the observation, against TorchRL), and prints their tables; with ``--results DIR`` it also keeps each
 one's JSON in ``DIR`` and draws them side by side in ``DIR/benchmarks.png``
 (``benchmarks/chart.py``, needs matplotlib).
 
@@ -43,7 +44,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-BENCHMARKS = ("bench_collect.py", "bench_workers.py", "bench_engine.py", "bench_weights.py", "bench_coroutines.py",
+BENCHMARKS = ("bench_engine.py", "bench_collect.py", "bench_workers.py", "bench_weights.py", "bench_coroutines.py",
               "bench_ray.py")
 
 
