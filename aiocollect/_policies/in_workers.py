@@ -220,14 +220,21 @@ class WorkerPolicy:
     def __init__(self, setup: dict, arrays: dict[str, np.ndarray], action_space: Any, obs_keys: list, seed: int):
         import cloudpickle
         import torch
+        from tensordict.nn import set_interaction_type
 
         from .._envs.spaces import ActionCheck
         from .runner import PolicyRunner, check_outputs
 
         torch.set_num_threads(1)
         torch.manual_seed(seed)
+        # what the engine sets around each call, set once for good: this process only acts
+        torch.set_grad_enabled(False)
+        set_interaction_type(setup["exploration_type"]).__enter__()
         self.policy = cloudpickle.loads(setup["policy"])
         self.runner = PolicyRunner(self.policy, obs_keys, device=None, exploration_type=setup["exploration_type"])
+        self._call = self.runner.call_bare
+        self._inputs: dict[tuple, dict] = {}
+        """The policy's input tensors per part, slot and column: views of the storage."""
         self.check = ActionCheck.for_space(action_space)
         self.keys = setup["keys"]
         self.outputs = [arrays[f"out{i}"] for i in range(len(self.keys))]
@@ -261,15 +268,18 @@ class WorkerPolicy:
         if got is not None:
             self.seen, self.version = got
         n = hi - lo
-        inputs = {key: self._from_numpy(x) for key, x in zip(self.runner.obs_keys, obs)}
-        out = self.runner(inputs, n)
+        inputs = self._inputs.get((lo, s, t))
+        if inputs is None:
+            inputs = self._inputs[(lo, s, t)] = {key: self._from_numpy(x) for key, x in zip(self.runner.obs_keys, obs)}
+        out = self._call(inputs)
         if any(not v.shape or v.shape[0] != n for v in out.values()):
             self._check_outputs(out, n)  # (the engine's message for a row count that would broadcast)
         if tuple(out) != self.keys:
             raise KeyError(f"policy: wrote {list(out)!r} at this step but {list(self.keys)!r} at its first call; "
                            "a policy must write the same keys at every step.")
         for key, dst in zip(self.keys, self.outputs):
-            value = _array(out[key])
+            value = out[key]
+            value = value if isinstance(value, np.ndarray) else value.numpy()  # (no grad here, on the CPU)
             if key == "action":
                 value = self.check(value, n)
                 action[...] = self.check.env_action(value)

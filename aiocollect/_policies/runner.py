@@ -191,6 +191,12 @@ class PolicyRunner:
             _set_grad_enabled(grad)  # (also if the policy switched grad mode itself)
         return outputs_from(device, out) if remote else out
 
+    def call_bare(self, obs: dict[NestedKey, torch.Tensor]) -> dict[NestedKey, Any]:
+        """The policy's outputs for ``obs`` with none of a call's setup (grad mode,
+        interaction type, weights, devices): for a caller that set those once for good, a
+        worker's own copy of the policy (``_policies.in_workers``)."""
+        return self._dispatch(obs)
+
     def _dispatch(self, obs: dict[NestedKey, torch.Tensor]) -> dict[NestedKey, Any]:
         """The policy's outputs for ``obs`` (on its device), called as its kind says."""
         if self.kind == "module":
