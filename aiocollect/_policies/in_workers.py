@@ -189,11 +189,9 @@ class WorkersRunner:
 
     @property
     def version(self) -> int:
-        return self.published
-
-    @version.setter
-    def version(self, value: int) -> None:  # (``RandomRuns`` sets it for random policies only)
-        pass
+        """The version of the weights here (what ``sync`` published last, or what a call
+        here loaded since)."""
+        return self.central.version
 
     def sync(self) -> None:
         """Publish the weights ``update_policy_weights_`` gave, if any, before steps are posted."""

@@ -6,23 +6,37 @@ too). Each program is described in ``README.md``."""
 from __future__ import annotations
 
 import difflib
+import hashlib
 import os
 
 import pytest
+import sota
 
-from corpus import PROGRAMS, port, run
-
-NAMES = sorted(p.stem for p in PROGRAMS.glob("*.py"))
+from corpus import NAMES, port, run, sources
 
 
 def test_porting_changes_only_import_lines():
     for name in NAMES:
-        source = (PROGRAMS / f"{name}.py").read_text()
-        changed = [line for line in difflib.unified_diff(source.splitlines(), port(source).splitlines(), n=0)
-                   if line[:1] in "+-" and not line.startswith(("+++", "---"))]
+        changed = []
+        for path in sources(name):
+            source = path.read_text()
+            changed += [line for line in difflib.unified_diff(source.splitlines(), port(source).splitlines(), n=0)
+                        if line[:1] in "+-" and not line.startswith(("+++", "---"))]
         assert changed, f"{name}: nothing to port (no torchrl.collectors import)"
         for line in changed:
             assert line[1:].lstrip().startswith(("from torchrl.collectors", "from aiocollect import")), (name, line)
+
+
+def test_sota_scripts_are_torchrl_s_files_unmodified():
+    """Every file under programs/sota/ is the file of pytorch/rl's sota-implementations at
+    ``sota.TORCHRL_COMMIT``, byte for byte (its git blob id), and nothing else is there."""
+    files = sorted(p.relative_to(sota.SOTA).as_posix() for p in sota.SOTA.rglob("*") if p.is_file()
+                   and "__pycache__" not in p.parts)
+    assert files == sorted(sota.BLOBS)
+    for rel, blob in sota.BLOBS.items():
+        data = (sota.SOTA / rel).read_bytes()
+        got = hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()  # git's blob id
+        assert got == blob, f"programs/sota/{rel} differs from TorchRL's (blob {got}, TorchRL's {blob})"
 
 
 @pytest.mark.parametrize("name", NAMES)
@@ -31,13 +45,14 @@ def test_program_runs_ported_and_learns_where_the_original_learns(name, tmp_path
     over several seeds (its docstring has the figures). The original runs too where
     ``AIOCOLLECT_CORPUS_ORIGINALS=1`` (it doubles the time, and CI's 2 cores have none to
     spare): then it must learn as well, and the port must have learned where it did."""
-    path = PROGRAMS / f"{name}.py"
-    ported = run(path, ported=True, workdir=tmp_path)
+    if name in sota.PROGRAMS and sota.skip_reason(sota.PROGRAMS[name]):
+        pytest.skip(f"{name}: {sota.skip_reason(sota.PROGRAMS[name])}")
+    ported = run(name, ported=True, workdir=tmp_path)
     assert ported.returncode == 0 and ported.result, f"ported {name} failed: {ported.explain()}"
     assert ported.result["collector"].startswith("aiocollect."), ported.result
     original = None
     if os.environ.get("AIOCOLLECT_CORPUS_ORIGINALS") == "1":
-        original = run(path, ported=False, workdir=tmp_path)
+        original = run(name, ported=False, workdir=tmp_path)
         assert original.returncode == 0 and original.result, f"the original {name} failed: {original.explain()}"
         assert original.result["collector"].startswith("torchrl."), original.result
         assert (original.result["learned"] is None) == (ported.result["learned"] is None)
