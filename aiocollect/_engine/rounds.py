@@ -163,7 +163,7 @@ class Rounds:
             except TypeError:  # bfloat16, float8 (autocast): numpy lacks them; the batch keeps them
                 action = action.float().numpy(force=True)
         to_env = action  # what the envs are given; ``action``: what the batch stores
-        if runner.kind != "random":
+        if runner.kind != "random" or runner.policy.one_hot:  # (a one-hot env's draws: rows, as a policy's)
             check = self.sched.check_action
             checked = check(action, n)
             if checked is not action:  # converted (booleans for a discrete space): store that
@@ -272,8 +272,8 @@ class RandomRuns(WorkerRounds):
             if lane.keys is None:
                 lane.keys, lane.carry = (runner.keys if local else ("action",)), []
             if not local:
-                st.write_run(lane.slot, lane.t, lane.lo, lane.hi, random.sample_steps(lane.lo, k, lane.num_envs),
-                             runner.version)
+                drawn = random.sample_steps(lane.lo, k, lane.num_envs)  # (the envs' indices)
+                st.write_run(lane.slot, lane.t, lane.lo, lane.hi, drawn, runner.version, random.encode(drawn))
             lane.run, lane.run_posted, lane.state = k, now, STEPPING
             self.sched.busy += 1
             lane.worker.post(protocol.RUN_CODE, lane.slot, lane.t, k, local)

@@ -289,17 +289,20 @@ class RolloutStorage:
                 value = value.numpy(force=True)  # a view (slicing a tensor costs more than an array)
             dst[s, t, lo:hi] = value if whole else value[start:stop]
 
-    def write_run(self, s: int, t: int, lo: int, hi: int, action: np.ndarray, version: int) -> None:
+    def write_run(self, s: int, t: int, lo: int, hi: int, action: np.ndarray, version: int,
+                  stored: np.ndarray | None = None) -> None:
         """Columns ``t`` to ``t + len(action) - 1`` of envs ``lo:hi``, before a run of steps
         with actions drawn in advance (``[steps, envs, ...]``, the only output): the envs'
-        actions, the stored ones, the version. Ids and step counts come after the run
-        (``ran``): they depend on which steps ended an episode."""
+        actions, the stored ones (``stored``, if the batch holds them in another encoding:
+        a one-hot env's rows, ``RandomPolicy.encode``), the version. Ids and step counts
+        come after the run (``ran``): they depend on which steps ended an episode."""
         stop = t + len(action)
         self.action[t:stop, lo:hi] = action
+        stored = action if stored is None else stored
         dst = self._out_np.get("action", False)
         if dst is False:
-            dst = self._allocate("action", action[0])
-        dst[s, t:stop, lo:hi] = action
+            dst = self._allocate("action", stored[0])
+        dst[s, t:stop, lo:hi] = stored
         self.policy_version[s, t:stop, lo:hi] = version
 
     def ran(self, s: int, t: int, lo: int, hi: int, ids: np.ndarray, counts: np.ndarray) -> None:

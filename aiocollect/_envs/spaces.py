@@ -194,6 +194,38 @@ def _describe(array: np.ndarray) -> str:
     return f"of dtype {array.dtype} and shape {list(array.shape)}"
 
 
+class OneHotDiscrete(spaces.Discrete):
+    """A ``Discrete`` action space whose env takes one-hot rows: a TorchRL env with a ``OneHot``
+    action spec (TorchRL's ``GymEnv`` default). It is a ``Discrete`` space in every respect
+    (the envs are given indices, equal to ``Discrete(n)``); it tells the random policy to
+    draw one-hot rows, as TorchRL's ``RandomPolicy(env.action_spec)`` does, so that a
+    ``policy=None`` batch or an ``init_random_frames`` one holds TorchRL's encoding."""
+
+
+class MultiOneHotDiscrete(spaces.MultiDiscrete):
+    """A one-dimensional ``MultiDiscrete`` action space whose env takes one-hot parts side by
+    side: a TorchRL env with a ``MultiOneHot`` action spec (see ``OneHotDiscrete``)."""
+
+
+def one_hot_parts(space: spaces.Space) -> tuple[tuple[int, ...], np.ndarray] | None:
+    """For an action space whose env takes one-hot rows (``OneHotDiscrete``,
+    ``MultiOneHotDiscrete``): each part's width and start; else ``None``."""
+    if isinstance(space, OneHotDiscrete):
+        return (int(space.n),), np.asarray([space.start], dtype=np.int64)
+    if isinstance(space, MultiOneHotDiscrete):
+        return tuple(int(n) for n in space.nvec), np.asarray(space.start, dtype=np.int64).reshape(-1)
+    return None
+
+
+def encode_one_hot(indices: np.ndarray, parts: tuple[int, ...], start: np.ndarray) -> np.ndarray:
+    """Indices (``[..., ]`` for one part, ``[..., len(parts)]`` for several) as int64 one-hot
+    rows ``[..., sum(parts)]``, the parts side by side (TorchRL's ``OneHot``/``MultiOneHot``)."""
+    if len(parts) == 1:
+        return np.eye(parts[0], dtype=np.int64)[indices - start[0]]
+    return np.concatenate([np.eye(n, dtype=np.int64)[indices[..., i] - start[i]] for i, n in enumerate(parts)],
+                          axis=-1)
+
+
 @dataclass(frozen=True)
 class ActionCheck:
     """Checks that a policy's batched action fits the env's action space.

@@ -30,14 +30,17 @@ observations           every tensor leaf of ``env.full_observation_spec``, under
 Actions follow aiocollect's encoding, which is TorchRL's with
 ``categorical_action_encoding=True``: a discrete action is an int64 *index*. For an env whose
 action spec is ``OneHot`` (TorchRL's ``GymEnv`` default for ``Discrete`` spaces), the policy
-gives an index, the batch stores that index, and the adapter turns it into the one-hot vector
-the env expects just before ``env.step``. The action specs taken:
+gives an index or one-hot rows, the batch stores what it gave, and the adapter turns an index
+into the one-hot vector the env expects just before ``env.step``. Its action space is a
+``Discrete`` one that says so (``OneHotDiscrete``): random actions (``policy=None``, the
+``init_random_frames``) are drawn as one-hot rows, as TorchRL's ``RandomPolicy`` draws them
+from the spec. The action specs taken:
 
 ===============================  ======================================  ======================
 action spec                      aiocollect action space                 given to the env as
 ===============================  ======================================  ======================
 ``Categorical(n)``               ``Discrete(n)``                         the index
-``OneHot(n)``                    ``Discrete(n)``                         a one-hot vector
+``OneHot(n)``                    ``Discrete(n)`` (``OneHotDiscrete``)    a one-hot vector
 ``MultiCategorical(nvec)``       ``MultiDiscrete(nvec)``                 the indices
 ``Binary(n)``                    ``MultiBinary(n)``                      0/1 in the spec dtype
 ``Bounded`` (integer dtype)      ``Discrete``/``MultiDiscrete`` from low  the value
@@ -81,6 +84,8 @@ from torchrl.data import (
     Unbounded,
 )
 from torchrl.envs import EnvBase, EnvCreator
+
+from .spaces import MultiOneHotDiscrete, OneHotDiscrete
 
 
 def is_torchrl_env(obj: Any) -> bool:
@@ -175,10 +180,10 @@ class ActionEncoder:
             if len(shape) != 1:
                 raise TypeError(f"{what}: a batched MultiOneHot action spec {list(shape)} is not supported; "
                                 "build the env with categorical_action_encoding=True.")
-            self.space = spaces.MultiDiscrete(np.array(self.parts, np.int64))
+            self.space = MultiOneHotDiscrete(np.array(self.parts, np.int64))
         elif isinstance(spec, OneHot):
             self.one_hot = spec.space.n
-            self.space = spaces.Discrete(self.one_hot)
+            self.space = OneHotDiscrete(self.one_hot)  # (a Discrete space: random draws are one-hot rows)
         elif isinstance(spec, MultiCategorical):
             self.space = spaces.MultiDiscrete(spec.nvec.cpu().numpy().astype(np.int64).reshape(shape))
         elif isinstance(spec, Binary):

@@ -14,7 +14,7 @@ from gymnasium import spaces
 from tensordict import TensorDictBase
 from tensordict.nn import TensorDictModuleBase
 
-from .._envs.spaces import ActionCheck
+from .._envs.spaces import ActionCheck, encode_one_hot, one_hot_parts
 
 
 class RandomPolicy(TensorDictModuleBase):
@@ -29,7 +29,9 @@ class RandomPolicy(TensorDictModuleBase):
 
     ``Discrete`` and ``MultiDiscrete`` actions are int64 (``start`` included), ``MultiBinary``
     int8, bounded float ``Box`` uniform in its bounds; unbounded or integer boxes use
-    gymnasium's own sampler.
+    gymnasium's own sampler. The action space of a TorchRL env with a ``OneHot`` (or
+    ``MultiOneHot``) action spec says so, and its actions are drawn as int64 one-hot rows
+    (the parts side by side), the encoding TorchRL's ``RandomPolicy`` draws from that spec.
 
     Args:
         action_space: the gymnasium space of *one* env's action.
@@ -49,6 +51,8 @@ class RandomPolicy(TensorDictModuleBase):
         self.in_keys = []
         self.out_keys = ["action"]
         self._shape = ActionCheck.for_space(action_space).shape
+        self._one_hot = one_hot_parts(action_space)
+        """``(widths, starts)`` where the env's spec is one-hot (draws are encoded), else ``None``."""
         self.seed(seed)
 
     def seed(self, seed: int | None) -> None:
@@ -70,9 +74,28 @@ class RandomPolicy(TensorDictModuleBase):
             num_envs: how many actions.
 
         Returns:
-            A numpy array ``[num_envs, *action_shape]``.
+            A numpy array ``[num_envs, *action_shape]`` (``[num_envs, sum(widths)]`` one-hot
+            rows for a one-hot env).
         """
-        return self._draws.next(num_envs)
+        return self.encode(self._draws.next(num_envs))
+
+    @property
+    def one_hot(self) -> bool:
+        """Whether the draws are one-hot rows (the env's TorchRL spec is one-hot): then the
+        envs are given their indices, as for a policy's one-hot action."""
+        return self._one_hot is not None
+
+    def encode(self, drawn: np.ndarray) -> np.ndarray:
+        """Actions as drawn (what the envs are given) in the encoding a batch stores: as they
+        are, or one-hot rows where the env's TorchRL spec is one-hot.
+
+        Args:
+            drawn: actions ``[..., *action_shape]``, e.g. ``sample_steps``'s.
+
+        Returns:
+            ``drawn`` itself, or its int64 one-hot rows ``[..., sum(widths)]``.
+        """
+        return drawn if self._one_hot is None else encode_one_hot(drawn, *self._one_hot)
 
     def sample_steps(self, stream: int, steps: int, num_envs: int) -> np.ndarray:
         """``steps`` batches of actions in a row, from generator ``stream`` of this policy.
@@ -88,7 +111,8 @@ class RandomPolicy(TensorDictModuleBase):
             num_envs: actions per step.
 
         Returns:
-            A numpy array ``[steps, num_envs, *action_shape]``.
+            A numpy array ``[steps, num_envs, *action_shape]``: what the envs are given (indices
+            for a one-hot env too; ``encode`` gives what the batch stores).
         """
         draws = self._streams.get(stream)
         if draws is None:
@@ -112,7 +136,7 @@ class RandomPolicy(TensorDictModuleBase):
         Returns:
             A numpy array, or a CPU tensor if ``action`` is a tensor.
         """
-        drawn = self.sample(num_envs)
+        drawn = self._draws.next(num_envs)  # indices: encoded below as the policy's action is
         shape, space = tuple(action.shape), self.action_space
         if shape == (num_envs, *self._shape):
             if str(action.dtype) in ("bool", "torch.bool"):
@@ -145,7 +169,8 @@ class RandomPolicy(TensorDictModuleBase):
         """
         batch = tensordict.batch_size
         n = int(np.prod(batch)) if len(batch) else 1
-        action = torch.from_numpy(self.sample(n)).reshape(*batch, *self._shape)
+        drawn = self.sample(n)
+        action = torch.from_numpy(drawn).reshape(*batch, *drawn.shape[1:])
         tensordict.set("action", action.to(tensordict.device) if tensordict.device else action)
         return tensordict
 

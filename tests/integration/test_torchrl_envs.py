@@ -105,6 +105,7 @@ LAYOUTS = {
     "gymwrapper-nested-dict-multicategorical": (dict_env, dict_env, {"pos", "cell", "flags", "md", "nest"}, (20,)),
     "list-of-gymenv-factories": ([cartpole] * 2, lambda: SerialEnv(2, cartpole), {"observation"}, (2, 10)),
     "inittracker-bool-observation": (tracked_pendulum, tracked_pendulum, {"observation", "is_init"}, (20,)),
+    "onehot-action-spec": (onehot_cartpole, onehot_cartpole, {"observation", "step_count"}, (20,)),
 }
 
 
@@ -173,6 +174,67 @@ def test_onehot_action_env_gets_one_hot_actions_and_the_batch_indices():
     assert (td["action"] == 1).all()
     velocity, next_velocity = td["observation"][:, 1], td["next", "observation"][:, 1]
     assert (next_velocity > velocity).all(), (velocity, next_velocity)
+
+
+RANDOM_ONEHOT = {  # name: (build the collector from env factories and keywords, batch shape)
+    "Collector": (lambda mk, **kw: aiocollect.Collector(mk, None, **kw), (40,)),
+    "Collector-list": (lambda mk, **kw: aiocollect.Collector([mk, mk], None, **kw), (2, 20)),
+    "MultiSyncCollector": (lambda mk, **kw: aiocollect.MultiSyncCollector([mk, mk], None, **kw), (2, 20)),
+    "MultiAsyncCollector": (lambda mk, **kw: aiocollect.MultiAsyncCollector([mk, mk], None, **kw), (40,)),
+    "AsyncCollector": (lambda mk, **kw: aiocollect.AsyncCollector(mk, None, **kw), (40,)),
+}
+
+
+@pytest.mark.usefixtures("leak_check")
+@pytest.mark.parametrize("variant", list(RANDOM_ONEHOT))
+def test_random_actions_of_a_onehot_env_are_one_hot_rows_as_torchrl_draws_them(variant):
+    """policy=None on a TorchRL env whose action spec is OneHot (GymEnv's default, the DQN
+    sota's env): TorchRL's collector draws RandomPolicy(env.full_action_spec), one-hot rows
+    [.., 2], and so must every collector here, whether the envs step inline, in a worker
+    process that takes runs of steps, or one step per round. The env is stepped with the
+    drawn rows' index: on CartPole, pushing right (column 1) speeds the cart up."""
+    build, shape = RANDOM_ONEHOT[variant]
+    theirs = TorchRLCollector(onehot_cartpole(), None, frames_per_batch=40, total_frames=40)
+    try:
+        expected = next(iter(theirs))["action"]
+    finally:
+        theirs.shutdown()
+    assert expected.shape == (40, 2) and expected.dtype == torch.int64
+    td = first_batch(build(onehot_cartpole, frames_per_batch=40, total_frames=40))
+    action = td["action"]
+    assert action.shape == (*shape, 2) and action.dtype == expected.dtype
+    assert (action.sum(-1) == 1).all() and ((action == 0) | (action == 1)).all()
+    assert 0 < action[..., 1].sum() < action[..., 1].numel()  # both actions drawn
+    faster = td["next", "observation"][..., 1] > td["observation"][..., 1]
+    assert torch.equal(faster, action[..., 1] == 1)
+    check_batch(td)
+
+
+def test_init_random_frames_of_a_onehot_env_are_one_hot_rows_in_every_phase():
+    """A one-hot policy (the DQN sota's QValueActor and EGreedyModule) with
+    init_random_frames: the random batches and the policy's hold one-hot rows, as TorchRL's,
+    so the sota's metrics line, (action_value * action).sum(), holds for every batch."""
+    from tensordict.nn import TensorDictSequential
+    from torchrl.modules import MLP, EGreedyModule, QValueActor
+
+    env = onehot_cartpole()
+    actor = QValueActor(MLP(in_features=4, out_features=2, num_cells=[16]), spec=env.action_spec,
+                        in_keys=["observation"])
+    policy = TensorDictSequential(actor, EGreedyModule(env.action_spec, eps_init=0.5))
+    batches = {}
+    for name, lib in (("ours", aiocollect), ("theirs", torchrl.collectors)):
+        collector = lib.Collector(onehot_cartpole(), policy, frames_per_batch=20, total_frames=60,
+                                  init_random_frames=40)
+        try:
+            batches[name] = list(collector)
+        finally:
+            collector.shutdown()
+    assert len(batches["ours"]) == len(batches["theirs"]) == 3
+    for ours, theirs in zip(batches["ours"], batches["theirs"]):
+        assert ours["action"].shape == theirs["action"].shape == (20, 2)
+        assert ours["action_value"].shape == theirs["action_value"].shape
+        assert (ours["action"].sum(-1) == 1).all()
+        (ours["action_value"] * ours["action"]).sum()
 
 
 @pytest.mark.usefixtures("leak_check")
