@@ -39,6 +39,7 @@ collectors >= 0.7 and >= 0.8 of their limits; M with the MLP <= 1.5 us.
     python benchmarks/bench_engine.py                # a few minutes on 2 cores
     python benchmarks/bench_engine.py --quick        # smoke run, about a minute
     python benchmarks/bench_engine.py --workers 2 8  # sections E and R per worker count
+    python benchmarks/bench_engine.py --sections E M # only the headline and the main process's CPU
 """
 
 from __future__ import annotations
@@ -472,13 +473,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=None, help="runs per row (default 3; 1 with --quick)")
     parser.add_argument("--workers", type=int, nargs="+", default=[2], help="worker counts of section E")
     parser.add_argument("--json", metavar="PATH", help="also write the results as JSON to PATH")
+    parser.add_argument("--sections", nargs="+", choices=list("ERPLMW"), default=list("ERPLMW"),
+                        help="run only these sections (default: all)")
     args = parser.parse_args(argv)
     repeats = args.repeats or (1 if args.quick else 3)
     torch.set_num_threads(1)
     env = environment()
     print(f"aiocollect {env['aiocollect']} | torch {env['torch']} | torchrl {env['torchrl']} | "
           f"python {env['python']} | {cores()} cores | load {env['load_average_1min']:.2f}")
-    rows = rows_for(args)
+    rows = [r for r in rows_for(args) if r.section[0] in args.sections]
     run_rows(rows, repeats)
     print()
     return finish(report(rows, args), args)
