@@ -417,16 +417,17 @@ def rows_for(args) -> list[Row]:
             rows.append(Row("L", name, lambda ms=ms, halves=halves: latency_row(lw, ms, halves, p_steps, p_batches)))
     w = args.workers[0]
     cases = [("MLP", "mlp", None), ("MLP central", "mlp", "0"), ("random", None, None)]
-    for cls in ("MultiSyncCollector", "MultiAsyncCollector"):
-        for label, policy, in_workers in cases:
+    for cls in ("MultiSyncCollector",) if quick else ("MultiSyncCollector", "MultiAsyncCollector"):
+        for label, policy, in_workers in cases[::2] if quick else cases:  # (a smoke run: 2 of them)
             for spin in ("1",) if quick else ("1", "0"):
                 rows.append(Row("M", f"{cls} {w}x{E_ENVS}, {label}, AIOCOLLECT_SPIN={spin}",
                                 lambda cls=cls, spin=spin, policy=policy, in_workers=in_workers:
                                 main_cpu_row(cls, w, e_steps, e_batches, spin, policy, in_workers), "us/frame"))
-    rows.append(Row("W", "aiocollect worker, random actions", lambda: worker_rss("random", w), "MiB"))
     rows.append(Row("W", "aiocollect worker, MLP in the workers", lambda: worker_rss("mlp", w), "MiB"))
-    if HAVE_TORCHRL:
-        rows.append(Row("W", "TorchRL worker, MLP", lambda: worker_rss("torchrl", w), "MiB"))
+    if not quick:
+        rows.append(Row("W", "aiocollect worker, random actions", lambda: worker_rss("random", w), "MiB"))
+        if HAVE_TORCHRL:
+            rows.append(Row("W", "TorchRL worker, MLP", lambda: worker_rss("torchrl", w), "MiB"))
     return rows
 
 
