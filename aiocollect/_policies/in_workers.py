@@ -39,6 +39,7 @@ more per worker (``docs/benchmarks.md`` has the measured figures).
 
 from __future__ import annotations
 
+import copy
 import os
 from typing import Any
 
@@ -68,8 +69,10 @@ def use_workers(policy: Any, *, num_workers: int, policy_device: Any, compiled: 
         return None
     from torch.nn.parameter import is_lazy
 
+    shareable = (torch.bool, torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64,
+                 torch.float16, torch.float32, torch.float64)  # (what numpy, so shared memory, holds)
     tensors = policy.state_dict(keep_vars=True).values()
-    if any(is_lazy(t) or t.device.type != "cpu" for t in tensors):
+    if any(is_lazy(t) or t.device.type != "cpu" or t.dtype not in shareable for t in tensors):
         return None  # (a lazy module takes its shapes at its first call, or from the first update)
     return True if forced else num_workers >= usable_cores()
 
@@ -84,6 +87,10 @@ def probe(policy: Any, obs_leaves: list, exploration_type: Any, check: Any) -> l
     from .runner import PolicyRunner, check_outputs
 
     keys = [leaf.key for leaf in obs_leaves]
+    try:
+        policy = copy.deepcopy(policy)  # (a call may change a module's state: the probe's own copy's)
+    except Exception:  # noqa: BLE001 - a module that cannot be copied cannot be pickled either
+        return None
     runner = PolicyRunner(policy, keys, device=None, exploration_type=exploration_type)
     if runner.kind not in ("module", "tensordict", "callable"):
         return None
