@@ -252,3 +252,36 @@ def test_random_frames_come_first_then_the_workers_policy(in_workers):
         assert torch.equal(b["action"], action)
         torch.testing.assert_close(b["logits"], logits)
     assert np.array_equal(sorted(batches[0].keys()), sorted(batches[3].keys()))
+
+
+class NormedHeads(nn.Module):
+    """``TwoHeads`` after a BatchNorm in training mode: its forward changes its running stats."""
+
+    def __init__(self):
+        super().__init__()
+        self.norm = nn.BatchNorm1d(3)
+        self.heads = TwoHeads(0)
+
+    def forward(self, observation):
+        return self.heads(self.norm(observation))
+
+
+def test_weights_shared_memory_cannot_hold_keep_the_policy_here_and_the_probe_changes_nothing():
+    """bfloat16 weights stay central (numpy has no bfloat16); the probe that lays the outputs
+    out calls a copy, so a module whose forward changes its state is left as it was."""
+    from tensordict.nn import InteractionType
+
+    from aiocollect._envs.spaces import ActionCheck, flatten_space
+    from aiocollect._policies.in_workers import probe
+
+    bf16 = TensorDictModule(nn.Linear(3, 3).to(torch.bfloat16), in_keys=["observation"], out_keys=["action"])
+    assert use_workers(bf16, num_workers=8, policy_device=None, compiled=False, runs=True) is None
+    module = NormedHeads()
+    module.norm.running_mean.fill_(5.0)
+    policy = TensorDictModule(module, in_keys=["observation"], out_keys=["logits", "action"])
+    env = CounterEnv()
+    leaves = flatten_space(env.observation_space, "observation", "observation_space")
+    specs = probe(policy, leaves, InteractionType.RANDOM, ActionCheck.for_space(env.action_space))
+    assert specs == [("logits", np.dtype(np.float32), (3,)), ("action", np.dtype(np.int64), ())]
+    assert torch.equal(module.norm.running_mean, torch.full((3,), 5.0))
+    assert int(module.norm.num_batches_tracked) == 0
