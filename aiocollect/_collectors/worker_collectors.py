@@ -202,6 +202,7 @@ class WorkerCollectorBase(DataCollectorBase):
                 self._scheduler.storage.adopt(outputs, pool.shared.arrays)
                 self._workers_runner = WorkersRunner(self._policy.runner, SharedWeights(pool.shared.arrays),
                                                      tuple(k for k, _, _ in outputs))
+                self._policy.after_publish = self._workers_runner.sync  # (the workers load them at their next step)
             self._stage_batches(self._scheduler.storage)
             self._worker_lanes = [[lane for lane in self._scheduler.lanes if lane.index == w.index]
                                   for w in plan.workers]

@@ -61,6 +61,8 @@ class Lane:
         self.run_steps = 1
         """How many steps the next run may take (``rounds.RUN_S`` at the last runs' pace)."""
         self.run_posted = 0.0
+        self.run_local = False
+        """The run under way takes its actions from the workers' own policy (``rounds.POLICY_RUN_S``)."""
 
     @property
     def full(self) -> bool:

@@ -67,6 +67,10 @@ RUN_S = 0.016
 """About how long a run of steps lasts (sized from the lane's last runs): long enough that
 booking it costs little per frame, short enough that what the collector asks next (a new
 batch, a reset, ``CLOSE``) waits little."""
+POLICY_RUN_S = 0.064
+"""The same for runs with the policy in the workers (``_policies.in_workers``), whose steps
+cost more to book per run than random ones save; new weights do not wait for a run to end
+(the workers load them at their next step)."""
 
 
 @dataclass(frozen=True)
@@ -274,7 +278,7 @@ class RandomRuns(WorkerRounds):
             if not local:
                 drawn = random.sample_steps(lane.lo, k, lane.num_envs)  # (the envs' indices)
                 st.write_run(lane.slot, lane.t, lane.lo, lane.hi, drawn, runner.version, random.encode(drawn))
-            lane.run, lane.run_posted, lane.state = k, now, STEPPING
+            lane.run, lane.run_posted, lane.run_local, lane.state = k, now, local, STEPPING
             self.sched.busy += 1
             lane.worker.post(protocol.RUN_CODE, lane.slot, lane.t, k, local)
         return rest
@@ -289,7 +293,8 @@ class RandomRuns(WorkerRounds):
         ids, counts = self.timelines.ran(lo, hi, st.terminated[s, cols, lo:hi], st.truncated[s, cols, lo:hi])
         st.ran(s, t, lo, hi, ids, counts)
         per_step = (time.perf_counter() - lane.run_posted) / k
-        lane.run_steps = max(1, min(int(RUN_S / per_step) if per_step > 0 else k, 2 * max(k, lane.run_steps)))
+        span = POLICY_RUN_S if lane.run_local else RUN_S
+        lane.run_steps = max(1, min(int(span / per_step) if per_step > 0 else k, 2 * max(k, lane.run_steps)))
         lane.run = 0
         return k
 

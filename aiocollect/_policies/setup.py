@@ -325,6 +325,9 @@ class PolicySetup:
         self.runner = PolicyRunner(self.policy, obs_keys, device=device, exploration_type=exploration_type,
                                    weights=self.weights, stream=stream, graphs=graphs)
         self.random = self.policy if isinstance(self.policy, RandomPolicy) else RandomPolicy(action_space)
+        self.after_publish: Any = None
+        """Called in the publisher's thread after each publish: the policy in the workers
+        hands the weights on at once (``_policies.in_workers.WorkersRunner.sync``)."""
         # (with a real policy, random steps write every key it writes, zero-filled, as in
         # TorchRL, so that every batch of a replay buffer has one layout)
         self.random_runner = (
@@ -420,6 +423,8 @@ class PolicySetup:
         version = channel.publish(src)
         if isinstance(channel, FollowChannel):
             channel.try_apply()
+        if self.after_publish is not None:
+            self.after_publish()
         return version
 
     async def wait_applied(self, version: int) -> None:
