@@ -19,10 +19,11 @@ What stays exactly as with central inference:
   on zeros: ``probe``), and so does each step's policy ``version``;
 * **versions and weights**: the workers' copies load new weights from shared memory
   (``SharedWeights``: every tensor of the module's ``state_dict``, behind a sequence lock)
-  before the first step that starts after the engine published them; the engine publishes
-  what ``update_policy_weights_`` gave (``WorkersRunner.sync``) before it posts any step, so
-  each frame carries the version that computed its action, and ``max_policy_lag`` bounds
-  what it did before;
+  before the first step that starts after they were published: ``update_policy_weights_``
+  writes them there as it publishes (``WorkersRunner.sync``, in the caller's thread, under
+  the channel's lock; the engine does the same before it posts steps, for updates loaded
+  otherwise), so each frame carries the version that computed its action, and
+  ``max_policy_lag`` bounds what it did before;
 * **random frames**: ``init_random_frames`` are drawn in the main process as before (its
   steps carry ``POLICY`` 0).
 
