@@ -138,7 +138,7 @@ class HostBlock:
 def concat(tensors: list[torch.Tensor], empty: Any = host_empty) -> torch.Tensor:
     """``torch.cat(tensors)``, filled by numpy where it can (see ``host_empty``; ``empty``:
     the allocator, ``host_empty``'s signature)."""
-    if all(t.device.type == "cpu" and t.dtype in _NUMPY_DTYPES for t in tensors):
+    if all(t.device.type == "cpu" and t.dtype in NUMPY_DTYPES for t in tensors):
         return concat_arrays([t.numpy() for t in tensors], empty)
     return torch.cat(tensors)
 
@@ -154,8 +154,9 @@ def _concat_plain(arrays: list[np.ndarray]) -> torch.Tensor:
     return torch.from_numpy(np.concatenate(arrays))
 
 
-_NUMPY_DTYPES = frozenset((torch.bool, torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64,
-                           torch.float16, torch.float32, torch.float64))
+NUMPY_DTYPES = frozenset((torch.bool, torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64,
+                          torch.float16, torch.float32, torch.float64))
+"""The torch dtypes numpy has (so numpy, and shared memory, can hold them)."""
 
 
 class RolloutStorage:

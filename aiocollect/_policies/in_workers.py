@@ -70,10 +70,10 @@ def use_workers(policy: Any, *, num_workers: int, policy_device: Any, compiled: 
         return None
     from torch.nn.parameter import is_lazy
 
-    shareable = (torch.bool, torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64,
-                 torch.float16, torch.float32, torch.float64)  # (what numpy, so shared memory, holds)
+    from .._engine.storage import NUMPY_DTYPES  # (what numpy, so shared memory, holds)
+
     tensors = policy.state_dict(keep_vars=True).values()
-    if any(is_lazy(t) or t.device.type != "cpu" or t.dtype not in shareable for t in tensors):
+    if any(is_lazy(t) or t.device.type != "cpu" or t.dtype not in NUMPY_DTYPES for t in tensors):
         return None  # (a lazy module takes its shapes at its first call, or from the first update)
     return True if forced else num_workers >= usable_cores()
 
