@@ -259,7 +259,8 @@ class WorkerPolicy:
 
     def act(self, obs: list[np.ndarray], action: np.ndarray, s: int, t: int, lo: int, hi: int) -> None:
         """Column ``t`` of slot ``s`` for rows ``lo:hi``: the policy's outputs from the
-        observations ``obs`` (each leaf's ``[envs, ...]`` view), the envs' actions into ``action``."""
+        observations ``obs`` (each leaf's ``[slots, columns, envs, ...]`` view of these rows;
+        column ``t`` is read as tensors made once per column), the envs' actions into ``action``."""
         try:
             self._act(obs, action, s, t, lo, hi)
         except BaseException as exc:
@@ -276,7 +277,8 @@ class WorkerPolicy:
         n = hi - lo
         inputs = self._inputs.get((lo, s, t))
         if inputs is None:
-            inputs = self._inputs[(lo, s, t)] = {key: self._from_numpy(x) for key, x in zip(self.runner.obs_keys, obs)}
+            inputs = self._inputs[(lo, s, t)] = {key: self._from_numpy(x[s, t])
+                                                 for key, x in zip(self.runner.obs_keys, obs)}
         out = self._call(inputs)
         if any(not v.shape or v.shape[0] != n for v in out.values()):
             self._check_outputs(out, n)  # (the engine's message for a row count that would broadcast)

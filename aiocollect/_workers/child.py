@@ -171,7 +171,7 @@ class _Worker:
 
             policy = self.policy = WorkerPolicy(setup["policy"], self.shared.arrays, action_space, keys,
                                                 setup["policy"]["seeds"][setup["index"]])
-            self.acts = [(lambda s, t, rows=rows, a=a, b=b: policy.act(rows.inputs(s, t), rows.action[t], s, t, a, b))
+            self.acts = [(lambda s, t, rows=rows, a=a, b=b: policy.act(rows.obs, rows.action[t], s, t, a, b))
                          for (_, _, rows), (_, a, b) in zip(self.parts, parts)]
         self._inbox = bytearray(64)
         self._poll = select.poll()

@@ -39,7 +39,6 @@ class WorkerRows:
         self.autoreset = reset_when_done
         self.step_count = np.zeros(hi - lo, dtype=np.int64)
         self._views: dict[tuple[int, int, bool], tuple] = {}
-        self._inputs: dict[tuple[int, int], list[np.ndarray]] = {}
         n = hi - lo
         self._scratch = (np.zeros(n, np.float32), np.zeros(n, np.uint8), np.zeros(n, np.uint8))  # resets write no flags
 
@@ -108,14 +107,6 @@ class WorkerRows:
             self.bind(group, s, t + 1, False)
             group.reset_now(finished, None)
             self.were_reset(finished)
-
-    def inputs(self, s: int, t: int) -> list[np.ndarray]:
-        """The observations each leaf's step at column ``t`` of slot ``s`` starts from:
-        what a worker's own policy reads (``_policies.in_workers``); views, made once per column."""
-        views = self._inputs.get((s, t))
-        if views is None:
-            views = self._inputs[(s, t)] = [a[s, t] for a in self.obs]
-        return views
 
     def run(self, group, s: int, t: int, control: np.ndarray, word: int, act=None) -> None:
         """``RUN``: ``step`` at columns ``t`` to ``t + control[COUNT] - 1``, writing the
