@@ -229,6 +229,7 @@ class WorkerPolicy:
         from tensordict.nn import set_interaction_type
 
         from .._envs.spaces import ActionCheck
+        from .direct_calls import direct_calls
         from .runner import PolicyRunner, check_outputs
 
         torch.set_num_threads(1)
@@ -237,6 +238,7 @@ class WorkerPolicy:
         torch.set_grad_enabled(False)
         set_interaction_type(setup["exploration_type"]).__enter__()
         self.policy = cloudpickle.loads(setup["policy"])
+        direct_calls(self.policy)  # (a private copy: its submodules skip __call__'s empty checks)
         self.runner = PolicyRunner(self.policy, obs_keys, device=None, exploration_type=setup["exploration_type"])
         self._call = self.runner.call_bare
         self._inputs: dict[tuple, dict] = {}
