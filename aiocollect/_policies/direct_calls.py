@@ -16,6 +16,8 @@ standard call where skipping it could change anything:
 
 * it has a hook of its own (forward, forward pre-, backward or backward pre-hook), or any
   global module hook is registered in this process (then no submodule is changed);
+* it is one of tensordict's modules (``TensorDictModuleBase``: tensordict and the engine's
+  ``PolicyRunner`` look at their exact types; the modules they wrap are changed);
 * its class defines its own ``__call__`` (TorchScript...) or a ``forward`` that is not a
   plain function, the instance has its own ``forward`` attribute, or it was
   ``compile()``d.
@@ -30,6 +32,7 @@ import inspect
 from typing import Any
 
 import torch
+from tensordict.nn import TensorDictModuleBase
 from torch.nn.modules import module as _module
 
 _classes: dict[type, type] = {}
@@ -45,7 +48,8 @@ def _global_hooks() -> bool:
 def _may_skip(sub: torch.nn.Module) -> bool:
     cls = type(sub)
     return (
-        cls.__call__ is torch.nn.Module.__call__
+        not isinstance(sub, TensorDictModuleBase)
+        and cls.__call__ is torch.nn.Module.__call__
         and inspect.isfunction(inspect.getattr_static(cls, "forward", None))
         and "forward" not in sub.__dict__
         and getattr(sub, "_compiled_call_impl", None) is None

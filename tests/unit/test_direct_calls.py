@@ -110,3 +110,19 @@ def test_own_call_instance_forward_and_compiled_are_kept():
 @pytest.mark.parametrize("thing", [lambda x: x, "not a module", None])
 def test_anything_else_is_left_alone(thing):
     assert direct_calls(thing) == 0
+
+
+def test_tensordict_modules_keep_their_class_their_modules_do_not():
+    from tensordict import TensorDict
+    from tensordict.nn import TensorDictModule
+
+    from aiocollect._policies.runner import PolicyRunner
+
+    policy = TensorDictModule(MLP(), in_keys=["observation"], out_keys=["action"])
+    reference = copy.deepcopy(policy)
+    direct_calls(policy)
+    assert type(policy) is TensorDictModule  # the runner's fast path still recognises it
+    assert PolicyRunner(policy, ["observation"], device=None, exploration_type=None).kind == "module"
+    assert all(_is_direct(m) for m in policy.module.modules())
+    td = TensorDict({"observation": torch.randn(7, 4)}, [7])
+    assert torch.equal(policy(td.clone())["action"], reference(td.clone())["action"])
