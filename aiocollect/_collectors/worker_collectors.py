@@ -17,14 +17,13 @@ from __future__ import annotations
 from collections import OrderedDict
 from typing import Any
 
-import cloudpickle
 import torch
 from tensordict import TensorDictBase
 from tensordict.nn import InteractionType
 
 from .._engine.scheduler import Scheduler
 from .._envs.spaces import ActionCheck, flatten_space
-from .._policies.in_workers import SharedWeights, WorkersRunner, fields, probe, seeds_for, use_workers
+from .._policies.in_workers import SharedWeights, WorkersRunner, fields, payload, probe, use_workers
 from .._policies.random import RandomPolicy
 from .._policies.setup import PolicySetup, runs_on_gpu
 from .._workers.plan import WorkerPlan, plan_workers
@@ -164,11 +163,12 @@ class WorkerCollectorBase(DataCollectorBase):
         self._policy = PolicySetup(policy, plan.action_space, [leaf.key for leaf in obs_leaves],
                                    device=self.policy_device, exploration_type=options.exploration_type,
                                    cuda_graphs=cuda_graphs, obs_leaves=obs_leaves)
-        outputs = pickled = None
+        outputs = sent = None
         if in_workers and not any(w.coroutine for w in plan.workers):
             outputs = probe(self._policy.policy, obs_leaves, options.exploration_type, action)
             try:
-                pickled = cloudpickle.dumps(self._policy.policy) if outputs is not None else None
+                sent = None if outputs is None else payload(
+                    self._policy.policy, tuple(k for k, _, _ in outputs), options.exploration_type, len(plan.workers))
             except Exception:  # noqa: BLE001 - (a lock, an open file...): it runs here
                 outputs = None
         extra = () if outputs is None else fields(outputs, self._policy.policy, 2, columns, plan.num_envs)
@@ -185,9 +185,7 @@ class WorkerCollectorBase(DataCollectorBase):
         pool = WorkerPool(plan, layout, reset_when_done=options.reset_when_done,
                           max_frames_per_traj=options.max_frames_per_traj, step_timeout=step_timeout,
                           start_timeout=worker_options.start_timeout)
-        if outputs is not None:
-            pool.policy = {"policy": pickled, "keys": tuple(k for k, _, _ in outputs),
-                           "exploration_type": options.exploration_type, "seeds": seeds_for(len(plan.workers))}
+        pool.policy = sent
         self._pool = pool
         res = self._resources
         res.closers += [pool.kill_leftovers, self._policy.close]

@@ -29,10 +29,10 @@ applied to a copy that nothing else sees: the worker's unpickled policy.
 from __future__ import annotations
 
 import inspect
+import sys
 from typing import Any
 
 import torch
-from tensordict.nn import TensorDictModuleBase
 from torch.nn.modules import module as _module
 
 _classes: dict[type, type] = {}
@@ -45,10 +45,10 @@ def _global_hooks() -> bool:
         "_global_backward_hooks", "_global_backward_pre_hooks"))
 
 
-def _may_skip(sub: torch.nn.Module) -> bool:
+def _may_skip(sub: torch.nn.Module, tensordict_base: type | None) -> bool:
     cls = type(sub)
     return (
-        not isinstance(sub, TensorDictModuleBase)
+        not (tensordict_base is not None and isinstance(sub, tensordict_base))
         and cls.__call__ is torch.nn.Module.__call__
         and inspect.isfunction(inspect.getattr_static(cls, "forward", None))
         and "forward" not in sub.__dict__
@@ -77,11 +77,13 @@ def direct_calls(module: Any) -> int:
     it is."""
     if not isinstance(module, torch.nn.Module) or _global_hooks():
         return 0
+    # (with tensordict not imported, no module is one of its own; nothing imports it here)
+    tensordict_base = getattr(sys.modules.get("tensordict.nn"), "TensorDictModuleBase", None)
     changed = 0
     for sub in module.modules():
         if type(sub) in _classes.values():
             continue
-        if _may_skip(sub):
+        if _may_skip(sub, tensordict_base):
             sub.__class__ = _direct(type(sub))
             changed += 1
     return changed

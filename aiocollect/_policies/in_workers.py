@@ -135,6 +135,27 @@ def fields(outputs: list[tuple[Any, np.dtype, tuple]], module: Any, slots: int, 
     return out
 
 
+def payload(policy: Any, keys: tuple, exploration_type: Any, num_workers: int) -> dict:
+    """What each worker is sent to build its ``WorkerPolicy``: the pickled policy (for a
+    plain ``TensorDictModule``, only the module it wraps and its keys, so that the worker
+    need not import tensordict), the outputs' keys in the order of the ``out{i}`` fields,
+    the interaction type by name, and one seed per worker. Raises if the policy cannot be
+    pickled."""
+    import cloudpickle
+
+    from .runner import _fast_module
+
+    plain = _fast_module(policy)
+    return {
+        "policy": cloudpickle.dumps(policy.module if plain else policy),
+        "in_keys": list(policy.in_keys) if plain else None,
+        "out_keys": list(policy.out_keys) if plain else None,
+        "keys": keys,
+        "exploration_type": exploration_type.name,
+        "seeds": seeds_for(num_workers),
+    }
+
+
 class SharedWeights:
     """The module's weights in shared memory: the engine ``write``s, workers ``read``."""
 
@@ -224,23 +245,33 @@ class WorkerPolicy:
     ``RolloutStorage.write`` would."""
 
     def __init__(self, setup: dict, arrays: dict[str, np.ndarray], action_space: Any, obs_keys: list, seed: int):
+        import sys
+
         import cloudpickle
         import torch
-        from tensordict.nn import set_interaction_type
 
         from .._envs.spaces import ActionCheck
         from .direct_calls import direct_calls
-        from .runner import PolicyRunner, check_outputs
+        from .outputs import check_outputs, module_outputs
 
         torch.set_num_threads(1)
         torch.manual_seed(seed)
         # what the engine sets around each call, set once for good: this process only acts
         torch.set_grad_enabled(False)
-        set_interaction_type(setup["exploration_type"]).__enter__()
         self.policy = cloudpickle.loads(setup["policy"])
+        if setup["in_keys"] is not None:  # a plain module: called as the runner calls it
+            module, in_keys, out_keys = self.policy, setup["in_keys"], setup["out_keys"]
+            self._call = lambda obs: module_outputs(module(*[obs[k] for k in in_keys]), out_keys)
+        else:
+            from .runner import PolicyRunner
+
+            self._call = PolicyRunner(self.policy, obs_keys, device=None, exploration_type=None).call_bare
+        if "tensordict" in sys.modules:  # (the interaction type lives there: whatever reads it imported it)
+            from tensordict.nn import InteractionType, set_interaction_type
+
+            set_interaction_type(InteractionType[setup["exploration_type"]]).__enter__()
         direct_calls(self.policy)  # (a private copy: its submodules skip __call__'s empty checks)
-        self.runner = PolicyRunner(self.policy, obs_keys, device=None, exploration_type=setup["exploration_type"])
-        self._call = self.runner.call_bare
+        self.obs_keys = obs_keys
         self._inputs: dict[tuple, dict] = {}
         """The policy's input tensors per part, slot and column: views of the storage."""
         self.check = ActionCheck.for_space(action_space)
@@ -249,6 +280,11 @@ class WorkerPolicy:
         self.version_field = arrays["version"]
         self.weights = SharedWeights(arrays)
         self.tensors = list(self.policy.state_dict().values())
+        shapes = [tuple(arrays[f"w{i}"].shape) for i in range(len(self.tensors)) if f"w{i}" in arrays]
+        if shapes != [tuple(t.shape) for t in self.tensors]:
+            got = [list(t.shape) for t in self.tensors]
+            raise RuntimeError(f"policy: this worker's copy has weights of shapes {got}, "
+                               f"shared memory {[list(x) for x in shapes]}.")
         self.seen, self.version = 0, 0
         self._from_numpy = torch.from_numpy
         self._check_outputs = check_outputs
@@ -280,7 +316,7 @@ class WorkerPolicy:
         inputs = self._inputs.get((lo, s, t))
         if inputs is None:
             inputs = self._inputs[(lo, s, t)] = {key: self._from_numpy(x[s, t])
-                                                 for key, x in zip(self.runner.obs_keys, obs)}
+                                                 for key, x in zip(self.obs_keys, obs)}
         out = self._call(inputs)
         if any(not v.shape or v.shape[0] != n for v in out.values()):
             self._check_outputs(out, n)  # (the engine's message for a row count that would broadcast)

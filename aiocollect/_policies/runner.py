@@ -47,6 +47,7 @@ from tensordict.nn import InteractionType, TensorDictModule, TensorDictModuleBas
 from .._envs.spaces import NestedKey, nest
 from .array import ArrayPolicy
 from .graphs import CudaGraphs
+from .outputs import check_outputs, module_outputs
 from .random import RandomPolicy
 from .transfer import inputs_to, outputs_from
 from .weights import WeightsChannel
@@ -209,17 +210,7 @@ class PolicyRunner:
 
     def _call_module(self, obs: dict[NestedKey, torch.Tensor]) -> dict[NestedKey, Any]:
         policy = self.policy
-        result = policy.module(*[obs[k] for k in policy.in_keys])
-        out_keys = policy.out_keys
-        if isinstance(result, (dict, TensorDictBase)) and all(k in result for k in out_keys):
-            result = tuple(result[k] for k in out_keys)
-        if not isinstance(result, tuple):
-            result = (result,)
-        if len(result) != len(out_keys):
-            raise RuntimeError(
-                f"policy: the module returned {len(result)} tensor(s) for out_keys {out_keys}."
-            )
-        out = {k: v for k, v in zip(out_keys, result) if k != "_"}
+        out = module_outputs(policy.module(*[obs[k] for k in policy.in_keys]), policy.out_keys)
         if self._out_keys is None:
             self._out_keys = list(out)
         return out
@@ -345,28 +336,3 @@ def ml_dtype_tensor(value: np.ndarray, key: NestedKey) -> torch.Tensor:
         )
     bits = np.ascontiguousarray(value).view(np.uint16 if value.dtype.itemsize == 2 else np.uint8)
     return torch.from_numpy(bits.copy()).view(dtype)
-
-
-def check_outputs(out: dict[NestedKey, Any], num_envs: int) -> None:
-    """Each output is a tensor or array with one row per env, holding data.
-
-    Called on a lane's first policy call (the outputs' keys, shapes and dtypes are then
-    fixed for the batch), so a policy that returns something the storage cannot hold
-    fails there, with the output's name, rather than deep inside a copy.
-    """
-    for key, value in out.items():
-        name = key if isinstance(key, str) else ".".join(key)
-        if isinstance(value, torch.Tensor):
-            if value.device.type == "meta" or value.is_sparse:
-                raise TypeError(
-                    f"{name}: the policy returned a {value.layout if value.is_sparse else 'meta'} tensor, "
-                    "which holds no data; return a dense tensor on the CPU or a GPU."
-                )
-        elif not isinstance(value, np.ndarray) and not hasattr(value, "__array__"):
-            raise TypeError(f"{name}: the policy returned a {type(value).__name__}; return a tensor.")
-        shape = tuple(value.shape)
-        if not shape or shape[0] != num_envs:
-            raise ValueError(
-                f"{name}: the policy returned shape {list(shape)} for {num_envs} env(s); every output "
-                f"needs a first dim of {num_envs} (one row per env)."
-            )

@@ -221,18 +221,29 @@ def test_the_choice_follows_the_cores_and_the_switch(monkeypatch):
     assert use_workers(policy, num_workers=1, **choose) is True
 
 
-def _maps_torch(pid: int) -> bool:
+def _maps(pid: int, library: str) -> bool:
     with open(f"/proc/{pid}/maps") as f:
-        return "libtorch" in f.read()
+        return library in f.read()
 
 
-@pytest.mark.parametrize("policy_kind", ["mlp", "random"])
+@pytest.mark.parametrize("policy_kind", ["mlp", "random", "plain"])
 def test_only_workers_given_the_policy_import_torch(policy_kind, in_workers):
-    policy = two_heads() if policy_kind == "mlp" else None
+    """The lean worker loads no torch; one with the policy does, and tensordict only where
+    the policy needs it: not for a ``TensorDictModule`` over a plain module, whose worker is
+    sent the module alone (its class here lives in a file that imports torch alone)."""
+    from support.plain_modules import ArgmaxMLP
+
+    policy = {"mlp": two_heads(), "random": None,
+              "plain": TensorDictModule(ArgmaxMLP(3, 3), in_keys=["observation"], out_keys=["action"])}[policy_kind]
     with MultiSyncCollector([[CounterEnv] * 2] * 2, policy, frames_per_batch=40, total_frames=-1) as c:
-        next(iter(c))
+        batch = next(iter(c))
         pids = [w.pid for w in c.statistics().workers]
-        assert [_maps_torch(pid) for pid in pids] == [policy_kind == "mlp"] * 2
+        assert [_maps(pid, "libtorch") for pid in pids] == [policy_kind != "random"] * 2
+        # (two_heads' class lives in this test file, which imports tensordict)
+        assert [_maps(pid, "tensordict/_C") for pid in pids] == [policy_kind == "mlp"] * 2
+    if policy_kind == "plain":
+        with torch.no_grad():
+            assert torch.equal(batch["action"], ArgmaxMLP(3, 3)(batch["observation"]))
 
 
 def test_random_frames_come_first_then_the_workers_policy(in_workers):

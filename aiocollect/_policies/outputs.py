@@ -1,0 +1,54 @@
+"""A policy's outputs as the engine takes them: a module's return value mapped to its
+``out_keys``, and the check every output passes at a lane's first call.
+
+Kept apart from ``_policies.runner`` so that a worker acting with its own copy of a plain
+module (``_policies.in_workers``) maps and checks its outputs exactly as the engine does,
+without importing tensordict (a second or more of each worker's start on a small machine).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+import torch
+
+
+def module_outputs(result: Any, out_keys: list) -> dict:
+    """``result``, what a ``TensorDictModule``'s module returned, as ``{out_key: value}``,
+    as ``TensorDictModule.forward`` maps it: a mapping holding every out key is read by key
+    (a ``TensorDict`` is one), a tuple by position, anything else is the one output; an out
+    key ``"_"`` drops its value."""
+    if isinstance(result, Mapping) and all(k in result for k in out_keys):
+        result = tuple(result[k] for k in out_keys)
+    if not isinstance(result, tuple):
+        result = (result,)
+    if len(result) != len(out_keys):
+        raise RuntimeError(f"policy: the module returned {len(result)} tensor(s) for out_keys {out_keys}.")
+    return {k: v for k, v in zip(out_keys, result) if k != "_"}
+
+
+def check_outputs(out: dict, num_envs: int) -> None:
+    """Each output is a tensor or array with one row per env, holding data.
+
+    Called on a lane's first policy call (the outputs' keys, shapes and dtypes are then
+    fixed for the batch), so a policy that returns something the storage cannot hold
+    fails there, with the output's name, rather than deep inside a copy.
+    """
+    for key, value in out.items():
+        name = key if isinstance(key, str) else ".".join(key)
+        if isinstance(value, torch.Tensor):
+            if value.device.type == "meta" or value.is_sparse:
+                raise TypeError(
+                    f"{name}: the policy returned a {value.layout if value.is_sparse else 'meta'} tensor, "
+                    "which holds no data; return a dense tensor on the CPU or a GPU."
+                )
+        elif not isinstance(value, np.ndarray) and not hasattr(value, "__array__"):
+            raise TypeError(f"{name}: the policy returned a {type(value).__name__}; return a tensor.")
+        shape = tuple(value.shape)
+        if not shape or shape[0] != num_envs:
+            raise ValueError(
+                f"{name}: the policy returned shape {list(shape)} for {num_envs} env(s); every output "
+                f"needs a first dim of {num_envs} (one row per env)."
+            )

@@ -1,0 +1,22 @@
+"""Torch modules in a file that imports torch alone: a worker that unpickles one of them
+(by reference to this module) imports nothing more, so a test can see what else it loads."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+
+class ArgmaxMLP(nn.Module):
+    """``argmax(linear(tanh(linear(observation))))``: a policy that reads the observation."""
+
+    def __init__(self, n_obs: int, n_actions: int, hidden: int = 8, seed: int = 0):
+        super().__init__()
+        gen = torch.Generator().manual_seed(seed)
+        self.net = nn.Sequential(nn.Linear(n_obs, hidden), nn.Tanh(), nn.Linear(hidden, n_actions))
+        with torch.no_grad():
+            for p in self.net.parameters():
+                p.copy_(torch.randn(p.shape, generator=gen))
+
+    def forward(self, observation: torch.Tensor) -> torch.Tensor:
+        return self.net(observation).argmax(-1)
