@@ -34,8 +34,15 @@ the usable cores, random actions may go in runs (``reset_when_done``, no
 ``interruptor``), and ``probe`` finds outputs the workers can write. A recurrent policy
 (one that writes ``("next", key)`` state) stays central.
 
+**What a worker is sent** (``payload``): the pickled policy, or, for a plain
+``TensorDictModule``, only the module it wraps and its keys, which the worker calls and maps
+as the engine's runner does (``_policies.outputs``) without importing tensordict; its
+submodules then call their ``forward`` directly (``_policies.direct_calls``: the copy is
+private, and ``nn.Module.__call__``'s empty hook checks were half of a small MLP's call).
+
 **Cost**: a worker with a policy imports torch (the lean worker does not): about 200 MiB
-more per worker (``docs/benchmarks.md`` has the measured figures).
+more per worker (``docs/benchmarks.md`` has the measured figures), and a second or two more
+to start.
 """
 
 from __future__ import annotations
