@@ -1,20 +1,52 @@
-"""What both benchmark scripts share: their command line and the description of the machine."""
+"""What the benchmark scripts share: their command line and the description of the machine."""
 
 from __future__ import annotations
 
 import argparse
 import importlib.util
+import multiprocessing
 import os
 import platform
+import sys
+
+SMOKE_VAR = "AIOCOLLECT_BENCH_SMOKE"
+"""Set (to anything but ``0``, ``false``, ``no``, ``off``), it turns ``--smoke`` on: how the
+tests reach the scripts that ``aiocollect bench`` runs."""
+
+
+def smoke_from_environment() -> bool:
+    return os.environ.get(SMOKE_VAR, "").strip().lower() not in ("", "0", "false", "no", "off")
+
+
+def add_smoke_argument(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--smoke", action="store_true", default=smoke_from_environment(),
+        help="the tests' run: every row and section of --quick, each measured as briefly as it can be, one run, "
+             "TorchRL's worker processes forked, not spawned, on Linux (start-up is not timed); it checks that "
+             f"the script runs and reports, its numbers mean little. {SMOKE_VAR}=1 in the environment does the same")
+
+
+def start_smoke(args: argparse.Namespace) -> None:
+    """``--smoke`` implies ``--quick``; on Linux, TorchRL's multi-process collectors then fork
+    their workers (a spawned one imports torchrl: 10-20 s on a busy 2-core machine, untimed but
+    most of a smoke run). Must run before a TorchRL collector starts (TorchRL takes the global
+    start method where one is set)."""
+    if args.smoke:
+        args.quick = True
+        if sys.platform.startswith("linux"):
+            multiprocessing.set_start_method("fork", force=True)
 
 
 def parse_args(argv: list[str] | None, description: str, quick_help: str) -> argparse.Namespace:
-    """``--quick``, ``--repeats`` (default 3, or 1 with ``--quick``) and ``--json PATH``."""
+    """``--quick``, ``--smoke`` (see ``start_smoke``), ``--repeats`` (default 3, or 1 with
+    ``--quick``) and ``--json PATH``."""
     parser = argparse.ArgumentParser(description=description)
     parser.add_argument("--quick", action="store_true", help=quick_help)
+    add_smoke_argument(parser)
     parser.add_argument("--repeats", type=int, default=None, help="runs per measurement (default 3; 1 with --quick)")
     parser.add_argument("--json", metavar="PATH", help="also write the results as JSON to PATH")
     args = parser.parse_args(argv)
+    start_smoke(args)
     if args.repeats is None:
         args.repeats = 1 if args.quick else 3
     if args.repeats < 1:

@@ -44,6 +44,7 @@ Usage::
 
     python benchmarks/bench_collect.py                # full run (~1.5 min on 2 cores)
     python benchmarks/bench_collect.py --quick        # smoke run for CI (< 30 s)
+    python benchmarks/bench_collect.py --smoke        # --quick's rows, each as brief as can be (the tests')
     python benchmarks/bench_collect.py --json out.json
 """
 
@@ -124,6 +125,17 @@ QUICK = Sizes(
     b_frames=6_400,
     b_torchrl_frames=640,
     warmup_steps=10,
+)
+
+SMOKE = Sizes(
+    a_steps_per_batch=16,
+    a_frames=1_024,
+    a_async_vec_frames=256,
+    a_torchrl_frames=128,
+    b_steps_per_batch=4,
+    b_frames=768,
+    b_torchrl_frames=256,
+    warmup_steps=5,
 )
 
 
@@ -448,9 +460,9 @@ def autoreset_note(benches: list[Bench], scenario: str, length: float) -> list[s
 
 
 def write_json(path: str, benches: list[Bench], ep_lengths: dict[str, float], sizes: Sizes, args,
-               env: dict, wall: float) -> None:
+               env: dict, wall: float, mode: str) -> None:
     data = {
-        "mode": "quick" if args.quick else "full",
+        "mode": mode,
         "repeats": args.repeats,
         "statistic": "best",
         "sizes": asdict(sizes),
@@ -476,9 +488,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv, __doc__.split("\n\n")[0], "tiny frame counts, one run (CI smoke test)")
 
     torch.set_num_threads(1)  # same for every contender; see the module docstring
-    sizes = QUICK if args.quick else FULL
+    mode = "smoke" if args.smoke else "quick" if args.quick else "full"
+    sizes = {"smoke": SMOKE, "quick": QUICK, "full": FULL}[mode]
     env = environment()
-    mode = "quick" if args.quick else "full"
     print(
         f"aiocollect {env['aiocollect']} | torch {env['torch']} (threads=1) | tensordict {env['tensordict']}"
         f" | torchrl {env['torchrl']} | gymnasium {env['gymnasium']} | numpy {env['numpy']}"
@@ -499,7 +511,7 @@ def main(argv: list[str] | None = None) -> int:
     total = time.perf_counter() - _PROCESS_START
     print(f"\ntotal time: {total:.1f} s ({wall:.1f} s measuring, the rest imports){load}")
     if args.json:
-        write_json(args.json, benches, ep_lengths, sizes, args, env, wall)
+        write_json(args.json, benches, ep_lengths, sizes, args, env, wall, mode)
         print(f"results written to {args.json}")
     return 0
 

@@ -26,6 +26,7 @@ Usage::
 
     python benchmarks/bench_coroutines.py            # full run, ~1.5 min on 2 cores
     python benchmarks/bench_coroutines.py --quick    # smoke run, ~25 s
+    python benchmarks/bench_coroutines.py --smoke    # --quick's rows, each as brief as can be (the tests')
 """
 
 from __future__ import annotations
@@ -176,7 +177,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"# environment: {env}", file=sys.stderr)
     # (quick: TorchRL's batches of 2 steps per env, not 10: its warm-up batch and its one timed
     # batch, at about 500 frames/s here, would take 10 s of the smoke run)
-    seconds, our_batches, steps, their_batches, their_steps = (1.0, 2, 40, 1, 2) if args.quick else (4.0, 4, 100, 6, 10)
+    seconds, our_batches, steps, their_batches, their_steps = (
+        (0.2, 1, 10, 1, 1) if args.smoke else (1.0, 2, 40, 1, 2) if args.quick else (4.0, 4, 100, 6, 10))
     runs: dict[str, list[float]] = {"barrier": [], "aiocollect": [], "torchrl": []}
     for r in range(args.repeats):
         for name in runs:

@@ -38,6 +38,7 @@ collectors >= 0.7 and >= 0.8 of their limits; M with the MLP <= 1.5 us.
 
     python benchmarks/bench_engine.py                # a few minutes on 2 cores
     python benchmarks/bench_engine.py --quick        # smoke run, about a minute
+    python benchmarks/bench_engine.py --smoke        # --quick, TorchRL's workers forked (the tests')
     python benchmarks/bench_engine.py --workers 2 8  # sections E and R per worker count
     python benchmarks/bench_engine.py --sections E M # only the headline and the main process's CPU
 """
@@ -62,7 +63,7 @@ import numpy as np
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _common import environment, finish
+from _common import add_smoke_argument, environment, finish, start_smoke
 
 import aiocollect
 
@@ -374,7 +375,8 @@ def run_rows(rows: list[Row], repeats: int, after: Callable[[], None] | None = N
 
 
 def rows_for(args) -> list[Row]:
-    quick = args.quick
+    quick = args.quick  # (--smoke keeps --quick's sizes: its rows measure for a fraction of a second
+    # already, start-up is the rest, and shorter ones would make the ratios to the limits noisier)
     e_steps, e_batches = (25, 3) if quick else (100, 40)
     p_steps, p_batches = (10, 2) if quick else (50, 12)
     rows: list[Row] = []
@@ -471,12 +473,14 @@ def report(rows: list[Row], args) -> dict:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="smoke run, about a minute")
+    add_smoke_argument(parser)
     parser.add_argument("--repeats", type=int, default=None, help="runs per row (default 3; 1 with --quick)")
     parser.add_argument("--workers", type=int, nargs="+", default=[2], help="worker counts of section E")
     parser.add_argument("--json", metavar="PATH", help="also write the results as JSON to PATH")
     parser.add_argument("--sections", nargs="+", choices=list("ERPLMW"), default=list("ERPLMW"),
                         help="run only these sections (default: all)")
     args = parser.parse_args(argv)
+    start_smoke(args)
     repeats = args.repeats or (1 if args.quick else 3)
     torch.set_num_threads(1)
     env = environment()

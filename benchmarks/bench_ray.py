@@ -19,6 +19,7 @@ Usage::
 
     python benchmarks/bench_ray.py            # full run, ~1.5 min on 2 cores
     python benchmarks/bench_ray.py --quick    # smoke run
+    python benchmarks/bench_ray.py --smoke    # --quick's rows, each as brief as can be (the tests')
 """
 
 from __future__ import annotations
@@ -58,8 +59,8 @@ def timed(collector, batches: int) -> float:
     return frames / (time.perf_counter() - start)
 
 
-def aiocollect_fps(batches: int) -> float:
-    c = aiocollect.RayCollector([[make_cartpole] * ENVS] * 2, None, frames_per_batch=PER_ACTOR, total_frames=-1,
+def aiocollect_fps(batches: int, per_actor: int = PER_ACTOR) -> float:
+    c = aiocollect.RayCollector([[make_cartpole] * ENVS] * 2, None, frames_per_batch=per_actor, total_frames=-1,
                                 collector_class="single", sync=False)
     try:
         return timed(c, batches)
@@ -73,7 +74,7 @@ def _torchrl_env():
     return SerialEnv(ENVS, lambda: GymEnv(ENV_ID))
 
 
-def torchrl_fps(batches: int) -> float | None:
+def torchrl_fps(batches: int, per_actor: int = PER_ACTOR) -> float | None:
     try:
         from torchrl.collectors import Collector
         from torchrl.collectors.distributed import RayCollector
@@ -81,7 +82,7 @@ def torchrl_fps(batches: int) -> float | None:
         return None
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        c = RayCollector([_torchrl_env] * 2, None, frames_per_batch=PER_ACTOR, total_frames=10**9,
+        c = RayCollector([_torchrl_env] * 2, None, frames_per_batch=per_actor, total_frames=10**9,
                          collector_class=Collector, sync=False, remote_configs={"num_cpus": 1})
     try:
         return timed(c, batches)
@@ -97,18 +98,20 @@ def main(argv: list[str] | None = None) -> int:
     print(f"# environment: {env}", file=sys.stderr)
     logging.getLogger("ray").setLevel(logging.ERROR)
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
-    ours_batches, their_batches = (4, 2) if args.quick else (40, 6)
+    ours_batches, their_batches = (1, 1) if args.smoke else (4, 2) if args.quick else (40, 6)
+    per_actor = ENVS * 20 if args.smoke else PER_ACTOR  # frames per actor batch
     runs: dict[str, list[float]] = {"aiocollect": [], "torchrl": []}
     try:
         for r in range(args.repeats):
             for name in runs:
                 print(f"{name} (run {r + 1}/{args.repeats}) ...", file=sys.stderr)
-                value = aiocollect_fps(ours_batches) if name == "aiocollect" else torchrl_fps(their_batches)
+                value = (aiocollect_fps(ours_batches, per_actor) if name == "aiocollect"
+                         else torchrl_fps(their_batches, per_actor))
                 if value is not None:
                     runs[name].append(value)
     finally:
         ray.shutdown()
-    print(f"\n## RayCollector, 2 actors x {ENVS} CartPole envs, random policy, {PER_ACTOR} frames per actor batch")
+    print(f"\n## RayCollector, 2 actors x {ENVS} CartPole envs, random policy, {per_actor} frames per actor batch")
     print(f"{'contender':40} {'best fps':>10} {'median':>10}")
     results = {"environment": env, "contenders": {}}
     for name, label in (("aiocollect", "aiocollect RayCollector (Collector)"),

@@ -29,6 +29,7 @@ Usage::
 
     python benchmarks/bench_weights.py            # full run, ~1.5 min on 2 cores
     python benchmarks/bench_weights.py --quick    # smoke run, ~20 s
+    python benchmarks/bench_weights.py --smoke    # --quick's rows, each as brief as can be (the tests')
     python benchmarks/bench_weights.py --jax-sync-dispatch   # J with jax_cpu_enable_async_dispatch=False
 
 JAX dispatches CPU computations to another thread by default; for a small policy the
@@ -178,14 +179,15 @@ def update_latencies(kind: str, calls: int, collecting: bool) -> list[float]:
     return out
 
 
-def update_cost(kind: str, quick: bool, collecting: bool) -> dict:
-    lat = sorted(update_latencies(kind, 40 if quick else 200, collecting))
+def update_cost(kind: str, calls: int, collecting: bool) -> dict:
+    lat = sorted(update_latencies(kind, calls, collecting))
     return {"median_us": lat[len(lat) // 2] * 1e6, "p90_us": lat[int(len(lat) * 0.9)] * 1e6,
             "max_us": lat[-1] * 1e6}
 
 
-def updating_fps(setting: str, batches: int) -> tuple[float, float]:
-    """Frames/s without and with an update after every batch, on one collector.
+def updating_fps(setting: str, batches: int, steps: int = 100) -> tuple[float, float]:
+    """Frames/s without and with an update after every batch (of ``steps`` steps of every
+    env), on one collector; ``batches`` (at least 2) of each.
 
     The two modes alternate every 2 batches on the same collector (same envs, same policy,
     same weights sent: episode lengths do not change), so that machine noise, which moves
@@ -193,10 +195,11 @@ def updating_fps(setting: str, batches: int) -> tuple[float, float]:
     """
     if setting == "collector-16-small":
         policy, trainer = torch_policy(SMALL), torch_policy(SMALL)
-        collector = Collector([make_cartpole] * 16, policy, frames_per_batch=1600, total_frames=-1)
+        collector = Collector([make_cartpole] * 16, policy, frames_per_batch=16 * steps, total_frames=-1)
     else:
         policy, trainer = torch_policy(BIG), torch_policy(BIG)
-        collector = MultiSyncCollector([[make_cartpole] * 8] * 2, policy, frames_per_batch=800, total_frames=-1)
+        collector = MultiSyncCollector([[make_cartpole] * 8] * 2, policy, frames_per_batch=8 * steps,
+                                       total_frames=-1)
     frames, seconds = [0, 0], [0.0, 0.0]
     try:
         it = iter(collector)
@@ -214,14 +217,15 @@ def updating_fps(setting: str, batches: int) -> tuple[float, float]:
     return frames[0] / seconds[0], frames[1] / seconds[1]
 
 
-def jax_vs_torch_fps(setting: str, kind: str, batches: int) -> float:
+def jax_vs_torch_fps(setting: str, kind: str, batches: int, steps: int = 100) -> float:
     module = ArgmaxMLP((4, 64, 64, 2))
     policy = (TensorDictModule(module, in_keys=["observation"], out_keys=["action"]) if kind == "torch"
               else jax_policy_like(module))
     if setting == "collector-64":
-        collector = Collector([make_cartpole] * 64, policy, frames_per_batch=6400, total_frames=-1)
+        collector = Collector([make_cartpole] * 64, policy, frames_per_batch=64 * steps, total_frames=-1)
     else:
-        collector = MultiSyncCollector([[make_cartpole] * 32] * 2, policy, frames_per_batch=6400, total_frames=-1)
+        collector = MultiSyncCollector([[make_cartpole] * 32] * 2, policy, frames_per_batch=64 * steps,
+                                       total_frames=-1)
     try:
         return fps(collector, batches)
     finally:
@@ -243,13 +247,15 @@ def main(argv: list[str] | None = None) -> int:
     env = environment()
     print(f"# environment: {env}", file=sys.stderr)
     quick, repeats = args.quick, args.repeats
-    b_small, b_big, b_jax = (3, 3, 2) if quick else (20, 12, 12)
+    # batches (F: of each mode, at least 2), update calls (U), steps of every env per batch (F, J)
+    b_small, b_big, b_jax = (2, 2, 1) if args.smoke else (3, 3, 2) if quick else (20, 12, 12)
+    calls, steps = (10, 10) if args.smoke else (40 if quick else 200, 100)
 
     results: dict = {"environment": env, "update_call": {}, "with_updates": {}, "jax": {}}
     for kind in ("torch", "jax"):
         for when in ("idle", "collecting"):
             print(f"U {kind} {when} ...", file=sys.stderr)
-            results["update_call"][f"{kind}, {when}"] = update_cost(kind, quick, when == "collecting")
+            results["update_call"][f"{kind}, {when}"] = update_cost(kind, calls, when == "collecting")
 
     runs: dict[tuple, list[float]] = {}
     cases = [("F", s, None) for s in ("collector-16-small", "multisync-2x8-1M")]
@@ -259,11 +265,11 @@ def main(argv: list[str] | None = None) -> int:
             section, setting, variant = case
             print(f"{section} {setting} {variant or ''} (run {r + 1}/{repeats}) ...", file=sys.stderr)
             if section == "F":
-                without, with_updates = updating_fps(setting, b_small if "small" in setting else b_big)
+                without, with_updates = updating_fps(setting, b_small if "small" in setting else b_big, steps)
                 runs.setdefault(("F", setting, False), []).append(without)
                 runs.setdefault(("F", setting, True), []).append(with_updates)
             else:
-                runs.setdefault(case, []).append(jax_vs_torch_fps(setting, variant, b_jax))
+                runs.setdefault(case, []).append(jax_vs_torch_fps(setting, variant, b_jax, steps))
 
     def summary(case):
         v = runs[case]

@@ -75,6 +75,7 @@ Usage::
 
     python benchmarks/bench_workers.py                # full run (a few minutes on 2 cores)
     python benchmarks/bench_workers.py --quick        # smoke run (< 60 s)
+    python benchmarks/bench_workers.py --smoke        # --quick's rows, each as brief as can be (the tests')
     python benchmarks/bench_workers.py --json out.json --repeats 5
 """
 
@@ -144,6 +145,10 @@ FULL = Sizes(rt_batches=20, rt_pingpongs=20_000, s_seq_steps=750, s_steps_per_ba
 QUICK = Sizes(rt_batches=2, rt_pingpongs=2_000, s_seq_steps=50, s_steps_per_batch=25, s_frames=800,
               c_steps_per_batch=32, c_frames=8_192, c_torchrl_serial_frames=2_048,
               c_torchrl_vec_frames=2_048, warmup_steps=5)
+SMOKE = Sizes(rt_batches=1, rt_pingpongs=500, s_seq_steps=10, s_steps_per_batch=10, s_frames=160,
+              c_steps_per_batch=16, c_frames=2_048, c_torchrl_serial_frames=512, c_torchrl_vec_frames=512,
+              warmup_steps=2)
+SIZES = {"full": FULL, "quick": QUICK, "smoke": SMOKE}
 
 
 def whole_batches(frames: int, frames_per_batch: int) -> int:
@@ -444,9 +449,10 @@ RT_FUNCS: dict[str, Callable[[Sizes], float]] = {
 }
 
 
-def rt_pinned(quick: bool) -> dict[str, float]:
-    """One run of every R measurement in a subprocess pinned to CPU 0 (``taskset -c 0``)."""
-    cmd = [sys.executable, os.path.abspath(__file__), PINNED_FLAG] + (["--quick"] if quick else [])
+def rt_pinned(mode: str) -> dict[str, float]:
+    """One run of every R measurement in a subprocess pinned to CPU 0 (``taskset -c 0``),
+    at the sizes of ``mode`` (a key of ``SIZES``)."""
+    cmd = [sys.executable, os.path.abspath(__file__), PINNED_FLAG] + ([f"--{mode}"] if mode != "full" else [])
     if shutil.which("taskset"):
         cmd = ["taskset", "-c", "0", *cmd]
         preexec = None
@@ -459,9 +465,9 @@ def rt_pinned(quick: bool) -> dict[str, float]:
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
-def pinned_child_main(quick: bool) -> int:
+def pinned_child_main(mode: str) -> int:
     torch.set_num_threads(1)
-    sizes = QUICK if quick else FULL
+    sizes = SIZES[mode]
     out = {"affinity": sorted(os.sched_getaffinity(0))}
     for key, fn in RT_FUNCS.items():
         gc.collect()
@@ -626,13 +632,13 @@ class Bench:
 class PinnedRoundTrip:
     """The pinned child runs every R measurement once per call; its results feed 4 benches."""
 
-    def __init__(self, quick: bool):
-        self.quick = quick
+    def __init__(self, mode: str):
+        self.mode = mode
         self.benches: dict[str, Bench] = {}
         self.affinity: list[int] | None = None
 
     def run(self) -> float:
-        out = rt_pinned(self.quick)
+        out = rt_pinned(self.mode)
         self.affinity = out.pop("affinity")
         for key, cpu in out.pop("cpu").items():
             RT_CPU.setdefault(f"p_{key}", []).append(tuple(cpu))
@@ -642,9 +648,10 @@ class PinnedRoundTrip:
         return out["multisync"]
 
 
-def make_benches(s: Sizes, quick: bool) -> list[Bench]:
+def make_benches(mode: str) -> list[Bench]:
+    s, quick = SIZES[mode], mode != "full"
     w = s.warmup_steps
-    pinned = PinnedRoundTrip(quick)
+    pinned = PinnedRoundTrip(mode)
     benches = [
         Bench("R", "multisync", "MultiSyncCollector, 1 worker x 1 NullEnv", lambda: RT_FUNCS["multisync"](s),
               "us/step"),
@@ -859,8 +866,8 @@ def memory_table() -> list[str]:
     if not MEMORY:
         return []
     header = f"{'process':<46} | {'VmRSS MiB (median)':>18} | {'min..max':>15} | {'USS MiB':>8} | {'samples':>7}"
-    lines = ["", "M. Worker memory, one worker process, read after 3 timed batches of section C (1 with --quick)", "",
-             header, "-" * len(header)]
+    lines = ["", "M. Worker memory, one worker process, read after 3 timed batches of section C (1 in a short run)",
+             "", header, "-" * len(header)]
     for key, name in MEMORY_ROWS.items():
         m = MEMORY.get(key)
         if m is None or not m.rss:
@@ -895,7 +902,7 @@ def leftover_children(wait_s: float = 5.0) -> list[str]:
         time.sleep(0.2)
 
 
-def write_json(path: str, benches: list[Bench], sizes: Sizes, args, env: dict, wall: float,
+def write_json(path: str, benches: list[Bench], mode: str, args, env: dict, wall: float,
                leftovers: list[str]) -> None:
     by = {f"{b.section}.{b.key}": b for b in benches}
     ratios = []
@@ -907,10 +914,10 @@ def write_json(path: str, benches: list[Bench], sizes: Sizes, args, env: dict, w
         ratios.append({"section": r.section, "label": r.label, "value": value, "goal": r.goal,
                        "higher_is_better": r.higher_is_better})
     data = {
-        "mode": "quick" if args.quick else "full",
+        "mode": mode,
         "repeats": args.repeats,
         "statistic": "median",
-        "sizes": asdict(sizes),
+        "sizes": asdict(SIZES[mode]),
         "environment": env,
         "measuring_seconds": wall,
         "results": [
@@ -930,13 +937,12 @@ def write_json(path: str, benches: list[Bench], sizes: Sizes, args, env: dict, w
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if PINNED_FLAG in argv:
-        return pinned_child_main("--quick" in argv)
+        return pinned_child_main("smoke" if "--smoke" in argv else "quick" if "--quick" in argv else "full")
     args = parse_args(argv, __doc__.split("\n\n")[0], "tiny sizes, one run (smoke test, < 60 s)")
 
     torch.set_num_threads(1)
-    sizes = QUICK if args.quick else FULL
+    mode = "smoke" if args.smoke else "quick" if args.quick else "full"
     env = environment()
-    mode = "quick" if args.quick else "full"
     print(
         f"aiocollect {env['aiocollect']} | torch {env['torch']} (threads=1) | tensordict {env['tensordict']}"
         f" | torchrl {env['torchrl']} | gymnasium {env['gymnasium']} | uvloop {env['uvloop']}"
@@ -947,7 +953,7 @@ def main(argv: list[str] | None = None) -> int:
     )
 
     started = time.perf_counter()
-    benches = make_benches(sizes, args.quick)
+    benches = make_benches(mode)
     run_all(benches, args.repeats)
     wall = time.perf_counter() - started
     leftovers = leftover_children()
@@ -964,7 +970,7 @@ def main(argv: list[str] | None = None) -> int:
     else:
         print("no child process left after the collectors' shutdown")
     if args.json:
-        write_json(args.json, benches, sizes, args, env, wall, leftovers)
+        write_json(args.json, benches, mode, args, env, wall, leftovers)
         print(f"results written to {args.json}")
     return 1 if failed else 0
 

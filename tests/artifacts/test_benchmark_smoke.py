@@ -1,5 +1,8 @@
 """The benchmark scripts keep working (their speed is reported, never asserted), and the chart
-draws what they write. ``bench_collect.py`` runs in ``test_cli.py``, through ``aiocollect bench``."""
+draws what they write. ``bench_collect.py`` runs in ``test_cli.py``, through ``aiocollect bench``.
+
+Each script runs with ``--smoke``: every row and section of its ``--quick`` mode, each measured
+as briefly as it can be (a smoke test checks that a benchmark runs and reports, not how fast)."""
 
 from __future__ import annotations
 
@@ -14,10 +17,10 @@ import pytest
 BENCH = Path(__file__).resolve().parents[2] / "benchmarks" / "bench_collect.py"
 
 
-def run_quick(name: str, results_dir: Path) -> tuple[str, dict]:
-    """``benchmarks/bench_<name>.py --quick``: its table, and its JSON kept as ``<name>.json``."""
+def run_smoke(name: str, results_dir: Path) -> tuple[str, dict]:
+    """``benchmarks/bench_<name>.py --smoke``: its table, and its JSON kept as ``<name>.json``."""
     out = results_dir / f"{name}.json"
-    proc = subprocess.run([sys.executable, str(BENCH.parent / f"bench_{name}.py"), "--quick", "--json", str(out)],
+    proc = subprocess.run([sys.executable, str(BENCH.parent / f"bench_{name}.py"), "--smoke", "--json", str(out)],
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
     return proc.stdout, json.loads(out.read_text())
@@ -36,7 +39,7 @@ def chart_panels(results_dir: Path) -> list:
 
 
 def test_workers_benchmark_quick_mode_reports_every_section(tmp_path):
-    stdout, results = run_quick("workers", tmp_path)
+    stdout, results = run_smoke("workers", tmp_path)
     for row in ("MultiSyncCollector, 1 worker x 1 NullEnv", "aiocollect MultiAsyncCollector 2x4",
                 "TorchRL MultiSync 2x GymWrapper(SyncVec16)", "aiocollect worker (16 CartPole envs)",
                 "no child process left after the collectors' shutdown"):
@@ -50,7 +53,7 @@ def test_workers_benchmark_quick_mode_reports_every_section(tmp_path):
 
 
 def test_weights_benchmark_quick_mode_reports_every_section(tmp_path):
-    stdout, results = run_quick("weights", tmp_path)
+    stdout, results = run_smoke("weights", tmp_path)
     for row in ("torch, idle", "torch, collecting", "jax, idle", "jax, collecting",
                 "collector-16-small", "multisync-2x8-1M", "collector-64", "multisync-2x32"):
         assert row in stdout, row
@@ -61,7 +64,7 @@ def test_weights_benchmark_quick_mode_reports_every_section(tmp_path):
 
 
 def test_coroutine_benchmark_quick_mode_reports_every_contender(tmp_path):
-    stdout, results = run_quick("coroutines", tmp_path)
+    stdout, results = run_smoke("coroutines", tmp_path)
     for row in ("barrier: asyncio.gather", "aiocollect Collector, coroutine envs",
                 "TorchRL AsyncBatchedCollector, threading", "aiocollect / bound"):
         assert row in stdout, row
@@ -73,7 +76,7 @@ def test_coroutine_benchmark_quick_mode_reports_every_contender(tmp_path):
 
 @pytest.mark.xdist_group("ray")  # one Ray instance at a time (scripts/test.sh runs pytest -n 2)
 def test_ray_benchmark_quick_mode_reports_both_contenders(tmp_path):
-    stdout, results = run_quick("ray", tmp_path)
+    stdout, results = run_smoke("ray", tmp_path)
     for row in ("aiocollect RayCollector (Collector)", "TorchRL RayCollector (Collector, SerialEnv)",
                 "aiocollect / TorchRL"):
         assert row in stdout, row
@@ -84,7 +87,7 @@ def test_ray_benchmark_quick_mode_reports_both_contenders(tmp_path):
 
 
 def test_engine_benchmark_quick_mode_reports_every_section(tmp_path):
-    stdout, results = run_quick("engine", tmp_path)
+    stdout, results = run_smoke("engine", tmp_path)
     for row in ("E. CartPole-v1, 2 workers x 16 envs, an MLP policy that reads the observation",
                 "aiocollect MultiSyncCollector 2x16, MLP", "aiocollect MultiAsyncCollector 2x16, MLP central",
                 "TorchRL MultiSync 2x GymWrapper(SyncVec16), MLP", "R. CartPole-v1, 2 workers x 16 envs, random",
@@ -98,9 +101,9 @@ def test_engine_benchmark_quick_mode_reports_every_section(tmp_path):
     assert not [r for r in rows if r["error"]]
     assert all(r["best"] > 0 for r in rows)
     ratios = [r["limit_ratio"] for r in rows if r["name"].startswith("aiocollect") and r["unit"] == "frames/s"]
-    # A quick run's limit is 2,000 steps taken while the other pytest worker competes for a core,
-    # so a ratio can read well over 1 (1.6 seen in CI); a miscounted batch or limit reads off by
-    # a factor of W or 16, which this bound still catches.
+    # A smoke run's limit (as a quick run's) is 2,000 steps taken while the other pytest worker
+    # competes for a core, so a ratio can read well over 1 (1.6 seen in CI); a miscounted batch
+    # or limit reads off by a factor of W or 16, which this bound still catches.
     assert len(ratios) == 8 and all(0 < r < 4 for r in ratios)  # E, R and P
     vs_torchrl = [r["torchrl_ratio"] for r in rows if r["section"] == "E2" and r["name"].startswith("aiocollect")]
     assert len(vs_torchrl) == 4 and all(r > 0 for r in vs_torchrl)

@@ -103,7 +103,9 @@ def test_bad_input_from_the_console_script(tmp_path, monkeypatch):
     assert not (tmp_path / "e").exists()
 
 
-def test_bench_runs_the_benchmarks_prints_the_table_and_draws_the_chart(tmp_path):
+def test_bench_runs_the_benchmarks_prints_the_table_and_draws_the_chart(tmp_path, monkeypatch):
+    # the scripts' --smoke (as the other benchmark smoke tests): --quick's rows, each measured briefly
+    monkeypatch.setenv("AIOCOLLECT_BENCH_SMOKE", "1")
     results = tmp_path / "results"
     proc = run("bench", "--quick", "--only", "collect", "--results", str(results), timeout=300)
     assert proc.returncode == 0, proc.stdout[-3000:]
@@ -111,7 +113,9 @@ def test_bench_runs_the_benchmarks_prints_the_table_and_draws_the_chart(tmp_path
     for row in ("plain gymnasium SyncVectorEnv loop", "aiocollect Collector, for", "aiocollect Collector, async for",
                 "TorchRL Collector(SerialEnv)", "hand-written SyncVectorEnv + MLP loop"):
         assert row in proc.stdout, row
-    rows = json.loads((results / "collect.json").read_text())["results"]
+    collect = json.loads((results / "collect.json").read_text())
+    assert collect["mode"] == "smoke"  # the variable reached the script
+    rows = collect["results"]
     assert {(r["scenario"], r["key"]) for r in rows} >= {("A", "plain"), ("A", "aio"), ("A", "torchrl"), ("B", "aio")}
     assert all(r["frames_per_s"] > 0 for r in rows)
     png = (results / "benchmarks.png").read_bytes()
