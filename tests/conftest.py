@@ -7,6 +7,7 @@ import threading
 
 import pytest
 
+from support import ray_instance
 from support.procs import leftovers, snapshot, wait_until
 
 
@@ -70,10 +71,45 @@ def leak_check():
     assert wait_until(lambda: not leftovers(before)), f"left behind: {leftovers(before)}"
 
 
-@pytest.fixture(scope="module")
-def ray_cluster():
-    """A local Ray instance for the module's tests (2 CPUs, no dashboard), stopped after them."""
+@pytest.fixture(scope="session")
+def _ray_session():
+    """Stops the shared Ray instance at the end of the session if it is still up."""
+    yield
+    ray_instance.stop()
+
+
+@pytest.fixture
+def ray_cluster(request, _ray_session):
+    """A local Ray instance (2 CPUs, no dashboard), shared by the tests that take it while they
+    run one after the other, across modules, and stopped after the last of them
+    (``support.ray_instance``)."""
     ray = pytest.importorskip("ray")
-    ray.init(num_cpus=2, include_dashboard=False)
+    ray_instance.ensure_up(ray)
     yield ray
-    ray.shutdown()
+    if not ray_instance.needed_after(request.node):
+        ray_instance.stop()
+
+
+@pytest.fixture
+def no_ray_instance():
+    """For the tests about the instance ``RayCollector`` starts itself: ``ray_cluster``'s
+    shared instance, if still up, is stopped first (any other is left for the test to find)."""
+    pytest.importorskip("ray")
+    ray_instance.stop(only_shared=True)
+
+
+@pytest.fixture(scope="session")
+def trained_ppo_cartpole(tmp_path_factory):
+    """``examples/ppo_cartpole.py --frames 6144 --save trained.pt2``, run once for the tests that
+    train it (``test_examples``: its output; ``test_cli_policy``: the console script evaluates
+    the saved actor): ``(the finished process, the saved path)``. Their tests share the
+    ``xdist_group`` "ppo-cartpole", so that under ``--dist loadgroup`` one worker trains it."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    path = tmp_path_factory.mktemp("ppo_cartpole") / "trained.pt2"
+    example = Path(__file__).resolve().parents[1] / "examples" / "ppo_cartpole.py"
+    proc = subprocess.run([sys.executable, str(example), "--frames", "6144", "--save", str(path)],
+                          capture_output=True, text=True, timeout=180)
+    return proc, path

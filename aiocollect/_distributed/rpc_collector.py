@@ -265,7 +265,8 @@ class RPCCollector(RemoteCollectorsBase):
             os.close(lifeline)
         rpc_rendezvous.register()
         init = rpc_rendezvous.url(self._addr, self._port, self._start_timeout)
-        options = rpc.TensorPipeRpcBackendOptions(init_method=init, rpc_timeout=self._start_timeout)
+        options = rpc.TensorPipeRpcBackendOptions(init_method=init, rpc_timeout=self._start_timeout,
+                                                  _transports=rpc_rendezvous.TRANSPORTS)
         _launched_worlds.append(init)
         with warnings.catch_warnings(), rpc_rendezvous.interfaces(self._addr):
             warnings.filterwarnings("ignore", message="You are using a Backend", category=UserWarning)

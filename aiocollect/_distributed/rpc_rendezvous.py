@@ -42,6 +42,13 @@ from urllib.parse import parse_qsl, urlparse
 SCHEME = "aiocollect"
 INTERFACE_VARIABLES = ("TP_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME")
 """The environment variables torch reads to pick the interface TensorPipe and Gloo listen on."""
+TRANSPORTS = ["uv"]
+"""The TensorPipe transports of a launched world (``TensorPipeRpcBackendOptions(_transports=...)``):
+TCP (libuv) only. TensorPipe's default list adds its shared-memory transport, whose reactor
+thread busy-polls: every process of the world then burns a core for as long as it lives,
+idle or not (three processes take the whole of a 2-core machine from the envs and the
+trainer). Tensors still travel through TensorPipe's channels (cross-memory attach on one
+machine), not through the transport."""
 
 
 def listen(addr: str, port: int) -> socket.socket:

@@ -59,13 +59,13 @@ def main(argv: list[str]) -> int:
 
     from torch.distributed import rpc
 
-    from .rpc_rendezvous import register
+    from .rpc_rendezvous import TRANSPORTS, register
 
     # torch's own deprecation notice about its internal process group, not the user's concern
     warnings.filterwarnings("ignore", message="You are using a Backend", category=UserWarning)
 
     register()
-    options = rpc.TensorPipeRpcBackendOptions(init_method=init_method, rpc_timeout=300)
+    options = rpc.TensorPipeRpcBackendOptions(init_method=init_method, rpc_timeout=300, _transports=TRANSPORTS)
     rpc.init_rpc(name, rank=rank, world_size=world_size, rpc_backend_options=options)
     rpc.shutdown()
     return 0

@@ -1,8 +1,9 @@
 """The contract, where it makes sense, for the distributed collectors: RayCollector on a local Ray
-instance (module-scoped) and RPCCollector in a fresh interpreter (an RPC world is one per
-process). Layout on both faces, total_frames, weights routed by ``worker_ids`` to the right
-remote collector, the same error types (a remote env's ``EnvError`` is the ``__cause__`` of a
-``RemoteCollectorError``), use after shutdown, bad input before any actor starts."""
+instance (``ray_cluster``) and RPCCollector in a process of its own (an RPC world is one per
+process, and ``support.zygote`` forks it ready-imported). Layout on both faces, total_frames,
+weights routed by ``worker_ids`` to the right remote collector, the same error types (a remote
+env's ``EnvError`` is the ``__cause__`` of a ``RemoteCollectorError``), use after shutdown, bad
+input before any actor starts."""
 
 from __future__ import annotations
 
@@ -10,14 +11,13 @@ import functools
 import gc
 import json
 import os
-import subprocess
-import sys
 import textwrap
 
 import pytest
 import torch
 
 from aiocollect import CollectorClosedError, CollectorError, EnvError, RemoteCollectorError
+from support import zygote
 from support.checks import check_batch
 from support.envs import CounterEnv, TaggedIntObsEnv
 from support.procs import leftovers, snapshot, wait_until
@@ -158,8 +158,7 @@ RPC = textwrap.dedent(
 
 
 def test_rpc_the_same_contract_in_a_fresh_interpreter():
-    proc = subprocess.run([sys.executable, "-c", RPC.format(tests=TESTS)], capture_output=True, text=True,
-                          timeout=110)
+    proc = zygote.run(RPC.format(tests=TESTS), timeout=110)
     assert proc.returncode == 0, proc.stderr[-4000:]
     out = json.loads(proc.stdout.strip().splitlines()[-1])
     assert out == {"shape": [2, 10], "error": [1, "EnvError", True], "closed": True, "bad": True}

@@ -54,40 +54,6 @@ def test_the_ray_tests_run_on_one_worker(request):
         assert request.node.nodeid.endswith("@ray"), request.node.nodeid
 
 
-def test_seed_example_starts_a_local_cluster_and_stops_it():
-    assert not ray.is_initialized()
-    policy = TensorDictModule(nn.Linear(3, 1), in_keys=["observation"], out_keys=["action"])
-    collector = RayCollector(create_env_fn=lambda: GymEnv("Pendulum-v1"), policy=policy, frames_per_batch=400,
-                             total_frames=40_000, num_collectors=4, sync=True, collector_class=Collector,
-                             collector_kwargs={"max_frames_per_traj": 50},
-                             remote_configs={"num_cpus": 1, "num_gpus": 0, "memory": 2 * 1024 ** 3},
-                             update_after_each_batch=True)
-    assert ray.is_initialized() and ray_processes()
-    seen = set()
-    for i, data in enumerate(collector):
-        assert data.shape == (4, 100)
-        for row in data.unbind(0):
-            check_batch(row, step_count=50)
-        versions = data["collector", "policy_version"]
-        assert (versions == versions.flatten()[0]).all()  # on-policy: one version per sync batch
-        seen.add(int(versions.flatten()[0]))
-        if i == 4:
-            break
-    assert seen == {0, 1, 2, 3, 4}
-    pids = [w.pid for w in collector.statistics().workers]
-    node = ray._private.worker._global_node  # the processes of the instance it started
-    cluster = {name: info.process.pid for name, infos in node.all_processes.items() for info in infos}
-    assert {"raylet", "gcs_server"} <= set(cluster)
-    collector.shutdown()
-    assert not ray.is_initialized()  # it stopped the instance it started
-    # its own processes, not every Ray process on the machine: another test process may run
-    # its own instance meanwhile (a killed process not yet reaped counts as gone)
-    # (the actors' worker processes go a moment after their raylet: wait for them too)
-    cluster |= {f"actor {pid}": pid for pid in pids}
-    assert wait_until(lambda: not [n for n, pid in cluster.items() if alive(pid)], timeout=20), \
-        {n: pid for n, pid in cluster.items() if alive(pid)}
-
-
 def test_async_mode_counts_each_remote_collectors_steps_and_leaves_a_joined_cluster_running(ray_cluster):
     # which remote collector gets weights sent with worker_ids: tests/contract/test_distributed.py
     c = RayCollector([lambda: IntObsEnv()] * 2, linear(0.0), frames_per_batch=30, total_frames=-1,
@@ -256,3 +222,43 @@ def test_a_ray_init_that_fails_or_exits_is_a_collector_error_naming_the_address(
         RayCollector(lambda: IntObsEnv(), None, frames_per_batch=10,
                      ray_init_config={"address": "ray://nowhere:10001"})
     assert isinstance(info.value.__cause__, SystemExit)
+
+
+# ---------------------------------------------------------------------------- last: a cluster of its own
+
+
+def test_seed_example_starts_a_local_cluster_and_stops_it(no_ray_instance):
+    """The docstring's example, in a process where Ray is not initialised: it starts a local
+    instance and stops it. (Last in this file: the tests before it share ``ray_cluster``'s
+    instance, which ``no_ray_instance`` stops.)"""
+    assert not ray.is_initialized()
+    policy = TensorDictModule(nn.Linear(3, 1), in_keys=["observation"], out_keys=["action"])
+    collector = RayCollector(create_env_fn=lambda: GymEnv("Pendulum-v1"), policy=policy, frames_per_batch=400,
+                             total_frames=40_000, num_collectors=4, sync=True, collector_class=Collector,
+                             collector_kwargs={"max_frames_per_traj": 50},
+                             remote_configs={"num_cpus": 1, "num_gpus": 0, "memory": 2 * 1024 ** 3},
+                             update_after_each_batch=True)
+    assert ray.is_initialized() and ray_processes()
+    seen = set()
+    for i, data in enumerate(collector):
+        assert data.shape == (4, 100)
+        for row in data.unbind(0):
+            check_batch(row, step_count=50)
+        versions = data["collector", "policy_version"]
+        assert (versions == versions.flatten()[0]).all()  # on-policy: one version per sync batch
+        seen.add(int(versions.flatten()[0]))
+        if i == 4:
+            break
+    assert seen == {0, 1, 2, 3, 4}
+    pids = [w.pid for w in collector.statistics().workers]
+    node = ray._private.worker._global_node  # the processes of the instance it started
+    cluster = {name: info.process.pid for name, infos in node.all_processes.items() for info in infos}
+    assert {"raylet", "gcs_server"} <= set(cluster)
+    collector.shutdown()
+    assert not ray.is_initialized()  # it stopped the instance it started
+    # its own processes, not every Ray process on the machine: another test process may run
+    # its own instance meanwhile (a killed process not yet reaped counts as gone)
+    # (the actors' worker processes go a moment after their raylet: wait for them too)
+    cluster |= {f"actor {pid}": pid for pid in pids}
+    assert wait_until(lambda: not [n for n, pid in cluster.items() if alive(pid)], timeout=20), \
+        {n: pid for n, pid in cluster.items() if alive(pid)}

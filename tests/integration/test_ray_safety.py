@@ -20,7 +20,7 @@ def is_loopback(address: str) -> bool:
     return ip.is_loopback or (ip.version == 6 and ip.ipv4_mapped is not None and ip.ipv4_mapped.is_loopback)
 
 
-def test_a_local_instance_listens_on_loopback_only_without_a_dashboard():
+def test_a_local_instance_listens_on_loopback_only_without_a_dashboard(no_ray_instance):
     """GCS, raylet and workers listened on every interface (``::``) and the runtime-env
     agent on the external address; all of them are on 127.0.0.1 now. (Ray still runs its
     dashboard process headless, ``--minimal``: it serves no web UI and listens on nothing.)"""

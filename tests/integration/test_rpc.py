@@ -1,16 +1,18 @@
 """RPCCollector over a real torch.distributed.rpc world on loopback.
 
-RPC can be initialised once per process, so each test runs its driver in a fresh
-interpreter (the collector's own workers are processes anyway) and checks what it prints.
+RPC can be initialised once per process, so each test runs its driver in a process of its
+own (the collector's own workers are processes anyway) and checks what it prints. The driver
+is forked from a warm interpreter that imported torch and aiocollect once (``support.zygote``):
+a new process in which RPC was never initialised, without a fresh interpreter's 5 s of imports.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 import textwrap
+
+from support import zygote
 
 TESTS = os.path.dirname(os.path.dirname(__file__))  # tests/, where support/ is
 
@@ -37,8 +39,7 @@ def listening(port):
 
 
 def run(body: str, timeout: float = 110) -> dict:
-    proc = subprocess.run([sys.executable, "-c", PRELUDE + textwrap.dedent(body)], capture_output=True, text=True,
-                          timeout=timeout)
+    proc = zygote.run(PRELUDE + textwrap.dedent(body), timeout=timeout)
     assert proc.returncode == 0, proc.stderr[-4000:]
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
@@ -62,7 +63,9 @@ def test_launched_world_seed_example_weights_and_cleanup():
             c.update_policy_weights_()
         port = c.master_port
         c.shutdown()
-        time.sleep(0.5)
+        deadline = time.monotonic() + 0.5  # (shutdown waited for the workers: at once, unless it did not)
+        while (any(os.path.exists(f"/proc/{p}") for p in pids) or listening(port)) and time.monotonic() < deadline:
+            time.sleep(0.05)
         alive = [p for p in pids if os.path.exists(f"/proc/{p}")]
         print(json.dumps({"shapes": shapes, "versions": versions, "alive": alive, "listening": listening(port)}))
     """)
@@ -110,14 +113,16 @@ def test_joins_a_world_started_elsewhere_as_torchrun_would():
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0)); port = s.getsockname()[1]
         init = f"tcp://127.0.0.1:{port}"
+        # (TCP transport only, as RPCCollector's own worlds: TensorPipe's shared-memory one
+        # busy-polls a core in every process of the world)
         worker = (
             "import sys; from torch.distributed import rpc\\n"
-            "opts = rpc.TensorPipeRpcBackendOptions(init_method=sys.argv[3])\\n"
+            "opts = rpc.TensorPipeRpcBackendOptions(init_method=sys.argv[3], _transports=['uv'])\\n"
             "rpc.init_rpc(sys.argv[1], rank=int(sys.argv[2]), world_size=3, rpc_backend_options=opts)\\n"
             "rpc.shutdown()\\n"
         )
         procs = [subprocess.Popen([sys.executable, "-c", worker, f"worker{r}", str(r), init]) for r in (1, 2)]
-        options = rpc.TensorPipeRpcBackendOptions(init_method=init)
+        options = rpc.TensorPipeRpcBackendOptions(init_method=init, _transports=["uv"])
         rpc.init_rpc("trainer", rank=0, world_size=3, rpc_backend_options=options)
         c = RPCCollector(lambda: IntObsEnv(), None, frames_per_batch=40, total_frames=120, sync=True,
                          worker_names=["worker1", "worker2"])

@@ -4,9 +4,12 @@
   rendezvous store, TensorPipe and Gloo, even where torch would pick the external interface;
 * a ``master_port`` that is taken fails at once, naming the port;
 * the workers die with a driver that is killed, and the port is free again;
-* ``shutdown()`` is bounded when a worker stopped answering.
+* ``shutdown()`` is bounded when a worker stopped answering;
+* no process of a launched world busy-polls (TensorPipe's shared-memory transport, whose
+  reactor thread spins a core in every process, is left out: ``rpc_rendezvous.TRANSPORTS``).
 
-Each driver runs in a fresh interpreter (RPC can be initialised once per process).
+Each driver runs in a process of its own (RPC can be initialised once per process), forked
+from a warm interpreter that imported torch and aiocollect once (``support.zygote``).
 """
 
 from __future__ import annotations
@@ -17,12 +20,13 @@ import os
 import signal
 import socket
 import subprocess
-import sys
 import textwrap
 import time
 from pathlib import Path
 
 import pytest
+
+from support import zygote
 
 TESTS = os.path.dirname(os.path.dirname(__file__))  # tests/, where support/ is
 
@@ -35,9 +39,9 @@ from support.envs import IntObsEnv
 """
 
 
-def driver(body: str, **kwargs) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-c", PRELUDE + textwrap.dedent(body)], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, **kwargs)
+def driver(body: str, **kwargs) -> zygote.Driver:
+    """``Popen([sys.executable, "-c", PRELUDE + body], stdout=PIPE, stderr=PIPE, text=True, **kwargs)``."""
+    return zygote.popen(PRELUDE + textwrap.dedent(body), **kwargs)
 
 
 def run(body: str, timeout: float = 60, env: dict | None = None) -> dict:
@@ -101,6 +105,16 @@ def _address(hex_address: str) -> str:
     return str(ipaddress.ip_address(b"".join(raw[i:i + 4][::-1] for i in range(0, len(raw), 4))))
 
 
+def thread_names(pid: int) -> set[str]:
+    names = set()
+    for task in os.listdir(f"/proc/{pid}/task"):
+        try:
+            names.add(Path(f"/proc/{pid}/task/{task}/comm").read_text().strip())
+        except OSError:
+            pass
+    return names
+
+
 def listening(pids: set[int] | None = None) -> list[tuple[str, int]]:
     """``(address, port)`` of every TCP socket in LISTEN state (state 0A), held by one of
     ``pids`` (``None``: by anyone)."""
@@ -147,7 +161,8 @@ def test_a_launched_world_listens_on_loopback_only():
     """The store listened on every interface (``*:port``), and TensorPipe and Gloo on the
     interface torch picks from the hostname; all of it is on 127.0.0.1 now. On a machine
     whose hostname resolves to an external address, torch picks that one: naming the
-    external interface in ``TP_SOCKET_IFNAME`` / ``GLOO_SOCKET_IFNAME`` does the same here."""
+    external interface in ``TP_SOCKET_IFNAME`` / ``GLOO_SOCKET_IFNAME`` does the same here.
+    While the world is up, no process of it runs TensorPipe's busy-polling shared-memory reactor."""
     external = external_interface()
     env = dict(os.environ)
     if external is not None:
@@ -170,6 +185,8 @@ def test_a_launched_world_listens_on_loopback_only():
         assert started["port"] in ports  # the store, held by worker 0
         assert len(sockets) >= 3 * 2  # and TensorPipe's listeners in every process
         assert [s for s in sockets if not is_loopback(s[0])] == []
+        threads = set().union(*(thread_names(pid) for pid in started["pids"]))
+        assert "TP_SHM_reactor" not in threads  # (it spun a core in each process, idle or not)
         if external is not None:  # what the issue did: connect to the store from outside
             with socket.socket() as s, pytest.raises(ConnectionRefusedError):
                 s.settimeout(5)
@@ -251,7 +268,9 @@ def test_shutdown_is_bounded_when_a_worker_stops_answering():
         start = time.monotonic()
         c.shutdown()
         seconds = time.monotonic() - start
-        time.sleep(0.2)
+        deadline = time.monotonic() + 0.2
+        while any(os.path.exists(f"/proc/{p}") for p in pids) and time.monotonic() < deadline:
+            time.sleep(0.05)
         alive = [p for p in pids if os.path.exists(f"/proc/{p}")]  # this driver reaps its children
         print(json.dumps({"error": error, "seconds": seconds, "alive": alive}))
     """)

@@ -292,7 +292,7 @@ def test_read_checkpoint_maps_both_formats_and_sums_workers():
         read_checkpoint([("frames", 0)], "Collector")
 
 
-# ---------------------------------------------------------------------------- RayCollector (last: Ray stays up)
+# ---------------------------------------------------------------------------- RayCollector (the shared instance)
 
 
 @pytest.mark.xdist_group("ray")
