@@ -16,7 +16,6 @@ import json
 import re
 import statistics
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -25,8 +24,6 @@ import torch.nn as nn
 from tensordict import TensorDict
 
 from support.cli import run, run_main
-
-ROOT = Path(__file__).resolve().parents[2]
 
 POLICIES = '''
 import torch
@@ -209,18 +206,21 @@ def test_the_frames_asked_and_collected_and_one_clock_for_bar_and_summary(tmp_pa
     assert rate(bar[-1]) == pytest.approx(float(summary[2].replace(",", "")), rel=0.01)
 
 
-def test_the_ppo_example_saves_a_policy_that_the_console_script_evaluates(tmp_path):
+@pytest.mark.timeout(240)  # the shared training run may start in this test
+@pytest.mark.xdist_group("ppo-cartpole")
+def test_the_ppo_example_saves_a_policy_that_the_console_script_evaluates(trained_ppo_cartpole, tmp_path):
     """End to end, as the docs show it: train the PPO example briefly, ``--save`` its actor,
-    and collect with it through the ``aiocollect`` command, all options of the policy given."""
-    train = subprocess.run([sys.executable, str(ROOT / "examples" / "ppo_cartpole.py"), "--frames", "4096",
-                            "--save", str(tmp_path / "trained.pt2")], capture_output=True, text=True, timeout=180)
+    and collect with it through the ``aiocollect`` command, all options of the policy given.
+    (The training run, ``ppo_cartpole.py --frames 6144 --save PATH``, is the conftest's
+    ``trained_ppo_cartpole``: ``test_examples`` checks its output too.)"""
+    train, trained = trained_ppo_cartpole
     assert train.returncode == 0, train.stderr[-3000:]
-    assert f"saved the actor to {tmp_path / 'trained.pt2'}" in train.stdout
-    proc = run("collect", "--env", "CartPole-v1", "--policy", str(tmp_path / "trained.pt2"), "--policy-device", "cpu",
+    assert f"saved the actor to {trained}" in train.stdout
+    proc = run("collect", "--env", "CartPole-v1", "--policy", str(trained), "--policy-device", "cpu",
                "--policy-threads", "1", "--env-kwargs", '{"max_episode_steps": 100}', "--workers", "1",
                "--envs-per-worker", "4", "--frames", "2000", "--out", str(tmp_path / "eval"), timeout=180)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert f"policy: {tmp_path / 'trained.pt2'} (torch.export), on cpu" in proc.stdout
+    assert f"policy: {trained} (torch.export), on cpu" in proc.stdout
     summary = evaluation(proc.stdout)
     assert summary["episodes"] > 0 and summary["length_max"] <= 100
     assert "frames: 2,000 collected, as asked" in proc.stdout

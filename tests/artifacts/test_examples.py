@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 
 
@@ -23,14 +25,20 @@ def test_collect_cartpole():
 
 
 def test_coroutine_game_over_tcp():
-    out = run("coroutine_game.py", "--envs", "16", "--frames", "3200")
-    assert re.search(r"3200 frames from 16 TCP envs in [\d.]+ s", out), out
+    out = run("coroutine_game.py", "--envs", "16", "--frames", "1600")
+    assert re.search(r"1600 frames from 16 TCP envs in [\d.]+ s", out), out
     episodes, mean = re.search(r"(\d+) episodes, mean return ([+-][\d.]+)", out).groups()
     assert int(episodes) > 0 and -1 <= float(mean) <= 1
 
 
-def test_ppo_cartpole_runs_a_few_updates():
-    out = run("ppo_cartpole.py", "--frames", "6144")
+@pytest.mark.timeout(240)  # the shared training run may start in this test
+@pytest.mark.xdist_group("ppo-cartpole")
+def test_ppo_cartpole_runs_a_few_updates(trained_ppo_cartpole):
+    """``ppo_cartpole.py --frames 6144 --save ...``: the run ``test_cli_policy`` evaluates the
+    saved actor of (the conftest fixture trains it once for both)."""
+    proc, _ = trained_ppo_cartpole
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = proc.stdout
     assert re.search(r"batch   2  frames    6,144  mean return", out), out
     assert "done: mean return" in out
 
@@ -41,6 +49,6 @@ def test_ppo_torchrl_trains_on_aiocollect_batches_with_torchrl_losses():
 
 
 def test_jax_learner_runs_a_few_updates():
-    out = run("jax_learner.py", "--frames", "8192")
-    assert re.search(r"batch   3  frames   8,192  mean episode length", out), out
+    out = run("jax_learner.py", "--frames", "4096")
+    assert re.search(r"batch   1  frames   4,096  mean episode length", out), out
     assert "done after" in out

@@ -135,8 +135,9 @@ PROGRAMS = {
                     "and names compile_mode_collector only under compile.compile=true"),
     "sota_ppo_mujoco": Sota(
         "ppo", "ppo_mujoco.py",
-        ("env.env_name=Pendulum-v1", "collector.frames_per_batch=1024", "collector.total_frames=4096",
-         "loss.ppo_epochs=4", "loss.mini_batch_size=128", "logger.backend=csv", "logger.test_interval=3072",
+        # two batches (the second collected with the weights the first trained), two epochs, one eval at the end
+        ("env.env_name=Pendulum-v1", "collector.frames_per_batch=1024", "collector.total_frames=2048",
+         "loss.ppo_epochs=2", "loss.mini_batch_size=128", "logger.backend=csv", "logger.test_interval=2048",
          "logger.num_test_episodes=1", "optim.device=cpu"),
         _does_not_train),
 }
