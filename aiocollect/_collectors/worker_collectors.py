@@ -168,7 +168,8 @@ class WorkerCollectorBase(DataCollectorBase):
             outputs = probe(self._policy.policy, obs_leaves, options.exploration_type, action)
             try:
                 sent = None if outputs is None else payload(
-                    self._policy.policy, tuple(k for k, _, _ in outputs), options.exploration_type, len(plan.workers))
+                    self._policy.policy, [leaf.key for leaf in obs_leaves], tuple(k for k, _, _ in outputs),
+                    options.exploration_type, len(plan.workers))
             except Exception:  # noqa: BLE001 - (a lock, an open file...): it runs here
                 outputs = None
         extra = () if outputs is None else fields(outputs, self._policy.policy, 2, columns, plan.num_envs)

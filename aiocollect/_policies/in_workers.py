@@ -142,17 +142,17 @@ def fields(outputs: list[tuple[Any, np.dtype, tuple]], module: Any, slots: int, 
     return out
 
 
-def payload(policy: Any, keys: tuple, exploration_type: Any, num_workers: int) -> dict:
+def payload(policy: Any, obs_keys: list, keys: tuple, exploration_type: Any, num_workers: int) -> dict:
     """What each worker is sent to build its ``WorkerPolicy``: the pickled policy (for a
-    plain ``TensorDictModule``, only the module it wraps and its keys, so that the worker
-    need not import tensordict), the outputs' keys in the order of the ``out{i}`` fields,
-    the interaction type by name, and one seed per worker. Raises if the policy cannot be
-    pickled."""
+    plain ``TensorDictModule`` that the runner calls directly, ``PolicyRunner.kind``
+    ``"module"``, only the module it wraps and its keys, so that the worker need not import
+    tensordict), the outputs' keys in the order of the ``out{i}`` fields, the interaction
+    type by name, and one seed per worker. Raises if the policy cannot be pickled."""
     import cloudpickle
 
-    from .runner import _fast_module
+    from .runner import PolicyRunner
 
-    plain = _fast_module(policy)
+    plain = PolicyRunner(policy, obs_keys, device=None, exploration_type=exploration_type).kind == "module"
     return {
         "policy": cloudpickle.dumps(policy.module if plain else policy),
         "in_keys": list(policy.in_keys) if plain else None,
