@@ -296,3 +296,32 @@ def test_weights_shared_memory_cannot_hold_keep_the_policy_here_and_the_probe_ch
     assert specs == [("logits", np.dtype(np.float32), (3,)), ("action", np.dtype(np.int64), ())]
     assert torch.equal(module.norm.running_mean, torch.full((3,), 5.0))
     assert int(module.norm.num_batches_tracked) == 0
+
+
+@pytest.mark.parametrize("mode", ["DETERMINISTIC", "RANDOM"])
+def test_a_probabilistic_actor_takes_the_interaction_type_in_the_workers(in_workers, mode):
+    """A policy tensordict calls itself (a ``ProbabilisticActor``): the worker is sent it whole
+    and sets the collector's ``exploration_type`` (sent by name) around its calls:
+    ``DETERMINISTIC`` gives the distribution's mode, the argmax of the logits, at every frame;
+    ``RANDOM`` samples, so some frames differ from it."""
+    from tensordict.nn import InteractionType, ProbabilisticTensorDictModule, TensorDictSequential
+
+    net = TensorDictModule(nn.Linear(3, 3), in_keys=["observation"], out_keys=["logits"])
+    with torch.no_grad():
+        net.module.weight.mul_(0.01)  # (flat logits: a sample is often not the argmax)
+    dist = ProbabilisticTensorDictModule(in_keys=["logits"], out_keys=["action"],
+                                         distribution_class=torch.distributions.Categorical)
+    policy = TensorDictSequential(net, dist)
+    with MultiSyncCollector([[CounterEnv] * 2] * 2, policy, frames_per_batch=40, total_frames=80,
+                            exploration_type=InteractionType[mode]) as c:
+        assert c.policy_in_workers
+        batches = [flat(b) for b in c]
+    argmax = torch.cat([b["logits"] for b in batches]).argmax(-1)
+    actions = torch.cat([b["action"] for b in batches])
+    with torch.no_grad():
+        torch.testing.assert_close(torch.cat([b["logits"] for b in batches]),
+                                   net.module(torch.cat([b["observation"] for b in batches])))
+    if mode == "DETERMINISTIC":
+        assert torch.equal(actions, argmax)
+    else:
+        assert (actions != argmax).sum() >= 10  # (about 2/3 of 80 frames)
