@@ -168,8 +168,7 @@ class WorkerCollectorBase(DataCollectorBase):
             outputs = probe(self._policy.policy, obs_leaves, options.exploration_type, action)
             try:
                 sent = None if outputs is None else payload(
-                    self._policy.policy, [leaf.key for leaf in obs_leaves], tuple(k for k, _, _ in outputs),
-                    options.exploration_type, len(plan.workers))
+                    self._policy.runner, tuple(k for k, _, _ in outputs), len(plan.workers))
             except Exception:  # noqa: BLE001 - (a lock, an open file...): it runs here
                 outputs = None
         extra = () if outputs is None else fields(outputs, self._policy.policy, 2, columns, plan.num_envs)
@@ -200,7 +199,7 @@ class WorkerCollectorBase(DataCollectorBase):
             if outputs is not None:
                 self._scheduler.storage.adopt(outputs, pool.shared.arrays)
                 self._workers_runner = WorkersRunner(self._policy.runner, SharedWeights(pool.shared.arrays),
-                                                     tuple(k for k, _, _ in outputs))
+                                                     sent["keys"])
                 self._policy.after_publish = self._workers_runner.sync  # (the workers load them at their next step)
             self._stage_batches(self._scheduler.storage)
             self._worker_lanes = [[lane for lane in self._scheduler.lanes if lane.index == w.index]

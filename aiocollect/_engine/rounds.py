@@ -51,7 +51,8 @@ from typing import TYPE_CHECKING, Protocol
 import anyio
 import numpy as np
 
-from .._policies.runner import PolicyRunner, check_outputs
+from .._policies.outputs import check_outputs
+from .._policies.runner import PolicyRunner
 from .._workers import protocol
 from .lanes import READY, STEPPING, Lane
 

@@ -92,7 +92,8 @@ def probe(policy: Any, obs_leaves: list, exploration_type: Any, check: Any) -> l
     (a dtype numpy lacks) or writes a recurrent state (``("next", key)``)."""
     import torch
 
-    from .runner import PolicyRunner, check_outputs
+    from .outputs import check_outputs
+    from .runner import PolicyRunner
 
     keys = [leaf.key for leaf in obs_leaves]
     try:
@@ -142,23 +143,21 @@ def fields(outputs: list[tuple[Any, np.dtype, tuple]], module: Any, slots: int, 
     return out
 
 
-def payload(policy: Any, obs_keys: list, keys: tuple, exploration_type: Any, num_workers: int) -> dict:
-    """What each worker is sent to build its ``WorkerPolicy``: the pickled policy (for a
-    plain ``TensorDictModule`` that the runner calls directly, ``PolicyRunner.kind``
-    ``"module"``, only the module it wraps and its keys, so that the worker need not import
-    tensordict), the outputs' keys in the order of the ``out{i}`` fields, the interaction
-    type by name, and one seed per worker. Raises if the policy cannot be pickled."""
+def payload(runner: Any, keys: tuple, num_workers: int) -> dict:
+    """What each worker is sent to build its ``WorkerPolicy``, from the collector's
+    ``PolicyRunner``: the pickled policy (where the runner calls a plain ``TensorDictModule``'s
+    module directly, ``kind`` ``"module"``, only that module and its keys, so that the worker
+    need not import tensordict), the outputs' keys in the order of the ``out{i}`` fields, the
+    interaction type by name, and one seed per worker. Raises if the policy cannot be pickled."""
     import cloudpickle
 
-    from .runner import PolicyRunner
-
-    plain = PolicyRunner(policy, obs_keys, device=None, exploration_type=exploration_type).kind == "module"
+    policy, plain = runner.policy, runner.kind == "module"
     return {
         "policy": cloudpickle.dumps(policy.module if plain else policy),
         "in_keys": list(policy.in_keys) if plain else None,
         "out_keys": list(policy.out_keys) if plain else None,
         "keys": keys,
-        "exploration_type": exploration_type.name,
+        "exploration_type": runner.exploration_type.name,
         "seeds": seeds_for(num_workers),
     }
 
