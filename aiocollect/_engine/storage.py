@@ -23,6 +23,7 @@ import numpy as np
 import torch
 
 from .._envs.spaces import Leaf, NestedKey
+from .._policies.outputs import dtype_changed, shape_changed
 from .._workers.shm import SharedArrays
 from .staging import DeviceStaging
 
@@ -254,6 +255,8 @@ class RolloutStorage:
             dst = self._out_np.get(key, False)
             if dst is False:
                 dst = self._allocate(key, value)
+            if key != "action" and value.shape[1:] != self._out_t[key].shape[3:]:
+                raise shape_changed(key, value.shape[1:], self._out_t[key].shape[3:])  # (numpy would broadcast a 1)
             if dst is None:  # a dtype numpy lacks
                 self._out_t[key][s, torch.from_numpy(cols), torch.from_numpy(rows)] = torch.as_tensor(value).cpu()
                 continue
@@ -261,6 +264,8 @@ class RolloutStorage:
                 value = action
             elif not isinstance(value, np.ndarray):
                 value = value.numpy(force=True)
+            if value.dtype != dst.dtype and (error := dtype_changed(key, value.dtype, dst.dtype)):
+                raise error
             dst[s, cols, rows] = value
 
     def write(self, s: int, t: int, lo: int, hi: int, out: dict[NestedKey, Any], start: int, version: int,
@@ -278,17 +283,22 @@ class RolloutStorage:
             dst = self._out_np.get(key, False)
             if dst is False:
                 dst = self._allocate(key, value)
+            if value.shape[1:] != self._out_t[key].shape[3:] and not (key == "action" and action is not None):
+                raise shape_changed(key, value.shape[1:], self._out_t[key].shape[3:])  # (numpy would broadcast a 1)
             if dst is None:
                 self._out_t[key][s, t, lo:hi] = torch.as_tensor(value if whole else value[start:stop])
                 continue
+            rows = whole  # (value holds just these rows)
             if key == "action" and action is not None:
                 value = action
             elif not isinstance(value, np.ndarray):
                 if not whole and value.device.type != "cpu":
-                    dst[s, t, lo:hi] = value[start:stop].numpy(force=True)  # copy only these rows over
-                    continue
-                value = value.numpy(force=True)  # a view (slicing a tensor costs more than an array)
-            dst[s, t, lo:hi] = value if whole else value[start:stop]
+                    value, rows = value[start:stop].numpy(force=True), True  # copy only these rows over
+                else:
+                    value = value.numpy(force=True)  # a view (slicing a tensor costs more than an array)
+            if value.dtype != dst.dtype and (error := dtype_changed(key, value.dtype, dst.dtype)):
+                raise error
+            dst[s, t, lo:hi] = value if rows else value[start:stop]
 
     def write_run(self, s: int, t: int, lo: int, hi: int, action: np.ndarray, version: int,
                   stored: np.ndarray | None = None) -> None:

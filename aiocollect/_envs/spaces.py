@@ -346,6 +346,8 @@ class ActionCheck:
             return not ((action < self.low).any() or (action > self.high).any())
         low, width, unsigned = span
         shifted = action if low == 0 else action - low
+        if shifted.size <= 64:  # (a list's max takes half the time of a numpy comparison at this size)
+            return max(shifted.view(unsigned).ravel().tolist()) <= width
         return not np.count_nonzero(shifted.view(unsigned) > width)
 
     def _span(self, dtype: np.dtype) -> tuple[Any, int, np.dtype] | None:

@@ -258,7 +258,7 @@ class WorkerPolicy:
 
         from .._envs.spaces import ActionCheck
         from .direct_calls import direct_calls
-        from .outputs import check_outputs, module_outputs
+        from .outputs import check_outputs, dtype_changed, module_outputs, shape_changed
 
         torch.set_num_threads(1)
         torch.manual_seed(seed)
@@ -278,10 +278,13 @@ class WorkerPolicy:
             set_interaction_type(InteractionType[setup["exploration_type"]]).__enter__()
         direct_calls(self.policy)  # (a private copy: its submodules skip __call__'s empty checks)
         self.obs_keys = obs_keys
-        self._inputs: dict[tuple, dict] = {}
-        """The policy's input tensors per part, slot and column: views of the storage."""
+        self._columns: dict[tuple, tuple] = {}
+        """Per part, slot and column (``_column``): the policy's input tensors and where each
+        output and the version go, all views of the storage, made once."""
         self.check = ActionCheck.for_space(action_space)
         self.keys = setup["keys"]
+        self._key_set = set(self.keys)
+        self._action_at = self.keys.index("action") if "action" in self.keys else -1
         self.outputs = [arrays[f"out{i}"] for i in range(len(self.keys))]
         self.version_field = arrays["version"]
         self.weights = SharedWeights(arrays)
@@ -292,8 +295,10 @@ class WorkerPolicy:
             raise RuntimeError(f"policy: this worker's copy has weights of shapes {got}, "
                                f"shared memory {[list(x) for x in shapes]}.")
         self.seen, self.version = 0, 0
+        self._clock = memoryview(self.weights.clock)
+        """The weights' clock, read as Python ints (no numpy scalar made at each step)."""
         self._from_numpy = torch.from_numpy
-        self._check_outputs = check_outputs
+        self._check_outputs, self._shape_changed, self._dtype_changed = check_outputs, shape_changed, dtype_changed
 
     def reseed(self, seed: int) -> None:
         """A seeded reset (``set_seed``): the policy's own draws restart from ``seed`` too."""
@@ -315,32 +320,44 @@ class WorkerPolicy:
             raise
 
     def _act(self, obs: list[np.ndarray], action: np.ndarray, s: int, t: int, lo: int, hi: int) -> None:
-        got = self.weights.read(self.tensors, self.seen)
-        if got is not None:
-            self.seen, self.version = got
-        n = hi - lo
-        inputs = self._inputs.get((lo, s, t))
-        if inputs is None:
-            inputs = self._inputs[(lo, s, t)] = {key: self._from_numpy(x[s, t])
-                                                 for key, x in zip(self.obs_keys, obs)}
+        # (runs at every step of every env part: each numpy or torch call here costs a few
+        # microseconds once the envs' own code has taken the caches, so there are few)
+        if self._clock[SEQ] != self.seen:
+            got = self.weights.read(self.tensors, self.seen)
+            if got is not None:
+                self.seen, self.version = got
+        column = self._columns.get((lo, s, t)) or self._column(obs, s, t, lo, hi)
+        inputs, parts, version = column
         out = self._call(inputs)
-        if any(not v.shape or v.shape[0] != n for v in out.values()):
-            self._check_outputs(out, n)  # (the engine's message for a row count that would broadcast)
-        if tuple(out) != self.keys:
+        if out.keys() != self._key_set:
             raise KeyError(f"policy: wrote {list(out)!r} at this step but {list(self.keys)!r} at its first call; "
                            "a policy must write the same keys at every step.")
-        for key, dst in zip(self.keys, self.outputs):
+        n = hi - lo
+        for i, (key, part) in enumerate(zip(self.keys, parts)):
             value = out[key]
-            value = value if isinstance(value, np.ndarray) else value.numpy()  # (no grad here, on the CPU)
-            if key == "action":
+            if not isinstance(value, np.ndarray):
+                try:
+                    value = value.numpy()  # (no grad here, on the CPU)
+                except AttributeError:  # not a tensor: the engine's message
+                    self._check_outputs(out, n)
+                    raise
+            if i == self._action_at:
                 value = self.check(value, n)
                 action[...] = self.check.env_action(value)
-            part = dst[s, t, lo:hi]
             if value.shape != part.shape:
-                raise ValueError(f"policy: output {key!r} has shape {list(value.shape)} for {n} env(s) here, "
-                                 f"{[n, *part.shape[1:]]} at its first call; a policy's outputs keep their shape.")
+                self._check_outputs(out, n)  # (the engine's messages: a row count, then the rest)
+                raise self._shape_changed(key, value.shape[1:], part.shape[1:])
+            if value.dtype != part.dtype and (error := self._dtype_changed(key, value.dtype, part.dtype)):
+                raise error
             part[...] = value
-        self.version_field[s, t, lo:hi] = self.version
+        version[...] = self.version
+
+    def _column(self, obs: list[np.ndarray], s: int, t: int, lo: int, hi: int) -> tuple:
+        """``(inputs, output parts, version part)`` of column ``t`` of slot ``s``, rows ``lo:hi``."""
+        column = ({key: self._from_numpy(x[s, t]) for key, x in zip(self.obs_keys, obs)},
+                  [dst[s, t, lo:hi] for dst in self.outputs], self.version_field[s, t, lo:hi])
+        self._columns[(lo, s, t)] = column
+        return column
 
 
 def seeds_for(num_workers: int) -> list[int]:

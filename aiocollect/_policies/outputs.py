@@ -52,3 +52,25 @@ def check_outputs(out: dict, num_envs: int) -> None:
                 f"{name}: the policy returned shape {list(shape)} for {num_envs} env(s); every output "
                 f"needs a first dim of {num_envs} (one row per env)."
             )
+
+
+def shape_changed(key: Any, shape: tuple, first: tuple) -> ValueError:
+    """The error for output ``key`` of per-env shape ``shape`` where its first call wrote
+    ``first``: the storage was laid out from that call, and numpy would broadcast a shape of
+    1 into it without a word."""
+    name = key if isinstance(key, str) else ".".join(key)
+    return ValueError(f"{name}: the policy returned shape {list(shape)} per env here, {list(first)} at its first "
+                      "call; a policy's outputs keep their shape.")
+
+
+def dtype_changed(key: Any, dtype: Any, first: Any) -> TypeError | None:
+    """The error for output ``key`` of dtype ``dtype`` where the batch holds ``first`` (its
+    first call's), if numpy's cast would change its kind (complex to real, float to int:
+    what numpy does with at most a warning); ``None`` for a cast within a kind (float64 to
+    float32, as a batch keeps it)."""
+    if np.can_cast(dtype, first, "same_kind"):
+        return None
+    name = key if isinstance(key, str) else ".".join(key)
+    return TypeError(f"{name}: the policy returned dtype {dtype} here, {first} at its first call; the batch "
+                     f"holds {first}, and {dtype} does not cast to it without changing kind. Return {first} "
+                     "at every step.")

@@ -182,6 +182,54 @@ def test_a_policy_that_raises_in_a_worker_is_named_with_its_traceback_within_sec
     assert "in forward" in note  # the traceback in the worker shows where
 
 
+class GoesBad(nn.Module):
+    """Right on the collector's zeros and for its first 4 real calls, then wrong in one way
+    (``how``): nothing it writes late may reach a batch or an env unnoticed."""
+
+    def __init__(self, how: str):
+        super().__init__()
+        self.linear = nn.Linear(3, 3)
+        self.how, self.calls = how, 0
+
+    def forward(self, observation):
+        action = self.linear(observation).argmax(-1)
+        if observation.abs().sum() > 0:
+            self.calls += 1
+        if self.calls < 5:
+            return action, torch.zeros(len(observation), 2)
+        if self.how == "out of range":
+            return torch.full_like(action, 3), torch.zeros(len(observation), 2)
+        if self.how == "float action":
+            return action.float(), torch.zeros(len(observation), 2)
+        if self.how == "fewer rows":
+            return action, torch.zeros(1, 2)
+        if self.how == "other shape":  # (numpy would broadcast it into the storage's [n, 2])
+            return action, torch.zeros(len(observation), 1)
+        return action, torch.zeros(len(observation), 2, dtype=torch.complex64)
+
+
+LATE = {"out of range": (ValueError, r"action: the policy returned values outside Discrete\(3\)"),
+        "float action": (TypeError, "action: the policy returned dtype float32 for Discrete"),
+        "fewer rows": (ValueError, r"extra: the policy returned shape \[1, 2\] for [24] env\(s\)"),
+        "other shape": (ValueError, r"extra: the policy returned shape \[1\] per env here, \[2\] at its first call"),
+        "other dtype": (TypeError, "extra")}
+
+
+@pytest.mark.parametrize("how", list(LATE))
+def test_late_bad_outputs_are_named_as_central_inference_names_them(how, placement):
+    """A policy whose outputs go wrong after its first calls fails the collection with the
+    error central inference gives, wherever it runs; no batch holding them is delivered."""
+    policy = TensorDictModule(GoesBad(how), in_keys=["observation"], out_keys=["action", "extra"])
+    c = build(MultiSyncCollector, CounterEnv, policy, frames_per_batch=40, total_frames=-1)
+    assert c.policy_in_workers == (placement == "in_workers")
+    error, message = LATE[how]
+    start = time.monotonic()
+    with c, pytest.raises(error, match=message):
+        for batch in c:
+            assert (batch["action"] <= 2).all() and batch["extra"].shape[-1] == 2
+    assert time.monotonic() - start < 30
+
+
 class Recurrent(nn.Module):
     def forward(self, observation, hidden):
         return observation[:, :1].long().clamp(0, 2)[:, 0], hidden + 1
