@@ -43,6 +43,15 @@ class OutputSpec:
         return cls(tuple(t.shape[1:]), t.dtype)
 
 
+def _numpy(value: torch.Tensor) -> np.ndarray:
+    """A policy's output as numpy holds it: a view where it can be; a dtype numpy lacks
+    (bfloat16, float8: a policy that turned autocast on after its first call) as float32."""
+    try:
+        return value.numpy(force=True)
+    except TypeError:
+        return value.float().numpy(force=True)
+
+
 def _as_numpy(t: torch.Tensor) -> np.ndarray | None:
     try:
         return t.numpy()
@@ -255,15 +264,15 @@ class RolloutStorage:
             dst = self._out_np.get(key, False)
             if dst is False:
                 dst = self._allocate(key, value)
-            if key != "action" and value.shape[1:] != self._out_t[key].shape[3:]:
-                raise shape_changed(key, value.shape[1:], self._out_t[key].shape[3:])  # (numpy would broadcast a 1)
+            if key == "action":
+                value = action  # (as checked: what the batch stores)
+            if value.shape[1:] != self.specs[key].shape:
+                raise shape_changed(key, value.shape[1:], self.specs[key].shape)  # (numpy would broadcast a 1)
             if dst is None:  # a dtype numpy lacks
                 self._out_t[key][s, torch.from_numpy(cols), torch.from_numpy(rows)] = torch.as_tensor(value).cpu()
                 continue
-            if key == "action":
-                value = action
-            elif not isinstance(value, np.ndarray):
-                value = value.numpy(force=True)
+            if not isinstance(value, np.ndarray):
+                value = _numpy(value)
             if value.dtype != dst.dtype and (error := dtype_changed(key, value.dtype, dst.dtype)):
                 raise error
             dst[s, cols, rows] = value
@@ -283,19 +292,19 @@ class RolloutStorage:
             dst = self._out_np.get(key, False)
             if dst is False:
                 dst = self._allocate(key, value)
-            if value.shape[1:] != self._out_t[key].shape[3:] and not (key == "action" and action is not None):
-                raise shape_changed(key, value.shape[1:], self._out_t[key].shape[3:])  # (numpy would broadcast a 1)
+            if key == "action" and action is not None:
+                value = action  # (as checked: what the batch stores)
+            if value.shape[1:] != self.specs[key].shape:
+                raise shape_changed(key, value.shape[1:], self.specs[key].shape)  # (numpy would broadcast a 1)
             if dst is None:
                 self._out_t[key][s, t, lo:hi] = torch.as_tensor(value if whole else value[start:stop])
                 continue
             rows = whole  # (value holds just these rows)
-            if key == "action" and action is not None:
-                value = action
-            elif not isinstance(value, np.ndarray):
+            if not isinstance(value, np.ndarray):
                 if not whole and value.device.type != "cpu":
-                    value, rows = value[start:stop].numpy(force=True), True  # copy only these rows over
+                    value, rows = _numpy(value[start:stop]), True  # copy only these rows over
                 else:
-                    value = value.numpy(force=True)  # a view (slicing a tensor costs more than an array)
+                    value = _numpy(value)  # a view (slicing a tensor costs more than an array)
             if value.dtype != dst.dtype and (error := dtype_changed(key, value.dtype, dst.dtype)):
                 raise error
             dst[s, t, lo:hi] = value if rows else value[start:stop]

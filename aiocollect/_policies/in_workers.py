@@ -283,7 +283,6 @@ class WorkerPolicy:
         output and the version go, all views of the storage, made once."""
         self.check = ActionCheck.for_space(action_space)
         self.keys = setup["keys"]
-        self._key_set = set(self.keys)
         self._action_at = self.keys.index("action") if "action" in self.keys else -1
         self.outputs = [arrays[f"out{i}"] for i in range(len(self.keys))]
         self.version_field = arrays["version"]
@@ -329,7 +328,7 @@ class WorkerPolicy:
         column = self._columns.get((lo, s, t)) or self._column(obs, s, t, lo, hi)
         inputs, parts, version = column
         out = self._call(inputs)
-        if out.keys() != self._key_set:
+        if tuple(out) != self.keys:
             raise KeyError(f"policy: wrote {list(out)!r} at this step but {list(self.keys)!r} at its first call; "
                            "a policy must write the same keys at every step.")
         n = hi - lo
@@ -338,14 +337,15 @@ class WorkerPolicy:
             if not isinstance(value, np.ndarray):
                 try:
                     value = value.numpy()  # (no grad here, on the CPU)
-                except AttributeError:  # not a tensor: the engine's message
+                except (AttributeError, TypeError, RuntimeError):  # not a tensor, or no data: the engine's message
                     self._check_outputs(out, n)
-                    raise
+                    value = value.float().numpy() if hasattr(value, "float") else np.asarray(value)  # (bfloat16...)
+            if not value.shape or value.shape[0] != n:
+                self._check_outputs(out, n)  # (the engine's message for a row count)
             if i == self._action_at:
                 value = self.check(value, n)
                 action[...] = self.check.env_action(value)
             if value.shape != part.shape:
-                self._check_outputs(out, n)  # (the engine's messages: a row count, then the rest)
                 raise self._shape_changed(key, value.shape[1:], part.shape[1:])
             if value.dtype != part.dtype and (error := self._dtype_changed(key, value.dtype, part.dtype)):
                 raise error

@@ -200,11 +200,13 @@ def test_a_multi_discrete_value_is_checked_against_its_own_column():
         check(np.array([[2, 0]]), 1)  # 2 fits column 1's range but not column 0's
 
 
+@pytest.mark.parametrize("size", [2, 65])
 @pytest.mark.parametrize(("start", "n"), [(0, 2), (0, 6), (-3, 5), (100, 5), (-128, 3), (0, 300)])
 @pytest.mark.parametrize("dtype", [np.int8, np.int16, np.int64, np.uint8, np.uint32, np.uint64, np.bool_])
-def test_the_one_comparison_range_test_agrees_with_two_comparisons_at_every_edge(start, n, dtype):
+def test_the_one_comparison_range_test_agrees_with_two_comparisons_at_every_edge(start, n, dtype, size):
     """``in_range`` reads ``action - low`` as unsigned: values just outside the range, the
-    dtype's extremes (where the subtraction wraps) and bounds the dtype cannot hold."""
+    dtype's extremes (where the subtraction wraps) and bounds the dtype cannot hold; for a
+    small batch (a list's max) and a large one (one numpy comparison)."""
     check = ActionCheck.for_space(spaces.Discrete(n, start=start))
     if dtype is np.bool_:
         candidates = [False, True]
@@ -214,12 +216,12 @@ def test_the_one_comparison_range_test_agrees_with_two_comparisons_at_every_edge
         extremes = {info.min, info.min + 1, info.max - 1, info.max}
         candidates = sorted(extremes | {v for v in near if info.min <= v <= info.max})
     for value in candidates:
-        action = np.array([start if info_ok(start, dtype) else value, value], dtype=dtype)
+        action = np.array([start if info_ok(start, dtype) else value] * (size - 1) + [value], dtype=dtype)
         expected = bool(((action >= start) & (action <= start + n - 1)).all())
         assert check.in_range(action) is expected, (value, action)
         if not expected:
             with pytest.raises(ValueError, match="values outside"):
-                check(action, 2)
+                check(action, size)
 
 
 def test_a_byte_swapped_integer_action_is_read_by_its_value():
