@@ -105,5 +105,10 @@ def test_engine_benchmark_quick_mode_reports_every_section(tmp_path):
     # competes for a core, so a ratio can read well over 1 (1.6 seen in CI); a miscounted batch
     # or limit reads off by a factor of W or 16, which this bound still catches.
     assert len(ratios) == 8 and all(0 < r < 4 for r in ratios)  # E, R and P
+    # the second limit (the envs in a gymnasium SyncVectorEnv): measured in E and R, and every
+    # frames/s row of those sections has a ratio to it
+    e_and_r = [r for r in rows if r["section"] in ("E2", "R2") and r["unit"] == "frames/s"]
+    assert sum(r["name"] == "limit, the envs in a SyncVectorEnv" for r in e_and_r) == 2
+    assert all(r["vector_limit_ratio"] > 0 for r in e_and_r)
     vs_torchrl = [r["torchrl_ratio"] for r in rows if r["section"] == "E2" and r["name"].startswith("aiocollect")]
     assert len(vs_torchrl) == 4 and all(r > 0 for r in vs_torchrl)
