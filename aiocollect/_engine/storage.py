@@ -269,7 +269,8 @@ class RolloutStorage:
             if value.shape[1:] != self.specs[key].shape:
                 raise shape_changed(key, value.shape[1:], self.specs[key].shape)  # (numpy would broadcast a 1)
             if dst is None:  # a dtype numpy lacks
-                self._out_t[key][s, torch.from_numpy(cols), torch.from_numpy(rows)] = torch.as_tensor(value).cpu()
+                dst_t = self._out_t[key]  # (index_put takes only its own dtype: a checked action is float32)
+                dst_t[s, torch.from_numpy(cols), torch.from_numpy(rows)] = torch.as_tensor(value).to("cpu", dst_t.dtype)
                 continue
             if not isinstance(value, np.ndarray):
                 value = _numpy(value)
