@@ -140,7 +140,8 @@ def test_bad_input():
     out = run("""
         errors = []
         for kwargs in ({"worker_names": ["a", "b"]}, {"num_collectors": 0}, {"sync": True, "num_collectors": 3},
-                       {"collector_class": "parallel"}):
+                       {"collector_class": "parallel"}, {"start_timeout": None}, {"rpc_timeout": -1},
+                       {"start_timeout": float("nan")}):
             try:
                 RPCCollector(lambda: IntObsEnv(), None, frames_per_batch=10, **kwargs)
             except (ValueError, TypeError, RuntimeError) as exc:
@@ -154,6 +155,8 @@ def test_bad_input():
             errors.append(str(exc)[:120])
         print(json.dumps(errors))
     """)
-    assert len(out) == 5
+    assert len(out) == 8
     assert "rpc.init_rpc" in out[0] and "num_collectors" in out[1] and "does not split over 3" in out[2]
-    assert "collector_class" in out[3] and "cannot be initialised twice" in out[4]
+    assert "collector_class" in out[3] and "cannot be initialised twice" in out[7]
+    assert out[4].startswith("start_timeout=None: give a positive, finite number of seconds")
+    assert out[5].startswith("rpc_timeout=-1: give") and out[6].startswith("start_timeout=nan: give")
