@@ -81,6 +81,8 @@ class AsyncCollector(MultiAsyncCollector):
         >>> collector.start()
     """
 
+    _one_entry = True
+
     @staticmethod
     def _entries(create_env_fn: Any) -> Any:
         check_not_instance_for_worker(create_env_fn, "create_env_fn")  # (named as given, not [0])

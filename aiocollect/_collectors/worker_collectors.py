@@ -136,7 +136,7 @@ class WorkerCollectorBase(DataCollectorBase):
             compiled=cuda_graphs is not None or compile_policy not in (None, False), runs=may_run))
         runs = may_run and (policy is None or isinstance(policy, RandomPolicy) or in_workers)
         plan = plan_workers(entries, options.create_env_kwargs, policy_between_steps=not runs,
-                            gpu_policy=runs_on_gpu(policy, options.policy_device))
+                            gpu_policy=runs_on_gpu(policy, options.policy_device), single=self._one_entry)
         options = self._check_plan(plan, options, worker_options)
         validate_batching(max_batch_size=max_batch_size, min_batch_size=min_batch_size,
                           batch_timeout=batch_timeout, step_timeout=None,
@@ -215,6 +215,9 @@ class WorkerCollectorBase(DataCollectorBase):
             raise
 
     # ------------------------------------------------------------------ planning hooks
+
+    _one_entry = False
+    """``create_env_fn`` is one worker's entry (``AsyncCollector``): errors name it as given."""
 
     @staticmethod
     def _entries(create_env_fn: Any) -> Any:

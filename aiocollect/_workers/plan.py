@@ -73,8 +73,13 @@ def _kind(item: Any) -> str:
     return f"{type(item).__module__}.{type(item).__qualname__}"
 
 
-def _check_entry(i: int, entry: Any) -> None:
-    where = f"create_env_fn[{i}]"
+def _where(i: int, single: bool) -> str:
+    """How errors name worker entry ``i``: ``create_env_fn[i]``, or ``create_env_fn`` itself
+    for a collector of one worker whose argument is that worker's entry (``AsyncCollector``)."""
+    return "create_env_fn" if single else f"create_env_fn[{i}]"
+
+
+def _check_entry(where: str, entry: Any) -> None:
     check_not_torchrl(entry, where)
     if isinstance(entry, (gym.Env, VectorEnv)) or is_torchrl_env(entry):
         raise TypeError(
@@ -100,21 +105,24 @@ def _check_entry(i: int, entry: Any) -> None:
         )
 
 
-def _pickle(i: int, entry: Any) -> bytes:
+def _pickle(where: str, entry: Any) -> bytes:
     try:
         return cloudpickle.dumps(entry)
     except Exception as exc:
+        if isinstance(entry, (list, tuple)):  # name the factory of the list that fails
+            for j, item in enumerate(entry):
+                _pickle(f"{where}[{j}]", item)
         name = getattr(entry, "__qualname__", None) or _kind(entry)
         raise TypeError(
-            f"create_env_fn[{i}] ({name}) cannot be pickled with cloudpickle, which is how env "
+            f"{where} ({name}) cannot be pickled with cloudpickle, which is how env "
             f"factories reach their worker process: {type(exc).__name__}: {exc}. Make the "
             "factory build everything it needs inside itself (no open files, locks, sockets or "
             "live envs captured from the enclosing scope)."
         ) from exc
 
 
-def _close_probe(i: int, entry: Any, group: Any) -> None:
-    """Close the envs built to read ``create_env_fn[i]``'s spaces, every one of them (coroutine
+def _close_probe(where: str, entry: Any, group: Any) -> None:
+    """Close the envs built to read the entry ``where``'s spaces, every one of them (coroutine
     envs too, on a loop of their own). An env whose ``close()`` raises still runs in its
     worker (which reports such errors at shutdown): warn, naming the factory and each env
     that failed, instead of failing the constructor."""
@@ -130,15 +138,19 @@ def _close_probe(i: int, entry: Any, group: Any) -> None:
 
         name = getattr(entry, "__qualname__", None) or _kind(entry)
         warnings.warn(
-            f"create_env_fn[{i}] ({name}): closing the envs built in this process to read its "
+            f"{where} ({name}): closing the envs built in this process to read its "
             f"spaces: {exception_text(exc)}",
             RuntimeWarning, stacklevel=4,
         )
 
 
 def plan_workers(create_env_fn: Any, create_env_kwargs: dict | None, *,
-                 policy_between_steps: bool = True, gpu_policy: bool = False) -> WorkerPlan:
+                 policy_between_steps: bool = True, gpu_policy: bool = False, single: bool = False) -> WorkerPlan:
     """Validate ``create_env_fn`` and lay the workers out; see the module docstring.
+
+    ``single``: ``create_env_fn`` is ``[the user's argument]``, one worker's entry
+    (``AsyncCollector``'s), so errors name it ``create_env_fn`` and its factories
+    ``create_env_fn[j]``, as the user wrote them.
 
     ``policy_between_steps``: the policy runs between steps (``False`` for random actions,
     which workers take in runs of steps: then no worker is split in parts, as no policy
@@ -152,8 +164,8 @@ def plan_workers(create_env_fn: Any, create_env_kwargs: dict | None, *,
     if not create_env_fn:
         raise ValueError("create_env_fn: the list of workers is empty; give at least one env factory.")
     for i, entry in enumerate(create_env_fn):
-        _check_entry(i, entry)
-    pickled = [_pickle(i, entry) for i, entry in enumerate(create_env_fn)]
+        _check_entry(_where(i, single), entry)
+    pickled = [_pickle(_where(i, single), entry) for i, entry in enumerate(create_env_fn)]
     kwargs = dict(create_env_kwargs or {})
 
     from .._coroutines.group import CoroutineGroup
@@ -165,12 +177,12 @@ def plan_workers(create_env_fn: Any, create_env_kwargs: dict | None, *,
         key = id(entry)
         if key not in probed:
             group, batched = make_group(list(entry) if isinstance(entry, tuple) else entry, kwargs,
-                                        f"create_env_fn[{i}]")
+                                        _where(i, single))
             try:
                 probed[key] = (group.observation_space, group.action_space, group.num_envs, batched,
                                isinstance(group, CoroutineGroup), isinstance(group, InProcessGroup))
             finally:
-                _close_probe(i, entry, group)
+                _close_probe(_where(i, single), entry, group)
         obs_space, action_space, n, batched, coroutine, separable_here = probed[key]
         if first is None:
             first = (obs_space, action_space)

@@ -248,7 +248,8 @@ def _entries(variant, entry, n: int = 1):
 
 
 def test_a_factory_that_returns_a_factory_says_how_to_fix_it(variant):
-    where = "create_env_fn" if variant.cls is Collector else "create_env_fn[0]"
+    # (an AsyncCollector's create_env_fn is its one worker's entry: named as given)
+    where = "create_env_fn" if variant.cls in (Collector, AsyncCollector) else "create_env_fn[0]"
     before = children()
     with pytest.raises(TypeError, match=(
             rf"^{re.escape(where)} gave builtins.function, not a gymnasium env, a TorchRL env or a coroutine env "
@@ -282,7 +283,8 @@ def test_an_env_instance_is_taken_where_its_envs_step_here_and_refused_where_a_w
                 r"or the env id string\.$")):
             variant.cls(_entries(variant, CounterEnv()), None, frames_per_batch=40)
     env = CounterEnv()
-    same = "create_env_fn" if variant.cls is Collector else r"create_env_fn\[0\]"  # (a worker's list)
+    # (a worker's list; an AsyncCollector's create_env_fn is that list)
+    same = "create_env_fn" if variant.cls in (Collector, AsyncCollector) else r"create_env_fn\[0\]"
     with pytest.raises(ValueError, match=(
             rf"^{same}\[1\] gave the same env object as {same}\[0\] \(support.envs.CounterEnv\); each entry of the "
             r"list is an env of its own: a factory must build a new env at each call \(`lambda: gym.make\(...\)`, "

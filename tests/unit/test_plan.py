@@ -19,6 +19,7 @@ from gymnasium.vector import SyncVectorEnv
 from aiocollect import AsyncEnv
 from aiocollect._workers import plan as plan_module
 from aiocollect._workers.plan import WorkerSpec, plan_workers
+from support.procs import children
 
 
 class BoxEnv(gym.Env):
@@ -287,11 +288,6 @@ def test_envs_of_one_list_entry_with_different_spaces_are_rejected():
         plan_workers([[Recorder(2), Recorder(3)]], None)
 
 
-# The three tests below fail (see the report): when probing an entry, plan_workers calls
-# make_group(entry) without saying which worker entry it is, so make_group's errors name
-# "create_env_fn" or the position inside the entry's own list, never the worker entry.
-
-
 def test_a_factory_that_gives_no_env_is_rejected_naming_the_entry():
     with pytest.raises(TypeError) as info:
         plan_workers([BoxEnv, lambda: 3], None)
@@ -315,3 +311,41 @@ def test_a_vector_env_inside_a_list_entry_is_named_by_both_indices():
     message = str(info.value)
     assert "gave a VectorEnv" in message
     assert "create_env_fn[0][1]" in message, message
+
+
+def test_an_unpicklable_factory_in_a_list_entry_is_named_by_both_indices():
+    lock = threading.Lock()
+
+    def make_locked_env():
+        with lock:
+            return BoxEnv()
+
+    with pytest.raises(TypeError, match=r"^create_env_fn\[0\]\[1\] \(.*make_locked_env\) cannot be pickled"):
+        plan_workers([[BoxEnv, make_locked_env]], None)
+
+
+def test_one_worker_s_entry_is_named_as_the_user_wrote_it():
+    """``AsyncCollector([f, g])``: ``create_env_fn`` is the one worker's list, so ``g`` is
+    ``create_env_fn[1]``, not ``create_env_fn[0][1]``."""
+    lock = threading.Lock()
+
+    def make_locked_env():
+        with lock:
+            return BoxEnv()
+
+    cases = [([BoxEnv, 5], TypeError, r"^create_env_fn\[1\]: expected an env factory or an env id"),
+             ([BoxEnv, make_locked_env], TypeError, r"^create_env_fn\[1\] \(.*make_locked_env\) cannot be pickled"),
+             (make_locked_env, TypeError, r"^create_env_fn \(.*make_locked_env\) cannot be pickled"),
+             ([BoxEnv, lambda: 3], TypeError, r"^create_env_fn\[1\] gave builtins.int, not a gymnasium env")]
+    for entry, error, message in cases:
+        with pytest.raises(error, match=message):
+            plan_workers([entry], None, single=True)
+
+
+def test_an_async_collector_names_its_factories_as_given_before_any_process_starts():
+    from aiocollect import AsyncCollector
+
+    before = children()
+    with pytest.raises(TypeError, match=r"^create_env_fn\[1\]: expected an env factory or an env id"):
+        AsyncCollector([BoxEnv, 5], None, frames_per_batch=10)
+    assert children() == before
