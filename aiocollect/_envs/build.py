@@ -18,7 +18,7 @@ from gymnasium.vector import VectorEnv
 
 from .._coroutines.env import is_async_env
 from .._coroutines.group import CoroutineGroup, as_coroutine_env
-from .group import EnvCloseError, InProcessGroup, VectorEnvGroup, _GroupBase, close_each
+from .group import EnvCloseError, InProcessGroup, VectorEnvGroup, _GroupBase, check_same_spaces, close_each
 from .gym import GymEnv
 
 
@@ -204,6 +204,7 @@ def make_group(create_env_fn: Any, create_env_kwargs: dict | None,
                         "entry makes one env (pass the VectorEnv, or its factory, on its own)."
                     )
                 envs.append(env)
+            check_same_spaces(envs, where)  # (here, so that the envs are closed if it raises)
         except BaseException as exc:
             # a coroutine env holds nothing before its reset
             failures = [f for i, e in enumerate(envs) if not is_async_env(e) for f in close_each([e], i)]

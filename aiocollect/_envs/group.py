@@ -69,13 +69,14 @@ class _GroupBase:
         self.reset_now(idx, seeds)
 
 
-def check_same_spaces(envs: Sequence[Any]) -> None:
-    """Raise unless every env has env 0's observation and action spaces."""
+def check_same_spaces(envs: Sequence[Any], where: str = "create_env_fn") -> None:
+    """Raise unless every env has env 0's observation and action spaces (``where``: the
+    list they came from, as errors name it: ``create_env_fn[2]`` for a worker's entry)."""
     first = envs[0]
     for i, env in enumerate(envs[1:], start=1):
         if env.observation_space != first.observation_space or env.action_space != first.action_space:
             raise ValueError(
-                f"create_env_fn: env {i} has spaces {env.observation_space} / {env.action_space}, "
+                f"{where}: env {i} has spaces {env.observation_space} / {env.action_space}, "
                 f"env 0 has {first.observation_space} / {first.action_space}; all envs of a "
                 "collector must share their observation and action spaces."
             )

@@ -283,9 +283,12 @@ def test_entries_with_different_spaces_are_rejected_naming_both():
     assert message.endswith("all workers of a collector must share their observation and action spaces.")
 
 
-def test_envs_of_one_list_entry_with_different_spaces_are_rejected():
-    with pytest.raises(ValueError, match=r"create_env_fn: env 1 has spaces .* env 0 has"):
-        plan_workers([[Recorder(2), Recorder(3)]], None)
+def test_envs_of_one_list_entry_with_different_spaces_are_rejected_naming_the_entry_and_closed():
+    small, large = Recorder(2), Recorder(3)
+    with pytest.raises(ValueError, match=r"^create_env_fn\[1\]: env 1 has spaces .* env 0 has"):
+        plan_workers([[Recorder(2)], [small, large]], None)
+    assert len(small.built) == len(large.built) == 1
+    assert small.built[0].closed and large.built[0].closed  # (the envs built to read the spaces)
 
 
 def test_a_factory_that_gives_no_env_is_rejected_naming_the_entry():
