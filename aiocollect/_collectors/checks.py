@@ -87,13 +87,20 @@ def validate_timeout(timeout: Any) -> float | None:
     return seconds
 
 
+def positive_seconds(value: Any) -> float | None:
+    """``value`` as seconds if it is a positive, finite number at most ``LONGEST_WAIT``, else
+    ``None`` (the caller's error says what its argument takes)."""
+    seconds = finite(value)
+    return seconds if seconds is not None and 0 < seconds <= LONGEST_WAIT else None
+
+
 def validate_start_timeout(value: Any) -> float | None:
     """``start_timeout`` (the worker collectors', ``RayCollector``'s): ``None`` or a positive,
     finite number of seconds, at most ``LONGEST_WAIT``."""
     if value is None:
         return None
-    seconds = finite(value)
-    if seconds is None or not 0 < seconds <= LONGEST_WAIT:
+    seconds = positive_seconds(value)
+    if seconds is None:
         raise ValueError(f"start_timeout={value!r}: give the seconds the workers may take to start, a positive, "
                          "finite number, or None to wait as long as they take.")
     return seconds

@@ -22,7 +22,7 @@ from typing import Any
 
 from tensordict.nn import InteractionType
 
-from .._collectors.checks import LONGEST_WAIT, finite
+from .._collectors.checks import positive_seconds
 from .._errors import CollectorError
 from . import rpc_rendezvous
 from .remote import RemoteCollector
@@ -162,8 +162,7 @@ class RPCCollector(RemoteCollectorsBase):
         **torchrl_options: Any,
     ):
         for name, value in (("rpc_timeout", rpc_timeout), ("start_timeout", start_timeout)):
-            seconds = finite(value)  # (RPC's timeouts are numbers: None or inf is not one)
-            if seconds is None or not 0 < seconds <= LONGEST_WAIT:
+            if positive_seconds(value) is None:  # (RPC's timeouts are numbers: None or inf is not one)
                 raise ValueError(f"{name}={value!r}: give a positive, finite number of seconds (RPC's waits take "
                                  "no None).")
         options = remote_options(type(self).__name__, locals())

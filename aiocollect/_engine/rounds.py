@@ -51,7 +51,7 @@ from typing import TYPE_CHECKING, Protocol
 import anyio
 import numpy as np
 
-from .._policies.outputs import check_outputs
+from .._policies.outputs import check_outputs, host_array
 from .._policies.runner import PolicyRunner
 from .._workers import protocol
 from .lanes import READY, STEPPING, Lane
@@ -163,10 +163,7 @@ class Rounds:
             check_outputs(out, n)  # a lane's first call, or a row count that would broadcast
         action = out["action"]
         if not isinstance(action, np.ndarray):
-            try:
-                action = action.numpy(force=True)
-            except TypeError:  # bfloat16, float8 (autocast): numpy lacks them; the batch keeps them
-                action = action.float().numpy(force=True)
+            action = host_array(action)  # (bfloat16 as float32 for the check: the batch keeps the bfloat16)
         to_env = action  # what the envs are given; ``action``: what the batch stores
         if runner.kind != "random" or runner.policy.one_hot:  # (a one-hot env's draws: rows, as a policy's)
             check = self.sched.check_action

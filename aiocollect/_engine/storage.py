@@ -23,7 +23,7 @@ import numpy as np
 import torch
 
 from .._envs.spaces import Leaf, NestedKey
-from .._policies.outputs import dtype_changed, shape_changed
+from .._policies.outputs import dtype_changed, host_array, shape_changed
 from .._workers.shm import SharedArrays
 from .staging import DeviceStaging
 
@@ -41,15 +41,6 @@ class OutputSpec:
             return cls(tuple(value.shape[1:]), torch.from_numpy(np.empty(0, value.dtype)).dtype)
         t = torch.as_tensor(value)
         return cls(tuple(t.shape[1:]), t.dtype)
-
-
-def _numpy(value: torch.Tensor) -> np.ndarray:
-    """A policy's output as numpy holds it: a view where it can be; a dtype numpy lacks
-    (bfloat16, float8: a policy that turned autocast on after its first call) as float32."""
-    try:
-        return value.numpy(force=True)
-    except TypeError:
-        return value.float().numpy(force=True)
 
 
 def _as_numpy(t: torch.Tensor) -> np.ndarray | None:
@@ -273,7 +264,7 @@ class RolloutStorage:
                 dst_t[s, torch.from_numpy(cols), torch.from_numpy(rows)] = torch.as_tensor(value).to("cpu", dst_t.dtype)
                 continue
             if not isinstance(value, np.ndarray):
-                value = _numpy(value)
+                value = host_array(value)
             if value.dtype != dst.dtype and (error := dtype_changed(key, value.dtype, dst.dtype)):
                 raise error
             dst[s, cols, rows] = value
@@ -303,9 +294,9 @@ class RolloutStorage:
             rows = whole  # (value holds just these rows)
             if not isinstance(value, np.ndarray):
                 if not whole and value.device.type != "cpu":
-                    value, rows = _numpy(value[start:stop]), True  # copy only these rows over
+                    value, rows = host_array(value[start:stop]), True  # copy only these rows over
                 else:
-                    value = _numpy(value)  # a view (slicing a tensor costs more than an array)
+                    value = host_array(value)  # a view (slicing a tensor costs more than an array)
             if value.dtype != dst.dtype and (error := dtype_changed(key, value.dtype, dst.dtype)):
                 raise error
             dst[s, t, lo:hi] = value if rows else value[start:stop]

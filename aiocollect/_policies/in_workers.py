@@ -258,7 +258,7 @@ class WorkerPolicy:
 
         from .._envs.spaces import ActionCheck
         from .direct_calls import direct_calls
-        from .outputs import check_outputs, dtype_changed, module_outputs, shape_changed
+        from .outputs import check_outputs, dtype_changed, host_array, module_outputs, shape_changed
 
         torch.set_num_threads(1)
         torch.manual_seed(seed)
@@ -298,6 +298,7 @@ class WorkerPolicy:
         """The weights' clock, read as Python ints (no numpy scalar made at each step)."""
         self._from_numpy = torch.from_numpy
         self._check_outputs, self._shape_changed, self._dtype_changed = check_outputs, shape_changed, dtype_changed
+        self._host_array = host_array
 
     def reseed(self, seed: int) -> None:
         """A seeded reset (``set_seed``): the policy's own draws restart from ``seed`` too."""
@@ -339,7 +340,7 @@ class WorkerPolicy:
                     value = value.numpy()  # (no grad here, on the CPU)
                 except (AttributeError, TypeError, RuntimeError):  # not a tensor, or no data: the engine's message
                     self._check_outputs(out, n)
-                    value = value.float().numpy() if hasattr(value, "float") else np.asarray(value)  # (bfloat16...)
+                    value = self._host_array(value)  # (bfloat16...: as the engine stores it)
             if not value.shape or value.shape[0] != n:
                 self._check_outputs(out, n)  # (the engine's message for a row count)
             if i == self._action_at:

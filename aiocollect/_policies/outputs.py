@@ -74,3 +74,12 @@ def dtype_changed(key: Any, dtype: Any, first: Any) -> TypeError | None:
     return TypeError(f"{name}: the policy returned dtype {dtype} here, {first} at its first call; the batch "
                      f"holds {first}, and {dtype} does not cast to it without changing kind. Return {first} "
                      "at every step.")
+
+
+def host_array(value: torch.Tensor) -> np.ndarray:
+    """An output tensor as numpy holds it: a view where it can be (a CPU tensor); a dtype
+    numpy lacks (bfloat16, float8: autocast) as float32."""
+    try:
+        return value.numpy(force=True)
+    except TypeError:
+        return value.float().numpy(force=True)
