@@ -503,6 +503,15 @@ def test_a_policy_output_that_changes_shape_or_kind_late_is_refused(variant, how
         collector.rollout()
 
 
+async def test_a_policy_output_that_changes_shape_late_is_refused_through_the_async_face(variant):
+    policy = TensorDictModule(LateChange("shape"), in_keys=["observation"], out_keys=["action", "extra"])
+    async with variant(policy=policy, frames_per_batch=40, total_frames=-1) as collector:
+        with pytest.raises(ValueError, match=r"extra: the policy returned shape \[1\] per env here, \[2\] at its "
+                                             r"first call"):
+            async for _ in collector:
+                pass
+
+
 def test_a_batch_that_cannot_fit_in_memory_is_refused_up_front(variant):
     # issue 17 item 14: frames_per_batch=10**12 was accepted and failed in an allocator
     fpb = 10**12 * variant.num_envs

@@ -240,6 +240,16 @@ def test_late_bad_outputs_are_named_as_central_inference_names_them(how, placeme
     assert time.monotonic() - start < 30
 
 
+async def test_late_bad_outputs_in_the_workers_are_named_through_the_async_face(in_workers):
+    policy = TensorDictModule(GoesBad("other dtype"), in_keys=["observation"], out_keys=["action", "extra"])
+    async with build(MultiAsyncCollector, CounterEnv, policy, frames_per_batch=40, total_frames=-1) as c:
+        assert c.policy_in_workers
+        error, message = LATE["other dtype"]
+        with pytest.raises(error, match=message):
+            async for _ in c:
+                pass
+
+
 class Recurrent(nn.Module):
     def forward(self, observation, hidden):
         return observation[:, :1].long().clamp(0, 2)[:, 0], hidden + 1
