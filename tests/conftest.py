@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gc
+import os
 import threading
 
 import pytest
@@ -37,6 +38,32 @@ def pytest_collection_finish(session):
     that exist then (modules, classes, the collected tests) aside for good, and a collection
     walks only what was made since: what the tests made, collectors and their cycles included."""
     gc.freeze()
+
+
+PLACEMENT = "AIOCOLLECT_POLICY_IN_WORKERS"
+_PLACED_OUTSIDE = PLACEMENT in os.environ
+"""The run was started with a placement of its own (``AIOCOLLECT_POLICY_IN_WORKERS=1 pytest``:
+every test that does not choose its own runs the policy in the workers); then nothing pins it."""
+_USERS_PROGRAMS = ("artifacts", "torchrl_corpus", "gpu")
+
+
+@pytest.fixture(autouse=True)
+def _policy_placement(request, monkeypatch):
+    """Where a torch policy runs (``_policies.in_workers``) is chosen from the machine's cores:
+    in the workers where they are as many as the cores, as on the 2-core CI machine, in the
+    main process on a bigger one. A test that does not choose gets the main process
+    everywhere, so that a run tests the same paths on any machine; the policy in the workers
+    has its own contract file (``contract/test_policy_in_workers.py``, each case in both
+    places), the ``MultiAsync-process`` variant takes it for the whole contract suite
+    (``support/variants.py``), and a test that wants it sets it. A worker with the policy
+    imports torch: 2 s more for each collector built, half of some folders' time here.
+    The users' programs (the docs, examples, notebooks, the TorchRL corpus, the GPU pages)
+    keep the machine's choice, as a user gets it; so does a run started with a placement."""
+    if _PLACED_OUTSIDE or "variant" in request.fixturenames:
+        return
+    if any(part in _USERS_PROGRAMS for part in request.node.path.relative_to(request.config.rootpath).parts[:2]):
+        return
+    monkeypatch.setenv(PLACEMENT, "0")
 
 
 @pytest.fixture

@@ -8,9 +8,11 @@ import functools
 
 import pytest
 import torch
+from tensordict.nn import TensorDictModule
 
 from support.checks import check_batch, rows
 from support.episode_envs import EpisodeEnv
+from support.plain_modules import ArgmaxMLP
 
 FPB = 20
 
@@ -52,6 +54,17 @@ def check_whole(traj) -> None:
     assert torch.equal(traj["next", "observation"][:-1], obs[1:])
 
 
+def make_policy(kind: str):
+    """Random actions (the runs of steps workers take alone), or a policy that reads the
+    observation: central, or in the workers of the ``MultiAsync-process`` variant."""
+    if kind == "random":
+        return None
+    return TensorDictModule(ArgmaxMLP(3, 2), in_keys=["observation"], out_keys=["action"])
+
+
+POLICIES = ["random", "reads the observation"]
+
+
 def trajectories(batch, traj_format: str) -> list:
     if traj_format == "cat":
         ends = torch.nonzero(batch["next", "done"][:, 0]).flatten().tolist()
@@ -59,13 +72,17 @@ def trajectories(batch, traj_format: str) -> list:
     return [batch[i][batch["collector", "mask"][i]] for i in range(batch.shape[0])]
 
 
+@pytest.mark.parametrize("policy", POLICIES)
 @pytest.mark.parametrize("action", ["reset", "set_seed", "load_state_dict"])
-def test_a_reset_mid_collection_never_glues_two_episodes_under_one_id(variant, action):
+def test_a_reset_mid_collection_never_glues_two_episodes_under_one_id(variant, action, policy):
     """MultiAsyncCollector's random steps used to go in runs that a reset() landed in the
-    middle of: the run's steps were booked under the new id, and the next episode too."""
+    middle of: the run's steps were booked under the new id, and the next episode too. (A
+    policy that reads the observation goes in runs too where the workers run it.)"""
     book = EpisodeBook()
-    with variant(envs(variant), None, frames_per_batch=FPB, total_frames=40 * FPB,
+    with variant(envs(variant), make_policy(policy), frames_per_batch=FPB, total_frames=40 * FPB,
                  max_frames_per_traj=7) as collector:
+        if variant.processes:
+            assert collector.policy_in_workers is (variant.in_workers and policy != "random")
         for i, batch in enumerate(collector):
             check_no_glue(batch, book, step_count=7)
             if i % 2:
@@ -78,11 +95,14 @@ def test_a_reset_mid_collection_never_glues_two_episodes_under_one_id(variant, a
     assert len(book.episode_of) > 40
 
 
+@pytest.mark.parametrize("policy", POLICIES)
 @pytest.mark.parametrize("traj_format", ["padded", "cat"])
-def test_trajs_per_batch_never_delivers_a_trajectory_a_reset_cut(variant, traj_format):
+def test_trajs_per_batch_never_delivers_a_trajectory_a_reset_cut(variant, traj_format, policy):
     seen = set()
-    with variant(envs(variant, length=6), None, frames_per_batch=FPB, total_frames=60 * FPB,
+    with variant(envs(variant, length=6), make_policy(policy), frames_per_batch=FPB, total_frames=60 * FPB,
                  trajs_per_batch=2, traj_format=traj_format) as collector:
+        if variant.processes:
+            assert collector.policy_in_workers is (variant.in_workers and policy != "random")
         for i, batch in enumerate(collector):
             for traj in trajectories(batch, traj_format):
                 check_whole(traj)
@@ -94,11 +114,12 @@ def test_trajs_per_batch_never_delivers_a_trajectory_a_reset_cut(variant, traj_f
     assert len(seen) > 20
 
 
-def test_a_checkpoint_with_trajs_per_batch_holds_exactly_what_was_not_delivered(variant, tmp_path):
+@pytest.mark.parametrize("policy", POLICIES)
+def test_a_checkpoint_with_trajs_per_batch_holds_exactly_what_was_not_delivered(variant, tmp_path, policy):
     """Complete trajectories waiting in the collector are in the checkpoint, delivered first
     by the collector restored from it; frames of trajectories under way are not counted."""
     kwargs = dict(frames_per_batch=FPB * 5, total_frames=FPB * 20, trajs_per_batch=1)
-    with variant(envs(variant, length=4, step_s=0), None, **kwargs) as first:
+    with variant(envs(variant, length=4, step_s=0), make_policy(policy), **kwargs) as first:
         it = iter(first)
         delivered = [next(it) for _ in range(2)]
         state = first.state_dict()
@@ -110,7 +131,7 @@ def test_a_checkpoint_with_trajs_per_batch_holds_exactly_what_was_not_delivered(
     assert sum(state["trajectories"]["lengths"]) == state["frames"] - sum(b.numel() for b in delivered)
     torch.save(state, tmp_path / "ckpt.pt")
     state = torch.load(tmp_path / "ckpt.pt", weights_only=True)  # plain tensors: the safe loader reads it
-    with variant(envs(variant, length=4, step_s=0), None, **kwargs) as second:
+    with variant(envs(variant, length=4, step_s=0), make_policy(policy), **kwargs) as second:
         second.load_state_dict(state)
         assert second.statistics().frames == state["frames"]
         it = iter(second)

@@ -9,6 +9,7 @@ place). ``locate(k)`` says where env ``k`` lands: ``(worker, env within the work
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -30,6 +31,11 @@ class Variant:
     workers: int
     """Entries of ``create_env_fn`` for the worker collectors; 1 for a ``Collector``."""
     _layout: Callable[[list], Any]
+    in_workers: bool = False
+    """A torch policy runs in its workers (``AIOCOLLECT_POLICY_IN_WORKERS=1``: the choice on a
+    machine with no core left for the engine), not in the main process, unless the test or the
+    run sets the placement itself. (``MultiAsync-process``: so the whole contract holds in
+    both places on any machine.)"""
 
     def __repr__(self) -> str:
         return self.name
@@ -56,7 +62,13 @@ class Variant:
         assert len(fns) == self.num_envs
         if self.coroutine:
             fns = [AsCoroutine(f) for f in fns]
-        return self.cls(self._layout(fns), policy, **kwargs)
+        if not self.processes or "AIOCOLLECT_POLICY_IN_WORKERS" in os.environ:
+            return self.cls(self._layout(fns), policy, **kwargs)
+        os.environ["AIOCOLLECT_POLICY_IN_WORKERS"] = "1" if self.in_workers else "0"  # (read as it is built)
+        try:
+            return self.cls(self._layout(fns), policy, **kwargs)
+        finally:
+            del os.environ["AIOCOLLECT_POLICY_IN_WORKERS"]
 
     def locate(self, k: int) -> tuple[int, int | None]:
         """``(worker, env within it)`` of env ``k`` (a VectorEnv does not say which of its envs raised)."""
@@ -85,7 +97,7 @@ VARIANTS = [
     Variant("Collector-coroutine", Collector, "coroutine", 4, 1, list),
     Variant("MultiSync-process", MultiSyncCollector, "process", 4, 2, _chunks(2)),
     Variant("MultiSync-coroutine", MultiSyncCollector, "coroutine", 4, 2, _chunks(2)),
-    Variant("MultiAsync-process", MultiAsyncCollector, "process", 4, 2, _chunks(2)),
+    Variant("MultiAsync-process", MultiAsyncCollector, "process", 4, 2, _chunks(2), in_workers=True),
     Variant("AsyncCollector-process", AsyncCollector, "process", 2, 1, list),
     Variant("AsyncCollector-coroutine", AsyncCollector, "coroutine", 2, 1, list),
 ]
