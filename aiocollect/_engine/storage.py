@@ -260,8 +260,11 @@ class RolloutStorage:
             if value.shape[1:] != self.specs[key].shape:
                 raise shape_changed(key, value.shape[1:], self.specs[key].shape)  # (numpy would broadcast a 1)
             if dst is None:  # a dtype numpy lacks
-                dst_t = self._out_t[key]  # (index_put takes only its own dtype: a checked action is float32)
-                dst_t[s, torch.from_numpy(cols), torch.from_numpy(rows)] = torch.as_tensor(value).to("cpu", dst_t.dtype)
+                dst_t, value = self._out_t[key], torch.as_tensor(value)
+                if value.dtype != dst_t.dtype and (error := dtype_changed(key, value.dtype, dst_t.dtype)):
+                    raise error
+                # (index_put takes only its own dtype: a checked action is float32)
+                dst_t[s, torch.from_numpy(cols), torch.from_numpy(rows)] = value.to("cpu", dst_t.dtype)
                 continue
             if not isinstance(value, np.ndarray):
                 value = host_array(value)
@@ -288,8 +291,11 @@ class RolloutStorage:
                 value = action  # (as checked: what the batch stores)
             if value.shape[1:] != self.specs[key].shape:
                 raise shape_changed(key, value.shape[1:], self.specs[key].shape)  # (numpy would broadcast a 1)
-            if dst is None:
-                self._out_t[key][s, t, lo:hi] = torch.as_tensor(value if whole else value[start:stop])
+            if dst is None:  # a dtype numpy lacks
+                dst_t, value = self._out_t[key], torch.as_tensor(value if whole else value[start:stop])
+                if value.dtype != dst_t.dtype and (error := dtype_changed(key, value.dtype, dst_t.dtype)):
+                    raise error
+                dst_t[s, t, lo:hi] = value
                 continue
             rows = whole  # (value holds just these rows)
             if not isinstance(value, np.ndarray):

@@ -65,10 +65,15 @@ def shape_changed(key: Any, shape: tuple, first: tuple) -> ValueError:
 
 def dtype_changed(key: Any, dtype: Any, first: Any) -> TypeError | None:
     """The error for output ``key`` of dtype ``dtype`` where the batch holds ``first`` (its
-    first call's), if numpy's cast would change its kind (complex to real, float to int:
-    what numpy does with at most a warning); ``None`` for a cast within a kind (float64 to
-    float32, as a batch keeps it)."""
-    if np.can_cast(dtype, first, "same_kind"):
+    first call's), if the cast would change its kind (complex to real, float to int: what
+    numpy, or torch for a dtype numpy lacks such as bfloat16, does with at most a warning);
+    ``None`` for a cast within a kind (float64 to float32, as a batch keeps it). Both numpy
+    dtypes, or both torch dtypes."""
+    if isinstance(first, torch.dtype):
+        if torch.can_cast(dtype, first):
+            return None
+        dtype, first = str(dtype).removeprefix("torch."), str(first).removeprefix("torch.")
+    elif np.can_cast(dtype, first, "same_kind"):
         return None
     name = key if isinstance(key, str) else ".".join(key)
     return TypeError(f"{name}: the policy returned dtype {dtype} here, {first} at its first call; the batch "

@@ -476,7 +476,9 @@ def test_a_policy_output_without_a_row_per_env_is_refused_at_any_step(variant):
 class LateChange(torch.nn.Module):
     """Discrete action 0 for every env, and an ``extra`` output of shape ``[n, 2]`` (float32)
     at first, then ``[n, 1]`` (``how="shape"``: numpy would broadcast it over the two columns)
-    or complex (``how="dtype"``: numpy would drop the imaginary part with a warning)."""
+    or complex (``how="dtype"``: numpy would drop the imaginary part with a warning;
+    ``"bfloat16 dtype"``: bfloat16 at first, a dtype the batch holds in torch, which would
+    drop it with a warning too)."""
 
     def __init__(self, how: str):
         super().__init__()
@@ -485,18 +487,19 @@ class LateChange(torch.nn.Module):
     def forward(self, observation):
         self.calls += 1
         n = observation.shape[0]
-        extra = torch.zeros(n, 2)
+        extra = torch.zeros(n, 2, dtype=torch.bfloat16 if self.how.startswith("bfloat16") else torch.float32)
         if self.calls >= 3:
             extra = torch.zeros(n, 1) if self.how == "shape" else extra.to(torch.complex64)
         return torch.zeros(n, dtype=torch.int64), extra
 
 
-@pytest.mark.parametrize("how", ["shape", "dtype"])
+@pytest.mark.parametrize("how", ["shape", "dtype", "bfloat16 dtype"])
 def test_a_policy_output_that_changes_shape_or_kind_late_is_refused(variant, how):
     policy = TensorDictModule(LateChange(how), in_keys=["observation"], out_keys=["action", "extra"])
     error, message = {
         "shape": (ValueError, r"extra: the policy returned shape \[1\] per env here, \[2\] at its first call"),
         "dtype": (TypeError, r"extra: the policy returned dtype complex64 here, float32 at its first call"),
+        "bfloat16 dtype": (TypeError, r"extra: the policy returned dtype complex64 here, bfloat16 at its first call"),
     }[how]
     with variant(policy=policy, frames_per_batch=40, total_frames=-1) as collector, \
             pytest.raises(error, match=message):
