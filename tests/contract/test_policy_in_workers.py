@@ -345,7 +345,7 @@ class NormedHeads(nn.Module):
         return self.heads(self.norm(observation))
 
 
-def test_weights_shared_memory_cannot_hold_keep_the_policy_here_and_the_probe_changes_nothing():
+def test_weights_shared_memory_cannot_hold_keep_the_policy_here_and_the_probe_changes_nothing(in_workers):
     """bfloat16 weights stay central (numpy has no bfloat16); the probe that lays the outputs
     out calls a copy, so a module whose forward changes its state is left as it was."""
     from tensordict.nn import InteractionType
