@@ -57,7 +57,9 @@ def _policy_placement(request, monkeypatch):
     everywhere, so that a run tests the same paths on any machine; the policy in the workers
     has its own contract file (``contract/test_policy_in_workers.py``, each case in both
     places), the ``MultiAsync-process`` variant takes it for the whole contract suite
-    (``support/variants.py``), and a test that wants it sets it. A worker with the policy
+    (``support/variants.py``: a test over the variants gets its variant's placement for the
+    collectors the variant builds, and the machine's for any other), and a test that wants
+    it sets it. A worker with the policy
     imports torch: 2 s more for each collector built here, 40% of ``variants/``'s time.
     The users' programs (the docs, examples, notebooks, the TorchRL corpus, the GPU pages)
     keep the machine's choice, as a user gets it; so does a run started with a placement."""
