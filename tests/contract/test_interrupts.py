@@ -603,10 +603,13 @@ CTRL_C_IN_SHUTDOWN = textwrap.dedent(
         c.rollout()
         pids = [w.pid for w in c.statistics().workers if w.pid is not None]
         timer = threading.Timer(random.uniform(0, 0.02), os.kill, (os.getpid(), signal.SIGINT))
-        armed = True
         timer.start()
+        # armed only once start() has returned: a timer that fires while start() still waits
+        # for its thread must not interrupt the test's own bookkeeping (it is ignored instead)
+        armed = True
         try:
             c.shutdown()
+            timer.join()  # the signal is sent by now, so it lands inside this try at the latest
             time.sleep(0.05)
         except KeyboardInterrupt:
             landed += 1
