@@ -98,6 +98,9 @@ class RemoteCollector:
         cls, args, kwargs, self.index = cloudpickle.loads(payload)
         torch.set_num_threads(1)
         self.collector = cls(*args, **kwargs)
+        # the ids of trajectories its resets cut travel with its batches: the driver's
+        # trajs_per_batch must drop those (they never end) rather than hold them for good
+        self.collector._scheduler.timelines.keep_cut = True
         self._iter = iter(self.collector)
         self._global = [0]  # local policy version -> driver's version
         self._published = 0  # the newest driver version published to the local collector
@@ -113,7 +116,10 @@ class RemoteCollector:
         return self.collector.set_seed(seed, static_seed)
 
     def next_batch(self, min_version: int = 0) -> Any:
-        """The next batch, its policy versions in the driver's numbering.
+        """``(batch, cut)``: the next batch, its policy versions in the driver's numbering, and
+        the ids (this collector's numbering) of the trajectories that resets cut since the
+        last call (``set_seed``, ``load_state_dict``: see ``_engine.timelines``); or a
+        ``RemoteFailure``.
 
         ``min_version``: wait until the driver's weights of that version, whose load request
         was sent before this call, are published here, so the whole batch uses them.
@@ -131,7 +137,7 @@ class RemoteCollector:
             versions = batch.get(("collector", "policy_version"))
             table = torch.tensor([-1, *self._global], dtype=torch.int64)  # -1 stays -1
             batch.set(("collector", "policy_version"), table[versions + 1])
-        return batch
+        return batch, self.collector._take_cut()
 
     def load_weights(self, weights: Any, version: int, wait: bool = False) -> int:
         """Publish ``weights`` as the driver's ``version``; with ``wait``, return once they

@@ -28,6 +28,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 import cloudpickle
+import numpy as np
 import torch
 from tensordict import TensorDictBase
 
@@ -171,6 +172,9 @@ class RemoteCollectorsBase(DataCollectorBase):
         self._completed = 0
         self._remote_steps = [0] * self.num_collectors  # the valid frames each one delivered
         self._info: list[tuple[int, int]] = []
+        self._cut: list[np.ndarray] = []
+        """The (global) ids of trajectories the remote collectors' resets cut, not yet taken
+        by ``_take_cut``."""
         self._resources.closers.append(self._stop)
 
     # ------------------------------------------------------------------ the transport
@@ -234,8 +238,8 @@ class RemoteCollectorsBase(DataCollectorBase):
         if self.sync:
             if self.update_after_each_batch and self._batches:
                 self.update_policy_weights_()
-            batches = await asyncio.gather(*(self._fetch(i, self._ask(i)) for i in range(self.num_collectors)))
-            batches = [_global_traj_ids(b, i, self.num_collectors) for i, b in enumerate(batches)]
+            arrived = await asyncio.gather(*(self._fetch(i, self._ask(i)) for i in range(self.num_collectors)))
+            batches = [self._arrived(i, result) for i, result in enumerate(arrived)]
             batch = torch.stack(batches) if batches[0] is not None else None
             if batch is not None:
                 for i, part in enumerate(batches):
@@ -254,7 +258,7 @@ class RemoteCollectorsBase(DataCollectorBase):
             future = next(iter(done))
             index = by_future[future]
             del self._pending[index]
-            batch = _global_traj_ids(future.result(), index, self.num_collectors)
+            batch = self._arrived(index, future.result())
             if batch is not None:
                 self._remote_steps[index] += _valid_frames(batch)
             if self.update_after_each_batch:
@@ -266,6 +270,21 @@ class RemoteCollectorsBase(DataCollectorBase):
         self._env_steps += frames
         self._completed += int(batch.get(("next", "done")).sum())
         return batch, frames
+
+    def _arrived(self, index: int, result: tuple[Any, np.ndarray]) -> Any:
+        """Remote collector ``index``'s ``next_batch`` result: its batch, trajectory ids made
+        global, and its cut ids, kept (global too) for ``_take_cut``."""
+        batch, cut = result
+        if len(cut):
+            self._cut.append(_global_ids(np.asarray(cut, dtype=np.int64), index, self.num_collectors))
+        ids = batch.get(("collector", "traj_ids"), None) if isinstance(batch, TensorDictBase) else None
+        if ids is not None:
+            batch.set(("collector", "traj_ids"), _global_ids(ids, index, self.num_collectors))
+        return batch
+
+    def _take_cut(self) -> Any:
+        cut, self._cut = self._cut, []
+        return np.concatenate(cut) if cut else ()
 
     def _counters(self) -> tuple[int, int]:
         return self._env_steps, self._completed
@@ -474,11 +493,10 @@ def _valid_frames(batch: TensorDictBase) -> int:
     return int(mask.sum()) if mask is not None else batch.numel()
 
 
-def _global_traj_ids(batch: Any, index: int, count: int) -> Any:
+def _global_ids(ids: Any, index: int, count: int) -> Any:
     """Remote collector ``index`` of ``count`` numbers its trajectories from 0, as every one
     does: id ``k`` becomes ``k * count + index``, so no two remote collectors share an id and
-    each one's ids still grow. -1 (masked-out frames) stays -1."""
-    ids = batch.get(("collector", "traj_ids"), None) if isinstance(batch, TensorDictBase) else None
-    if ids is not None and count > 1:
-        batch.set(("collector", "traj_ids"), torch.where(ids >= 0, ids * count + index, ids))
-    return batch
+    each one's ids still grow. -1 (masked-out frames) stays -1. ``ids``: a tensor or an array."""
+    if count == 1:
+        return ids
+    return (torch if isinstance(ids, torch.Tensor) else np).where(ids >= 0, ids * count + index, ids)

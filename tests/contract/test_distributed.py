@@ -72,6 +72,36 @@ async def test_ray_layout_on_both_faces_and_total_frames(ray_cluster):
             assert (t["observation"][:, 0] == torch.arange(len(t))).all() and t["next", "done"][-1, 0]
 
 
+@pytest.mark.parametrize("sync", [True, False], ids=["sync", "async"])
+def test_ray_trajs_per_batch_drops_what_set_seed_cuts_instead_of_holding_it(ray_cluster, sync):
+    # the remote collectors' resets cut trajectories that never end; their ids used to stay
+    # remote, so the driver held every cut piece for good (2 -> 62 pieces over 60 batches)
+    from aiocollect import RayCollector
+    from support.episode_envs import EpisodeEnv
+
+    make = functools.partial(EpisodeEnv, length=6, step_s=0.001)
+    delivered, held = 0, []
+    with RayCollector([make], None, frames_per_batch=20, total_frames=-1, num_collectors=2, sync=sync,
+                      collector_class="single", trajs_per_batch=2) as c:
+        for i, batch in enumerate(c):
+            for row, mask in zip(batch, batch["collector", "mask"]):
+                traj = row[mask]
+                obs = traj["observation"]
+                assert obs[:, 1].unique().numel() == 1 and obs[:, 2].unique().numel() == 1, "two episodes glued"
+                assert torch.equal(obs[:, 0], torch.arange(len(traj), dtype=obs.dtype)), obs[:, 0].tolist()
+                assert traj["next", "terminated"][-1, 0], "a trajectory cut by set_seed was delivered as whole"
+                delivered += 1
+            held.append(c._assembler.pending)
+            if i % 2:
+                c.set_seed(i)
+            if i == 30:
+                break
+    assert delivered == 62
+    # at most one trajectory under way per env (2), and one per env cut by a set_seed whose
+    # ids have not come back with a batch yet (async: a request was in flight)
+    assert max(held) <= 4, held
+
+
 def test_ray_worker_ids_route_weights_to_the_named_remote_collector(ray_cluster):
     from aiocollect import RayCollector
 
@@ -162,3 +192,36 @@ def test_rpc_the_same_contract_in_a_fresh_interpreter():
     assert proc.returncode == 0, proc.stderr[-4000:]
     out = json.loads(proc.stdout.strip().splitlines()[-1])
     assert out == {"shape": [2, 10], "error": [1, "EnvError", True], "closed": True, "bad": True}
+
+
+RPC_CUT = textwrap.dedent(
+    """
+    import functools, json, sys, torch
+    sys.path.insert(0, {tests!r})
+    from aiocollect import RPCCollector
+    from support.episode_envs import EpisodeEnv
+    make = functools.partial(EpisodeEnv, length=6, step_s=0.001)
+    c = RPCCollector([make, make], None, frames_per_batch=20, total_frames=-1, sync=False, trajs_per_batch=2)
+    held, whole = [], 0
+    for i, batch in enumerate(c):
+        for row, mask in zip(batch, batch["collector", "mask"]):
+            obs = row[mask]["observation"]
+            whole += bool(obs[:, 1].unique().numel() == 1 and row[mask]["next", "terminated"][-1, 0]
+                          and torch.equal(obs[:, 0], torch.arange(len(obs), dtype=obs.dtype)))
+        held.append(c._assembler.pending)
+        if i % 2:
+            c.set_seed(i)
+        if i == 20:
+            break
+    c.shutdown()
+    print(json.dumps({{"whole": whole, "held": max(held)}}))
+    """
+)
+
+
+def test_rpc_trajs_per_batch_drops_what_set_seed_cuts():
+    # the same as the Ray case above, over torch RPC (which assembles in the same base class)
+    proc = zygote.run(RPC_CUT.format(tests=TESTS), timeout=110)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert out["whole"] == 42 and out["held"] <= 4, out
