@@ -92,7 +92,8 @@ def start_slow_collect(tmp_path: Path, out: Path, workers: int, *extra: str) -> 
     err = open(tmp_path / "stderr.txt", "w")  # noqa: SIM115 - closed when the test is done with the process
     proc = subprocess.Popen([str(SCRIPT), "collect", "--env", "slow_envs:SlowCartPole-v0", "--workers", str(workers),
                              "--envs-per-worker", "2", "--frames-per-batch", "20", "--frames", "100000",
-                             "--out", str(out), *extra], stdout=subprocess.PIPE, stderr=err, text=True)
+                             "--out", str(out), *extra], stdout=subprocess.PIPE, stderr=err, text=True,
+                            env={**os.environ, "PYTHONFAULTHANDLER": "1"})  # (see exit_code)
     err.close()
     flag = Path(os.environ["SLOW_FLAG"])
 
@@ -108,6 +109,23 @@ def start_slow_collect(tmp_path: Path, out: Path, workers: int, *extra: str) -> 
         time.sleep(0.02)
     time.sleep(0.2)  # a few more batches
     return proc
+
+
+def exit_code(proc: subprocess.Popen, tmp_path: Path, timeout: float = 30) -> int:
+    """The exit code of a command ``start_slow_collect`` started; if it has not exited within
+    ``timeout``, the failure shows where each of its threads was (faulthandler's dump, which
+    ``SIGABRT`` writes to its stderr), not only that it hung."""
+    try:
+        return proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.send_signal(signal.SIGABRT)
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        stderr = (tmp_path / "stderr.txt").read_text()
+        raise AssertionError(f"still running {timeout} s later; its threads then:\n{stderr[-6000:]}") from None
 
 
 def test_overwrite_refuses_the_current_directory_and_its_ancestors(tmp_path, monkeypatch):
@@ -187,7 +205,7 @@ def test_ctrl_c_leaves_out_as_it_was_and_no_partial_save(tmp_path, slow, small_s
     before = contents(out) if old_save else None
     proc = start_slow_collect(tmp_path, out, 1, *(["--overwrite"] if old_save else []))
     proc.send_signal(signal.SIGINT)
-    assert proc.wait(timeout=30) == 130
+    assert exit_code(proc, tmp_path) == 130
     stderr = (tmp_path / "stderr.txt").read_text()
     assert "aiocollect: interrupted" in stderr and "Traceback" not in stderr, stderr[-3000:]
     if old_save:
@@ -204,7 +222,7 @@ def test_sigkill_leaves_out_as_it_was_and_a_partial_named_as_such(tmp_path, slow
     before = contents(out)
     proc = start_slow_collect(tmp_path, out, 0, "--overwrite")
     proc.kill()
-    assert proc.wait(timeout=30) == -signal.SIGKILL
+    assert exit_code(proc, tmp_path) == -signal.SIGKILL
     assert contents(out) == before  # the old save, whole
     (partial,) = tmp_path.glob(".o.partial-*")
     record = json.loads((partial / "aiocollect.json").read_text())
