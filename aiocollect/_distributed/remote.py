@@ -3,7 +3,8 @@
 ``RemoteCollector`` is what a Ray actor (``_distributed.ray_collector``) or an RPC worker
 (``_distributed.rpc_collector``) holds: a local collector (``Collector``, ``MultiSyncCollector`` or
 ``MultiAsyncCollector``) built from cloudpickled arguments, stepped one batch per
-``next_batch()`` call. The transport only moves batches out and weights in.
+``next_batch()`` call. The transport only moves batches out (each with the ids of the
+trajectories its resets cut: ``next_batch``) and weights in.
 
 Weights arrive tagged with the *driver's* version number. The local collector counts its
 own versions (one per update it received); the remote collector maps them back, so every

@@ -12,6 +12,9 @@ an aiocollect collector in another process, and offers them as one collector:
 * **weights**: one snapshot per update (a CPU state dict for torch weights), shared with
   the chosen remote collectors (``worker_ids``), loaded between two of their policy calls
   while they collect; frames carry the driver's version;
+* **trajectories**: ids are made global here (``_global_ids``), and each batch comes with
+  the ids its remote collector's resets cut since its last one, which ``trajs_per_batch``
+  drops here (``_take_cut``), as a local collector does;
 * **faults**: a remote collector that raises or dies fails the iterator with a
   [`RemoteCollectorError`][aiocollect.RemoteCollectorError] naming it.
 
@@ -278,7 +281,7 @@ class RemoteCollectorsBase(DataCollectorBase):
         if len(cut):
             self._cut.append(_global_ids(np.asarray(cut, dtype=np.int64), index, self.num_collectors))
         ids = batch.get(("collector", "traj_ids"), None) if isinstance(batch, TensorDictBase) else None
-        if ids is not None:
+        if ids is not None and self.num_collectors > 1:
             batch.set(("collector", "traj_ids"), _global_ids(ids, index, self.num_collectors))
         return batch
 
@@ -497,6 +500,4 @@ def _global_ids(ids: Any, index: int, count: int) -> Any:
     """Remote collector ``index`` of ``count`` numbers its trajectories from 0, as every one
     does: id ``k`` becomes ``k * count + index``, so no two remote collectors share an id and
     each one's ids still grow. -1 (masked-out frames) stays -1. ``ids``: a tensor or an array."""
-    if count == 1:
-        return ids
     return (torch if isinstance(ids, torch.Tensor) else np).where(ids >= 0, ids * count + index, ids)
