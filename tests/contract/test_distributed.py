@@ -18,7 +18,7 @@ import torch
 
 from aiocollect import CollectorClosedError, CollectorError, EnvError, RemoteCollectorError
 from support import zygote
-from support.checks import check_batch
+from support.checks import check_batch, check_whole_episode
 from support.envs import CounterEnv, TaggedIntObsEnv
 from support.procs import leftovers, snapshot, wait_until
 from support.weights import check_versions, linear
@@ -85,11 +85,7 @@ def test_ray_trajs_per_batch_drops_what_set_seed_cuts_instead_of_holding_it(ray_
                       collector_class="single", trajs_per_batch=2) as c:
         for i, batch in enumerate(c):
             for row, mask in zip(batch, batch["collector", "mask"]):
-                traj = row[mask]
-                obs = traj["observation"]
-                assert obs[:, 1].unique().numel() == 1 and obs[:, 2].unique().numel() == 1, "two episodes glued"
-                assert torch.equal(obs[:, 0], torch.arange(len(traj), dtype=obs.dtype)), obs[:, 0].tolist()
-                assert traj["next", "terminated"][-1, 0], "a trajectory cut by set_seed was delivered as whole"
+                check_whole_episode(row[mask])
                 delivered += 1
             held.append(c._assembler.pending)
             if i % 2:
@@ -159,7 +155,7 @@ RPC = textwrap.dedent(
     import functools, json, sys
     sys.path.insert(0, {tests!r})
     from aiocollect import CollectorClosedError, EnvError, RPCCollector, RemoteCollectorError
-    from support.checks import check_batch
+    from support.checks import check_batch, check_whole_episode
     from support.envs import CounterEnv
     out = {{}}
     c = RPCCollector([CounterEnv, functools.partial(CounterEnv, fail_at=30)], None, frames_per_batch=20,
@@ -196,18 +192,21 @@ def test_rpc_the_same_contract_in_a_fresh_interpreter():
 
 RPC_CUT = textwrap.dedent(
     """
-    import functools, json, sys, torch
+    import functools, json, sys
     sys.path.insert(0, {tests!r})
     from aiocollect import RPCCollector
+    from support.checks import check_whole_episode
     from support.episode_envs import EpisodeEnv
     make = functools.partial(EpisodeEnv, length=6, step_s=0.001)
     c = RPCCollector([make, make], None, frames_per_batch=20, total_frames=-1, sync=False, trajs_per_batch=2)
     held, whole = [], 0
     for i, batch in enumerate(c):
         for row, mask in zip(batch, batch["collector", "mask"]):
-            obs = row[mask]["observation"]
-            whole += bool(obs[:, 1].unique().numel() == 1 and row[mask]["next", "terminated"][-1, 0]
-                          and torch.equal(obs[:, 0], torch.arange(len(obs), dtype=obs.dtype)))
+            try:
+                check_whole_episode(row[mask])
+                whole += 1
+            except AssertionError:
+                pass
         held.append(c._assembler.pending)
         if i % 2:
             c.set_seed(i)

@@ -10,7 +10,7 @@ import pytest
 import torch
 from tensordict.nn import TensorDictModule
 
-from support.checks import check_batch, rows
+from support.checks import check_batch, check_whole_episode, rows
 from support.episode_envs import EpisodeEnv
 from support.plain_modules import ArgmaxMLP
 
@@ -43,15 +43,6 @@ def check_no_glue(batch, book: EpisodeBook, step_count=None) -> None:
     b = rows(batch)
     valid = b.get(("collector", "mask"), torch.ones(b.shape, dtype=torch.bool))
     book.add(b["collector", "traj_ids"][valid], b["observation"][valid])
-
-
-def check_whole(traj) -> None:
-    """A delivered trajectory: one episode, its steps from 0 up to the env's own end."""
-    obs = traj["observation"]
-    assert obs[:, 1].unique().numel() == 1 and obs[:, 2].unique().numel() == 1, "two episodes in one trajectory"
-    assert torch.equal(obs[:, 0], torch.arange(len(traj), dtype=obs.dtype)), f"not whole: steps {obs[:, 0].tolist()}"
-    assert traj["next", "terminated"][-1, 0], "a trajectory cut by a reset was delivered as whole"
-    assert torch.equal(traj["next", "observation"][:-1], obs[1:])
 
 
 def make_policy(kind: str):
@@ -105,7 +96,7 @@ def test_trajs_per_batch_never_delivers_a_trajectory_a_reset_cut(variant, traj_f
             assert collector.policy_in_workers is (variant.in_workers and policy != "random")
         for i, batch in enumerate(collector):
             for traj in trajectories(batch, traj_format):
-                check_whole(traj)
+                check_whole_episode(traj)
                 tid = int(traj["collector", "traj_ids"][0])
                 assert tid not in seen, "a trajectory delivered twice"
                 seen.add(tid)
@@ -139,7 +130,7 @@ def test_a_checkpoint_with_trajs_per_batch_holds_exactly_what_was_not_delivered(
         lengths = state["trajectories"]["lengths"]
         assert [b.numel() for b in restored] == lengths, "the held trajectories, in their order, come first"
         for traj in restored:
-            check_whole(traj[0] if traj.ndim > 1 else traj)
+            check_whole_episode(traj[0] if traj.ndim > 1 else traj)
         assert second.statistics().frames == state["frames"]  # delivering them collected nothing new
         rest = list(it)
         end = second.statistics().frames

@@ -102,3 +102,13 @@ def check_continuity(prev, cur):
             for k in obs:
                 nk = ("next", *(k if isinstance(k, tuple) else (k,)))
                 assert torch.equal(p[nk][i, -1], c[k][i, 0])
+
+
+def check_whole_episode(traj) -> None:
+    """A trajectory ``trajs_per_batch`` delivered from ``support.episode_envs.EpisodeEnv``: one
+    episode, its steps from 0 up to the env's own end (never one a reset cut)."""
+    obs = traj["observation"]
+    assert obs[:, 1].unique().numel() == 1 and obs[:, 2].unique().numel() == 1, "two episodes in one trajectory"
+    assert torch.equal(obs[:, 0], torch.arange(len(traj), dtype=obs.dtype)), f"not whole: steps {obs[:, 0].tolist()}"
+    assert traj["next", "terminated"][-1, 0], "a trajectory cut by a reset was delivered as whole"
+    assert torch.equal(traj["next", "observation"][:-1], obs[1:])
