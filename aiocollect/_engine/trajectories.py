@@ -97,9 +97,14 @@ def split_trajectories(
         return flat.apply(lambda x: torch.nested.nested_tensor(list(x.split(lengths))),
                           batch_size=[len(lengths), -1])
     if len(set(lengths)) == 1 and batch.ndim > 0 and lengths[0] == batch.shape[-1] and old_mask is None:
-        # every row is exactly one whole trajectory: nothing to cut or pad
+        # every row is exactly one whole trajectory: nothing to cut or pad, only the rows of a
+        # [T] or [workers, envs, T] batch made [trajectories, T]
         batch.set(mask_key, torch.ones(batch.shape, dtype=torch.bool, device=batch.device))
-        return batch.unsqueeze(0) if batch.ndim == 1 else batch
+        if batch.ndim == 2:
+            return batch
+        out = batch.reshape(-1).reshape(len(lengths), batch.shape[-1])
+        out.refine_names(None, "time")
+        return out
     return _padded(flat.split(lengths, 0), mask_key)
 
 

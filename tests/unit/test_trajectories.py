@@ -85,6 +85,17 @@ def test_rows_that_are_each_one_whole_trajectory_come_back_as_they_are():
     assert out["collector", "mask"].tolist() == [[True] * 3, [True] * 3]
 
 
+def test_a_multisync_batch_whose_rows_are_each_one_whole_trajectory_is_made_trajectories_by_time():
+    # [workers, envs, T] where no episode ended in the batch: it came back [2, 2, T] as it was
+    batch = _batch([[[0, 0, 0], [1, 1, 1]], [[2, 2, 2], [3, 3, 3]]])
+    out = split_trajectories(batch)
+    assert out.batch_size == torch.Size([4, 3])
+    assert out.names == [None, "time"]
+    assert out["obs"][..., 0].tolist() == [[100, 101, 102], [103, 104, 105], [106, 107, 108], [109, 110, 111]]
+    assert out["collector", "traj_ids"][:, 0].tolist() == [0, 1, 2, 3]
+    assert out["collector", "mask"].all()
+
+
 def test_a_single_env_batch_of_one_trajectory_gains_a_leading_dim():
     out = split_trajectories(_batch([6, 6, 6, 6]))
     assert out.batch_size == torch.Size([1, 4])
