@@ -7,6 +7,8 @@ The variant only says when a batch is cut (every worker has its share, or a frac
 
 from __future__ import annotations
 
+import time
+
 import torch
 from tensordict import TensorDictBase
 
@@ -193,16 +195,22 @@ class MultiSyncCollector(WorkerCollectorBase):
         if wopts.preemptive_threshold is not None:
             need = max(1, min(need, int(-(-wopts.preemptive_threshold * len(workers) // 1))))
         interruptor = opts.interruptor
+        profile = sched.profile
+        first_share: list[float] = []  # when the first worker had its share (profiled only)
 
         def cut() -> bool:
             if interruptor is not None and interruptor.collection_stopped():
                 return any(lane.t for lane in lanes)  # as Collector (and TorchRL): every batch takes a step
+            if profile is not None and not first_share and any(all(lane.full for lane in p) for p in workers):
+                first_share.append(time.perf_counter())
             if need == len(workers):
                 return all(lane.full for lane in lanes)
             return sum(all(lane.full for lane in parts) for parts in workers) >= need
 
         runner = self._runner()
         await sched.pump(lambda: runner, cut)
+        if profile is not None and first_share:
+            profile.straggled(time.perf_counter() - first_share[0])
         if not all(lane.full for lane in lanes):
             await sched.settle()  # the stragglers finish the step they are taking
         sealed = [sched.seal(lane, opts.set_truncated) for lane in lanes]

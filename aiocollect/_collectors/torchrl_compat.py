@@ -450,14 +450,16 @@ class TorchRLAccessors:
 
         The engine counts and times its policy calls and the batches it copies out of the
         rollout storage, and the caller's side how long your loop waited for each batch and
-        how long it spent between two batches;
+        how long it spent between two batches (a ``MultiSyncCollector`` also how much of the
+        wait came after its first worker had its share, waiting for the slowest);
         [`profile_report()`][aiocollect.DataCollectorBase.profile_report] returns the figures
         (``print()`` shows them as a table). The same parts are named for ``torch.profiler``
         (``aiocollect.policy``, ``aiocollect.batch`` ranges). With ``save_path`` (or
         ``on_trace_ready``), batches ``warmup_rollouts`` to ``num_rollouts - 1`` after this
         call are also recorded by ``torch.profiler``, in the thread where the engine runs,
         and the trace saved there as a Chrome trace. TorchRL profiles its workers, where its
-        policy runs; here the policy runs in this process, so ``workers`` selects nothing (a
+        policy runs; here the engine runs in this process, so ``workers`` selects nothing (a
+        policy in the workers is not timed call by call: it acts within their runs of steps; a
         distributed collector's policy runs in its remote collectors: there only the caller's
         side is timed). Calling it again starts the counts afresh.
 

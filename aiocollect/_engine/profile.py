@@ -10,7 +10,9 @@ on the engine times its parts as it runs them, and names them for ``torch.profil
 Making a batch what the user gets (the storing device, ``split_trajs``, ``postproc``, the
 replay buffer, ``trajs_per_batch``) is timed as *delivery*. The caller's side is timed too:
 how long your loop waited for each batch, and how long it spent between two batches
-(training, usually). ``collector.profile_report()`` returns a frozen ``ProfileReport`` of
+(training, usually), and for a ``MultiSyncCollector`` how much of the wait came after the
+first worker had its share, waiting for the slowest (``straggled``).
+``collector.profile_report()`` returns a frozen ``ProfileReport`` of
 the counters; ``print()`` shows it as a table.
 
 With ``save_path`` (or ``on_trace_ready``), the batches from ``warmup_rollouts`` up to
@@ -19,7 +21,7 @@ trace (open it in ``chrome://tracing`` or Perfetto). torch's profiler records th
 is started in: the collector starts it where its engine runs (the loop thread of a worker
 collector, the thread that iterates a ``Collector``).
 
-Off (no ``enable_profile()``), the engine pays one ``is None`` test per round.
+Off (no ``enable_profile()``), the engine pays an ``is None`` test or two per round.
 """
 
 from __future__ import annotations
@@ -75,6 +77,12 @@ class ProfileReport:
     """Time your loop waited for the batches (the collection, as seen from your loop)."""
     caller_seconds: float
     """Time your loop spent between two batches (your training step)."""
+    straggler_seconds: float = 0.0
+    """``MultiSyncCollector`` only (0 elsewhere): the part of the wait during which the first
+    worker had its share of the batch and the others were still stepping. Each batch waits
+    for its last worker; a large figure says the workers differ in speed (or the machine's
+    cores do, moment to moment). ``preemptive_threshold`` cuts the batch before the last
+    workers are done, and larger batches even their shares out."""
 
     def __str__(self) -> str:
         per_call = self.policy_rows / self.policy_calls if self.policy_calls else 0.0
@@ -87,6 +95,9 @@ class ProfileReport:
             ("your loop waited", f"{self.wait_seconds:.3f} s", f"{self.wait_seconds * per_frame:.2f} us/frame"),
             ("your loop's own time", f"{self.caller_seconds:.3f} s", f"{self.caller_seconds * per_frame:.2f} us/frame"),
         ]
+        if self.straggler_seconds:
+            s = self.straggler_seconds
+            rows.insert(-1, ("  of it, for the slowest worker", f"{s:.3f} s", f"{s * per_frame:.2f} us/frame"))
         head = f"aiocollect profile: {self.frames} frames in {self.batches} batches"
         width = max(len(r[0]) for r in rows)
         return "\n".join([head, *(f"  {a:<{width}}  {b:>10}  {c}" for a, b, c in rows)])
@@ -99,7 +110,7 @@ class Profile:
                  on_trace_ready: Callable[[Any], None] | None = None, activities: list[str] | None = None,
                  **torch_options: Any):
         self.policy_calls = self.policy_rows = self.batches = self.frames = 0
-        self.policy_s = self.batch_s = self.deliver_s = self.wait_s = self.caller_s = 0.0
+        self.policy_s = self.batch_s = self.deliver_s = self.wait_s = self.caller_s = self.straggler_s = 0.0
         self._handed_out: float | None = None
         """When the last batch went to the caller (``None``: none since it asked)."""
         self._since = time.perf_counter()
@@ -132,6 +143,11 @@ class Profile:
             out = build()
         self.batch_s += time.perf_counter() - start
         return out
+
+    def straggled(self, seconds: float) -> None:
+        """A batch waited ``seconds`` for its last worker once the first had its share
+        (``MultiSyncCollector``)."""
+        self.straggler_s += seconds
 
     # ------------------------------------------------------------------ the caller's side
 
@@ -194,4 +210,4 @@ class Profile:
 
     def report(self) -> ProfileReport:
         return ProfileReport(self.policy_calls, self.policy_rows, self.policy_s, self.batches, self.frames,
-                             self.batch_s, self.deliver_s, self.wait_s, self.caller_s)
+                             self.batch_s, self.deliver_s, self.wait_s, self.caller_s, self.straggler_s)

@@ -9,7 +9,7 @@ import time
 import pytest
 import torch
 
-from aiocollect import CollectorError, ProfileReport
+from aiocollect import CollectorError, MultiSyncCollector, ProfileReport
 from support.envs import CounterEnv
 
 FPB = 40
@@ -34,6 +34,10 @@ def test_profile_counts_the_policy_calls_batches_and_the_callers_own_time(varian
     assert report.policy_seconds > 0 and report.batch_seconds > 0 and report.deliver_seconds > 0
     assert report.caller_seconds >= 3 * 0.02  # the time between batches, three of them
     assert report.wait_seconds > 0
+    # only a MultiSyncCollector waits for a slowest worker (variants/test_worker_collectors.py)
+    if variant.cls is not MultiSyncCollector:
+        assert report.straggler_seconds == 0.0
+    assert 0.0 <= report.straggler_seconds <= report.wait_seconds
     text = str(report)
     assert "160 frames in 4 batches" in text and "policy calls" in text and "your loop's own time" in text
 

@@ -85,6 +85,23 @@ def test_preemptive_threshold_masks_what_stragglers_did_not_collect():
     check_batch(data)
 
 
+def test_the_profile_counts_what_each_batch_waited_for_the_slowest_worker():
+    """Every batch waits for its last worker: ``straggler_seconds`` is that wait, counted from
+    the moment the first worker had its share (``preemptive_threshold`` is the way out)."""
+    fast = lambda: SleepyEnv(delay=0.0, tag=0.0)
+    slow = lambda: SleepyEnv(delay=0.01, tag=1.0)
+    with MultiSyncCollector([fast, slow], None, frames_per_batch=40, total_frames=120) as collector:
+        collector.enable_profile()
+        for _ in collector:
+            pass
+        report = collector.profile_report()
+    # each batch: 20 steps of the slow worker, 0.2 s of sleep at least; the fast one's 20 take
+    # a millisecond or two, so nearly all of it is the wait (half of it: a loaded machine)
+    assert report.batches == 3
+    assert 3 * 0.2 * 0.5 <= report.straggler_seconds <= report.wait_seconds
+    assert "for the slowest worker" in str(report)
+
+
 @pytest.mark.parametrize("cls", [Collector, MultiSyncCollector])
 def test_an_interruptor_stopped_before_the_batch_gives_one_step_per_batch(cls):
     """As TorchRL's: a stopped interruptor cuts each batch after its first step, until restarted."""
