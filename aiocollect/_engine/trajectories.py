@@ -102,7 +102,7 @@ def split_trajectories(
         batch.set(mask_key, torch.ones(batch.shape, dtype=torch.bool, device=batch.device))
         if batch.ndim == 2:
             return batch
-        out = batch.reshape(-1).reshape(len(lengths), batch.shape[-1])
+        out = batch.reshape(len(lengths), batch.shape[-1])
         out.refine_names(None, "time")
         return out
     return _padded(flat.split(lengths, 0), mask_key)
