@@ -85,21 +85,37 @@ def test_preemptive_threshold_masks_what_stragglers_did_not_collect():
     check_batch(data)
 
 
-def test_the_profile_counts_what_each_batch_waited_for_the_slowest_worker():
-    """Every batch waits for its last worker: ``straggler_seconds`` is that wait, counted from
-    the moment the first worker had its share (``preemptive_threshold`` is the way out)."""
+def straggling_workers() -> MultiSyncCollector:
+    """Two workers, the second sleeping 10 ms a step: 3 batches of 20 steps each."""
     fast = lambda: SleepyEnv(delay=0.0, tag=0.0)
     slow = lambda: SleepyEnv(delay=0.01, tag=1.0)
-    with MultiSyncCollector([fast, slow], None, frames_per_batch=40, total_frames=120) as collector:
-        collector.enable_profile()
-        for _ in collector:
-            pass
-        report = collector.profile_report()
+    return MultiSyncCollector([fast, slow], None, frames_per_batch=40, total_frames=120)
+
+
+def check_straggler_wait(report) -> None:
     # each batch: 20 steps of the slow worker, 0.2 s of sleep at least; the fast one's 20 take
     # a millisecond or two, so nearly all of it is the wait (half of it: a loaded machine)
     assert report.batches == 3
     assert 3 * 0.2 * 0.5 <= report.straggler_seconds <= report.wait_seconds
     assert "for the slowest worker" in str(report)
+
+
+def test_the_profile_counts_what_each_batch_waited_for_the_slowest_worker():
+    """Every batch waits for its last worker: ``straggler_seconds`` is that wait, counted from
+    the moment the first worker had its share (``preemptive_threshold`` is the way out)."""
+    with straggling_workers() as collector:
+        collector.enable_profile()
+        for _ in collector:
+            pass
+        check_straggler_wait(collector.profile_report())
+
+
+async def test_the_profile_counts_the_wait_for_the_slowest_worker_on_the_async_face():
+    async with straggling_workers() as collector:
+        collector.enable_profile()
+        async for _ in collector:
+            pass
+        check_straggler_wait(collector.profile_report())
 
 
 @pytest.mark.parametrize("cls", [Collector, MultiSyncCollector])
