@@ -14,7 +14,7 @@ case "${1:-}" in
 wheels)
     # Python 3.12 on x86-64 manylinux, no dependencies resolved: exactly what the machine lacks
     rm -rf .whl && mkdir -p .whl
-    for spec in tensordict==0.14.3 torchrl==0.14.1 gymnasium==1.4.0 pytest-asyncio==1.3.0 pytest-timeout==2.4.0 \
+    for spec in tensordict==0.14.3 torchrl==0.14.1 gymnasium==1.4.0 pytest-asyncio==1.5.0 pytest-timeout==2.4.0 \
                 pyvers==0.2.3 hoptorch orjson importlib_metadata farama-notifications typing_extensions \
                 "pufferlib-core==3.0.23" nvidia-ml-py; do
         python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
