@@ -14,6 +14,7 @@ takes per batch (``_steps_per_env``).
 
 from __future__ import annotations
 
+import logging
 from collections import OrderedDict
 from typing import Any
 
@@ -23,7 +24,7 @@ from tensordict.nn import InteractionType
 
 from .._engine.scheduler import Scheduler
 from .._envs.spaces import ActionCheck, flatten_space
-from .._policies.in_workers import SharedWeights, WorkersRunner, fields, payload, probe, use_workers
+from .._policies.in_workers import SharedWeights, WorkersRunner, fields, measure, payload, placement, probe
 from .._policies.random import RandomPolicy
 from .._policies.setup import PolicySetup, runs_on_gpu
 from .._workers.plan import WorkerPlan, plan_workers
@@ -43,6 +44,8 @@ from .options import (
     worker_indices,
 )
 from .statistics import WorkerStatistics
+
+logger = logging.getLogger("aiocollect")
 from .torchrl_compat import check_torchrl_keywords, policy_from, worker_entries
 
 
@@ -131,11 +134,12 @@ class WorkerCollectorBase(DataCollectorBase):
         # overlap; so do the steps of a policy that runs in the workers (``_policies.in_workers``)
         may_run = options.reset_when_done and options.interruptor is None
         entries = self._entries(create_env_fn)
-        in_workers = may_run and isinstance(entries, (list, tuple)) and bool(use_workers(
-            policy, num_workers=len(entries), policy_device=options.policy_device,
-            compiled=cuda_graphs is not None or compile_policy not in (None, False), runs=may_run))
-        runs = may_run and (policy is None or isinstance(policy, RandomPolicy) or in_workers)
-        plan = plan_workers(entries, options.create_env_kwargs, policy_between_steps=not runs,
+        where = placement(policy, num_workers=len(entries), policy_device=options.policy_device,
+                          compiled=cuda_graphs is not None or compile_policy not in (None, False),
+                          runs=may_run) if may_run and isinstance(entries, (list, tuple)) else "cannot"
+        random_runs = may_run and (policy is None or isinstance(policy, RandomPolicy))
+        # (parts, for a policy that may yet stay here; dropped below if it goes to the workers)
+        plan = plan_workers(entries, options.create_env_kwargs, policy_between_steps=not random_runs,
                             gpu_policy=runs_on_gpu(policy, options.policy_device), single=self._one_entry)
         options = self._check_plan(plan, options, worker_options)
         validate_batching(max_batch_size=max_batch_size, min_batch_size=min_batch_size,
@@ -163,14 +167,23 @@ class WorkerCollectorBase(DataCollectorBase):
         self._policy = PolicySetup(policy, plan.action_space, [leaf.key for leaf in obs_leaves],
                                    device=self.policy_device, exploration_type=options.exploration_type,
                                    cuda_graphs=cuda_graphs, obs_leaves=obs_leaves)
-        outputs = sent = None
-        if in_workers and not any(w.coroutine for w in plan.workers):
+        outputs = sent = costs = None
+        if where in ("workers", "measure") and not any(w.coroutine for w in plan.workers):
             outputs = probe(self._policy.policy, obs_leaves, options.exploration_type, action)
+            if outputs is not None and where == "measure":
+                costs = measure(self._policy.policy, obs_leaves, options.exploration_type,
+                                [w.num_envs for w in plan.workers])
+                logger.debug("%s", costs)
+                if costs is None or not costs.in_workers:
+                    outputs = None
             try:
                 sent = None if outputs is None else payload(
                     self._policy.runner, tuple(k for k, _, _ in outputs), len(plan.workers))
             except Exception:  # noqa: BLE001 - (a lock, an open file...): it runs here
                 outputs = None
+        runs = random_runs or outputs is not None
+        if runs:  # (no policy call between steps: nothing for parts to overlap)
+            plan = plan.without_parts()
         extra = () if outputs is None else fields(outputs, self._policy.policy, 2, columns, plan.num_envs)
         layout = Layout.plan([(leaf.dtype, leaf.shape) for leaf in obs_leaves], (action.dtype, action.shape),
                              plan.num_envs, plan.num_lanes, columns=columns, extra=list(extra))
@@ -178,6 +191,10 @@ class WorkerCollectorBase(DataCollectorBase):
         """Whether each worker acts with its own copy of the policy (``_policies.in_workers``
         says when, and ``AIOCOLLECT_POLICY_IN_WORKERS`` decides): ``False``, the policy runs
         here, batched over the workers."""
+        self.placement_costs = costs
+        """What the choice of where the policy runs measured (``_policies.in_workers.Costs``:
+        ``print()`` it), or ``None`` where nothing was measured (the choice forced, no core left
+        for the engine, or a policy the workers cannot run)."""
         self.policy = self._policy.policy
         """The policy the collector runs: its own copy of the one given if that has weights
         (on ``policy_device``), the given object otherwise, a

@@ -1,14 +1,14 @@
 """The policy in the workers: each worker acts with its own copy, next to its envs.
 
-A worker collector normally calls its policy here, in the main process, batched over every
-ready worker (*central inference*): the right place when the engine has a core of its own
-or the policy a GPU. When it has neither (as many workers as cores or more, a policy on the
-CPU), each round through the main process costs more than the policy itself: waking the
-engine, the bookkeeping, and the policy's own Python overhead, which a small MLP's
-arithmetic does not hide (``docs/benchmarks.md``). Then each worker runs a copy of the
-policy on its own envs' observations and steps on with no round trip at all: the engine
-posts *runs* of steps, as for random actions (``_engine.rounds.RandomRuns``), and books
-each run as a whole.
+A worker collector can call its policy here, in the main process, batched over every ready
+worker (*central inference*): the right place for a policy on a GPU, or a large one that
+gains from batching and from threads on cores the workers leave free. For a policy on the
+CPU that is cheap per call, each round through the main process costs more than the policy
+itself: waking the engine, the bookkeeping, and the policy's own Python overhead, which a
+small MLP's arithmetic does not hide (``docs/benchmarks.md``). Then each worker runs a copy
+of the policy on its own envs' observations and steps on with no round trip at all: the
+engine posts *runs* of steps, as for random actions (``_engine.rounds.RandomRuns``), and
+books each run as a whole.
 
 What stays exactly as with central inference:
 
@@ -27,12 +27,20 @@ What stays exactly as with central inference:
 * **random frames**: ``init_random_frames`` are drawn in the main process as before (its
   steps carry ``POLICY`` 0).
 
-**When** (``use_workers``): ``AIOCOLLECT_POLICY_IN_WORKERS=1`` forces it, ``0`` forbids it;
-unset, it is chosen for a torch module on the CPU (no ``policy_device`` other than the
-CPU, no ``compile_policy``/``cudagraph_policy``, no lazy module) when the workers are at least as many as
-the usable cores, random actions may go in runs (``reset_when_done``, no
-``interruptor``), and ``probe`` finds outputs the workers can write. A recurrent policy
-(one that writes ``("next", key)`` state) stays central.
+**When** (``placement``, then ``measure``): ``AIOCOLLECT_POLICY_IN_WORKERS=1`` forces it,
+``0`` forbids it. Unset, it is chosen for a torch module on the CPU (no ``policy_device``
+other than the CPU, no ``compile_policy``/``cudagraph_policy``, no lazy module) when random
+actions may go in runs (``reset_when_done``, no ``interruptor``), ``probe`` finds outputs the
+workers can write, and either the workers are at least as many as the usable cores (the
+engine has no core of its own), or ``measure`` finds it cheaper: it times the policy's call
+on one worker's envs on one thread, as a worker would make it, against the main process's
+round over every worker (the call on all their envs, on the threads the workers leave free,
+and the engine's own work for each worker), and keeps the policy here only if that round
+costs no more than the one worker's call. A small MLP goes to the workers everywhere it was
+measured: on 2 cores with one worker (1.0-2.5x the frames of central inference with 8-64
+CartPole envs) and on 16 cores with 15 (1.6-2.6x); a large network on a machine with cores to
+spare for its threads stays here. A recurrent policy (one that writes ``("next", key)``
+state) stays central.
 
 **What a worker is sent** (``payload``): the pickled policy, or, for a plain
 ``TensorDictModule``, only the module it wraps and its keys, which the worker calls and maps
@@ -49,6 +57,7 @@ from __future__ import annotations
 
 import copy
 import os
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -60,29 +69,120 @@ SEQ, VERSION = 0, 1
 writes) and the version of the weights there."""
 
 
-def use_workers(policy: Any, *, num_workers: int, policy_device: Any, compiled: bool, runs: bool) -> bool | None:
-    """Whether the policy should run in the workers (see the module docstring), before the
-    probe: ``True`` (chosen or forced), ``False``; ``None`` where it cannot (then forcing
-    it changes nothing)."""
+def placement(policy: Any, *, num_workers: int, policy_device: Any, compiled: bool, runs: bool) -> str:
+    """Where the policy runs, as far as can be told before the probe (see the module docstring):
+
+    * ``"workers"``: in the workers, forced (``AIOCOLLECT_POLICY_IN_WORKERS=1``) or with no
+      core left for the engine (as many workers as usable cores, or more);
+    * ``"measure"``: it may run in either place; ``measure`` chooses;
+    * ``"central"``: here, forced (``AIOCOLLECT_POLICY_IN_WORKERS=0``);
+    * ``"cannot"``: here, as the workers cannot run it (then forcing it changes nothing).
+    """
     import torch
 
     from .random import RandomPolicy
 
     forced = env_flag("AIOCOLLECT_POLICY_IN_WORKERS")
     if forced is False:
-        return False
+        return "central"
     if (not isinstance(policy, torch.nn.Module) or isinstance(policy, RandomPolicy) or compiled or not runs):
-        return None
+        return "cannot"
     if policy_device is not None and torch.device(policy_device).type != "cpu":
-        return None
+        return "cannot"
     from torch.nn.parameter import is_lazy
 
     from .._engine.storage import NUMPY_DTYPES  # (what numpy, so shared memory, holds)
 
     tensors = policy.state_dict(keep_vars=True).values()
     if any(is_lazy(t) or t.device.type != "cpu" or t.dtype not in NUMPY_DTYPES for t in tensors):
-        return None  # (a lazy module takes its shapes at its first call, or from the first update)
-    return True if forced else num_workers >= usable_cores()
+        return "cannot"  # (a lazy module takes its shapes at its first call, or from the first update)
+    return "workers" if forced or num_workers >= usable_cores() else "measure"
+
+
+ENGINE_S_PER_WORKER = 10e-6
+"""What a round costs the engine for each worker it serves, over the policy's call, at the
+least: the doorbells both ways, writing the observations out and the actions in, the
+trajectory ids and the checks. Measured with a small MLP (py-spy, ``docs/benchmarks.md``):
+about 160 us on the 2-core VM and some 35 us on the 16-core machine; 10 us leaves the policy
+here only where it clearly wins."""
+
+
+@dataclass(frozen=True)
+class Costs:
+    """What ``measure`` timed: one step of every env, in each place."""
+
+    worker_s: float
+    """The policy's call on one worker's envs, on one thread, as a worker's copy makes it: what
+    each worker's step would take longer with the policy in the workers."""
+    central_s: float
+    """The main process's work for one round over every worker with the policy here: its
+    call on all their envs at once, on the threads the workers leave free, and
+    ``ENGINE_S_PER_WORKER`` for each worker."""
+
+    @property
+    def in_workers(self) -> bool:
+        """The policy goes to the workers unless the main process serves a round over every
+        worker in no more time than one worker would spend on its own copy's call: only then
+        does the policy here make no worker wait longer than its own copy would (a policy
+        that batches well, or gains from threads the workers leave free)."""
+        return self.central_s > self.worker_s
+
+    def __str__(self) -> str:
+        where = "in the workers" if self.in_workers else "here, batched over the workers"
+        return (f"one worker's call of the policy {self.worker_s * 1e6:.0f} us, a round over every worker "
+                f"here {self.central_s * 1e6:.0f} us: the policy runs {where}")
+
+
+def measure(policy: Any, obs_leaves: list, exploration_type: Any, envs_per_worker: list[int],
+            cores: int | None = None) -> Costs | None:
+    """Time the policy's calls on zeros of the observations, in both places (``Costs``): a
+    warm-up and the best of a few calls each, within about a tenth of a second, on a copy of
+    the policy (a call may change a module's state) and with torch's generator and threads
+    as they were after. ``None`` if a call fails (then the probe has said so)."""
+    import torch
+
+    from .direct_calls import direct_calls
+    from .runner import PolicyRunner
+
+    cores = usable_cores() if cores is None else cores
+    keys = [leaf.key for leaf in obs_leaves]
+    per_worker, rows = max(envs_per_worker), sum(envs_per_worker)
+    threads = torch.get_num_threads()
+    spare = min(threads, max(1, cores - len(envs_per_worker)))  # (the threads the policy here would get)
+    state = torch.random.get_rng_state()
+    try:
+        copy_ = copy.deepcopy(policy)
+        runner = PolicyRunner(copy_, keys, device=None, exploration_type=exploration_type)
+        torch.set_num_threads(spare)
+        central = _best(runner, obs_leaves, rows) + ENGINE_S_PER_WORKER * len(envs_per_worker)
+        direct_calls(copy_)  # (as a worker's private copy is called)
+        torch.set_num_threads(1)
+        return Costs(_best(runner, obs_leaves, per_worker), central)
+    except Exception:  # noqa: BLE001 - then it runs centrally, where its first call says what is wrong
+        return None
+    finally:
+        torch.set_num_threads(threads)
+        torch.random.set_rng_state(state)
+
+
+def _best(runner: Any, obs_leaves: list, n: int, budget_s: float = 0.05) -> float:
+    """The fastest of a few calls of ``runner`` on zeros of ``n`` envs' observations, after
+    one untimed: up to 7, fewer where they take more than ``budget_s`` together."""
+    import time
+
+    import torch
+
+    obs = {leaf.key: torch.from_numpy(np.zeros((n, *leaf.shape), dtype=leaf.dtype)) for leaf in obs_leaves}
+    runner(obs, n)
+    best, spent = float("inf"), 0.0
+    for _ in range(7):
+        t0 = time.perf_counter()
+        runner(obs, n)
+        took = time.perf_counter() - t0
+        best, spent = min(best, took), spent + took
+        if spent > budget_s:
+            break
+    return best
 
 
 def probe(policy: Any, obs_leaves: list, exploration_type: Any, check: Any) -> list[tuple[Any, np.dtype, tuple]] | None:

@@ -68,6 +68,10 @@ class WorkerPlan:
     def num_lanes(self) -> int:
         return sum(len(w.lanes) for w in self.workers)
 
+    def without_parts(self) -> WorkerPlan:
+        """The same plan with every worker in one part (no policy call between its steps)."""
+        return replace(self, workers=tuple(replace(w, parts=()) for w in self.workers))
+
 
 def _kind(item: Any) -> str:
     return f"{type(item).__module__}.{type(item).__qualname__}"

@@ -17,7 +17,8 @@ import torch.nn as nn
 from tensordict.nn import TensorDictModule
 
 from aiocollect import AsyncCollector, MultiAsyncCollector, MultiSyncCollector
-from aiocollect._policies.in_workers import use_workers
+from aiocollect._policies import in_workers as placement_module
+from aiocollect._policies.in_workers import placement as where_it_runs
 from aiocollect._workers.protocol import usable_cores
 from support.envs import TAG, CounterEnv, IntObsEnv, TaggedCounter
 from support.weights import Trainer, linear, versions_while_training
@@ -268,25 +269,75 @@ def test_policies_the_workers_cannot_run_stay_in_the_main_process(in_workers):
         assert next(iter(c)).numel() == 40
     with MultiSyncCollector([[CounterEnv] * 2] * 2, None, frames_per_batch=40, total_frames=40) as c:
         assert not c.policy_in_workers
-    assert use_workers(recurrent, num_workers=2, policy_device=None, compiled=False, runs=True) is True
+    assert where_it_runs(recurrent, num_workers=2, policy_device=None, compiled=False, runs=True) == "workers"
     # (its probe finds the ("next", ...) output: central; covered end to end by
     # tests/integration/test_recurrent_policies.py, which runs wherever the switch says)
 
 
-def test_the_choice_follows_the_cores_and_the_switch(monkeypatch):
+def test_the_choice_follows_the_switch_the_cores_and_what_the_policy_can_do(monkeypatch):
     monkeypatch.delenv("AIOCOLLECT_POLICY_IN_WORKERS", raising=False)
     cores = usable_cores()
     policy = two_heads()
     choose = dict(policy_device=None, compiled=False, runs=True)
-    assert use_workers(policy, num_workers=cores, **choose) is True  # no core left for the engine
-    assert use_workers(policy, num_workers=max(1, cores - 1), **choose) is (cores - 1 < 1)
-    assert use_workers(policy, num_workers=cores, policy_device=None, compiled=True, runs=True) is None
-    assert use_workers(policy, num_workers=cores, policy_device=None, compiled=False, runs=False) is None
-    assert use_workers(lambda obs: obs, num_workers=cores, **choose) is None
+    assert where_it_runs(policy, num_workers=cores, **choose) == "workers"  # no core left for the engine
+    assert where_it_runs(policy, num_workers=cores + 3, **choose) == "workers"
+    assert where_it_runs(policy, num_workers=max(1, cores - 1), **choose) == ("measure" if cores > 1 else "workers")
+    assert where_it_runs(policy, num_workers=cores, policy_device=None, compiled=True, runs=True) == "cannot"
+    assert where_it_runs(policy, num_workers=cores, policy_device=None, compiled=False, runs=False) == "cannot"
+    assert where_it_runs(lambda obs: obs, num_workers=cores, **choose) == "cannot"
     monkeypatch.setenv("AIOCOLLECT_POLICY_IN_WORKERS", "0")
-    assert use_workers(policy, num_workers=cores, **choose) is False
+    assert where_it_runs(policy, num_workers=cores, **choose) == "central"
     monkeypatch.setenv("AIOCOLLECT_POLICY_IN_WORKERS", "1")
-    assert use_workers(policy, num_workers=1, **choose) is True
+    assert where_it_runs(policy, num_workers=1, **choose) == "workers"
+
+
+class Waits(nn.Module):
+    """Action 0 for every env after a sleep of ``ms`` per env of the call (``per_env``) or per
+    call, divided by torch's threads (``threaded``: a call that threads speed up, as a large
+    network's do). No weights: the sleep is the whole cost."""
+
+    def __init__(self, ms: float, per_env: bool, threaded: bool):
+        super().__init__()
+        self.ms, self.per_env, self.threaded = ms, per_env, threaded
+
+    def forward(self, observation):
+        n = observation.shape[0]
+        time.sleep(self.ms / 1000 * (n if self.per_env else 1) / (torch.get_num_threads() if self.threaded else 1))
+        return torch.zeros(n, dtype=torch.long)
+
+
+@pytest.fixture
+def four_threads():
+    before = torch.get_num_threads()
+    torch.set_num_threads(4)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.mark.parametrize(("policy", "expected"), [
+    (Waits(1.0, per_env=True, threaded=False), True),  # 2 x 2 envs: 2 ms in a worker, 4 ms here
+    (Waits(8.0, per_env=False, threaded=True), False),  # 8 ms on a worker's one thread, 2 ms on 4 here
+], ids=["costs-per-env", "gains-from-threads"])
+@pytest.mark.parametrize("cls", [MultiSyncCollector, MultiAsyncCollector])
+def test_with_cores_to_spare_the_measured_costs_choose_where_the_policy_runs(cls, policy, expected,
+                                                                             four_threads, monkeypatch):
+    """With fewer workers than cores (16, here said to be), the collector times the policy in
+    both places and picks the cheaper: a call that costs per env goes to the workers, one that
+    threads on the free cores make 4x faster stays here. Either way the batch is the policy's,
+    and torch's threads are as they were."""
+    monkeypatch.delenv("AIOCOLLECT_POLICY_IN_WORKERS", raising=False)
+    monkeypatch.setattr(placement_module, "usable_cores", lambda: 16)
+    with build(cls, CounterEnv, TensorDictModule(policy, in_keys=["observation"], out_keys=["action"]),
+               frames_per_batch=8, total_frames=16) as c:
+        costs = c.placement_costs
+        assert costs is not None and c.policy_in_workers is costs.in_workers is expected, costs
+        per_call = 8.0 if policy.threaded else 2.0  # (ms, one worker's 2 envs on one thread)
+        assert per_call / 1000 <= costs.worker_s < 10 * per_call / 1000
+        assert costs.central_s >= (2.0 if policy.threaded else 4.0) / 1000
+        assert torch.get_num_threads() == 4
+        assert "in the workers" in str(costs) if expected else "here, batched" in str(costs)
+        for batch in c:
+            assert (batch["action"] == 0).all() and batch.numel() == 8
 
 
 def _maps(pid: int, library: str) -> bool:
@@ -351,10 +402,10 @@ def test_weights_shared_memory_cannot_hold_keep_the_policy_here_and_the_probe_ch
     from tensordict.nn import InteractionType
 
     from aiocollect._envs.spaces import ActionCheck, flatten_space
-    from aiocollect._policies.in_workers import probe
+    from aiocollect._policies.in_workers import measure, probe
 
     bf16 = TensorDictModule(nn.Linear(3, 3).to(torch.bfloat16), in_keys=["observation"], out_keys=["action"])
-    assert use_workers(bf16, num_workers=8, policy_device=None, compiled=False, runs=True) is None
+    assert where_it_runs(bf16, num_workers=8, policy_device=None, compiled=False, runs=True) == "cannot"
     module = NormedHeads()
     module.norm.running_mean.fill_(5.0)
     policy = TensorDictModule(module, in_keys=["observation"], out_keys=["logits", "action"])
@@ -362,6 +413,10 @@ def test_weights_shared_memory_cannot_hold_keep_the_policy_here_and_the_probe_ch
     leaves = flatten_space(env.observation_space, "observation", "observation_space")
     specs = probe(policy, leaves, InteractionType.RANDOM, ActionCheck.for_space(env.action_space))
     assert specs == [("logits", np.dtype(np.float32), (3,)), ("action", np.dtype(np.int64), ())]
+    rng, threads = torch.random.get_rng_state(), torch.get_num_threads()
+    costs = measure(policy, leaves, InteractionType.RANDOM, [2, 2], cores=8)  # (the choice's timing calls)
+    assert costs is not None and 0 < costs.worker_s and 0 < costs.central_s
+    assert torch.equal(torch.random.get_rng_state(), rng) and torch.get_num_threads() == threads
     assert torch.equal(module.norm.running_mean, torch.full((3,), 5.0))
     assert int(module.norm.num_batches_tracked) == 0
 
