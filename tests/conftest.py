@@ -51,9 +51,8 @@ _TESTS = Path(__file__).resolve().parent
 
 @pytest.fixture(autouse=True)
 def _policy_placement(request, monkeypatch):
-    """Where a torch policy runs (``_policies.in_workers``) is chosen from the machine's cores:
-    in the workers where they are as many as the cores, as on the 2-core CI machine, in the
-    main process on a bigger one. A test that does not choose gets the main process
+    """Where a torch policy runs (``_policies.in_workers``) is chosen from the machine's cores
+    and, with cores to spare, from the policy's measured cost. A test that does not choose gets the main process
     everywhere, so that a run tests the same paths on any machine; the policy in the workers
     has its own contract file (``contract/test_policy_in_workers.py``, each case in both
     places), the ``MultiAsync-process`` variant takes it for the whole contract suite
