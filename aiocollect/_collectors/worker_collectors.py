@@ -44,9 +44,9 @@ from .options import (
     worker_indices,
 )
 from .statistics import WorkerStatistics
+from .torchrl_compat import check_torchrl_keywords, policy_from, worker_entries
 
 logger = logging.getLogger("aiocollect")
-from .torchrl_compat import check_torchrl_keywords, policy_from, worker_entries
 
 
 class WorkerCollectorBase(DataCollectorBase):

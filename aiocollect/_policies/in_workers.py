@@ -57,6 +57,7 @@ from __future__ import annotations
 
 import copy
 import os
+import threading
 from dataclasses import dataclass
 from typing import Any
 
@@ -139,22 +140,32 @@ def measure(policy: Any, obs_leaves: list, exploration_type: Any, envs_per_worke
     warm-up and the best of a few calls each, within about a tenth of a second, on a copy of
     the policy (a call may change a module's state) and with torch's generator and threads
     as they were after. ``None`` if a call fails (then the probe has said so)."""
+    cores = usable_cores() if cores is None else cores
+    keys = [leaf.key for leaf in obs_leaves]
+    per_worker, rows = max(envs_per_worker), sum(envs_per_worker)
+    with _MEASURING:  # (torch's threads are the process's: two collectors built at once take turns)
+        return _measure(policy, keys, obs_leaves, exploration_type, per_worker, rows, len(envs_per_worker), cores)
+
+
+_MEASURING = threading.Lock()
+
+
+def _measure(policy: Any, keys: list, obs_leaves: list, exploration_type: Any, per_worker: int, rows: int,
+             workers: int, cores: int) -> Costs | None:
+    """``measure``'s timing, under its lock."""
     import torch
 
     from .direct_calls import direct_calls
     from .runner import PolicyRunner
 
-    cores = usable_cores() if cores is None else cores
-    keys = [leaf.key for leaf in obs_leaves]
-    per_worker, rows = max(envs_per_worker), sum(envs_per_worker)
     threads = torch.get_num_threads()
-    spare = min(threads, max(1, cores - len(envs_per_worker)))  # (the threads the policy here would get)
+    spare = min(threads, max(1, cores - workers))  # (the threads the policy here would get)
     state = torch.random.get_rng_state()
     try:
         copy_ = copy.deepcopy(policy)
         runner = PolicyRunner(copy_, keys, device=None, exploration_type=exploration_type)
         torch.set_num_threads(spare)
-        central = _best(runner, obs_leaves, rows) + ENGINE_S_PER_WORKER * len(envs_per_worker)
+        central = _best(runner, obs_leaves, rows) + ENGINE_S_PER_WORKER * workers
         direct_calls(copy_)  # (as a worker's private copy is called)
         torch.set_num_threads(1)
         return Costs(_best(runner, obs_leaves, per_worker), central)

@@ -415,7 +415,7 @@ def test_weights_shared_memory_cannot_hold_keep_the_policy_here_and_the_probe_ch
     assert specs == [("logits", np.dtype(np.float32), (3,)), ("action", np.dtype(np.int64), ())]
     rng, threads = torch.random.get_rng_state(), torch.get_num_threads()
     costs = measure(policy, leaves, InteractionType.RANDOM, [2, 2], cores=8)  # (the choice's timing calls)
-    assert costs is not None and 0 < costs.worker_s and 0 < costs.central_s
+    assert costs is not None and costs.worker_s > 0 and costs.central_s > 0
     assert torch.equal(torch.random.get_rng_state(), rng) and torch.get_num_threads() == threads
     assert torch.equal(module.norm.running_mean, torch.full((3,), 5.0))
     assert int(module.norm.num_batches_tracked) == 0
