@@ -17,13 +17,14 @@ class AsyncCollector(MultiAsyncCollector):
 
     TorchRL's ``AsyncCollector``; it is also exported as ``aSyncDataCollector``, TorchRL's
     seed-era name. It is a [`MultiAsyncCollector`][aiocollect.MultiAsyncCollector] with a
-    single worker: the envs run in their own process, the policy runs in this one, and
+    single worker: the envs run in their own process, the policy in this one (or, for a
+    small policy on the CPU, a copy of it in the worker: ``policy_in_workers``), and
     the next batch is being collected while you use the current one (the worker keeps
     collecting until two finished batches wait for you).
 
     **When to use it.** Envs that fit in one process, and a training step that could
     overlap with collecting the next batch: the envs step in the worker while you train
-    (the policy calls still run in this process, on the engine thread), at the price of
+    (the policy calls run on the engine thread, or in the worker), at the price of
     data collected ahead, before your latest weight updates: off-policy training (SAC,
     TD3, DQN). For on-policy data use [`Collector`][aiocollect.Collector] or
     [`MultiSyncCollector`][aiocollect.MultiSyncCollector]; for several worker processes,

@@ -22,8 +22,10 @@ class MultiSyncCollector(WorkerCollectorBase):
 
     TorchRL's ``MultiSyncCollector``; it is also exported as ``MultiSyncDataCollector``,
     TorchRL's seed-era name. Each entry of ``create_env_fn`` is one worker process (a fresh
-    interpreter, nothing forked); the policy stays in this process and runs once per
-    round, batched over the envs of every worker that is ready. Workers step at their own
+    interpreter, nothing forked); the policy runs in this process once per round, batched
+    over the envs of every worker that is ready, or, where that costs more than the policy
+    itself (a small policy on the CPU), each worker acts with its own copy
+    (``policy_in_workers``). Workers step at their own
     pace, and the batch is delivered when every worker has its share: each env takes
     ``frames_per_batch // num_envs`` steps, ``num_envs`` counted over all workers.
 
