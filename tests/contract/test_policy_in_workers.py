@@ -340,6 +340,31 @@ def test_with_cores_to_spare_the_measured_costs_choose_where_the_policy_runs(cls
             assert (batch["action"] == 0).all() and batch.numel() == 8
 
 
+@pytest.mark.parametrize("cheaper", ["workers", "here"])
+def test_a_worker_split_in_halves_for_the_policy_here_steps_whole_once_the_policy_goes_to_it(cheaper, monkeypatch):
+    """The plan splits a worker's envs in halves for a policy that may stay here (its call
+    on one half overlaps the other half's steps); a policy the measure sends to the workers
+    leaves nothing to overlap, so the worker steps its envs whole, and either way every
+    frame is the policy's. (The measured costs are set here: which place wins is the
+    previous test's.)"""
+    from aiocollect._collectors import worker_collectors
+    from aiocollect._policies.in_workers import Costs
+
+    monkeypatch.delenv("AIOCOLLECT_POLICY_IN_WORKERS", raising=False)
+    monkeypatch.setenv("AIOCOLLECT_PIPELINE", "1")
+    monkeypatch.setattr(placement_module, "usable_cores", lambda: 16)
+    costs = Costs(worker_s=1e-6, central_s=1.0) if cheaper == "workers" else Costs(worker_s=1.0, central_s=1e-6)
+    monkeypatch.setattr(worker_collectors, "measure", lambda *args: costs)
+    policy = two_heads()
+    with MultiSyncCollector([[CounterEnv] * 8], policy, frames_per_batch=32, total_frames=64) as c:
+        assert c.placement_costs is costs and c.policy_in_workers is (cheaper == "workers")
+        assert len(c._worker_lanes[0]) == (1 if cheaper == "workers" else 2)
+        for batch in c:
+            flat_ = flat(batch)
+            expected = policy.module(flat_["observation"])[1]
+            assert torch.equal(flat_["action"], expected)
+
+
 def _maps(pid: int, library: str) -> bool:
     with open(f"/proc/{pid}/maps") as f:
         return library in f.read()
