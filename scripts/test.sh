@@ -7,5 +7,6 @@ bash scripts/setup.sh dev,jax,ray
 # two test processes: most tests wait on worker processes and subprocesses, and the 2-core CI
 # machine finishes in about two thirds of the time; tests that start Ray share one process
 # (xdist_group "ray"), so one Ray instance runs at a time
-# (-rs: the reason of every skipped test in the summary; tests/gpu/ skips where there is no CUDA)
-.venv/bin/python -m pytest -n 2 --dist loadgroup -rs "$@"
+# (-rs: the reason of every skipped test in the summary; tests/gpu/ skips where there is no CUDA;
+# --durations: the slowest tests, where the suite's time goes)
+.venv/bin/python -m pytest -n 2 --dist loadgroup -rs --durations=25 "$@"
