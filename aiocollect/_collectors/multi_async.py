@@ -31,8 +31,9 @@ class MultiAsyncCollector(WorkerCollectorBase):
     TorchRL's seed-era name. Each entry of ``create_env_fn`` is one worker process; the
     policy runs in this process on whichever workers are ready (EnvPool-style partial
     batches), or, where that costs more than the policy itself (a small policy on the
-    CPU), each worker acts with its own copy (``policy_in_workers``). A batch is one worker's ``frames_per_batch`` frames, delivered as soon
-    as that worker has them, so a slow worker never holds back a fast one. Collection goes
+    CPU), each worker acts with its own copy (``policy_in_workers``). A batch is one
+    worker's ``frames_per_batch`` frames, delivered as soon as that worker has them, so a
+    slow worker never holds back a fast one. Collection goes
     on in the background, on the engine loop, while you train on a batch: each worker
     fills its next batch while fewer than two of its finished batches wait for you, which
     bounds how stale the data can get.
