@@ -83,6 +83,12 @@ class ProfileReport:
     for its last worker; a large figure says the workers differ in speed (or the machine's
     cores do, moment to moment). ``preemptive_threshold`` cuts the batch before the last
     workers are done, and larger batches even their shares out."""
+    policy_placement: str = ""
+    """Where the policy ran: ``"here"`` (in this process, each call timed above) or ``"in the
+    workers"`` (each worker's own copy, inside its runs of steps: no call is timed one by one),
+    followed by what the collector measured to choose, where it did
+    (``collector.placement_costs``); ``""`` where the collector does not say (a distributed
+    collector: each remote collector chooses for itself)."""
 
     def __str__(self) -> str:
         per_call = self.policy_rows / self.policy_calls if self.policy_calls else 0.0
@@ -99,6 +105,8 @@ class ProfileReport:
             s = self.straggler_seconds
             rows.insert(-1, ("  of it, for the slowest worker", f"{s:.3f} s", f"{s * per_frame:.2f} us/frame"))
         head = f"aiocollect profile: {self.frames} frames in {self.batches} batches"
+        if self.policy_placement:
+            head += f"; the policy ran {self.policy_placement}"
         width = max(len(r[0]) for r in rows)
         return "\n".join([head, *(f"  {a:<{width}}  {b:>10}  {c}" for a, b, c in rows)])
 

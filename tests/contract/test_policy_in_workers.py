@@ -336,8 +336,13 @@ def test_with_cores_to_spare_the_measured_costs_choose_where_the_policy_runs(cls
         assert costs.central_s >= (2.0 if policy.threaded else 4.0) / 1000
         assert torch.get_num_threads() == 4
         assert "in the workers" in str(costs) if expected else "here, batched" in str(costs)
+        c.enable_profile()
         for batch in c:
             assert (batch["action"] == 0).all() and batch.numel() == 8
+        report = c.profile_report()
+    where = "in the workers" if expected else "here"
+    assert report.policy_placement.startswith(f"{where} (measured: one worker's call ")
+    assert f"the policy ran {where} (measured" in str(report)
 
 
 @pytest.mark.parametrize("cheaper", ["workers", "here"])

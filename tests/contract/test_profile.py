@@ -38,8 +38,10 @@ def test_profile_counts_the_policy_calls_batches_and_the_callers_own_time(varian
     if variant.cls is not MultiSyncCollector:
         assert report.straggler_seconds == 0.0
     assert 0.0 <= report.straggler_seconds <= report.wait_seconds
+    assert report.policy_placement == "here"  # (a plain function: no worker runs it)
     text = str(report)
-    assert "160 frames in 4 batches" in text and "policy calls" in text and "your loop's own time" in text
+    assert "160 frames in 4 batches; the policy ran here" in text
+    assert "policy calls" in text and "your loop's own time" in text
 
 
 async def test_profile_on_the_async_face(variant):
