@@ -37,7 +37,7 @@ on one worker's envs on one thread, as a worker would make it, against the main 
 round over every worker (the call on all their envs, on the threads the workers leave free,
 and the engine's own work for each worker), and keeps the policy here only if that round
 costs no more than the one worker's call. A small MLP goes to the workers everywhere it was
-measured: on 2 cores with one worker (1.0-2.5x the frames of central inference with 8-64
+measured: on 2 cores with one worker (1.0-2.6x the frames of central inference with 8-64
 CartPole envs) and on 16 cores with 15 (1.6-2.6x); a large network on a machine with cores to
 spare for its threads stays here. A recurrent policy (one that writes ``("next", key)``
 state) stays central.
