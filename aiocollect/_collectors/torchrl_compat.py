@@ -530,8 +530,7 @@ class TorchRLAccessors:
         where = "in the workers" if getattr(self, "policy_in_workers", False) else "here"
         costs = getattr(self, "placement_costs", None)
         if costs is not None:
-            where += f" (measured: one worker's call {costs.worker_s * 1e6:.0f} us, a round here " \
-                     f"{costs.central_s * 1e6:.0f} us)"
+            where += f" (measured: {costs.figures})"
         return replace(report, policy_placement=where)
 
     def init_updater(self, *args: Any, **kwargs: Any) -> None:

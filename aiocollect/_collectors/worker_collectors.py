@@ -139,7 +139,7 @@ class WorkerCollectorBase(DataCollectorBase):
         entries = self._entries(create_env_fn)
         where = placement(policy, num_workers=len(entries), policy_device=options.policy_device,
                           compiled=cuda_graphs is not None or compile_policy not in (None, False),
-                          runs=may_run) if may_run and isinstance(entries, (list, tuple)) else "cannot"
+                          runs=may_run) if isinstance(entries, (list, tuple)) else "cannot"
         random_runs = may_run and (policy is None or isinstance(policy, RandomPolicy))
         # (parts, for a policy that may yet stay here; dropped below if it goes to the workers)
         plan = plan_workers(entries, options.create_env_kwargs, policy_between_steps=not random_runs,

@@ -130,10 +130,15 @@ class Costs:
         that batches well, or gains from threads the workers leave free)."""
         return self.central_s > self.worker_s
 
+    @property
+    def figures(self) -> str:
+        """The two times, in words (``str()`` and the profile's report show them)."""
+        return (f"one worker's call of the policy {self.worker_s * 1e6:.0f} us, a round over every worker "
+                f"here {self.central_s * 1e6:.0f} us")
+
     def __str__(self) -> str:
         where = "in the workers" if self.in_workers else "here, batched over the workers"
-        return (f"one worker's call of the policy {self.worker_s * 1e6:.0f} us, a round over every worker "
-                f"here {self.central_s * 1e6:.0f} us: the policy runs {where}")
+        return f"{self.figures}: the policy runs {where}"
 
 
 def measure(policy: Any, obs_leaves: list, exploration_type: Any, envs_per_worker: list[int],
@@ -183,9 +188,7 @@ def _best(runner: Any, obs_leaves: list, n: int, budget_s: float = 0.05) -> floa
     one untimed: up to 7, fewer where they take more than ``budget_s`` together."""
     import time
 
-    import torch
-
-    obs = {leaf.key: torch.from_numpy(np.zeros((n, *leaf.shape), dtype=leaf.dtype)) for leaf in obs_leaves}
+    obs = _zeros(obs_leaves, n)
     runner(obs, n)
     best, spent = float("inf"), 0.0
     for _ in range(7):
@@ -217,7 +220,7 @@ def probe(policy: Any, obs_leaves: list, exploration_type: Any, check: Any) -> l
     if runner.kind not in ("module", "tensordict", "callable"):
         return None
     n = 2
-    obs = {leaf.key: torch.from_numpy(np.zeros((n, *leaf.shape), dtype=leaf.dtype)) for leaf in obs_leaves}
+    obs = _zeros(obs_leaves, n)
     state = torch.random.get_rng_state()
     try:
         out = runner(obs, n)
@@ -237,6 +240,14 @@ def probe(policy: Any, obs_leaves: list, exploration_type: Any, check: Any) -> l
         return None
     finally:
         torch.random.set_rng_state(state)  # (the probe takes no draw from the user's generator)
+
+
+def _zeros(obs_leaves: list, n: int) -> dict:
+    """Zeros of ``n`` envs' observations, as the engine hands them to the policy (``probe``'s
+    and ``measure``'s calls)."""
+    import torch
+
+    return {leaf.key: torch.from_numpy(np.zeros((n, *leaf.shape), dtype=leaf.dtype)) for leaf in obs_leaves}
 
 
 def _array(value: Any) -> np.ndarray:
