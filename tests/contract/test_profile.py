@@ -50,6 +50,7 @@ async def test_profile_on_the_async_face(variant):
         assert [b.numel() async for b in collector] == [FPB, FPB]
         report = collector.profile_report()
     assert report.batches == 2 and report.policy_calls > 0
+    assert report.policy_placement == "here"
 
 
 def test_profile_saves_a_torch_trace_with_the_engines_ranges(variant, tmp_path):
