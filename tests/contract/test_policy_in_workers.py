@@ -460,8 +460,11 @@ def test_a_probabilistic_actor_takes_the_interaction_type_in_the_workers(in_work
     from tensordict.nn import InteractionType, ProbabilisticTensorDictModule, TensorDictSequential
 
     net = TensorDictModule(nn.Linear(3, 3), in_keys=["observation"], out_keys=["logits"])
-    with torch.no_grad():
-        net.module.weight.mul_(0.01)  # (flat logits: a sample is often not the argmax)
+    with torch.no_grad():  # flat logits: a sample is the argmax a third of the time. (Scaling the
+        # weights down was not enough: CounterEnv's observations reach 1000, and with some
+        # initial weights the samples were the argmax at 73 frames of 80.)
+        net.module.weight.zero_()
+        net.module.bias.zero_()
     dist = ProbabilisticTensorDictModule(in_keys=["logits"], out_keys=["action"],
                                          distribution_class=torch.distributions.Categorical)
     policy = TensorDictSequential(net, dist)
@@ -477,4 +480,4 @@ def test_a_probabilistic_actor_takes_the_interaction_type_in_the_workers(in_work
     if mode == "DETERMINISTIC":
         assert torch.equal(actions, argmax)
     else:
-        assert (actions != argmax).sum() >= 10  # (about 2/3 of 80 frames)
+        assert (actions != argmax).sum() >= 20  # (about 2/3 of 80 frames; below 20 about once in 10^14 runs)
