@@ -42,6 +42,8 @@ def tagged(tag):
     return functools.partial(TaggedIntObsEnv, tag)
 
 
+# three Ray collectors: 27 s on a quiet 2-core machine, past 120 s with one busy process beside the suite
+@pytest.mark.timeout(300)
 async def test_ray_layout_on_both_faces_and_total_frames(ray_cluster):
     from aiocollect import RayCollector
 
