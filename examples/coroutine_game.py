@@ -1,7 +1,8 @@
 """Coroutine envs playing a game server over TCP, collected by aiocollect.
 
-The game server is a few lines of asyncio streams, started here on loopback in a process
-of its own (as a real server would be: it does not share this process's GIL). Each env is
+The game server (``game_server.py``, beside this file: a few lines of asyncio streams) is
+started here on loopback as a program of its own, as a real server would be: it does not
+share this process's GIL, nor import what this one imports. Each env is
 an ``aiocollect.AsyncEnv`` that holds its own TCP connection, and each of its steps is a
 request and a reply. The server answers every request after a random 5-15 ms, standing in
 for a real server's latency. The collector runs a few hundred of them concurrently on one
@@ -14,10 +15,10 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import random
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import gymnasium as gym
 import numpy as np
@@ -27,39 +28,12 @@ from aiocollect import AsyncEnv, Collector
 
 # ------------------------------------------------------------------------ the game server
 
-
-async def play(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-    """A walker on a line: ``RESET seed`` starts it in [-3, 3], ``STEP a`` moves it by a - 1;
-    the episode ends at |x| >= 5 (reward 1 at +5, -1 at -5). Replies come after 5-15 ms."""
-    x = 0
-    try:
-        while line := await reader.readline():
-            cmd, arg = line.decode().split()
-            await asyncio.sleep(random.uniform(0.005, 0.015))
-            if cmd == "RESET":
-                x = random.Random(None if arg == "-" else int(arg)).randint(-3, 3)
-                writer.write(f"{x} 0 0\n".encode())
-            else:
-                x += int(arg) - 1
-                done = abs(x) >= 5
-                writer.write(f"{x} {int(done) * (1 if x > 0 else -1)} {int(done)}\n".encode())
-            await writer.drain()
-    except ConnectionError:  # the client left with a step in flight (its collector shut down)
-        pass
-    finally:
-        writer.close()
-
-
-async def serve() -> None:
-    """Serve the game on a free loopback port, print the port, run until killed."""
-    server = await asyncio.start_server(play, "127.0.0.1", 0)
-    print(server.sockets[0].getsockname()[1], flush=True)
-    await server.serve_forever()
+SERVER = Path(__file__).with_name("game_server.py")
 
 
 def start_server() -> tuple[subprocess.Popen, int]:
-    """The game server in a process of its own, as a real one would be; returns it and its port."""
-    proc = subprocess.Popen([sys.executable, __file__, "--serve"], stdout=subprocess.PIPE, text=True)
+    """``game_server.py`` in a process of its own, as a real server would be; returns it and its port."""
+    proc = subprocess.Popen([sys.executable, str(SERVER)], stdout=subprocess.PIPE, text=True)
     return proc, int(proc.stdout.readline())
 
 
@@ -100,11 +74,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--envs", type=int, default=256, help="coroutine envs, one TCP connection each")
     parser.add_argument("--frames", type=int, default=100_000, help="total frames to collect")
-    parser.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)  # the server process
     args = parser.parse_args()
-    if args.serve:
-        asyncio.run(serve())
-        return
 
     server, port = start_server()
 
