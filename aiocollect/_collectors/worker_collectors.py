@@ -24,7 +24,16 @@ from tensordict.nn import InteractionType
 
 from .._engine.scheduler import Scheduler
 from .._envs.spaces import ActionCheck, flatten_space
-from .._policies.in_workers import SharedWeights, WorkersRunner, fields, measure, payload, placement, probe
+from .._policies.in_workers import (
+    SharedWeights,
+    WorkersRunner,
+    fields,
+    measure,
+    payload,
+    placement,
+    probe,
+    scratch_copy,
+)
 from .._policies.random import RandomPolicy
 from .._policies.setup import PolicySetup, runs_on_gpu
 from .._workers.plan import WorkerPlan, plan_workers
@@ -172,13 +181,14 @@ class WorkerCollectorBase(DataCollectorBase):
                                    cuda_graphs=cuda_graphs, obs_leaves=obs_leaves)
         outputs = sent = costs = None
         if where in ("workers", "measure") and not any(w.coroutine for w in plan.workers):
-            outputs = probe(self._policy.policy, obs_leaves, options.exploration_type, action)
+            scratch = scratch_copy(self._policy.policy)  # (what the probe and the timing call)
+            outputs = None if scratch is None else probe(scratch, obs_leaves, options.exploration_type, action)
             if outputs is not None and where == "measure":
-                costs = measure(self._policy.policy, obs_leaves, options.exploration_type,
-                                [w.num_envs for w in plan.workers])
+                costs = measure(scratch, obs_leaves, options.exploration_type, [w.num_envs for w in plan.workers])
                 logger.debug("%s", costs)
                 if costs is None or not costs.in_workers:
                     outputs = None
+            del scratch  # (a copy of the whole policy: not kept past the choice)
             try:
                 sent = None if outputs is None else payload(
                     self._policy.runner, tuple(k for k, _, _ in outputs), len(plan.workers))

@@ -144,9 +144,10 @@ class Costs:
 def measure(policy: Any, obs_leaves: list, exploration_type: Any, envs_per_worker: list[int],
             cores: int | None = None) -> Costs | None:
     """Time the policy's calls on zeros of the observations, in both places (``Costs``): a
-    warm-up and the best of a few calls each, within about a tenth of a second, on a copy of
-    the policy (a call may change a module's state) and with torch's generator and threads
-    as they were after. ``None`` if a call fails (then the probe has said so)."""
+    warm-up and the best of a few calls each, within about a tenth of a second, with torch's
+    generator and threads as they were after. ``policy`` is called, so it is a scratch copy
+    (``scratch_copy``: a call may change a module's state), which this leaves with direct
+    calls (``direct_calls``). ``None`` if a call fails (then the probe has said so)."""
     cores = usable_cores() if cores is None else cores
     keys = [leaf.key for leaf in obs_leaves]
     per_worker, rows = max(envs_per_worker), sum(envs_per_worker)
@@ -169,11 +170,10 @@ def _measure(policy: Any, keys: list, obs_leaves: list, exploration_type: Any, p
     spare = min(threads, max(1, cores - workers))  # (the threads the policy here would get)
     state = torch.random.get_rng_state()
     try:
-        copy_ = copy.deepcopy(policy)
-        runner = PolicyRunner(copy_, keys, device=None, exploration_type=exploration_type)
+        runner = PolicyRunner(policy, keys, device=None, exploration_type=exploration_type)
         torch.set_num_threads(spare)
         central = _best(runner, obs_leaves, rows) + ENGINE_S_PER_WORKER * workers
-        direct_calls(copy_)  # (as a worker's private copy is called)
+        direct_calls(policy)  # (as a worker's private copy is called)
         torch.set_num_threads(1)
         return Costs(_best(runner, obs_leaves, per_worker), central)
     except Exception:  # noqa: BLE001 - then it runs centrally, where its first call says what is wrong
@@ -201,21 +201,29 @@ def _best(runner: Any, obs_leaves: list, n: int, budget_s: float = 0.05) -> floa
     return best
 
 
+def scratch_copy(policy: Any) -> Any | None:
+    """A deep copy of the policy for ``probe`` and then ``measure`` to call (a call may change
+    a module's state: a ``BatchNorm``'s running stats...), so that the user's stays as it was;
+    ``None`` if it cannot be copied (nor then pickled for the workers). One copy serves both:
+    what the probe's call changed in it does not change what the calls cost."""
+    try:
+        return copy.deepcopy(policy)
+    except Exception:  # noqa: BLE001 - a module that cannot be copied cannot be pickled either
+        return None
+
+
 def probe(policy: Any, obs_leaves: list, exploration_type: Any, check: Any) -> list[tuple[Any, np.dtype, tuple]] | None:
     """The policy's outputs as the workers will write them, ``(key, dtype, per-env
     shape)`` each, found by one call on zeros of two envs' observations, as the engine
     calls it; ``None`` if that call fails, writes what shared memory cannot hold
-    (a dtype numpy lacks) or writes a recurrent state (``("next", key)``)."""
+    (a dtype numpy lacks) or writes a recurrent state (``("next", key)``). ``policy`` is
+    called, so it is a scratch copy (``scratch_copy``); torch's generator is left as it was."""
     import torch
 
     from .outputs import check_outputs
     from .runner import PolicyRunner
 
     keys = [leaf.key for leaf in obs_leaves]
-    try:
-        policy = copy.deepcopy(policy)  # (a call may change a module's state: the probe's own copy's)
-    except Exception:  # noqa: BLE001 - a module that cannot be copied cannot be pickled either
-        return None
     runner = PolicyRunner(policy, keys, device=None, exploration_type=exploration_type)
     if runner.kind not in ("module", "tensordict", "callable"):
         return None

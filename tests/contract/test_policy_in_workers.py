@@ -426,13 +426,15 @@ class NormedHeads(nn.Module):
         return self.heads(self.norm(observation))
 
 
-def test_weights_shared_memory_cannot_hold_keep_the_policy_here_and_the_probe_changes_nothing(in_workers):
+def test_weights_shared_memory_cannot_hold_keep_the_policy_here_and_the_probe_changes_nothing(in_workers,
+                                                                                               monkeypatch):
     """bfloat16 weights stay central (numpy has no bfloat16); the probe that lays the outputs
-    out calls a copy, so a module whose forward changes its state is left as it was."""
+    out and the calls that time the policy call one scratch copy of it, so a module whose
+    forward changes its state is left as it was, by them and by a collector that measured."""
     from tensordict.nn import InteractionType
 
     from aiocollect._envs.spaces import ActionCheck, flatten_space
-    from aiocollect._policies.in_workers import measure, probe
+    from aiocollect._policies.in_workers import measure, probe, scratch_copy
 
     bf16 = TensorDictModule(nn.Linear(3, 3).to(torch.bfloat16), in_keys=["observation"], out_keys=["action"])
     assert where_it_runs(bf16, num_workers=8, policy_device=None, compiled=False, runs=True) == "cannot"
@@ -441,14 +443,27 @@ def test_weights_shared_memory_cannot_hold_keep_the_policy_here_and_the_probe_ch
     policy = TensorDictModule(module, in_keys=["observation"], out_keys=["logits", "action"])
     env = CounterEnv()
     leaves = flatten_space(env.observation_space, "observation", "observation_space")
-    specs = probe(policy, leaves, InteractionType.RANDOM, ActionCheck.for_space(env.action_space))
+    scratch = scratch_copy(policy)
+    specs = probe(scratch, leaves, InteractionType.RANDOM, ActionCheck.for_space(env.action_space))
     assert specs == [("logits", np.dtype(np.float32), (3,)), ("action", np.dtype(np.int64), ())]
     rng, threads = torch.random.get_rng_state(), torch.get_num_threads()
-    costs = measure(policy, leaves, InteractionType.RANDOM, [2, 2], cores=8)  # (the choice's timing calls)
+    costs = measure(scratch, leaves, InteractionType.RANDOM, [2, 2], cores=8)  # (the choice's timing calls)
     assert costs is not None and costs.worker_s > 0 and costs.central_s > 0
     assert torch.equal(torch.random.get_rng_state(), rng) and torch.get_num_threads() == threads
+    assert int(scratch.module.norm.num_batches_tracked) > 0  # (the calls were the copy's)
     assert torch.equal(module.norm.running_mean, torch.full((3,), 5.0))
     assert int(module.norm.num_batches_tracked) == 0
+    # a collector that chooses by measuring (2 workers, 16 cores said to be there) does the same
+    monkeypatch.delenv("AIOCOLLECT_POLICY_IN_WORKERS")
+    monkeypatch.setattr(placement_module, "usable_cores", lambda: 16)
+    with build(MultiSyncCollector, CounterEnv, policy, frames_per_batch=8, total_frames=8) as c:
+        assert c.placement_costs is not None
+        own = c.state_dict()["policy_state_dict"]  # (the collector's own copy, before any batch)
+        assert torch.equal(own["module.norm.running_mean"], torch.full((3,), 5.0))
+        assert int(own["module.norm.num_batches_tracked"]) == 0
+    assert torch.equal(module.norm.running_mean, torch.full((3,), 5.0))
+    assert int(module.norm.num_batches_tracked) == 0
+    assert torch.equal(torch.random.get_rng_state(), rng) and torch.get_num_threads() == threads
 
 
 @pytest.mark.parametrize("mode", ["DETERMINISTIC", "RANDOM"])
