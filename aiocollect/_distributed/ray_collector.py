@@ -21,7 +21,7 @@ from tensordict.nn import InteractionType
 
 from .._collectors.options import validate_start_timeout
 from .._errors import CollectorError, StartTimeoutError, exception_text
-from .remote import RemoteCollector
+from .remote import RemoteCollector, switches
 from .remote_collectors import RemoteCollectorsBase, _per_collector, plan_remotes, remote_options
 
 
@@ -124,7 +124,9 @@ class RayCollector(RemoteCollectorsBase):
     ``include_dashboard``). Env factories and policies
     travel with cloudpickle, and the driver's ``sys.path`` with them, so code from your own
     modules imports on the actors (on a multi-node cluster, the files must exist on every
-    node, or ship them with Ray's ``runtime_env``).
+    node, or ship them with Ray's ``runtime_env``). So do the driver's ``AIOCOLLECT_*``
+    switches (``AIOCOLLECT_POLICY_IN_WORKERS``...): each remote collector is built with them
+    set, as a collector built here would be.
 
     **Weights.** ``update_policy_weights_()`` puts one snapshot in the object store (a CPU
     state dict, or a JAX params pytree) and tells the chosen actors (``worker_ids``) to load
@@ -279,7 +281,7 @@ class RayCollector(RemoteCollectorsBase):
             self._started_ray = True
         actor = ray.remote(RemoteCollector)
         self._actors = [
-            actor.options(**{"max_concurrency": 2, **cfg}).remote(payload, list(sys.path))
+            actor.options(**{"max_concurrency": 2, **cfg}).remote(payload, list(sys.path), switches())
             for cfg, payload in zip(configs, payloads)
         ]
         refs = [a.info.remote() for a in self._actors]

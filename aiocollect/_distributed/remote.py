@@ -13,11 +13,16 @@ remote collectors each update was sent to.
 
 Arguments travel as cloudpickle bytes and are unpickled after the driver's ``sys.path`` is
 in place: env factories and policies defined in the driver's own modules (a script, a test
-file) import in the remote process too.
+file) import in the remote process too. The driver's ``AIOCOLLECT_*`` switches
+(``AIOCOLLECT_POLICY_IN_WORKERS``, ``AIOCOLLECT_SPIN``, ``AIOCOLLECT_PIPELINE``) travel with
+them (``switches``) and are set in the remote process before its collector is built, so the
+remote collectors choose as a local one would: a Ray actor's process was started with the
+environment of whoever started its node, not the driver's environment of now.
 """
 
 from __future__ import annotations
 
+import os
 import sys
 import threading
 import time
@@ -89,13 +94,24 @@ class RemoteFailure:
         return exc
 
 
-class RemoteCollector:
-    """A local aiocollect collector, driven from another process; see the module docstring."""
+def switches() -> dict[str, str]:
+    """This process's ``AIOCOLLECT_*`` environment variables, for ``RemoteCollector``: the
+    engine's switches (``_collectors``, ``_policies.in_workers``), read as a collector is built."""
+    return {name: value for name, value in os.environ.items() if name.startswith("AIOCOLLECT_")}
 
-    def __init__(self, payload: bytes, sys_path: list[str]):
+
+class RemoteCollector:
+    """A local aiocollect collector, driven from another process; see the module docstring.
+
+    ``sys_path`` and ``switches`` are the driver's (``switches()``): the paths are added in
+    front of this process's, the switches set here (one the driver did not set stays as it is
+    here)."""
+
+    def __init__(self, payload: bytes, sys_path: list[str], switches: dict[str, str] | None = None):
         for entry in reversed(sys_path):
             if entry not in sys.path:
                 sys.path.insert(0, entry)
+        os.environ.update(switches or {})
         cls, args, kwargs, self.index = cloudpickle.loads(payload)
         torch.set_num_threads(1)
         self.collector = cls(*args, **kwargs)

@@ -25,7 +25,7 @@ from tensordict.nn import InteractionType
 from .._collectors.checks import positive_seconds
 from .._errors import CollectorError
 from . import rpc_rendezvous
-from .remote import RemoteCollector
+from .remote import RemoteCollector, switches
 from .remote_collectors import RemoteCollectorsBase, plan_remotes, remote_options
 
 _PACKAGE_ROOT = str(Path(__file__).resolve().parents[2])
@@ -34,8 +34,8 @@ _launched_worlds: list[str] = []
 """The worlds launched in this process (at most one: RPC cannot be initialised twice)."""
 
 
-def _remote_collector(payload: bytes, sys_path: list[str]) -> RemoteCollector:  # runs on the worker
-    return RemoteCollector(payload, sys_path)
+def _remote_collector(payload: bytes, sys_path: list[str], switches: dict[str, str]) -> RemoteCollector:
+    return RemoteCollector(payload, sys_path, switches)  # (runs on the worker)
 
 
 class RPCCollector(RemoteCollectorsBase):
@@ -228,7 +228,7 @@ class RPCCollector(RemoteCollectorsBase):
         rpc = self._rpc
         if self._launched:
             self._start_world()
-        self._rrefs = [rpc.remote(name, _remote_collector, args=(payload, list(sys.path)))
+        self._rrefs = [rpc.remote(name, _remote_collector, args=(payload, list(sys.path), switches()))
                        for name, payload in zip(self._names, payloads)]
         handles = [rref.rpc_async(timeout=self._start_timeout).info() for rref in self._rrefs]
         info = []

@@ -141,6 +141,24 @@ def test_policy_factories_are_called_in_their_remote_collectors(ray_cluster):
         c.shutdown()
 
 
+def test_the_drivers_switches_reach_the_remote_collectors(ray_cluster, monkeypatch):
+    """``AIOCOLLECT_POLICY_IN_WORKERS`` set in the driver after the Ray instance started (its
+    actors' processes never saw it) decides where a remote collector's policy runs, as it would
+    here: with ``1`` in the remote collector's two worker processes, with ``0`` in the actor
+    (the policy writes the id of the process that ran it)."""
+    from support.plain_modules import PidPolicy
+
+    policy = TensorDictModule(PidPolicy(), in_keys=["observation"], out_keys=["action", "pid"])
+    pids = {}
+    for value in ("1", "0"):
+        monkeypatch.setenv("AIOCOLLECT_POLICY_IN_WORKERS", value)
+        with RayCollector(CounterEnv, policy, frames_per_batch=16, total_frames=32, num_collectors=1, sync=True,
+                          collector_class="sync", num_workers_per_collector=2) as c:
+            pids[value] = {int(p) for batch in c for p in batch["pid"].reshape(-1)}
+    assert len(pids["1"]) == 2, pids  # the remote collector's worker processes
+    assert len(pids["0"]) == 1 and not pids["0"] & pids["1"], pids  # the actor's
+
+
 def test_a_dead_actor_is_named_within_seconds(ray_cluster):
     c = RayCollector(lambda: IntObsEnv(), None, frames_per_batch=20, total_frames=-1, num_collectors=2, sync=True)
     try:

@@ -20,3 +20,14 @@ class ArgmaxMLP(nn.Module):
 
     def forward(self, observation: torch.Tensor) -> torch.Tensor:
         return self.net(observation).argmax(-1)
+
+
+class PidPolicy(nn.Module):
+    """Action 0 for every env, and the id of the process that ran the call (``"pid"`` with
+    ``out_keys=["action", "pid"]``): which process acted for each frame."""
+
+    def forward(self, observation: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        import os
+
+        n = observation.shape[0]
+        return torch.zeros(n, dtype=torch.int64), torch.full((n,), os.getpid(), dtype=torch.int64)
