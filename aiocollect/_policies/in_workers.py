@@ -203,9 +203,10 @@ def _best(runner: Any, obs_leaves: list, n: int, budget_s: float = 0.05) -> floa
 
 def scratch_copy(policy: Any) -> Any | None:
     """A deep copy of the policy for ``probe`` and then ``measure`` to call (a call may change
-    a module's state: a ``BatchNorm``'s running stats...), so that the user's stays as it was;
-    ``None`` if it cannot be copied (nor then pickled for the workers). One copy serves both:
-    what the probe's call changed in it does not change what the calls cost."""
+    a module's state: a ``BatchNorm``'s running stats...), so that the policy the collector
+    runs and sends to the workers stays as it was; ``None`` if it cannot be copied (nor then
+    pickled for the workers). One copy serves both: what the probe's call changed in it does
+    not change what the calls cost."""
     try:
         return copy.deepcopy(policy)
     except Exception:  # noqa: BLE001 - a module that cannot be copied cannot be pickled either
