@@ -107,11 +107,11 @@ class RemoteCollector:
     front of this process's, the switches set here (one the driver did not set stays as it is
     here)."""
 
-    def __init__(self, payload: bytes, sys_path: list[str], switches: dict[str, str] | None = None):
+    def __init__(self, payload: bytes, sys_path: list[str], switches: dict[str, str]):
         for entry in reversed(sys_path):
             if entry not in sys.path:
                 sys.path.insert(0, entry)
-        os.environ.update(switches or {})
+        os.environ.update(switches)
         cls, args, kwargs, self.index = cloudpickle.loads(payload)
         torch.set_num_threads(1)
         self.collector = cls(*args, **kwargs)
