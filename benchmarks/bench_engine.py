@@ -15,6 +15,10 @@ the best and the median, ratios use the best):
   policy in the main process, batched over the workers (``AIOCOLLECT_POLICY_IN_WORKERS=0``,
   "central"), and TorchRL's ``MultiSyncCollector`` (each worker a
   ``GymWrapper(SyncVectorEnv(16))`` running the same MLP on its own envs: TorchRL's design).
+  Two *ceilings* say what the MLP itself leaves: W processes stepping 16 envs each in the
+  limit's bare loop with the MLP's actions, all at once (no engine, no storage), at their own
+  pace or in lockstep, meeting every batch (``ceiling``); each collector's MLP rows are also
+  given as a ratio to its ceiling (the sync ones to the lockstep one).
 * **R. The same envs with random actions** (the warm-up, not training): aiocollect's two
   collectors (each worker takes runs of steps, no round trip per step), TorchRL's, PufferLib's
   raw ``Multiprocessing`` vector (no rollout storage; only where ``pufferlib`` is installed:
@@ -52,6 +56,7 @@ import contextlib
 import functools
 import importlib.util
 import logging
+import multiprocessing
 import os
 import statistics
 import subprocess
@@ -191,6 +196,65 @@ def mlp_policy():
     from tensordict.nn import TensorDictModule
 
     return TensorDictModule(MLP(), in_keys=["observation"], out_keys=["action"])
+
+
+def _bare_mlp_process(barrier, steps: int, batches: int, lockstep: bool) -> None:
+    """One process of ``ceiling``: ``E_ENVS`` CartPoles in ``limit``'s bare loop, each step's
+    actions from ``MLP`` on the stacked observations. It meets the others at ``barrier`` once
+    built, then after every ``steps`` steps (``lockstep``) or only at the end."""
+    torch.set_num_threads(1)
+    torch.set_grad_enabled(False)
+    envs = [make_cartpole() for _ in range(E_ENVS)]
+    obs = [env.reset(seed=i)[0] for i, env in enumerate(envs)]
+    mlp = MLP()
+    for _ in range(20):  # (torch's first calls are slow: not in the timed part)
+        mlp(torch.from_numpy(np.stack(obs)))
+    barrier.wait()
+    for _ in range(batches):
+        for _ in range(steps):
+            actions = mlp(torch.from_numpy(np.stack(obs))).tolist()
+            for i, (env, a) in enumerate(zip(envs, actions)):
+                o, _, terminated, truncated, _ = env.step(a)
+                obs[i] = env.reset()[0] if terminated or truncated else o
+        if lockstep:
+            barrier.wait()
+    if not lockstep:
+        barrier.wait()
+
+
+CEILINGS = {True: "ceiling: bare loops + MLP at once, in lockstep",
+            False: "ceiling: bare loops + MLP at once, own pace"}
+"""The rows of ``ceiling``; ``report`` gives each collector's MLP row as a ratio to its own:
+``MultiSyncCollector``'s to the lockstep one, ``MultiAsyncCollector``'s to the other."""
+
+
+def ceiling(workers: int, steps: int, batches: int, lockstep: bool) -> float:
+    """What ``workers`` processes stepping ``E_ENVS`` CartPoles each with the MLP reach *at
+    the same time*, frames/s: no engine, no storage, no batch, nothing sent between them.
+    ``lockstep``: they meet at a barrier every ``steps`` steps, as a sync collector's workers
+    must (each env takes its share of a batch, the next batch starts when the slowest is done),
+    the ceiling of ``MultiSyncCollector``'s row; otherwise each runs on at its own pace, the
+    ceiling of ``MultiAsyncCollector``'s. Unlike the limits (one core measured alone, times
+    the cores), this sees what the machine gives W processes at once, and what waiting for
+    the slowest costs on it."""
+    ctx = multiprocessing.get_context("spawn")
+    barrier = ctx.Barrier(workers + 1)
+    procs = [ctx.Process(target=_bare_mlp_process, args=(barrier, steps, batches, lockstep), daemon=True)
+             for _ in range(workers)]
+    for p in procs:
+        p.start()
+    try:
+        barrier.wait(timeout=300)  # every process built its envs and warmed its MLP
+        start = time.perf_counter()
+        for _ in range(batches if lockstep else 1):
+            barrier.wait(timeout=300)
+        elapsed = time.perf_counter() - start
+    finally:
+        for p in procs:
+            p.join(timeout=30)
+            if p.is_alive():
+                p.kill()
+    return workers * batches * steps * E_ENVS / elapsed
 
 
 @contextlib.contextmanager
@@ -407,6 +471,9 @@ def rows_for(args) -> list[Row]:
         s = f"E{w}"
         rows.append(Row(s, "limit", lambda w=w: limit(make_cartpole, E_ENVS, w, limit_frames)))
         rows.append(Row(s, VECTOR_LIMIT, lambda w=w: vector_limit(make_cartpole, E_ENVS, w, limit_frames)))
+        for lockstep in (True,) if quick else (True, False):  # (a smoke run: one start-up fewer)
+            rows.append(Row(s, CEILINGS[lockstep], lambda w=w, lockstep=lockstep:
+                            ceiling(w, e_steps, e_batches, lockstep)))
         for cls in ("MultiSyncCollector", "MultiAsyncCollector"):
             rows.append(Row(s, f"aiocollect {cls} {w}x{E_ENVS}, MLP",
                             lambda cls=cls, w=w: aio(cls, make_cartpole, w, E_ENVS, e_steps, e_batches,
@@ -476,26 +543,30 @@ def report(rows: list[Row], args) -> dict:
         lim = next((r.best for r in part if r.name == "limit"), None)
         vlim = next((r.best for r in part if r.name == VECTOR_LIMIT), None)
         trl = next((r.best for r in part if r.name.startswith("TorchRL") and r.unit == "frames/s"), None)
+        ceilings = {k: next((r.best for r in part if r.name == name), None) for k, name in CEILINGS.items()}
         print(f"{'name':58s} | {'best':>12s} | {'median':>12s} | {'vs limit':>8s} | {'vs SyncVec':>10s} | "
-              f"{'vs TorchRL':>10s}")
-        print("-" * 127)
+              f"{'vs TorchRL':>10s} | {'vs ceiling':>10s}")
+        print("-" * 140)
         for r in part:
             med = statistics.median(r.runs) if r.runs else None
             frames = bool(r.best) and r.unit == "frames/s"
             ratio = f"{r.best / lim:.2f}" if lim and frames else ""
             vratio = f"{r.best / vlim:.2f}" if vlim and frames else ""
             vs_trl = f"{r.best / trl:.1f}x" if trl and frames and r.name.startswith("aiocollect") else ""
+            measured = "MLP" in r.name and frames and r.name not in CEILINGS.values()
+            top = ceilings.get("MultiSync" in r.name) if measured else None  # (sync rows: the lockstep one)
+            vs_top = f"{r.best / top:.2f}" if top else ""
             if r.error:
                 print(f"{r.name:58s} | error: {r.error.splitlines()[-1][:60]}")
             else:
                 digits = 2 if r.unit.startswith("us") else 1  # (us per frame: tenths hide what changes)
                 print(f"{r.name:58s} | {r.best:12,.{digits}f} | {med:12,.{digits}f} | {ratio:>8s} | {vratio:>10s} | "
-                      f"{vs_trl:>10s}   {r.unit}")
+                      f"{vs_trl:>10s} | {vs_top:>10s}   {r.unit}")
             results.append({"section": section, "name": r.name, "unit": r.unit, "runs": r.runs,
                             "best": r.best, "limit_ratio": (r.best / lim) if lim and frames else None,
                             "vector_limit_ratio": (r.best / vlim) if vlim and frames else None,
                             "torchrl_ratio": (r.best / trl) if trl and frames and r.name.startswith("aiocollect")
-                            else None, "error": r.error})
+                            else None, "ceiling_ratio": (r.best / top) if top else None, "error": r.error})
     return {"environment": environment(), "cores": cores(), "results": results}
 
 
