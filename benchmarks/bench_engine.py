@@ -464,7 +464,7 @@ def rows_for(args) -> list[Row]:
     quick = args.quick  # (--smoke keeps --quick's sizes: its rows measure for a fraction of a second
     # already, start-up is the rest, and shorter ones would make the ratios to the limits noisier)
     e_steps, e_batches = (25, 3) if quick else (100, 40)
-    limit_frames = 2_000 if quick else 40_000
+    limit_frames = 2_000 if quick else 128_000  # (about a second a core: shorter, it catches a fast spell)
     p_steps, p_batches = (10, 2) if quick else (50, 12)
     rows: list[Row] = []
     for w in args.workers:
