@@ -198,28 +198,40 @@ def mlp_policy():
     return TensorDictModule(MLP(), in_keys=["observation"], out_keys=["action"])
 
 
-def _bare_mlp_process(barrier, steps: int, batches: int, lockstep: bool) -> None:
+def _bare_mlp_process(barrier, steps: int, batches: int, counts, stop) -> None:
     """One process of ``ceiling``: ``E_ENVS`` CartPoles in ``limit``'s bare loop, each step's
-    actions from ``MLP`` on the stacked observations. It meets the others at ``barrier`` once
-    built, then after every ``steps`` steps (``lockstep``) or only at the end."""
-    torch.set_num_threads(1)
-    torch.set_grad_enabled(False)
-    envs = [make_cartpole() for _ in range(E_ENVS)]
-    obs = [env.reset(seed=i)[0] for i, env in enumerate(envs)]
-    mlp = MLP()
-    for _ in range(20):  # (torch's first calls are slow: not in the timed part)
-        mlp(torch.from_numpy(np.stack(obs)))
-    barrier.wait()
-    for _ in range(batches):
-        for _ in range(steps):
+    actions from ``MLP`` on the stacked observations. Once built it meets the others at
+    ``barrier``; then, in lockstep (``counts is None``), takes ``batches`` times ``steps``
+    steps, meeting them again after each ``steps``; otherwise it steps until ``stop`` is set,
+    counting its steps in ``counts``."""
+    try:
+        torch.set_num_threads(1)
+        torch.set_grad_enabled(False)
+        envs = [make_cartpole() for _ in range(E_ENVS)]
+        obs = [env.reset(seed=i)[0] for i, env in enumerate(envs)]
+        mlp = MLP()
+
+        def step() -> None:
             actions = mlp(torch.from_numpy(np.stack(obs))).tolist()
             for i, (env, a) in enumerate(zip(envs, actions)):
                 o, _, terminated, truncated, _ = env.step(a)
                 obs[i] = env.reset()[0] if terminated or truncated else o
-        if lockstep:
-            barrier.wait()
-    if not lockstep:
+
+        for _ in range(20):  # (torch's first calls are slow: not in the timed part)
+            step()
         barrier.wait()
+        if counts is None:
+            for _ in range(batches):
+                for _ in range(steps):
+                    step()
+                barrier.wait()
+        else:
+            while not stop.value:
+                step()
+                counts.value += 1
+    except BaseException:
+        barrier.abort()  # (the others, and the caller, stop waiting: a BrokenBarrierError)
+        raise
 
 
 CEILINGS = {True: "ceiling: bare loops + MLP at once, in lockstep",
@@ -231,30 +243,44 @@ CEILINGS = {True: "ceiling: bare loops + MLP at once, in lockstep",
 def ceiling(workers: int, steps: int, batches: int, lockstep: bool) -> float:
     """What ``workers`` processes stepping ``E_ENVS`` CartPoles each with the MLP reach *at
     the same time*, frames/s: no engine, no storage, no batch, nothing sent between them.
-    ``lockstep``: they meet at a barrier every ``steps`` steps, as a sync collector's workers
-    must (each env takes its share of a batch, the next batch starts when the slowest is done),
-    the ceiling of ``MultiSyncCollector``'s row; otherwise each runs on at its own pace, the
-    ceiling of ``MultiAsyncCollector``'s. Unlike the limits (one core measured alone, times
-    the cores), this sees what the machine gives W processes at once, and what waiting for
-    the slowest costs on it."""
+
+    ``lockstep``: ``batches`` batches of ``steps`` steps, the processes meeting at a barrier
+    after each, as a sync collector's workers must (each env takes its share of a batch, the
+    next batch starts when the slowest is done): the ceiling of ``MultiSyncCollector``'s row.
+    Otherwise each steps at its own pace, and the steps all of them took in a fixed time
+    (about as long as the lockstep batches take) are counted: the ceiling of
+    ``MultiAsyncCollector``'s. Unlike the limits (one core measured alone, times the cores),
+    this sees what the machine gives W processes at once, and what waiting for the slowest
+    costs on it."""
     ctx = multiprocessing.get_context("spawn")
     barrier = ctx.Barrier(workers + 1)
-    procs = [ctx.Process(target=_bare_mlp_process, args=(barrier, steps, batches, lockstep), daemon=True)
-             for _ in range(workers)]
+    counts = None if lockstep else [ctx.Value("q", 0, lock=False) for _ in range(workers)]
+    stop = ctx.Value("b", 0, lock=False)
+    procs = [ctx.Process(target=_bare_mlp_process, daemon=True,
+                         args=(barrier, steps, batches, None if counts is None else counts[i], stop))
+             for i in range(workers)]
     for p in procs:
         p.start()
     try:
         barrier.wait(timeout=300)  # every process built its envs and warmed its MLP
         start = time.perf_counter()
-        for _ in range(batches if lockstep else 1):
-            barrier.wait(timeout=300)
+        if lockstep:
+            for _ in range(batches):
+                barrier.wait(timeout=300)
+            frames = workers * batches * steps * E_ENVS
+        else:
+            time.sleep(max(0.5, batches * steps / 2_500))
+            frames = sum(c.value for c in counts) * E_ENVS
         elapsed = time.perf_counter() - start
     finally:
+        stop.value = 1
         for p in procs:
             p.join(timeout=30)
             if p.is_alive():
                 p.kill()
-    return workers * batches * steps * E_ENVS / elapsed
+    if any(p.exitcode for p in procs):
+        raise RuntimeError(f"ceiling: a process failed (exit codes {[p.exitcode for p in procs]})")
+    return frames / elapsed
 
 
 @contextlib.contextmanager
@@ -471,7 +497,7 @@ def rows_for(args) -> list[Row]:
         s = f"E{w}"
         rows.append(Row(s, "limit", lambda w=w: limit(make_cartpole, E_ENVS, w, limit_frames)))
         rows.append(Row(s, VECTOR_LIMIT, lambda w=w: vector_limit(make_cartpole, E_ENVS, w, limit_frames)))
-        for lockstep in (True,) if quick else (True, False):  # (a smoke run: one start-up fewer)
+        for lockstep in (True, False):
             rows.append(Row(s, CEILINGS[lockstep], lambda w=w, lockstep=lockstep:
                             ceiling(w, e_steps, e_batches, lockstep)))
         for cls in ("MultiSyncCollector", "MultiAsyncCollector"):

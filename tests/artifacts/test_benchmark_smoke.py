@@ -112,9 +112,13 @@ def test_engine_benchmark_quick_mode_reports_every_section(tmp_path):
     assert all(r["vector_limit_ratio"] > 0 for r in e_and_r)
     vs_torchrl = [r["torchrl_ratio"] for r in rows if r["section"] == "E2" and r["name"].startswith("aiocollect")]
     assert len(vs_torchrl) == 4 and all(r > 0 for r in vs_torchrl)
-    # the lockstep ceiling (bare loops with the MLP, meeting every batch) is measured, and the
-    # sync rows of E (ours and TorchRL's) are given as a ratio to it
+    # the ceilings (bare loops with the MLP, in lockstep or at their own pace) are measured, and
+    # the MLP rows of E are given as a ratio to theirs: the sync ones (ours and TorchRL's) to
+    # the lockstep one, MultiAsyncCollector's to the other
     [lockstep] = [r for r in rows if r["name"] == "ceiling: bare loops + MLP at once, in lockstep"]
-    assert lockstep["section"] == "E2" and lockstep["best"] > 0
+    [own] = [r for r in rows if r["name"] == "ceiling: bare loops + MLP at once, own pace"]
+    assert lockstep["section"] == own["section"] == "E2" and lockstep["best"] > 0 and own["best"] > 0
     sync = [r for r in rows if r["section"] == "E2" and "MultiSync" in r["name"]]
     assert len(sync) == 3 and all(r["ceiling_ratio"] == r["best"] / lockstep["best"] for r in sync)
+    ahead = [r for r in rows if r["section"] == "E2" and "MultiAsync" in r["name"]]
+    assert len(ahead) == 2 and all(r["ceiling_ratio"] == r["best"] / own["best"] for r in ahead)
