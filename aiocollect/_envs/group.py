@@ -290,6 +290,14 @@ class VectorEnvGroup(_GroupBase):
     * ``SAME_STEP``: the vector env has already reset the finished envs; their final
       observation comes from ``info["final_obs"]`` and the fresh one is kept aside until
       the engine asks for the reset.
+
+    A partial reset may return the observations of every env (gymnasium's vector envs) or
+    only of those it reset (EnvPool, which says which in ``info["env_id"]``); either is
+    read row by row into the right env's place (``_reset_rows``). Where a step's
+    ``info["env_id"]`` says which env each row belongs to (EnvPool), the rows are put in
+    env order (``_in_order``); an asynchronous pool, whose steps return some of its envs
+    (EnvPool's ``batch_size`` below ``num_envs``), is refused with an error rather than
+    stored in the wrong rows.
     """
 
     def __init__(self, venv: VectorEnv, device=None):
@@ -298,6 +306,7 @@ class VectorEnvGroup(_GroupBase):
         mode = venv.metadata.get("autoreset_mode", AutoresetMode.NEXT_STEP)
         self.same_step = mode == AutoresetMode.SAME_STEP or mode == "SameStep"
         self._pending: dict[int, Any] = {}
+        self._order = np.arange(self.num_envs)
 
     def step_now(self, action: np.ndarray) -> None:
         try:
@@ -305,6 +314,9 @@ class VectorEnvGroup(_GroupBase):
         except BaseException as exc:  # (a SystemExit or KeyboardInterrupt an env raises is its error too)
             _blame(exc, None)
             raise
+        ids = info.get("env_id") if isinstance(info, dict) else None
+        if ids is not None and not np.array_equal(ids, self._order):
+            obs, reward, terminated, truncated, info = self._in_order(ids, obs, reward, terminated, truncated, info)
         self._writer.write_all(obs)
         self.reward[:] = reward
         self.terminated[:] = terminated
@@ -316,6 +328,27 @@ class VectorEnvGroup(_GroupBase):
                 for i in np.flatnonzero(done):
                     self._pending[int(i)] = _row(obs, i)
                     self._writer.write_one(i, final[i])
+
+    def _in_order(self, ids: Any, obs: Any, *rest: Any) -> tuple:
+        """A step's results, given for the envs ``ids`` (``info["env_id"]``), in env order;
+        an error if they are not one row per env."""
+        ids = np.asarray(ids)
+        if len(ids) != self.num_envs or not np.array_equal(np.sort(ids), self._order):
+            raise ValueError(
+                f"{type(self.venv).__name__}.step() returned rows for envs {ids.tolist()} (info['env_id']), "
+                f"not one for each of its {self.num_envs} envs: an asynchronous pool (EnvPool with "
+                "batch_size < num_envs) cannot be a collector's vector env; make it synchronous "
+                "(batch_size=num_envs), and let the collector overlap the steps (MultiAsyncCollector)."
+            )
+        order = np.argsort(ids)
+        *arrays, info = rest
+
+        def take(x: Any) -> Any:
+            return {k: take(v) for k, v in x.items()} if isinstance(x, dict) else np.asarray(x)[order]
+
+        if "final_obs" in info:
+            info = {**info, "final_obs": take(info["final_obs"])}
+        return (take(obs), *(take(x) for x in arrays), info)
 
     def reset_now(self, idx: np.ndarray, seeds: Sequence[int | None] | None = None) -> None:
         if seeds is None and self._pending and all(int(i) in self._pending for i in idx):
@@ -329,23 +362,46 @@ class VectorEnvGroup(_GroupBase):
         seed = None if seeds is None else list(seeds)
         if mask.all():
             try:
-                obs, _ = self.venv.reset(seed=seed)
+                obs, info = self.venv.reset(seed=seed)
             except Exception as exc:
                 _blame(exc, None)
                 raise
-            self._writer.write_all(obs)
-            return
-        try:
-            obs, _ = self.venv.reset(seed=seed, options={"reset_mask": mask})
-        except Exception as exc:  # a vector env without partial resets
-            raise RuntimeError(
-                f"{type(self.venv).__name__} cannot reset a subset of its envs "
-                "(reset(options={'reset_mask': ...}) failed), which aiocollect needs to avoid "
-                "fake autoreset transitions; pass a list of env factories instead, or use "
-                "gymnasium's SyncVectorEnv/AsyncVectorEnv."
-            ) from exc
-        for i in idx:
-            self._writer.write_one(i, _row(obs, i))
+            ids = info.get("env_id") if isinstance(info, dict) else None
+            if ids is None or np.array_equal(ids, self._order):
+                self._writer.write_all(obs)
+                return
+        else:
+            try:
+                obs, info = self.venv.reset(seed=seed, options={"reset_mask": mask})
+            except Exception as exc:  # a vector env without partial resets
+                raise RuntimeError(
+                    f"{type(self.venv).__name__} cannot reset a subset of its envs "
+                    "(reset(options={'reset_mask': ...}) failed), which aiocollect needs to avoid "
+                    "fake autoreset transitions; pass a list of env factories instead, or use "
+                    "gymnasium's SyncVectorEnv/AsyncVectorEnv."
+                ) from exc
+        for i, row in self._reset_rows(idx, obs, info):
+            self._writer.write_one(i, _row(obs, row))
+
+    def _reset_rows(self, idx: np.ndarray, obs: Any, info: Any) -> list[tuple[int, int]]:
+        """``(env, row of obs)`` for each env of a partial reset: a row per env (gymnasium),
+        or a row per env reset, in the order ``info["env_id"]`` gives (EnvPool)."""
+        rows = _leading(obs)
+        ids = info.get("env_id") if isinstance(info, dict) else None
+        if rows == self.num_envs and (ids is None or np.array_equal(ids, self._order)):
+            return [(int(i), int(i)) for i in idx]
+        if ids is not None and len(ids) == rows and sorted(map(int, ids)) == sorted(map(int, idx)):
+            return [(int(i), row) for row, i in enumerate(ids)]
+        if ids is None and rows == len(idx):
+            return [(int(i), row) for row, i in enumerate(idx)]
+        said = "" if ids is None else f" for envs {np.asarray(ids).tolist()} (info['env_id'])"
+        raise ValueError(
+            f"{type(self.venv).__name__}.reset() for envs {np.asarray(idx).tolist()} returned {rows} "
+            f"observation rows{said}: expected one per env ({self.num_envs}) or one per env reset, in order "
+            "or named by info['env_id']. (An asynchronous pool, EnvPool with batch_size < num_envs, returns "
+            "some of them: make it synchronous, batch_size=num_envs, and let the collector overlap the "
+            "steps: MultiAsyncCollector.)"
+        )
 
     def close(self, catch: type[BaseException] = Exception) -> None:
         """Close the vector env. Gymnasium's ``SyncVectorEnv`` stops at the first env whose
@@ -359,6 +415,13 @@ class VectorEnvGroup(_GroupBase):
                 raise EnvCloseError(failures, len(venv.envs))
             return
         venv.close()
+
+
+def _leading(batched_obs: Any) -> int:
+    """The number of rows of a batch of observations (of its first leaf, for a dict)."""
+    while isinstance(batched_obs, dict):
+        batched_obs = next(iter(batched_obs.values()))
+    return len(batched_obs)
 
 
 def _row(batched_obs: Any, i: int) -> Any:
