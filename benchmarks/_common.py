@@ -94,3 +94,17 @@ def finish(results: dict, args: argparse.Namespace) -> int:
         with open(args.json, "w") as f:
             json.dump(results, f, indent=2)
     return 0
+
+
+def envpool_cartpole(num_envs: int = 16, num_threads: int = 1, batch_size: int | None = None):
+    """EnvPool's CartPole-v1 (C++ envs, its own threads) as a gymnasium ``VectorEnv``; its spaces'
+    float64 bounds make gymnasium warn as they are built, silenced here. (Here, not in a script:
+    a worker process unpickles this factory by importing this light module.)"""
+    import warnings
+
+    import envpool
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)
+        return envpool.make_gymnasium("CartPole-v1", num_envs=num_envs, num_threads=num_threads,
+                                      batch_size=batch_size or num_envs)

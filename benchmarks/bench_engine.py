@@ -24,6 +24,13 @@ the best and the median, ratios use the best):
   raw ``Multiprocessing`` vector (no rollout storage; only where ``pufferlib`` is installed:
   ``pip install --no-deps pufferlib-core``), gymnasium ``AsyncVectorEnv`` of the W*16 envs
   (one process each, as users write it; full runs only).
+* **V. EnvPool's CartPole-v1** (C++ envs on EnvPool's own threads; only where ``envpool`` is
+  installed, a dev dependency on Linux x86-64), W x 16 envs, the same MLP: EnvPool's own loops
+  as its users write them, synchronous (the W*16 envs stepped together on W threads, the MLP on
+  all of them between steps) and asynchronous (``batch_size=16``: the MLP acts on each 16 envs
+  done while the others step), against aiocollect's two collectors over W EnvPools of 16 envs
+  on one thread each. The limit is EnvPool's synchronous loop with random actions. The envs
+  are not gymnasium's: compare within the section, not with E.
 * **P. A pixel env, 2 workers x 8 envs, random policy**: observations ``4x84x84`` uint8, each
   step spins 200 us of CPU. The limit is one core stepping 8 of them, times 2 (or the cores).
 * **L. A policy that waits, as a GPU policy's call does** (each call sleeps 0, 0.5 or 1 ms,
@@ -45,7 +52,7 @@ collectors >= 0.7 and >= 0.8 of their limits; M with the MLP <= 1.5 us.
     python benchmarks/bench_engine.py                # a few minutes on 2 cores
     python benchmarks/bench_engine.py --quick        # smoke run, about a minute
     python benchmarks/bench_engine.py --smoke        # --quick, TorchRL's workers forked (the tests')
-    python benchmarks/bench_engine.py --workers 2 8  # sections E and R per worker count
+    python benchmarks/bench_engine.py --workers 2 8  # sections E, R and V per worker count
     python benchmarks/bench_engine.py --sections E M # only the headline and the main process's CPU
 """
 
@@ -70,12 +77,13 @@ import numpy as np
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _common import add_smoke_argument, environment, finish, start_smoke
+from _common import add_smoke_argument, environment, envpool_cartpole, finish, start_smoke
 
 import aiocollect
 
 HAVE_TORCHRL = importlib.util.find_spec("torchrl") is not None
 HAVE_PUFFERLIB = importlib.util.find_spec("pufferlib") is not None
+HAVE_ENVPOOL = importlib.util.find_spec("envpool") is not None
 E_ENVS, P_ENVS, P_WORKERS = 16, 8, 2
 PIXEL_SHAPE, PIXEL_STEP_S, PIXEL_EPISODE = (4, 84, 84), 200e-6, 500
 
@@ -129,6 +137,9 @@ def limit(make, envs_per_worker: int, workers: int, frames: int) -> float:
         env.close()
     return one * min(workers, cores())
 
+
+ENVPOOL_SYNC, ENVPOOL_ASYNC = "EnvPool's own loop, synchronous, MLP", "EnvPool's own loop, asynchronous (batch 16), MLP"
+"""Section V's peer rows: EnvPool's own loops with the MLP (``envpool_mlp``)."""
 
 VECTOR_LIMIT = "limit, the envs in a SyncVectorEnv"
 """The row of ``vector_limit``, the second limit of sections E and R."""
@@ -388,6 +399,68 @@ def torchrl_multisync(workers: int, steps: int, batches: int, mlp: bool = False)
             c.shutdown()
 
 
+def envpool_limit(workers: int, frames: int) -> float:
+    """Section V's limit: EnvPool's CartPole-v1, ``workers * E_ENVS`` envs on ``workers``
+    threads, synchronous, stepped in a bare loop with pre-drawn random actions."""
+    n = workers * E_ENVS
+    venv = envpool_cartpole(n, workers)
+    try:
+        venv.reset()
+        steps = max(20, frames // n)
+        rng = np.random.default_rng(0)
+        actions = [rng.integers(0, 2, n) for _ in range(64)]
+        start = time.perf_counter()
+        for i in range(steps):
+            venv.step(actions[i % 64])
+        return steps * n / (time.perf_counter() - start)
+    finally:
+        venv.close()
+
+
+def envpool_mlp(workers: int, frames: int, batch: int | None = None) -> float:
+    """EnvPool's own loop with ``MLP`` on its observations: synchronous (``workers * E_ENVS``
+    envs stepped together), or asynchronous (``batch``: EnvPool's ``batch_size``, each
+    ``recv`` the first ``batch`` envs done, acted on while the others step), on ``workers``
+    threads, the MLP here on one. What EnvPool's users write; no storage, no trajectory ids."""
+    n = workers * E_ENVS
+    venv = envpool_cartpole(n, workers, batch)
+    torch.set_num_threads(1)
+    mlp = MLP()
+    try:
+        with torch.no_grad():
+            if batch is None:
+                obs, _ = venv.reset()
+
+                def step() -> int:
+                    nonlocal obs
+                    obs = venv.step(mlp(torch.from_numpy(obs)).numpy())[0]
+                    return n
+            else:
+                venv.async_reset()
+
+                def step() -> int:
+                    obs, _, _, _, info = venv.recv()
+                    venv.send(mlp(torch.from_numpy(obs)).numpy(), info["env_id"])
+                    return len(obs)
+            for _ in range(20):
+                step()
+            done, start = 0, time.perf_counter()
+            while done < frames:
+                done += step()
+            return done / (time.perf_counter() - start)
+    finally:
+        venv.close()
+
+
+def aio_envpool(cls_name: str, workers: int, steps: int, batches: int) -> float:
+    """aiocollect's ``cls_name`` over ``workers`` EnvPools of ``E_ENVS`` envs on one thread
+    each, with ``mlp_policy`` (where the collector's rule puts it: in the workers)."""
+    cls = getattr(aiocollect, cls_name)
+    fpb = E_ENVS * steps * (workers if cls_name == "MultiSyncCollector" else 1)
+    with cls([envpool_cartpole] * workers, mlp_policy(), frames_per_batch=fpb) as c:
+        return timed(c, batches)
+
+
 def rss_mib(pid: int) -> float:
     """Resident memory of process ``pid``, MiB (Linux)."""
     with open(f"/proc/{pid}/status") as f:
@@ -525,6 +598,16 @@ def rows_for(args) -> list[Row]:
                             lambda w=w: pufferlib_multiprocessing(w, e_steps, e_batches)))
         if not quick:  # W * 16 processes to start: too slow for a smoke run
             rows.append(Row(s, f"gymnasium AsyncVectorEnv({w * E_ENVS})", lambda w=w: gym_async(w, 1_000)))
+    if HAVE_ENVPOOL:
+        for w in args.workers:
+            s = f"V{w}"
+            rows.append(Row(s, "limit", lambda w=w: envpool_limit(w, limit_frames)))
+            rows.append(Row(s, ENVPOOL_SYNC, lambda w=w: envpool_mlp(w, e_steps * e_batches * w * E_ENVS)))
+            rows.append(Row(s, ENVPOOL_ASYNC, lambda w=w: envpool_mlp(w, e_steps * e_batches * w * E_ENVS,
+                                                                      batch=E_ENVS)))
+            for cls in ("MultiSyncCollector", "MultiAsyncCollector"):
+                rows.append(Row(s, f"aiocollect {cls} {w}x EnvPool({E_ENVS}), MLP",
+                                lambda cls=cls, w=w: aio_envpool(cls, w, e_steps, e_batches)))
     rows.append(Row("P", "limit", lambda: limit(PixelEnv, P_ENVS, P_WORKERS, 400 if quick else 4_000)))
     for cls in ("MultiSyncCollector", "MultiAsyncCollector"):
         rows.append(Row("P", f"aiocollect {cls} {P_WORKERS}x{P_ENVS}",
@@ -560,25 +643,31 @@ def report(rows: list[Row], args) -> dict:
               "M": "M. Main-process CPU per frame (all its threads), CartPole"}
     results = []
     for section in dict.fromkeys(r.section for r in rows):
-        title = titles.get(section) or (
-            f"E. CartPole-v1, {section[1:]} workers x {E_ENVS} envs, an MLP policy that reads the observation"
-            if section[0] == "E" else
-            f"R. CartPole-v1, {section[1:]} workers x {E_ENVS} envs, random actions (the warm-up)")
+        w = section[1:]
+        title = titles.get(section) or {
+            "E": f"E. CartPole-v1, {w} workers x {E_ENVS} envs, an MLP policy that reads the observation "
+                 "(peer: TorchRL)",
+            "R": f"R. CartPole-v1, {w} workers x {E_ENVS} envs, random actions (the warm-up; peer: TorchRL)",
+            "V": f"V. EnvPool's CartPole-v1 (C++ envs on its own threads), {w} x {E_ENVS} envs, the MLP: the limit is "
+                 f"EnvPool's synchronous loop with random actions on {w} threads (peer: EnvPool's faster own loop)",
+        }[section[0]]
         print(f"\n{title}\n")
         part = [r for r in rows if r.section == section]
         lim = next((r.best for r in part if r.name == "limit"), None)
         vlim = next((r.best for r in part if r.name == VECTOR_LIMIT), None)
         trl = next((r.best for r in part if r.name.startswith("TorchRL") and r.unit == "frames/s"), None)
+        envpool = max((r.best for r in part if r.name in (ENVPOOL_SYNC, ENVPOOL_ASYNC) and r.best), default=None)
+        peer = envpool if section[0] == "V" else trl
         ceilings = {k: next((r.best for r in part if r.name == name), None) for k, name in CEILINGS.items()}
         print(f"{'name':58s} | {'best':>12s} | {'median':>12s} | {'vs limit':>8s} | {'vs SyncVec':>10s} | "
-              f"{'vs TorchRL':>10s} | {'vs ceiling':>10s}")
+              f"{'vs peer':>10s} | {'vs ceiling':>10s}")
         print("-" * 140)
         for r in part:
             med = statistics.median(r.runs) if r.runs else None
             frames = bool(r.best) and r.unit == "frames/s"
             ratio = f"{r.best / lim:.2f}" if lim and frames else ""
             vratio = f"{r.best / vlim:.2f}" if vlim and frames else ""
-            vs_trl = f"{r.best / trl:.1f}x" if trl and frames and r.name.startswith("aiocollect") else ""
+            vs_peer = f"{r.best / peer:.1f}x" if peer and frames and r.name.startswith("aiocollect") else ""
             measured = "MLP" in r.name and frames and r.name not in CEILINGS.values()
             top = ceilings.get("MultiSync" in r.name) if measured else None  # (sync rows: the lockstep one)
             vs_top = f"{r.best / top:.2f}" if top else ""
@@ -587,12 +676,14 @@ def report(rows: list[Row], args) -> dict:
             else:
                 digits = 2 if r.unit.startswith("us") else 1  # (us per frame: tenths hide what changes)
                 print(f"{r.name:58s} | {r.best:12,.{digits}f} | {med:12,.{digits}f} | {ratio:>8s} | {vratio:>10s} | "
-                      f"{vs_trl:>10s} | {vs_top:>10s}   {r.unit}")
+                      f"{vs_peer:>10s} | {vs_top:>10s}   {r.unit}")
             results.append({"section": section, "name": r.name, "unit": r.unit, "runs": r.runs,
                             "best": r.best, "limit_ratio": (r.best / lim) if lim and frames else None,
                             "vector_limit_ratio": (r.best / vlim) if vlim and frames else None,
                             "torchrl_ratio": (r.best / trl) if trl and frames and r.name.startswith("aiocollect")
-                            else None, "ceiling_ratio": (r.best / top) if top else None, "error": r.error})
+                            else None, "envpool_ratio": (r.best / envpool) if envpool and frames
+                            and r.name.startswith("aiocollect") else None,
+                            "ceiling_ratio": (r.best / top) if top else None, "error": r.error})
     return {"environment": environment(), "cores": cores(), "results": results}
 
 
@@ -603,7 +694,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=None, help="runs per row (default 3; 1 with --quick)")
     parser.add_argument("--workers", type=int, nargs="+", default=[2], help="worker counts of section E")
     parser.add_argument("--json", metavar="PATH", help="also write the results as JSON to PATH")
-    parser.add_argument("--sections", nargs="+", choices=list("ERPLMW"), default=list("ERPLMW"),
+    parser.add_argument("--sections", nargs="+", choices=list("ERVPLMW"), default=list("ERVPLMW"),
                         help="run only these sections (default: all)")
     args = parser.parse_args(argv)
     start_smoke(args)
