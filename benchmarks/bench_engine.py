@@ -84,6 +84,7 @@ import aiocollect
 HAVE_TORCHRL = importlib.util.find_spec("torchrl") is not None
 HAVE_PUFFERLIB = importlib.util.find_spec("pufferlib") is not None
 HAVE_ENVPOOL = importlib.util.find_spec("envpool") is not None
+warnings.filterwarnings("ignore", message=".*precision lowered by casting to float32")  # (EnvPool's spaces)
 E_ENVS, P_ENVS, P_WORKERS = 16, 8, 2
 PIXEL_SHAPE, PIXEL_STEP_S, PIXEL_EPISODE = (4, 84, 84), 200e-6, 500
 
@@ -401,7 +402,8 @@ def torchrl_multisync(workers: int, steps: int, batches: int, mlp: bool = False)
 
 def envpool_limit(workers: int, frames: int) -> float:
     """Section V's limit: EnvPool's CartPole-v1, ``workers * E_ENVS`` envs on ``workers``
-    threads, synchronous, stepped in a bare loop with pre-drawn random actions."""
+    threads, synchronous, stepped in a bare loop with pre-drawn random actions (every row
+    counted, its autoreset rows too: random episodes last about 20 steps)."""
     n = workers * E_ENVS
     venv = envpool_cartpole(n, workers)
     try:
@@ -421,11 +423,15 @@ def envpool_mlp(workers: int, frames: int, batch: int | None = None) -> float:
     """EnvPool's own loop with ``MLP`` on its observations: synchronous (``workers * E_ENVS``
     envs stepped together), or asynchronous (``batch``: EnvPool's ``batch_size``, each
     ``recv`` the first ``batch`` envs done, acted on while the others step), on ``workers``
-    threads, the MLP here on one. What EnvPool's users write; no storage, no trajectory ids."""
+    threads, the MLP here on one. What EnvPool's users write; no storage, no trajectory ids.
+    Frames/s of real transitions: EnvPool resets a finished env at its next step (its
+    autoreset), a row that is not a transition and is not counted (aiocollect's batches have
+    none)."""
     n = workers * E_ENVS
     venv = envpool_cartpole(n, workers, batch)
     torch.set_num_threads(1)
     mlp = MLP()
+    was_done = np.zeros(n, dtype=bool)  # (an env's next row is its autoreset)
     try:
         with torch.no_grad():
             if batch is None:
@@ -433,15 +439,20 @@ def envpool_mlp(workers: int, frames: int, batch: int | None = None) -> float:
 
                 def step() -> int:
                     nonlocal obs
-                    obs = venv.step(mlp(torch.from_numpy(obs)).numpy())[0]
-                    return n
+                    obs, _, terminated, truncated, _ = venv.step(mlp(torch.from_numpy(obs)).numpy())
+                    real = n - int(was_done.sum())
+                    np.logical_or(terminated, truncated, out=was_done)
+                    return real
             else:
                 venv.async_reset()
 
                 def step() -> int:
-                    obs, _, _, _, info = venv.recv()
-                    venv.send(mlp(torch.from_numpy(obs)).numpy(), info["env_id"])
-                    return len(obs)
+                    obs, _, terminated, truncated, info = venv.recv()
+                    ids = info["env_id"]
+                    real = len(ids) - int(was_done[ids].sum())
+                    was_done[ids] = terminated | truncated
+                    venv.send(mlp(torch.from_numpy(obs)).numpy(), ids)
+                    return real
             for _ in range(20):
                 step()
             done, start = 0, time.perf_counter()
