@@ -314,7 +314,7 @@ class VectorEnvGroup(_GroupBase):
         except BaseException as exc:  # (a SystemExit or KeyboardInterrupt an env raises is its error too)
             _blame(exc, None)
             raise
-        ids = info.get("env_id") if isinstance(info, dict) else None
+        ids = _row_ids(info)
         if ids is not None and not np.array_equal(ids, self._order):
             obs, reward, terminated, truncated, info = self._in_order(ids, obs, reward, terminated, truncated, info)
         self._writer.write_all(obs)
@@ -366,7 +366,7 @@ class VectorEnvGroup(_GroupBase):
             except Exception as exc:
                 _blame(exc, None)
                 raise
-            ids = info.get("env_id") if isinstance(info, dict) else None
+            ids = _row_ids(info)
             if ids is None or np.array_equal(ids, self._order):
                 self._writer.write_all(obs)
                 return
@@ -387,7 +387,7 @@ class VectorEnvGroup(_GroupBase):
         """``(env, row of obs)`` for each env of a partial reset: a row per env (gymnasium),
         or a row per env reset, in the order ``info["env_id"]`` gives (EnvPool)."""
         rows = _leading(obs)
-        ids = info.get("env_id") if isinstance(info, dict) else None
+        ids = _row_ids(info)
         if rows == self.num_envs and (ids is None or np.array_equal(ids, self._order)):
             return [(int(i), int(i)) for i in idx]
         if ids is not None and len(ids) == rows and sorted(map(int, ids)) == sorted(map(int, idx)):
@@ -415,6 +415,19 @@ class VectorEnvGroup(_GroupBase):
                 raise EnvCloseError(failures, len(venv.envs))
             return
         venv.close()
+
+
+def _row_ids(info: Any) -> np.ndarray | None:
+    """The env of each row, where a vector env's ``info["env_id"]`` says it (EnvPool's
+    integers); ``None`` otherwise, and for an ``"env_id"`` that gymnasium's vector envs
+    gathered from their envs' own infos (those come with an ``"_env_id"`` mask)."""
+    if not isinstance(info, dict) or "_env_id" in info:
+        return None
+    ids = info.get("env_id")
+    if ids is None:
+        return None
+    ids = np.asarray(ids)
+    return ids if ids.ndim == 1 and ids.dtype.kind in "iu" else None
 
 
 def _leading(batched_obs: Any) -> int:

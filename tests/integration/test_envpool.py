@@ -106,6 +106,28 @@ def test_rows_given_in_another_order_are_put_in_env_order():
         assert (r["next", "observation"][..., 0] == r["observation"][..., 0] + 1)[~r["next", "done"][..., 0]].all()
 
 
+class SaysItsId(CounterEnv):
+    """An env whose own info has an ``"env_id"`` (a name, or a number that is not its row)."""
+
+    def __init__(self, value=None):
+        super().__init__()
+        self.value = value
+
+    def reset(self, *, seed=None, options=None):
+        obs, info = super().reset(seed=seed, options=options)
+        return obs, {**info, "env_id": self.value}
+
+    def step(self, action):
+        obs, reward, terminated, truncated, info = super().step(action)
+        return obs, reward, terminated, truncated, {**info, "env_id": self.value}
+
+
+@pytest.mark.parametrize("value", ["cartpole-a", 7], ids=["a name", "a number"])
+def test_an_env_id_in_the_envs_own_infos_is_not_taken_for_the_rows_order(value):
+    venv = SyncVectorEnv([lambda: SaysItsId(value)] * 3)  # (gymnasium gathers it, with an "_env_id" mask)
+    assert _check(_batches(Collector(venv, None, frames_per_batch=90, total_frames=450), 5)) > 10
+
+
 def test_an_asynchronous_pool_is_refused_naming_what_to_change():
     with pytest.raises(ValueError, match=r"asynchronous pool.*batch_size=num_envs"):
         _batches(Collector(Shuffled(4, drop=True), None, frames_per_batch=40, total_frames=40), 1)
