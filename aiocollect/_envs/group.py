@@ -297,10 +297,19 @@ class VectorEnvGroup(_GroupBase):
     ``info["env_id"]`` says which env each row belongs to (EnvPool), the rows are put in
     env order (``_in_order``); an asynchronous pool, whose steps return some of its envs
     (EnvPool's ``batch_size`` below ``num_envs``), is refused with an error rather than
-    stored in the wrong rows.
+    stored in the wrong rows: where the env is first built (before any worker starts, for
+    EnvPool, whose ``config`` says so), else at its first step.
     """
 
     def __init__(self, venv: VectorEnv, device=None):
+        config = getattr(venv, "config", None)  # (EnvPool's: its batch_size, where the env is built)
+        batch = config.get("batch_size") if isinstance(config, dict) else None
+        if isinstance(batch, int) and 0 < batch < venv.num_envs:
+            raise ValueError(
+                f"{type(venv).__name__} is an asynchronous pool (batch_size={batch} of num_envs={venv.num_envs}): "
+                "each step would return some of its envs; make it synchronous (batch_size=num_envs, or leave it "
+                "out), and let the collector overlap the steps (MultiAsyncCollector)."
+            )
         super().__init__(venv.single_observation_space, venv.single_action_space, venv.num_envs, device)
         self.venv = venv
         mode = venv.metadata.get("autoreset_mode", AutoresetMode.NEXT_STEP)

@@ -11,6 +11,7 @@ itself (a dev dependency, Linux x86-64 only).
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import itertools
 import warnings
@@ -186,7 +187,9 @@ def test_envpool_cartpole_in_worker_processes_with_a_policy_that_reads_the_obser
 
 
 @needs_envpool
-def test_an_asynchronous_envpool_is_refused():
-    with pytest.raises(ValueError, match=r"asynchronous pool"):
-        _batches(Collector(lambda: envpool_cartpole(8, batch_size=4), None, frames_per_batch=80,
-                           total_frames=80), 1)
+@pytest.mark.parametrize("cls", [Collector, MultiSyncCollector])
+def test_an_asynchronous_envpool_is_refused_as_the_collector_is_built(cls):
+    make = functools.partial(envpool_cartpole, 8, batch_size=4)
+    entry = make if cls is Collector else [make, make]
+    with pytest.raises(ValueError, match=r"asynchronous pool \(batch_size=4 of num_envs=8\).*MultiAsyncCollector"):
+        cls(entry, None, frames_per_batch=80, total_frames=80)  # (a worker collector: before any worker starts)
