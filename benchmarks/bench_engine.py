@@ -18,7 +18,9 @@ the best and the median, ratios use the best):
   Two *ceilings* say what the MLP itself leaves: W processes stepping 16 envs each in the
   limit's bare loop with the MLP's actions, all at once (no engine, no storage), at their own
   pace or in lockstep, meeting every batch (``ceiling``); each collector's MLP rows are also
-  given as a ratio to its ceiling (the sync ones to the lockstep one).
+  given as a ratio to its ceiling (the sync ones to the lockstep one). Where ``pufferlib`` is
+  installed, PufferLib's ``Multiprocessing`` vector with the MLP in this process on each batch
+  it returns (all the envs, or one worker's while the others step), as its training loop does.
 * **R. The same envs with random actions** (the warm-up, not training): aiocollect's two
   collectors (each worker takes runs of steps, no round trip per step), TorchRL's, PufferLib's
   raw ``Multiprocessing`` vector (no rollout storage; only where ``pufferlib`` is installed:
@@ -375,6 +377,34 @@ def pufferlib_multiprocessing(workers: int, steps: int, batches: int) -> float:
         vec.close()
 
 
+def pufferlib_mlp(workers: int, steps: int, batches: int, batch: int) -> float:
+    """PufferLib's ``Multiprocessing`` vector (W workers x 16 envs) with ``MLP`` here on each
+    batch it returns, as PufferLib's training loop does: ``batch`` envs per ``recv`` (all of
+    them, or one worker's, the others stepping meanwhile). Frames/s over ``steps * batches``
+    batches of all the envs after a warm-up."""
+    import pufferlib.vector
+
+    n = workers * E_ENVS
+    vec = pufferlib.vector.make(puffer_cartpole, backend=pufferlib.vector.Multiprocessing, num_envs=n,
+                                num_workers=workers, batch_size=batch)
+    torch.set_num_threads(1)
+    mlp = MLP()
+    try:
+        with torch.no_grad():
+            vec.async_reset(0)
+            for _ in range(100):
+                vec.send(mlp(torch.from_numpy(vec.recv()[0])).numpy())
+            frames, total = 0, steps * batches * n
+            start = time.perf_counter()
+            while frames < total:
+                obs = vec.recv()[0]
+                vec.send(mlp(torch.from_numpy(obs)).numpy())
+                frames += len(obs)
+            return frames / (time.perf_counter() - start)
+    finally:
+        vec.close()
+
+
 def torchrl_vector_cartpole(categorical: bool = False):
     from torchrl.envs import GymWrapper
 
@@ -595,6 +625,10 @@ def rows_for(args) -> list[Row]:
         if HAVE_TORCHRL:
             rows.append(Row(s, f"TorchRL MultiSync {w}x GymWrapper(SyncVec16), MLP",
                             lambda w=w: torchrl_multisync(w, e_steps, max(2, e_batches // 4), mlp=True)))
+        if HAVE_PUFFERLIB:
+            for batch in (w * E_ENVS, E_ENVS):
+                rows.append(Row(s, f"PufferLib Multiprocessing {w}x{E_ENVS}, MLP here, batch {batch}",
+                                lambda w=w, batch=batch: pufferlib_mlp(w, e_steps, max(2, e_batches // 4), batch)))
         s = f"R{w}"
         rows.append(Row(s, "limit", lambda w=w: limit(make_cartpole, E_ENVS, w, limit_frames)))
         rows.append(Row(s, VECTOR_LIMIT, lambda w=w: vector_limit(make_cartpole, E_ENVS, w, limit_frames)))
