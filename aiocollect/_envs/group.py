@@ -302,7 +302,7 @@ class VectorEnvGroup(_GroupBase):
     """
 
     def __init__(self, venv: VectorEnv, device=None):
-        config = getattr(venv, "config", None)  # (EnvPool's: its batch_size, where the env is built)
+        config = getattr(venv, "config", None) if _is_envpool(venv) else None  # (its batch_size)
         batch = config.get("batch_size") if isinstance(config, dict) else None
         if isinstance(batch, int) and 0 < batch < venv.num_envs:
             raise ValueError(
@@ -424,6 +424,11 @@ class VectorEnvGroup(_GroupBase):
                 raise EnvCloseError(failures, len(venv.envs))
             return
         venv.close()
+
+
+def _is_envpool(venv: Any) -> bool:
+    """An EnvPool env (its classes come from the ``envpool`` package; EnvPool is not imported)."""
+    return any(cls.__module__.split(".")[0] == "envpool" for cls in type(venv).__mro__)
 
 
 def _row_ids(info: Any) -> np.ndarray | None:
