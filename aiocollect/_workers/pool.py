@@ -449,7 +449,12 @@ class WorkerPool:
             if w.process.returncode is None:
                 try:
                     if w.ready:
-                        w.sock.send(protocol.CLOSE)
+                        try:
+                            w.sock.send(protocol.CLOSE)
+                        except BlockingIOError:
+                            pass  # a buffer full of stale doorbells (see protocol.ring): the end-of-file
+                        # below arrives after them, and ends the worker as CLOSE does (its envs closed)
+                        w.sock.shutdown(socket.SHUT_WR)
                     else:  # still starting (another failed): end-of-file ends its setup
                         w.sock.shutdown(socket.SHUT_RDWR)
                 except OSError:

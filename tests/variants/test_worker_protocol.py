@@ -2,6 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
+import functools
+import logging
+import os
+import signal
+import socket
+import threading
 import time
 
 import pytest
@@ -11,7 +18,7 @@ from aiocollect._engine import scheduler as scheduler_module
 from aiocollect._workers import pool as pool_module
 from aiocollect._workers import protocol
 from support.checks import check_batch, check_continuity
-from support.envs import CounterEnv
+from support.envs import CloseRecordEnv, CounterEnv
 
 
 def first_action(observation):
@@ -72,3 +79,32 @@ def test_stale_doorbells_piling_up_in_a_socket_never_fail_a_worker(cls, monkeypa
     assert len(batches) == 4
     for b in batches:
         check_batch(b if b.ndim == 1 else b.flatten(0, -2))
+
+
+@pytest.mark.parametrize("cls", [MultiSyncCollector, MultiAsyncCollector])
+def test_a_worker_whose_socket_is_full_of_stale_doorbells_still_closes_at_shutdown(cls, tmp_path, caplog):
+    """Stale doorbells (above) can fill the engine's end of a worker's socket, 278 one-byte
+    sends on Linux, while the worker is not scheduled (a loaded machine). ``CLOSE`` then did
+    not fit, was dropped, and the worker waited for it until the SIGTERM 5 s later, its envs
+    never closed. Now the engine also shuts its end for writing: the worker reads the stale
+    bytes, then the end-of-file, and closes its envs at once."""
+    envs = [functools.partial(CloseRecordEnv, str(tmp_path), k) for k in range(4)]
+    c = cls([envs[:2], envs[2:]], None, frames_per_batch=40 if cls is MultiSyncCollector else 20, total_frames=-1)
+    next(iter(c))
+    stopped = c._pool.processes[0]
+    os.kill(stopped.pid, signal.SIGSTOP)  # (not scheduled, as on a loaded machine)
+    try:
+        full = 0
+        with contextlib.suppress(BlockingIOError):
+            while full < 100_000:
+                stopped.sock.send(protocol.OK, socket.MSG_DONTWAIT)  # doorbells it does not read
+                full += 1
+        assert full < 100_000  # the buffer is full
+    finally:
+        threading.Timer(0.5, os.kill, (stopped.pid, signal.SIGCONT)).start()
+    t0 = time.monotonic()
+    with caplog.at_level(logging.WARNING, logger="aiocollect"):
+        c.shutdown()
+    assert time.monotonic() - t0 < 4  # (the SIGTERM came after 5 s)
+    assert "SIGTERM" not in caplog.text
+    assert CloseRecordEnv.unclosed(str(tmp_path)) == []  # the stopped worker's envs too
