@@ -307,8 +307,7 @@ class VectorEnvGroup(_GroupBase):
         if isinstance(batch, int) and 0 < batch < venv.num_envs:
             raise ValueError(
                 f"{type(venv).__name__} is an asynchronous pool (batch_size={batch} of num_envs={venv.num_envs}): "
-                "each step would return some of its envs; make it synchronous (batch_size=num_envs, or leave it "
-                "out), and let the collector overlap the steps (MultiAsyncCollector)."
+                f"each step would return some of its envs; {_SYNCHRONOUS}"
             )
         super().__init__(venv.single_observation_space, venv.single_action_space, venv.num_envs, device)
         self.venv = venv
@@ -346,8 +345,7 @@ class VectorEnvGroup(_GroupBase):
             raise ValueError(
                 f"{type(self.venv).__name__}.step() returned rows for envs {ids.tolist()} (info['env_id']), "
                 f"not one for each of its {self.num_envs} envs: an asynchronous pool (EnvPool with "
-                "batch_size < num_envs) cannot be a collector's vector env; make it synchronous "
-                "(batch_size=num_envs), and let the collector overlap the steps (MultiAsyncCollector)."
+                f"batch_size < num_envs) cannot be a collector's vector env; {_SYNCHRONOUS}"
             )
         order = np.argsort(ids)
         *arrays, info = rest
@@ -407,9 +405,8 @@ class VectorEnvGroup(_GroupBase):
         raise ValueError(
             f"{type(self.venv).__name__}.reset() for envs {np.asarray(idx).tolist()} returned {rows} "
             f"observation rows{said}: expected one per env ({self.num_envs}) or one per env reset, in order "
-            "or named by info['env_id']. (An asynchronous pool, EnvPool with batch_size < num_envs, returns "
-            "some of them: make it synchronous, batch_size=num_envs, and let the collector overlap the "
-            "steps: MultiAsyncCollector.)"
+            f"or named by info['env_id']. (An asynchronous pool, EnvPool with batch_size < num_envs, returns "
+            f"some of them: {_SYNCHRONOUS})"
         )
 
     def close(self, catch: type[BaseException] = Exception) -> None:
@@ -424,6 +421,11 @@ class VectorEnvGroup(_GroupBase):
                 raise EnvCloseError(failures, len(venv.envs))
             return
         venv.close()
+
+
+_SYNCHRONOUS = ("make it synchronous (batch_size=num_envs, or leave it out), and let the collector overlap the "
+                "steps (MultiAsyncCollector).")
+"""The fix every error about an asynchronous pool gives."""
 
 
 def _is_envpool(venv: Any) -> bool:
