@@ -350,56 +350,40 @@ def puffer_cartpole(buf=None, seed=0):
     return pufferlib.emulation.GymnasiumPufferEnv(env_creator=make_cartpole, buf=buf, seed=seed)
 
 
-def pufferlib_multiprocessing(workers: int, steps: int, batches: int) -> float:
-    """PufferLib's raw vector (``pufferlib.vector.Multiprocessing``, W workers x 16 envs, one
-    batch of every env per ``recv``): workers write into shared buffers that this process
-    reads; no rollout storage, no trajectory bookkeeping, no TensorDict. Frames/s over
-    ``steps * batches`` rounds after a warm-up."""
+def pufferlib_multiprocessing(workers: int, steps: int, batches: int, batch: int | None = None,
+                              mlp: bool = False) -> float:
+    """PufferLib's raw vector (``pufferlib.vector.Multiprocessing``, W workers x 16 envs):
+    workers write into shared buffers that this process reads; no rollout storage, no
+    trajectory bookkeeping, no TensorDict. Each ``recv`` gives ``batch`` envs (default all of
+    them; one worker's while the others step), acted on with pre-drawn random actions or
+    (``mlp``) with ``MLP`` here, as PufferLib's training loop does. Frames/s over ``steps *
+    batches`` batches of all the envs after a warm-up."""
     import pufferlib.vector
 
     n = workers * E_ENVS
-    vec = pufferlib.vector.make(puffer_cartpole, backend=pufferlib.vector.Multiprocessing, num_envs=n,
-                                num_workers=workers, batch_size=n)
-    try:
-        rng = np.random.default_rng(0)
-        actions = [rng.integers(0, 2, n) for _ in range(64)]
-        vec.async_reset(0)
-        for i in range(100):
-            vec.recv()
-            vec.send(actions[i % 64])
-        rounds = steps * batches
-        start = time.perf_counter()
-        for i in range(rounds):
-            vec.recv()
-            vec.send(actions[i % 64])
-        return rounds * n / (time.perf_counter() - start)
-    finally:
-        vec.close()
-
-
-def pufferlib_mlp(workers: int, steps: int, batches: int, batch: int) -> float:
-    """PufferLib's ``Multiprocessing`` vector (W workers x 16 envs) with ``MLP`` here on each
-    batch it returns, as PufferLib's training loop does: ``batch`` envs per ``recv`` (all of
-    them, or one worker's, the others stepping meanwhile). Frames/s over ``steps * batches``
-    batches of all the envs after a warm-up."""
-    import pufferlib.vector
-
-    n = workers * E_ENVS
+    batch = batch or n
     vec = pufferlib.vector.make(puffer_cartpole, backend=pufferlib.vector.Multiprocessing, num_envs=n,
                                 num_workers=workers, batch_size=batch)
     torch.set_num_threads(1)
-    mlp = MLP()
+    rng = np.random.default_rng(0)
+    drawn = [rng.integers(0, 2, batch) for _ in range(64)]
+    policy = MLP() if mlp else None
+
+    def act(i: int, obs: np.ndarray) -> np.ndarray:
+        return drawn[i % 64] if policy is None else policy(torch.from_numpy(obs)).numpy()
+
     try:
         with torch.no_grad():
             vec.async_reset(0)
-            for _ in range(100):
-                vec.send(mlp(torch.from_numpy(vec.recv()[0])).numpy())
-            frames, total = 0, steps * batches * n
+            for i in range(100):
+                vec.send(act(i, vec.recv()[0]))
+            frames, total, i = 0, steps * batches * n, 0
             start = time.perf_counter()
             while frames < total:
                 obs = vec.recv()[0]
-                vec.send(mlp(torch.from_numpy(obs)).numpy())
+                vec.send(act(i, obs))
                 frames += len(obs)
+                i += 1
             return frames / (time.perf_counter() - start)
     finally:
         vec.close()
@@ -628,7 +612,8 @@ def rows_for(args) -> list[Row]:
         if HAVE_PUFFERLIB:
             for batch in (w * E_ENVS, E_ENVS):
                 rows.append(Row(s, f"PufferLib Multiprocessing {w}x{E_ENVS}, MLP here, batch {batch}",
-                                lambda w=w, batch=batch: pufferlib_mlp(w, e_steps, max(2, e_batches // 4), batch)))
+                                lambda w=w, batch=batch: pufferlib_multiprocessing(w, e_steps, max(2, e_batches // 4),
+                                                                                   batch, mlp=True)))
         s = f"R{w}"
         rows.append(Row(s, "limit", lambda w=w: limit(make_cartpole, E_ENVS, w, limit_frames)))
         rows.append(Row(s, VECTOR_LIMIT, lambda w=w: vector_limit(make_cartpole, E_ENVS, w, limit_frames)))
