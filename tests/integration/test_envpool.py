@@ -193,3 +193,20 @@ def test_an_asynchronous_envpool_is_refused_as_the_collector_is_built(cls):
     entry = make if cls is Collector else [make, make]
     with pytest.raises(ValueError, match=r"asynchronous pool \(batch_size=4 of num_envs=8\).*MultiAsyncCollector"):
         cls(entry, None, frames_per_batch=80, total_frames=80)  # (a worker collector: before any worker starts)
+
+
+async def test_rows_named_by_the_vector_env_through_the_async_face():
+    venv = OnlyResetRows(4)
+    async with Collector(venv, None, frames_per_batch=120, total_frames=600) as collector:
+        batches = [b async for b in collector]
+    assert len(batches) == 5 and venv.partial_resets > 5
+    assert _check(batches) > 10
+
+
+@needs_envpool
+async def test_envpool_cartpole_in_worker_processes_through_the_async_face():
+    async with MultiAsyncCollector([envpool_cartpole, envpool_cartpole], _mlp(), frames_per_batch=800,
+                                   total_frames=8000) as collector:
+        batches = [b async for b in collector]
+    assert len(batches) == 10
+    _check_cartpole(batches, across=False)
