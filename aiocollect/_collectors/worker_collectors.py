@@ -84,7 +84,8 @@ class WorkerCollectorBase(DataCollectorBase):
     ``None``: no bound) bounds the start of the worker processes: the constructor waits until
     every worker has built its envs, and raises
     [`StartTimeoutError`][aiocollect.StartTimeoutError] past it. ``num_threads`` and
-    ``num_sub_threads`` are accepted for compatibility: workers do not run torch.
+    ``num_sub_threads`` are accepted for compatibility: a worker that runs the policy runs
+    torch on one thread.
     """
 
     _persistent_loop = True
