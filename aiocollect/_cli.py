@@ -106,7 +106,8 @@ def _parser() -> argparse.ArgumentParser:
     t.add_argument("--frames-per-batch", type=int, default=None,
                    help="frames per batch (default: 100 steps of every env, as aiocollect collect)")
     b = sub.add_parser("bench", help="run the comparison benchmarks of a source checkout")
-    b.add_argument("--quick", action="store_true", help="smoke runs (seconds each) instead of full runs")
+    b.add_argument("--quick", action="store_true",
+                   help="smoke runs (seconds each) instead of full runs: every row runs, its figures are rough")
     b.add_argument("--only", choices=[name[len("bench_"):-3] for name in BENCHMARKS], action="append",
                    help="run only this benchmark (repeatable)")
     b.add_argument("--results", metavar="DIR", type=Path,

@@ -85,11 +85,19 @@ def environment() -> dict:
     }
 
 
+QUICK_WARNING = ("--quick: a smoke run. Each row was timed for milliseconds, so its figures are rough "
+                 "(one busy moment can halve a row): run without --quick to measure.")
+
+
 def finish(results: dict, args: argparse.Namespace) -> int:
-    """The last line every table ends with (the machine's load), and the JSON file if asked."""
+    """The last lines every run ends with: the machine's load, a warning under a ``--quick``
+    run's figures (timed over milliseconds, so one busy moment can halve a row), and the
+    JSON file if asked."""
     import json
 
     print(f"load average {os.getloadavg()[0]:.2f}")
+    if args.quick:
+        print(QUICK_WARNING)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(results, f, indent=2)

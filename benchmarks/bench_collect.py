@@ -72,7 +72,7 @@ os.environ.setdefault("RL_LOGGING_LEVEL", "ERROR")
 
 import gymnasium as gym
 import torch
-from _common import environment, parse_args
+from _common import QUICK_WARNING, environment, parse_args
 from tensordict.nn import TensorDictModule
 from torch import nn
 
@@ -510,6 +510,8 @@ def main(argv: list[str] | None = None) -> int:
     load = f", 1-min load average {os.getloadavg()[0]:.2f} at the end" if hasattr(os, "getloadavg") else ""
     total = time.perf_counter() - _PROCESS_START
     print(f"\ntotal time: {total:.1f} s ({wall:.1f} s measuring, the rest imports){load}")
+    if args.quick:
+        print(QUICK_WARNING)
     if args.json:
         write_json(args.json, benches, ep_lengths, sizes, args, env, wall, mode)
         print(f"results written to {args.json}")

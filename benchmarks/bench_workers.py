@@ -106,7 +106,7 @@ os.environ.setdefault("RL_LOGGING_LEVEL", "ERROR")
 import gymnasium as gym
 import numpy as np
 import torch
-from _common import environment, parse_args
+from _common import QUICK_WARNING, environment, parse_args
 
 import aiocollect
 
@@ -962,6 +962,8 @@ def main(argv: list[str] | None = None) -> int:
     load = f", 1-min load average {os.getloadavg()[0]:.2f} at the end" if hasattr(os, "getloadavg") else ""
     total = time.perf_counter() - _PROCESS_START
     print(f"\ntotal time: {total:.1f} s ({wall:.1f} s measuring, the rest imports){load}")
+    if args.quick:
+        print(QUICK_WARNING)
     failed = [b for b in benches if b.error]
     for b in failed:
         print(f"FAILED: [{b.section}] {b.name}: {b.error}")

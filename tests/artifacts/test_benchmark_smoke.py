@@ -23,6 +23,8 @@ def run_smoke(name: str, results_dir: Path) -> tuple[str, dict]:
     proc = subprocess.run([sys.executable, str(BENCH.parent / f"bench_{name}.py"), "--smoke", "--json", str(out)],
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
+    # (a smoke run is a quick run: its figures are said to be rough, under the tables)
+    assert "--quick: a smoke run. Each row was timed for milliseconds" in proc.stdout
     return proc.stdout, json.loads(out.read_text())
 
 
