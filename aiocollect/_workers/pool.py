@@ -449,6 +449,8 @@ class WorkerPool:
             if w.process.returncode is None:
                 try:
                     if w.ready:
+                        for port in w.ports:  # a run of steps reads no socket till it ends: end it
+                            port.cut_run()    # after the step under way (the envs may have slowed)
                         try:
                             w.sock.send(protocol.CLOSE)
                         except BlockingIOError:

@@ -326,6 +326,22 @@ class CloseRecordEnv(CounterEnv):
         return sorted(n[:-6] for n in names if n.endswith(".built") and n[:-6] + ".closed" not in names)
 
 
+class SlowsDownEnv(CloseRecordEnv):
+    """``CloseRecordEnv`` whose steps take ``delay`` seconds each once a file ``slow`` exists
+    in ``folder`` (it leaves ``stepping`` there at its first slow step): an env that slows
+    down after the engine sized its runs of steps from its fast pace."""
+
+    def __init__(self, folder: str, tag: int, delay: float = 0.3):
+        super().__init__(folder, tag)
+        self.folder, self.delay = folder, delay
+
+    def step(self, action):
+        if os.path.exists(os.path.join(self.folder, "slow")):
+            open(os.path.join(self.folder, "stepping"), "w").close()
+            time.sleep(self.delay)
+        return super().step(action)
+
+
 class SlowStartEnv(CounterEnv):
     """``CounterEnv`` that sleeps ``delay`` seconds in its constructor, but only in a worker
     process (not in ``main_pid``, where the collector builds one to read the spaces): a

@@ -18,7 +18,7 @@ from aiocollect._engine import scheduler as scheduler_module
 from aiocollect._workers import pool as pool_module
 from aiocollect._workers import protocol
 from support.checks import check_batch, check_continuity
-from support.envs import CloseRecordEnv, CounterEnv
+from support.envs import CloseRecordEnv, CounterEnv, SlowsDownEnv
 
 
 def first_action(observation):
@@ -108,3 +108,37 @@ def test_a_worker_whose_socket_is_full_of_stale_doorbells_still_closes_at_shutdo
     assert time.monotonic() - t0 < 4  # (the SIGTERM came after 5 s)
     assert "SIGTERM" not in caplog.text
     assert CloseRecordEnv.unclosed(str(tmp_path)) == []  # the stopped worker's envs too
+
+
+@pytest.mark.parametrize("cls", [MultiSyncCollector, MultiAsyncCollector])
+def test_a_worker_in_the_middle_of_a_run_of_steps_stops_after_its_step_at_shutdown(cls, tmp_path, caplog):
+    """With random actions a worker takes runs of steps, sized from its envs' last pace, and
+    reads its socket only between runs. When the envs slow down (here from microseconds to
+    0.3 s a step) the run under way can last minutes: ``shutdown()`` then waited 5 s for the
+    worker, sent SIGTERM, and its envs were never closed. Now shutdown cuts every run first:
+    the worker ends after the step it is taking, then reads ``CLOSE`` and closes its envs."""
+    folder = str(tmp_path)
+    envs = [functools.partial(SlowsDownEnv, folder, k) for k in range(4)]
+    fpb = 2 * 2 * 5_000 if cls is MultiSyncCollector else 2 * 5_000
+    c = cls([envs[:2], envs[2:]], None, frames_per_batch=fpb, total_frames=-1)
+    it = iter(c)
+    next(it)
+
+    def collect():
+        with contextlib.suppress(Exception):  # (the collection ends as shutdown() stops it)
+            for _ in it:
+                pass
+
+    threading.Thread(target=collect, daemon=True).start()
+    open(os.path.join(folder, "slow"), "w").close()
+    deadline = time.monotonic() + 30
+    while not os.path.exists(os.path.join(folder, "stepping")) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert os.path.exists(os.path.join(folder, "stepping"))
+    time.sleep(0.1)  # (in the middle of a slow step of a run)
+    t0 = time.monotonic()
+    with caplog.at_level(logging.WARNING, logger="aiocollect"):
+        c.shutdown()
+    assert time.monotonic() - t0 < 4.5  # (a step of its 2 envs: 0.6 s; the SIGTERM came after 5 s)
+    assert "SIGTERM" not in caplog.text
+    assert CloseRecordEnv.unclosed(folder) == []
