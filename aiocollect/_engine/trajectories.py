@@ -202,10 +202,11 @@ class TrajectoryAssembler:
 
     def restore(self, trajectories: list[TensorDictBase]) -> None:
         """Start over from a checkpoint: these complete trajectories wait to be taken, and
-        nothing is under way (the envs restart from a reset)."""
-        self._partial.clear()
-        self._pending_bytes = 0
-        self._cut.clear()
+        nothing is under way (the envs restart from a reset). The trajectories under way
+        here are cut (``cut``), not forgotten: a collector that collects ahead may still
+        hold batches with their ends, and a trajectory whose beginning was dropped must
+        never be delivered as if it were whole; so are the ids earlier resets cut."""
+        self.cut(list(self._partial))
         self._complete = list(trajectories)
 
     def add(self, batch: TensorDictBase) -> None:

@@ -5,6 +5,7 @@ holds exactly what was not delivered yet."""
 from __future__ import annotations
 
 import functools
+import time
 
 import pytest
 import torch
@@ -102,6 +103,25 @@ def test_trajs_per_batch_never_delivers_a_trajectory_a_reset_cut(variant, traj_f
                 seen.add(tid)
             if i % 2:
                 collector.reset()
+    assert len(seen) > 20
+
+
+def test_trajs_per_batch_never_delivers_a_trajectory_whose_beginning_a_checkpoint_load_dropped(variant):
+    """``load_state_dict`` restarts the envs and drops the trajectories under way. A collector
+    that collects ahead still holds batches with their ends: those must be dropped too, not
+    delivered as whole trajectories that begin mid-episode (they were)."""
+    seen = set()
+    with variant(envs(variant, length=6), None, frames_per_batch=FPB, total_frames=60 * FPB,
+                 trajs_per_batch=2, traj_format="cat") as collector:
+        for i, batch in enumerate(collector):
+            for traj in trajectories(batch, "cat"):
+                check_whole_episode(traj)
+                tid = int(traj["collector", "traj_ids"][0])
+                assert tid not in seen, "a trajectory delivered twice"
+                seen.add(tid)
+            if i % 2:
+                time.sleep(0.05)  # (a collector that collects ahead fills its next batches meanwhile)
+                collector.load_state_dict(collector.state_dict())
     assert len(seen) > 20
 
 
