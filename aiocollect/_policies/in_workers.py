@@ -308,13 +308,30 @@ class SharedWeights:
         return int(self.clock[VERSION])
 
     def write(self, module: Any, version: int) -> None:
-        """Copy ``module``'s ``state_dict`` in, as ``version`` (the engine's thread)."""
+        """Copy ``module``'s ``state_dict`` in, as ``version`` (in the caller's thread, or the
+        engine's). An exception in the middle (a Ctrl-C between two tensors) finishes the
+        copy before it propagates: the sequence word never stays odd (every worker would wait
+        for it forever) and never turns even over half-copied weights."""
+        tensors = list(module.state_dict().values())
+        if [tuple(t.shape) for t in tensors] != [a.shape for a in self.arrays]:
+            raise RuntimeError(
+                f"policy: its weights are now of shapes {[list(t.shape) for t in tensors]}, the workers' copies "
+                f"{[list(a.shape) for a in self.arrays]}: a policy whose weights change shape or number "
+                "(a submodule replaced...) needs a new collector.")
         clock = self.clock
         clock[SEQ] += 1  # odd: being written
+        try:
+            self._copy(module, version)
+        except BaseException:
+            self._copy(module, version)
+            raise
+        finally:
+            clock[SEQ] += 1
+
+    def _copy(self, module: Any, version: int) -> None:
         for dst, tensor in zip(self.arrays, module.state_dict().values()):
             np.copyto(dst, _array(tensor))
-        clock[VERSION] = version
-        clock[SEQ] += 1
+        self.clock[VERSION] = version
 
     def read(self, tensors: list, seen: int) -> tuple[int, int] | None:
         """Load the weights into ``tensors`` (a worker's copy's ``state_dict`` values) if they
@@ -370,9 +387,12 @@ class WorkersRunner:
             if channel.has_pending:
                 channel.apply_pending()
             if channel.version != self.published:
-                self.shared.write(self.policy, channel.version)
-                self.published = channel.version
-                self.central.version = channel.version
+                try:
+                    self.shared.write(self.policy, channel.version)
+                finally:  # (a Ctrl-C in the copy lets it finish first: then it is published)
+                    if self.shared.version == channel.version:
+                        self.published = channel.version
+                        self.central.version = channel.version
 
     def __call__(self, obs: dict, num_envs: int) -> dict:
         return self.central(obs, num_envs)

@@ -21,7 +21,7 @@ from aiocollect._policies import in_workers as placement_module
 from aiocollect._policies.in_workers import placement as where_it_runs
 from aiocollect._workers.protocol import usable_cores
 from support.envs import TAG, CounterEnv, IntObsEnv, TaggedCounter
-from support.weights import Trainer, linear, versions_while_training
+from support.weights import Trainer, check_versions, linear, versions_while_training
 
 COLLECTORS = [MultiSyncCollector, MultiAsyncCollector, AsyncCollector]
 
@@ -496,3 +496,33 @@ def test_a_probabilistic_actor_takes_the_interaction_type_in_the_workers(in_work
         assert torch.equal(actions, argmax)
     else:
         assert (actions != argmax).sum() >= 20  # (about 2/3 of 80 frames; below 20 about once in 10^14 runs)
+
+
+def test_a_ctrl_c_while_new_weights_are_copied_to_the_workers_neither_hangs_nor_tears_them(in_workers, monkeypatch):
+    """``update_policy_weights_`` copies the weights into shared memory in the caller's thread,
+    behind a sequence word the workers wait on while it is odd. A Ctrl-C between two tensors
+    left it odd: every worker waited for good, the collection hung. Now the copy finishes
+    before the interrupt propagates, and the next batches carry the new version, whole."""
+    c = build(MultiSyncCollector, IntObsEnv, linear(0.0), frames_per_batch=40, total_frames=-1)
+    with c:
+        assert c.policy_in_workers
+        it = iter(c)
+        assert check_versions(next(it)) == {0}
+        array, calls = placement_module._array, []
+
+        def interrupted(tensor):
+            calls.append(1)
+            if len(calls) == 2:  # (the second tensor: the first is copied already)
+                raise KeyboardInterrupt
+            return array(tensor)
+
+        monkeypatch.setattr(placement_module, "_array", interrupted)
+        with pytest.raises(KeyboardInterrupt):
+            c.update_policy_weights_(linear(1.0))
+        monkeypatch.setattr(placement_module, "_array", array)
+        seen = set()
+        for _ in range(3):
+            seen |= check_versions(next(it))  # (a hang here is the bug: the suite's timeout names it)
+        assert seen == {1}
+        c.update_policy_weights_(linear(2.0))  # (the word is even again: the next copy is seen)
+        assert check_versions(next(it)) == {2}
