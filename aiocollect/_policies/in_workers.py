@@ -272,6 +272,7 @@ def fields(outputs: list[tuple[Any, np.dtype, tuple]], module: Any, slots: int, 
     out.append(("version", np.dtype(np.int64), (k, t, n)))
     for i, tensor in enumerate(module.state_dict().values()):
         out.append((f"w{i}", _array(tensor).dtype, tuple(tensor.shape)))
+    out.append(("wmode", np.dtype(np.uint8), (len(list(module.modules())),)))
     out.append(("wclock", np.dtype(np.int64), (2,)))
     return out
 
@@ -301,6 +302,9 @@ class SharedWeights:
     def __init__(self, arrays: dict[str, np.ndarray]):
         count = sum(1 for name in arrays if name.startswith("w") and name[1:].isdigit())
         self.arrays = [arrays[f"w{i}"] for i in range(count)]
+        self.modes = arrays["wmode"]
+        """Each submodule's ``training`` flag (train/eval mode), in ``modules()`` order of
+        the collector's policy: they travel with the weights."""
         self.clock = arrays["wclock"]
 
     @property
@@ -331,11 +335,16 @@ class SharedWeights:
     def _copy(self, module: Any, version: int) -> None:
         for dst, tensor in zip(self.arrays, module.state_dict().values()):
             np.copyto(dst, _array(tensor))
+        modes = [m.training for m in module.modules()]
+        if len(modes) == len(self.modes):
+            self.modes[:] = modes
         self.clock[VERSION] = version
 
-    def read(self, tensors: list, seen: int) -> tuple[int, int] | None:
-        """Load the weights into ``tensors`` (a worker's copy's ``state_dict`` values) if they
-        changed since sequence ``seen``: ``(sequence, version)``, or ``None`` if unchanged."""
+    def read(self, tensors: list, seen: int, modules: list) -> tuple[int, int] | None:
+        """Load the weights into ``tensors`` (a worker's copy's ``state_dict`` values), and
+        the train/eval mode into ``modules`` (its submodules, in the order of the
+        collector's policy's ``modules()``), if they changed since sequence ``seen``:
+        ``(sequence, version)``, or ``None`` if unchanged."""
         import torch
 
         clock = self.clock
@@ -349,7 +358,10 @@ class SharedWeights:
             version = int(clock[VERSION])
             for tensor, src in zip(tensors, self.arrays):
                 tensor.copy_(torch.from_numpy(src))
+            modes = self.modes.tolist()
             if int(clock[SEQ]) == seq:
+                for module, mode in zip(modules, modes):
+                    module.training = bool(mode)
                 return seq, version
 
 
@@ -441,6 +453,9 @@ class WorkerPolicy:
         self.version_field = arrays["version"]
         self.weights = SharedWeights(arrays)
         self.tensors = list(self.policy.state_dict().values())
+        self.modules = list(self.policy.modules())
+        if setup["in_keys"] is not None:  # (the collector's policy is the TensorDictModule around it)
+            self.modules.insert(0, torch.nn.Module())
         shapes = [tuple(arrays[f"w{i}"].shape) for i in range(len(self.tensors)) if f"w{i}" in arrays]
         if shapes != [tuple(t.shape) for t in self.tensors]:
             got = [list(t.shape) for t in self.tensors]
@@ -476,7 +491,7 @@ class WorkerPolicy:
         # (runs at every step of every env part: each numpy or torch call here costs a few
         # microseconds once the envs' own code has taken the caches, so there are few)
         if self._clock[SEQ] != self.seen:
-            got = self.weights.read(self.tensors, self.seen)
+            got = self.weights.read(self.tensors, self.seen, self.modules)
             if got is not None:
                 self.seen, self.version = got
         column = self._columns.get((lo, s, t)) or self._column(obs, s, t, lo, hi)

@@ -526,3 +526,40 @@ def test_a_ctrl_c_while_new_weights_are_copied_to_the_workers_neither_hangs_nor_
         assert seen == {1}
         c.update_policy_weights_(linear(2.0))  # (the word is even again: the next copy is seen)
         assert check_versions(next(it)) == {2}
+
+
+class DropoutHead(nn.Module):
+    """Logits through a dropout layer: in train mode no logit is what eval mode gives."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.linear, self.dropout = nn.Linear(3, 3), nn.Dropout(0.5)
+
+    def forward(self, observation):
+        logits = self.dropout(self.linear(observation / 100))
+        return logits, logits.argmax(-1)
+
+
+def test_the_train_or_eval_mode_reaches_the_workers_with_the_weights(placement):
+    """Central inference calls the policy in the mode it is in; the workers' copies take the
+    mode of each submodule with each update, so after ``policy.train()`` (or ``.eval()``) and
+    ``update_policy_weights_()`` both places act alike (the copies kept the mode they were
+    built with)."""
+    policy = TensorDictModule(DropoutHead(), in_keys=["observation"], out_keys=["logits", "action"]).eval()
+    reference = DropoutHead().eval()
+
+    def eval_like(batch) -> torch.Tensor:
+        frames = flat(batch)
+        return torch.isclose(frames["logits"], reference(frames["observation"])[0]).all(-1)
+
+    with build(MultiSyncCollector, CounterEnv, policy, frames_per_batch=40, total_frames=-1) as c:
+        assert c.policy_in_workers is (placement == "in_workers")
+        it = iter(c)
+        assert eval_like(next(it)).all()
+        c.policy.train()
+        c.update_policy_weights_()
+        assert not eval_like(next(it)).any()  # dropout acts: every logit row changed
+        c.policy.eval()
+        c.update_policy_weights_()
+        assert eval_like(next(it)).all()
