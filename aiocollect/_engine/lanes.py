@@ -48,6 +48,10 @@ class Lane:
         self.carry: list = []
         """Those the next step starts from (``RolloutStorage.carried``): a recurrent state."""
         self.start_flags: np.ndarray | None = None
+        """Without ``reset_when_done``: the root done flags of the batch's first column."""
+        self.fresh: list[tuple[int, np.ndarray]] = []
+        """Without ``reset_when_done``: ``(column, envs)`` of the resets done later in the
+        batch; the observations there begin episodes, so their root flags are false."""
         self.completed_trajectories = 0
         self.reserved: list[int] = []
         """Slots holding this lane's sealed batches, not yet released."""
@@ -84,6 +88,8 @@ class Sealed:
     keys: tuple
     start_flags: np.ndarray | None
     mask: bool
+    fresh: tuple = ()
+    """``Lane.fresh`` when it was sealed."""
 
     def oldest_version(self, storage: RolloutStorage) -> int:
         if not self.valid:

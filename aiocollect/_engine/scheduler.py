@@ -131,6 +131,7 @@ class Scheduler:
                 x[slot, 0, lane.lo : lane.hi] = x[lane.slot, lane.t, lane.lo : lane.hi]
         lane.slot, lane.t, lane.frames, lane.mask, lane.keys = slot, 0, frames, mask, None
         lane.start_flags = None if self.reset_when_done else self.timelines.root_flags[:, lane.lo : lane.hi].copy()
+        lane.fresh = []
         lane.held = False
         self._ready(lane)
 
@@ -141,7 +142,8 @@ class Scheduler:
             # TorchRL's set_truncated: the batch's last step says truncated (so done), and value
             # targets bootstrap there; the envs and their trajectories (ids, step counts) go on
             self.storage.truncated[lane.slot, valid - 1, lane.lo : lane.hi] = True
-        sealed = Sealed(lane, lane.slot, lane.frames, valid, lane.keys or (), lane.start_flags, lane.mask)
+        sealed = Sealed(lane, lane.slot, lane.frames, valid, lane.keys or (), lane.start_flags, lane.mask,
+                        tuple(lane.fresh))
         lane.reserved.append(lane.slot)
         lane.held = True
         return sealed
@@ -157,15 +159,15 @@ class Scheduler:
         lane = sealed.lane
         valid = np.full(lane.num_envs, sealed.valid, dtype=np.int64)
         return self._copy_out(sealed.slot, lane.lo, lane.hi, sealed.frames, valid, keys or sealed.keys,
-                              sealed.start_flags, sealed.mask, empty)
+                              sealed.start_flags, sealed.mask, empty, fresh=sealed.fresh)
 
-    def _copy_out(self, *args: Any) -> dict:
-        """``storage.batch(*args)``, its bad values named (``_naming_bad_values``), timed
-        when profiled."""
+    def _copy_out(self, *args: Any, **kwargs: Any) -> dict:
+        """``storage.batch(*args, **kwargs)``, its bad values named (``_naming_bad_values``),
+        timed when profiled."""
         with self._naming_bad_values():
             if self.profile is None:
-                return self.storage.batch(*args)
-            return self.profile.batch(lambda: self.storage.batch(*args))
+                return self.storage.batch(*args, **kwargs)
+            return self.profile.batch(lambda: self.storage.batch(*args, **kwargs))
 
     @contextlib.contextmanager
     def _naming_bad_values(self) -> Iterator[None]:
@@ -192,8 +194,9 @@ class Scheduler:
         valid = np.concatenate([np.full(b.lane.num_envs, b.valid, dtype=np.int64) for b in sealed])
         flags = None if first.start_flags is None else np.concatenate([b.start_flags for b in sealed], axis=1)
         if all(b.slot == first.slot for b in sealed):
+            fresh = [(t, envs + b.lane.lo - first.lane.lo) for b in sealed for t, envs in b.fresh]
             return self._copy_out(first.slot, first.lane.lo, sealed[-1].lane.hi, first.frames, valid, keys, flags,
-                                  first.mask)
+                                  first.mask, fresh=fresh)
         parts = [self.batch(b, keys, host_empty) for b in sealed]  # only the joined batch is staged
         return {k: concat([p[k] for p in parts], storage.empty) for k in parts[0]}
 
@@ -214,6 +217,12 @@ class Scheduler:
             rows = slice(lane.lo, lane.hi)
             term, trunc = st.terminated[lane.slot, count - 1, rows], st.truncated[lane.slot, count - 1, rows]
             lane.start_flags = np.stack([term | trunc, term, trunc])
+            fresh, lane.fresh = lane.fresh, []
+            for t, envs in fresh:  # (the resets in the dropped part are gone with it)
+                if t == count:
+                    lane.start_flags[:, envs] = False
+                elif t > count:
+                    lane.fresh.append((t - count, envs))
         st.shift(lane.slot, lane.lo, lane.hi, count, lane.t)
         lane.t -= count
         return count * lane.num_envs
@@ -454,6 +463,12 @@ class Scheduler:
             s, t = lane.slot, lane.t - 1
             term, trunc = st.terminated[s, t, lo:hi], st.truncated[s, t, lo:hi]
             trunc |= tl.renew[lo:hi] & ~term
+        if lane.start_flags is not None and len(idx):  # (without reset_when_done)
+            # the observations the reset writes at column t begin episodes: root flags false
+            if lane.t == 0:
+                lane.start_flags[:, idx] = False
+            else:
+                lane.fresh.append((lane.t, idx))
         st.reset_mask[lo:hi] = False
         st.reset_mask[idx + lo] = True
         if seeds is None:

@@ -397,12 +397,14 @@ class RolloutStorage:
             x[s, : filled - count, rows] = part.clone() if isinstance(part, torch.Tensor) else part.copy()
 
     def batch(self, s: int, lo: int, hi: int, frames: int, valid: np.ndarray, keys: tuple,
-              start_flags: np.ndarray | None, mask: bool, empty: Any = None) -> dict[NestedKey | tuple, torch.Tensor]:
+              start_flags: np.ndarray | None, mask: bool, empty: Any = None,
+              fresh: Any = ()) -> dict[NestedKey | tuple, torch.Tensor]:
         """The tensors of envs ``lo:hi``, ``[envs, frames, ...]``, copied out of slot ``s``.
 
         ``valid[i]``: the columns env ``lo + i`` filled (the rest is blanked: zeros, ids
         and versions -1); ``keys``: the policy outputs written; ``start_flags``: the root
-        done flags of the first column, when ``reset_when_done`` is off (``None``: all false);
+        done flags of the first column, when ``reset_when_done`` is off (``None``: all false),
+        and ``fresh``, the ``(column, envs)`` of resets later in the batch (false there too);
         ``empty``: the allocator (``self.empty`` by default; parts to be joined take ``host_empty``).
         """
         cols = slice(0, frames)
@@ -448,6 +450,8 @@ class RolloutStorage:
                 root, view = empty(nxt.shape, nxt.dtype)
                 view[:, 0] = first
                 view[:, 1:] = nxt[:, :-1]
+                for t, envs in fresh:
+                    view[envs, t] = False
                 out[flag] = root.unsqueeze(-1)
         out[("collector", "traj_ids")] = take(self.traj_ids)
         out[("collector", "policy_version")] = take(self.policy_version)

@@ -14,6 +14,7 @@ from tensordict.nn import TensorDictModule
 from support.checks import check_batch, check_whole_episode, rows
 from support.episode_envs import EpisodeEnv
 from support.plain_modules import ArgmaxMLP
+from support.variants import VARIANTS
 
 FPB = 20
 
@@ -181,3 +182,29 @@ def test_trajs_per_batch_warns_once_when_episodes_never_end(variant, monkeypatch
             variant(never_ends, None, frames_per_batch=FPB, total_frames=8 * FPB, trajs_per_batch=1) as collector:
         assert list(collector) == []  # no episode ever ends: nothing to deliver
     assert len([w for w in warned if "trajs_per_batch" in str(w.message)]) == 1
+
+
+@pytest.mark.parametrize("variant", [v for v in VARIANTS if not v.coroutine], ids=lambda v: v.name)
+def test_without_reset_when_done_the_first_frame_after_a_reset_is_not_done(variant):
+    """With ``reset_when_done=False`` an env that finished stays done, and the root flags
+    say so until a reset. The frame a reset begins is not done: between batches its root
+    flags were copied before the reset landed, and mid-batch (a collector that collects
+    ahead) they were read off the step before, which the reset marks truncated."""
+    after_reset = 0
+    with variant(envs(variant, length=3, step_s=0.0005), None, frames_per_batch=FPB, total_frames=12 * FPB,
+                 reset_when_done=False) as collector:
+        for i, batch in enumerate(collector):
+            for env in rows(batch):
+                ids, obs = env["collector", "traj_ids"], env["observation"]
+                for t in range(env.shape[0]):
+                    if ids[t] < 0:
+                        continue
+                    root = [bool(env[flag][t, 0]) for flag in ("done", "terminated", "truncated")]
+                    if obs[t, 0] == 0:  # (a reset's observation: step 0 of an episode)
+                        assert root == [False] * 3, f"the first frame of episode {int(obs[t, 1])} says done"
+                        after_reset += i > 0 or t > 0
+                    elif t > 0:
+                        assert root[0] == bool(env["next", "done"][t - 1, 0])
+            if i % 2 == 0:
+                collector.reset()
+    assert after_reset > 0, "no reset landed: the case tests nothing"
