@@ -256,6 +256,10 @@ def _collector_options(given: Mapping[str, Any], stacklevel: int) -> CollectorOp
     if tpb is not None and values["split_trajs"]:
         raise ValueError("split_trajs=True and trajs_per_batch: trajs_per_batch batches already hold "
                          "whole trajectories (padded, with a mask); drop split_trajs.")
+    if tpb is not None and values["set_truncated"]:
+        raise ValueError("set_truncated=True and trajs_per_batch: set_truncated marks each batch's last step "
+                         "truncated, which would end a trajectory there and deliver episodes in pieces under one "
+                         "id; trajs_per_batch delivers whole episodes, so drop set_truncated.")
     if given.get("traj_format") is not None and tpb is None:
         raise ValueError(f"traj_format={given['traj_format']!r} shapes trajs_per_batch's batches: set "
                          "trajs_per_batch too (how many complete trajectories per batch).")

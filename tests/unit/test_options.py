@@ -106,6 +106,8 @@ BAD_OPTIONS = [
     (dict(trajs_per_batch=2.0), TypeError, ["trajs_per_batch must be an integer"]),
     (dict(trajs_per_batch=4, split_trajs=True), ValueError,
      ["split_trajs=True and trajs_per_batch", "drop split_trajs"]),
+    (dict(trajs_per_batch=4, set_truncated=True), ValueError,
+     ["set_truncated=True and trajs_per_batch", "episodes in pieces", "drop set_truncated"]),
     (dict(traj_format="flat"), ValueError, ["traj_format='flat'", "'padded'", "'cat'"]),
     (dict(traj_format="cat"), ValueError, ["traj_format='cat'", "set trajs_per_batch too"]),
     (dict(trajs_per_write=2), ValueError, ["trajs_per_write=2", "with trajs_per_batch and a replay_buffer"]),
