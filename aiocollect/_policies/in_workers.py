@@ -437,10 +437,14 @@ class WorkerPolicy:
             from .runner import PolicyRunner
 
             self._call = PolicyRunner(self.policy, obs_keys, device=None, exploration_type=None).call_bare
-        if "tensordict" in sys.modules:  # (the interaction type lives there: whatever reads it imported it)
-            from tensordict.nn import InteractionType, set_interaction_type
-
-            set_interaction_type(InteractionType[setup["exploration_type"]]).__enter__()
+        self._exploration = setup["exploration_type"]
+        self._modules = sys.modules
+        self._interaction_unset = True
+        """The interaction type (tensordict's) is not set yet: it lives in tensordict, so
+        it is set once something imported tensordict (the policy's unpickling, or its own
+        call: see ``_act``)."""
+        if "tensordict" in sys.modules:
+            self._set_interaction()
         direct_calls(self.policy)  # (a private copy: its submodules skip __call__'s empty checks)
         self.obs_keys = obs_keys
         self._columns: dict[tuple, tuple] = {}
@@ -467,6 +471,12 @@ class WorkerPolicy:
         self._from_numpy = torch.from_numpy
         self._check_outputs, self._shape_changed, self._dtype_changed = check_outputs, shape_changed, dtype_changed
         self._host_array = host_array
+
+    def _set_interaction(self) -> None:
+        from tensordict.nn import InteractionType, set_interaction_type
+
+        set_interaction_type(InteractionType[self._exploration]).__enter__()
+        self._interaction_unset = False
 
     def reseed(self, seed: int) -> None:
         """A seeded reset (``set_seed``): the policy's own draws restart from ``seed`` too."""
@@ -497,6 +507,11 @@ class WorkerPolicy:
         column = self._columns.get((lo, s, t)) or self._column(obs, s, t, lo, hi)
         inputs, parts, version = column
         out = self._call(inputs)
+        if self._interaction_unset and "tensordict" in self._modules:
+            # this call imported tensordict (a policy that imports it in its forward): it read no
+            # interaction type; once the collector's is set, the call is made again, under it
+            self._set_interaction()
+            out = self._call(inputs)
         if tuple(out) != self.keys:
             raise KeyError(f"policy: wrote {list(out)!r} at this step but {list(self.keys)!r} at its first call; "
                            "a policy must write the same keys at every step.")

@@ -563,3 +563,17 @@ def test_the_train_or_eval_mode_reaches_the_workers_with_the_weights(placement):
         c.policy.eval()
         c.update_policy_weights_()
         assert eval_like(next(it)).all()
+
+
+def test_a_policy_that_imports_tensordict_in_its_forward_gets_the_interaction_type(placement):
+    """The workers set the collector's ``exploration_type`` (tensordict's interaction type)
+    where tensordict is imported; a policy that imports it only in its ``forward`` read no
+    interaction type at all in the workers (its first call now runs again under it)."""
+    from support.plain_modules import LazyExplorer
+
+    policy = TensorDictModule(LazyExplorer(), in_keys=["observation"], out_keys=["action", "sampled"])
+    with build(MultiSyncCollector, CounterEnv, policy, frames_per_batch=40, total_frames=80,
+               exploration_type="random") as c:
+        assert c.policy_in_workers is (placement == "in_workers")
+        sampled = torch.cat([flat(b)["sampled"] for b in c])
+    assert sampled.numel() == 80 and (sampled == 1).all()

@@ -31,3 +31,24 @@ class PidPolicy(nn.Module):
 
         n = observation.shape[0]
         return torch.zeros(n, dtype=torch.int64), torch.full((n,), os.getpid(), dtype=torch.int64)
+
+
+class LazyExplorer(nn.Module):
+    """Samples its action under tensordict's ``RANDOM`` interaction type, takes the argmax
+    otherwise, and imports tensordict in its ``forward`` (so a worker that unpickles it has
+    not imported tensordict before its first call); ``sampled`` says which it did."""
+
+    def __init__(self):
+        super().__init__()
+        self.linear = nn.Linear(3, 3)
+        with torch.no_grad():
+            self.linear.weight.zero_()
+            self.linear.bias.zero_()
+
+    def forward(self, observation):
+        from tensordict.nn.probabilistic import InteractionType, interaction_type
+
+        logits = self.linear(observation)
+        if interaction_type() == InteractionType.RANDOM:
+            return torch.distributions.Categorical(logits=logits).sample(), torch.ones(len(logits))
+        return logits.argmax(-1), torch.zeros(len(logits))
