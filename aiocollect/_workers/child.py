@@ -39,6 +39,7 @@ kills the worker, so that the error shows where the env was stuck.
 
 from __future__ import annotations
 
+import contextlib
 import faulthandler
 import os
 import select
@@ -169,8 +170,13 @@ class _Worker:
         if setup.get("policy") is not None:
             from .._policies.in_workers import WorkerPolicy
 
-            policy = self.policy = WorkerPolicy(setup["policy"], self.shared.arrays, action_space, keys,
-                                                setup["policy"]["seeds"][setup["index"]])
+            try:
+                policy = self.policy = WorkerPolicy(setup["policy"], self.shared.arrays, action_space, keys,
+                                                    setup["policy"]["seeds"][setup["index"]])
+            except BaseException as exc:  # (its class not importable here...): the policy's error, not an env's
+                with contextlib.suppress(AttributeError):
+                    exc._aiocollect_policy = True
+                raise
             self.acts = [(lambda s, t, rows=rows, a=a, b=b: policy.act(rows.obs, rows.action[t], s, t, a, b))
                          for (_, _, rows), (_, a, b) in zip(self.parts, parts)]
         self._inbox = bytearray(64)

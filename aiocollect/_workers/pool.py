@@ -402,6 +402,8 @@ class WorkerPool:
         await loop.sock_sendall(parent, protocol.frame(setup))
         reply = await self._recv_frame(worker)
         if reply[0] == "error":
+            if reply[1].get("policy"):  # its copy of the policy could not be built (``_policies.in_workers``)
+                raise policy_error_from_worker(spec.index, worker.pid, reply[1])
             raise EnvError.from_remote(spec.index, worker.pid, reply[1])
         worker.ready = True
         worker.start_reading()

@@ -577,3 +577,29 @@ def test_a_policy_that_imports_tensordict_in_its_forward_gets_the_interaction_ty
         assert c.policy_in_workers is (placement == "in_workers")
         sampled = torch.cat([flat(b)["sampled"] for b in c])
     assert sampled.numel() == 80 and (sampled == 1).all()
+
+
+def test_a_policy_its_workers_cannot_load_is_named_as_the_policy_s_error_with_the_switch(in_workers, monkeypatch):
+    """A policy whose class lives in a module made at run time pickles here but cannot be
+    loaded in a worker: the constructor raised an ``EnvError`` as if an env had failed. It now
+    raises the policy's own error, with a note naming the worker and the switch that keeps
+    the policy in this process."""
+    import sys
+    import types
+
+    module = types.ModuleType("made_at_run_time")
+    exec("import torch\n"
+         "class Head(torch.nn.Module):\n"
+         "    def __init__(self):\n"
+         "        super().__init__()\n"
+         "        self.linear = torch.nn.Linear(3, 3)\n"
+         "    def forward(self, observation):\n"
+         "        return self.linear(observation).argmax(-1)\n", module.__dict__)
+    monkeypatch.setitem(sys.modules, "made_at_run_time", module)
+    policy = TensorDictModule(module.Head(), in_keys=["observation"], out_keys=["action"])
+    start = time.monotonic()
+    with pytest.raises(ModuleNotFoundError, match="made_at_run_time") as info:
+        build(MultiSyncCollector, CounterEnv, policy, frames_per_batch=40, total_frames=40)
+    assert time.monotonic() - start < 60
+    notes = "\n".join(getattr(info.value, "__notes__", []))
+    assert "copy of the policy in worker" in notes and "AIOCOLLECT_POLICY_IN_WORKERS=0" in notes
