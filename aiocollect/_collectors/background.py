@@ -76,10 +76,13 @@ class Background:
             # Let the loop run other callbacks between two batches: a batch of in-process envs
             # may never suspend, and a cancellation (async_shutdown) is delivered only here.
             await anyio.lowlevel.checkpoint()
-            while self._pause_requested.is_set():
-                self._parked.set()
+            while True:
+                with self._pause_lock:  # (a few instructions: no pause() sees a stale _parked)
+                    if not self._pause_requested.is_set():
+                        self._parked.clear()
+                        break
+                    self._parked.set()
                 await anyio.sleep(0.002)
-            self._parked.clear()
             if await self._next_batch() is DONE:
                 return
 
@@ -106,20 +109,30 @@ class Background:
         """``with collector.pause():`` background collection stops between two batches.
 
         The block starts once the batch in progress is stored, so the replay buffer does
-        not change while it runs; collection resumes when it ends. Without background
-        collection the block just runs.
+        not change while it runs; collection resumes when it ends, or when the last of
+        several ``pause()`` blocks open at once (nested, or in other threads) ends. Without
+        background collection the block just runs.
 
         Raises:
+            CollectorBusyError: called from the collector's own loop (a replay-buffer or
+                postproc callback), where waiting for the collection to park would hang it.
             Exception: the error that ended the background collection, if one did.
         """
-        self._pause_requested.set()
+        if self.is_running():
+            self._check_sync_allowed("pause()")
+        with self._pause_lock:
+            self._pauses += 1
+            self._pause_requested.set()
         try:
             while self.is_running() and not self._parked.wait(0.01):
                 pass
             self._raise_background_error()
             yield
         finally:
-            self._pause_requested.clear()
+            with self._pause_lock:
+                self._pauses -= 1
+                if not self._pauses:
+                    self._pause_requested.clear()
 
     def async_shutdown(self, timeout: float | None = None, close_env: bool = True) -> None:
         """Stop background collection, then shut the collector down.

@@ -142,6 +142,11 @@ class DataCollectorBase(Faces, Consumers, Delivery, Background, TorchRLAccessors
         self._background: concurrent.futures.Future | None = None
         self._pause_requested = threading.Event()
         self._parked = threading.Event()
+        self._pauses = 0
+        """``pause()`` blocks open (they may nest or overlap: collection resumes after the last)."""
+        self._pause_lock = threading.Lock()
+        """Guards ``_pauses`` and ``_pause_requested``, and the background loop's look at them
+        with the ``_parked`` flag it sets or clears (no ``pause()`` sees a stale ``_parked``)."""
         self._policy: PolicySetup | None = None  # set by the variant
         self._max_lag = 0
         self._stale_dropped = 0

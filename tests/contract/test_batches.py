@@ -5,11 +5,16 @@ max_frames_per_traj, init_random_frames, replay_buffer and start()), set_seed an
 from __future__ import annotations
 
 import functools
+import gc
 import itertools
+import threading
 import time
+import traceback
 
+import pytest
 import torch
 
+from aiocollect import CollectorBusyError
 from support.checks import check_batch, check_continuity, rows
 from support.envs import CounterEnv, DictEnv
 from support.variants import VARIANTS
@@ -338,6 +343,28 @@ def test_replay_buffer_iteration_and_background_collection(variant):
         count = len(buffer.items)
         time.sleep(0.05)
         assert len(buffer.items) == count, "the buffer changed during pause()"
+    # pause() blocks may nest (a helper that pauses on its own) or overlap (other threads):
+    # collection resumes after the last one ends, not the first (it did)
+    with collector.pause():
+        count = len(buffer.items)
+        with collector.pause():
+            pass
+        time.sleep(0.05)
+        assert len(buffer.items) == count, "the buffer changed after an inner pause() ended"
+    grew = []
+
+    def pausing(seconds: float) -> None:
+        with collector.pause():
+            before = len(buffer.items)
+            time.sleep(seconds)
+            grew.append(len(buffer.items) - before)
+
+    threads = [threading.Thread(target=pausing, args=(s,)) for s in (0.02, 0.1)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert grew == [0, 0], "the buffer changed during a pause() another thread's pause() ended"
     t0 = time.monotonic()
     collector.async_shutdown()
     assert time.monotonic() - t0 < 5
@@ -345,3 +372,35 @@ def test_replay_buffer_iteration_and_background_collection(variant):
     assert len(buffer.items) >= 3
     for batch in buffer.items:
         check_batch(batch)
+
+
+class PausingBuffer(ListBuffer):
+    """Calls the collector's ``pause()`` from its ``extend``: on the collector's own loop."""
+
+    collector = None
+
+    def extend(self, batch):
+        super().extend(batch)
+        with self.collector.pause():
+            pass
+
+
+def test_pause_from_a_callback_on_the_collectors_loop_is_refused_not_a_hang(variant):
+    buffer = PausingBuffer()
+    collector = buffer.collector = variant(frames_per_batch=FPB, total_frames=-1, replay_buffer=buffer)
+    try:
+        collector.start()
+        deadline = time.monotonic() + 20
+        while collector.is_running() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert not collector.is_running(), "pause() from the loop hung the collection"
+        with pytest.raises(CollectorBusyError, match=r"pause\(\) was called from the collector's own") as info:
+            collector.async_shutdown()
+        # (the error's frames, kept by the log record of its failure too, hold the collector
+        # and so its one file descriptor: the leak check would see it)
+        traceback.clear_frames(info.value.__traceback__)
+    finally:
+        collector.shutdown()
+        buffer.collector = None
+        del collector
+        gc.collect()
