@@ -79,16 +79,22 @@ class Faces:
         self._check_sync_allowed(what)
         self._check_usable()
         res = self._resources
-        if res.loop is not None and not res.loop.usable:
-            res.stop_loop()  # a stop that a second Ctrl-C cut short: finish it, start afresh
-        owner = res.loop is None
-        if owner:
-            res.loop = LoopThread()
+        with res.loop_lock:
+            if res.loop is not None and not res.loop.usable:
+                res.stop_loop()  # a stop that a second Ctrl-C cut short: finish it, start afresh
+            if res.loop is None:
+                res.loop = LoopThread()
+            loop = res.loop
+            res.loop_users += 1
         try:
-            yield res.loop
+            yield loop
         finally:
-            if owner and not self.is_running() and not self._persistent_loop:
-                res.stop_loop()
+            with res.loop_lock:
+                res.loop_users -= 1
+                # (the last user stops it: an iteration dropped while another goes on, or two
+                # threads, leave it to the other)
+                if not res.loop_users and res.loop is loop and not self.is_running() and not self._persistent_loop:
+                    res.stop_loop()
 
     def _run_sync(self, what: str, fn: Callable, *args: Any) -> Any:
         with self._loop_thread(what) as loop, self._closed_meanwhile():

@@ -10,6 +10,7 @@ a Ctrl-C cut it short.
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -29,6 +30,12 @@ class Resources:
 
     def __init__(self) -> None:
         self.loop: LoopThread | None = None
+        self.loop_users = 0
+        """The sync calls and iterations using ``loop`` now (``Faces._loop_thread``): a
+        collector without a loop of its own stops it after the last, not the first."""
+        self.loop_lock = threading.Lock()
+        """Guards ``loop`` and ``loop_users`` while the sync face starts or stops the loop,
+        from any thread."""
         self.join_timeout = 10.0
         """How long ``stop_loop`` waits for the loop thread (worker collectors: their
         workers' whole stop sequence, and a margin)."""

@@ -419,6 +419,24 @@ def test_an_abandoned_iteration_releases_everything(variant):
     # the leak check (contract/conftest.py) asserts nothing is left
 
 
+def test_a_second_iteration_goes_on_when_the_first_is_dropped(variant):
+    """A notebook's pattern: ``it = iter(c); next(it)`` in one cell, a new ``iter(c)`` in a
+    later one, and the first iterator dropped. The iteration that had started the loop
+    thread stopped it when it was dropped, under the other (a bare ``CancelledError``, then
+    a ``StopIteration`` that looked like the end of the collection)."""
+    collector = variant(frames_per_batch=40, total_frames=-1)
+    with collector:
+        first = iter(collector)
+        next(first)
+        second = iter(collector)
+        next(second)
+        del first
+        gc.collect()
+        for _ in range(2):
+            assert next(second).numel() == 40
+        assert collector.next().numel() == 40
+
+
 def test_shutdown_in_the_loop_body_ends_the_iteration(variant):
     collector = variant(frames_per_batch=40, total_frames=400)
     seen = 0
