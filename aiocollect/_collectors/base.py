@@ -31,6 +31,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import threading
+import time
 import weakref
 from typing import TYPE_CHECKING, Any
 
@@ -135,6 +136,9 @@ class DataCollectorBase(Faces, Consumers, Delivery, Background, TorchRLAccessors
         self._failed: BaseException | None = None
         self._busy: Consumer | None = None
         """Who is collecting a batch (see ``_guarded_collect``); ``None`` between batches."""
+        self._cancelled_for_shutdown: weakref.WeakSet[asyncio.Task] = weakref.WeakSet()
+        """Tasks ``shutdown()`` cancelled (``_stop_collecting_caller``): they raise
+        ``CollectorClosedError``, not the cancellation."""
         self._left_pending: set[asyncio.Task] = set()
         """Tasks of abandoned iterations, cancelled on a loop that is stopped (see ``_take_over``)."""
         self._resources = Resources()
@@ -370,12 +374,43 @@ class DataCollectorBase(Faces, Consumers, Delivery, Background, TorchRLAccessors
             bg = self._background
             if bg is not None and not bg.done():
                 bg.cancel()
+            self._stop_collecting_caller()
             self._resources.close(close_env)
             self._finalizer.detach()
             self._shut_down = True
         finally:
             self._shutting_down.release()
 
+
+    _STOP_CALLER_TIMEOUT_S = 10.0
+    """How long ``shutdown()`` waits for a batch that an ``async for`` on another thread's
+    event loop is collecting to stop (its in-flight env steps end first)."""
+
+    def _stop_collecting_caller(self) -> None:
+        """A batch collected by a task of an event loop running in another thread (the
+        ``async for`` of a ``Collector``, whose envs step on the caller's loop): cancel it
+        there and wait for it to let go (bounded), so that no env is closed while it steps
+        and nothing is stored after ``shutdown()`` returns. On this thread's own loop the
+        task is cancelled; it is suspended, so nothing steps meanwhile."""
+        busy = self._busy
+        task = None if busy is None or busy.task is None else busy.task()
+        if task is None or task.done():
+            return
+        loop = task.get_loop()
+        self._cancelled_for_shutdown.add(task)
+        try:
+            here = asyncio.get_running_loop()
+        except RuntimeError:
+            here = None
+        if loop is here:
+            task.cancel()
+            return
+        if loop.is_closed() or not loop.is_running():
+            return
+        loop.call_soon_threadsafe(task.cancel)
+        deadline = time.monotonic() + self._STOP_CALLER_TIMEOUT_S
+        while self._busy is busy and not task.done() and time.monotonic() < deadline:
+            time.sleep(0.002)
 
     def __len__(self) -> int:
         total = self.options.total_frames

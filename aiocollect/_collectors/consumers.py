@@ -114,7 +114,7 @@ class Consumers:
                 raise asyncio.CancelledError(OVER)
             return collected
         except asyncio.CancelledError:
-            if self._closed and self._cancelled_by_shutdown():
+            if self._closed and (self._cancelled_by_shutdown() or self._shutdown_cancelled_this_task()):
                 raise self._closed_error() from None
             raise
         except Exception as exc:
@@ -124,6 +124,17 @@ class Consumers:
             if self._busy is claim:  # (not if it was taken over meanwhile)
                 self._busy = None
             self._collect_seconds += time.perf_counter() - started
+
+    def _shutdown_cancelled_this_task(self) -> bool:
+        """``shutdown()`` cancelled this task itself (``_stop_collecting_caller``): the
+        cancellation is taken back, and the task raises ``CollectorClosedError``."""
+        task = asyncio.current_task()
+        if task is None or task not in self._cancelled_for_shutdown:
+            return False
+        uncancel = getattr(task, "uncancel", None)  # (Python 3.11+)
+        if uncancel is not None:
+            uncancel()
+        return True
 
     @staticmethod
     def _cancelled_by_shutdown() -> bool:

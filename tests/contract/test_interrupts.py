@@ -27,7 +27,7 @@ import pytest
 import torch
 from tensordict.nn import TensorDictModule
 
-from aiocollect import CollectorBusyError, CollectorClosedError, EnvError
+from aiocollect import Collector, CollectorBusyError, CollectorClosedError, EnvError
 from aiocollect._collectors.loop_thread import LoopThread
 from support.checks import check_batch, rows
 from support.envs import BadObsEnv, CounterEnv, SlowCounterEnv
@@ -435,6 +435,46 @@ def test_a_second_iteration_goes_on_when_the_first_is_dropped(variant):
         for _ in range(2):
             assert next(second).numel() == 40
         assert collector.next().numel() == 40
+
+
+def test_shutdown_from_another_thread_stops_an_async_for_on_its_loop_before_closing_the_envs():
+    """A ``Collector``'s envs step on the event loop of its ``async for``. ``shutdown()`` from
+    another thread closed them while that loop went on stepping them (an ``EnvError`` from a
+    closed env, or frames stored after ``shutdown()`` returned). Now it cancels the batch on
+    that loop and waits for it to stop first: the ``async for`` raises ``CollectorClosedError``."""
+    from support.envs import StrictCloseEnv
+
+    class Buffer:
+        def __init__(self):
+            self.writes = []
+
+        def extend(self, batch):
+            self.writes.append(time.monotonic())
+
+    buffer = Buffer()
+    collector = Collector([StrictCloseEnv] * 2, None, frames_per_batch=400, total_frames=-1, replay_buffer=buffer)
+    ended: list[BaseException] = []
+
+    async def consume():
+        try:
+            async for _ in collector:
+                pass
+        except BaseException as exc:  # noqa: BLE001 - what ended it is the point
+            ended.append(exc)
+
+    thread = threading.Thread(target=lambda: asyncio.run(consume()))
+    thread.start()
+    deadline = time.monotonic() + 20
+    while not buffer.writes and time.monotonic() < deadline:
+        time.sleep(0.01)
+    time.sleep(0.1)  # (in the middle of the next batch: 200 steps of 1 ms)
+    collector.shutdown()
+    returned = time.monotonic()
+    thread.join(20)
+    assert not thread.is_alive()
+    assert len(ended) == 1 and isinstance(ended[0], CollectorClosedError), ended
+    assert buffer.writes and all(t < returned for t in buffer.writes), "a batch stored after shutdown() returned"
+    assert collector.statistics().frames == 400 * len(buffer.writes)
 
 
 def test_shutdown_in_the_loop_body_ends_the_iteration(variant):

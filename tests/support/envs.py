@@ -342,6 +342,24 @@ class SlowsDownEnv(CloseRecordEnv):
         return super().step(action)
 
 
+class StrictCloseEnv(CounterEnv):
+    """``CounterEnv`` whose ``step`` raises once it is closed (as many real envs do), each
+    step sleeping ``step_s``: an env that must not be closed while it is being stepped."""
+
+    def __init__(self, step_s: float = 0.001):
+        super().__init__(max_len=50)
+        self.step_s = step_s
+
+    def step(self, action):
+        if self.closed:
+            raise RuntimeError("step() on a closed env")
+        time.sleep(self.step_s)
+        return super().step(action)
+
+    def close(self):
+        self.closed = True
+
+
 class SlowStartEnv(CounterEnv):
     """``CounterEnv`` that sleeps ``delay`` seconds in its constructor, but only in a worker
     process (not in ``main_pid``, where the collector builds one to read the spaces): a
