@@ -40,6 +40,7 @@ import shutil
 import subprocess
 import sys
 import time
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -481,9 +482,13 @@ def _check_policy_acts(args: argparse.Namespace, policy: Any, device: Any, what:
     from ._collectors.collector import Collector
 
     try:
-        with Collector([_env_factory(args)] * 2, policy, frames_per_batch=2, total_frames=2,
-                       policy_device=device) as probe:
-            next(iter(probe))
+        with warnings.catch_warnings():
+            # rows that are not one-hot (logits written as the action): a collector reads them as
+            # TorchRL does, with a warning; an evaluation with them would step what nobody meant
+            warnings.filterwarnings("error", message="action: the policy's rows", category=UserWarning)
+            with Collector([_env_factory(args)] * 2, policy, frames_per_batch=2, total_frames=2,
+                           policy_device=device) as probe:
+                next(iter(probe))
     except Exception as exc:  # noqa: BLE001 - the policy's own error, in one line
         raise UsageError(f"--policy {args.policy}: {what} cannot act on {args.env}: {_one_line(exc)}; it must map "
                          "a batch of observations [envs, ...] to a batch of actions [envs, ...]") from None
@@ -553,7 +558,7 @@ def _frame_bytes(args: argparse.Namespace, policy: Any = None, device: Any = Non
 
     try:
         with Collector([_env_factory(args)], policy, frames_per_batch=1, total_frames=1, policy_device=device,
-                       max_frames_per_traj=args.max_frames_per_traj) as probe:
+                       max_frames_per_traj=getattr(args, "max_frames_per_traj", None)) as probe:
             batch = next(iter(probe))
     except Exception as exc:  # noqa: BLE001 - the env builds but cannot step here
         raise UsageError(f"--env {args.env!r}: one step of it failed here: {type(exc).__name__}: {exc}") from None
@@ -569,6 +574,9 @@ def _check_collect(args: argparse.Namespace) -> _Plan:
         value = getattr(args, name)
         if value is not None and value < 1:
             raise UsageError(f"--{name.replace('_', '-')} must be >= 1, got {value}")
+    top = 2**63 - 1 - args.envs_per_worker * max(args.workers, 1)  # (env k is seeded with seed + k)
+    if not 0 <= args.seed <= top:
+        raise UsageError(f"--seed must be in 0..{top} (env k is seeded with seed + k), got {args.seed}")
     target = _check_out(args)
     _set_policy_threads(args)
     policy, what = _load_policy(args)
@@ -786,6 +794,16 @@ def tune(args: argparse.Namespace) -> int:
     device = _policy_device(args)
     if policy is not None:
         _check_policy_acts(args, policy, device, what)
+    from ._workers.shm import available_memory
+
+    memory = available_memory()  # (a typo of a few zeros must not start workers that cannot allocate)
+    frame_bytes = _frame_bytes(args, policy, device) if args.envs_per_worker and memory is not None else 0
+    for envs in args.envs_per_worker or ():
+        frames = max(args.frames_per_batch or envs * 100, envs)  # (a worker's envs, 100 steps each by default)
+        if frame_bytes and 3 * frames * frame_bytes > memory:
+            raise UsageError(f"--envs-per-worker {envs}: a batch of {frames:,} frames takes "
+                             f"{_size(frames * frame_bytes)} ({frame_bytes} bytes a frame) and the collector holds "
+                             f"about three, with {_size(memory)} of memory available; try fewer envs")
     kwargs = _env_kwargs(args)
     try:
         result = measure(args.env, policy, env_kwargs=kwargs, workers=args.workers,

@@ -245,6 +245,16 @@ def test_bad_policy_and_env_options_are_one_line_and_exit_code_2(policies):
             return self.head(observation).argmax(-1)
 
     torch.jit.script(Wrong()).save("wrong.pt")
+
+    class Logits(nn.Module):  # its logits, not an action: read as TorchRL reads one-hot rows, they stepped 0
+        def __init__(self):
+            super().__init__()
+            self.head = nn.Linear(4, 2)
+
+        def forward(self, observation: torch.Tensor) -> torch.Tensor:
+            return self.head(observation)
+
+    torch.jit.script(Logits()).save("logits.pt")
     torch.save(nn.Linear(4, 2), "whole.pt")  # a pickled module, not unpickled
     torch.save({"model": rule_state_dict(), "step": 3}, "checkpoint.pt")
     torch.save({"head.weight": torch.zeros(2, 4)}, "partial.pt")
@@ -276,6 +286,8 @@ def test_bad_policy_and_env_options_are_one_line_and_exit_code_2(policies):
         (["--policy", "wrong.pt"], "wrong.pt (TorchScript) cannot act on CartPole-v1: RuntimeError: mat1 and mat2 "
                                    "shapes cannot be multiplied"),
         (["--policy", "fixed.pt2"], "export it with a dynamic first dim"),
+        (["--policy", "logits.pt"], "logits.pt (TorchScript) cannot act on CartPole-v1: UserWarning: action: the "
+                                    "policy's rows of shape [num_envs, 2] for Discrete(2) are not one-hot"),
         (["--policy-factory", "policies:Rule"], "give the state dict too: --policy PATH"),
         (["--policy-device", "cpu"], "without --policy the actions are random"),
         (["--policy", "rule.pt", "--policy-device", "gpu7"], "--policy-device 'gpu7': not a device"),
