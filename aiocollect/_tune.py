@@ -63,11 +63,12 @@ class TuneResult:
     """The ``aiocollect collect`` command of ``best``, when the env is an id (``None`` otherwise)."""
 
     def table(self) -> str:
-        lines = [f"{'workers':>7}  {'envs/worker':>11}  {'envs':>5}  {'frames/s':>10}  {'start-up':>8}"]
+        lines = [f"{'workers':>7}  {'envs/worker':>11}  {'envs':>5}  {'frames/s':>10}  {'start-up':>8}  "
+                 f"{'measured':>8}"]
         for t in self.trials:
             mark = "  <- best" if t is self.best else ""
-            lines.append(f"{t.workers:>7}  {t.envs_per_worker:>11}  {t.num_envs:>5}  "
-                         f"{t.frames_per_second:>10,.0f}  {t.startup_seconds:>6.1f} s{mark}")
+            lines.append(f"{t.workers:>7}  {t.envs_per_worker:>11}  {t.num_envs:>5}  {t.frames_per_second:>10,.0f}  "
+                         f"{t.startup_seconds:>6.1f} s  {t.measured_seconds:>6.1f} s{mark}")
         lines += [f"{w:>7}  {e:>11}  skipped: {why}" for w, e, why in self.skipped]
         return "\n".join(lines)
 
@@ -82,6 +83,10 @@ class TuneResult:
             lines.append(f"  command:     {self.command}")
         lines.append(f"  constructor: {self.constructor}")
         return "\n".join(lines)
+
+
+MIN_WINDOW_S = 1.0
+"""The shortest time a split is measured for (after its warm-up batch)."""
 
 
 def _split_words(workers: int, envs_per_worker: int) -> str:
@@ -235,7 +240,9 @@ def tune(
         # what a split of as many workers took beyond its measurement, else the last split's
         # (of more workers: a guess on the safe side), else a second
         guess = overhead.get(w, overhead[trials[-1].workers] if trials else 1.0)
-        span = max(0.5, (deadline - time.perf_counter()) / left - guess)
+        # (at least a second each: on a VM whose speed moves within seconds, a shorter window can
+        # catch a fast spell and crown a split that is not the fastest)
+        span = max(MIN_WINDOW_S, (deadline - time.perf_counter()) / left - guess)
         fpb = frames_per_batch or e * max(w, 1) * 100
         began = time.perf_counter()
         entries = [make_env] * e
