@@ -392,6 +392,8 @@ class DataCollectorBase(Faces, Consumers, Delivery, Background, TorchRLAccessors
         there and wait for it to let go (bounded), so that no env is closed while it steps
         and nothing is stored after ``shutdown()`` returns. On this thread's own loop the
         task is cancelled; it is suspended, so nothing steps meanwhile."""
+        if self._persistent_loop:  # (worker collectors: their engine runs on their own loop thread)
+            return
         busy = self._busy
         task = None if busy is None or busy.task is None else busy.task()
         if task is None or task.done():
