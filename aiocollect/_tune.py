@@ -85,7 +85,7 @@ class TuneResult:
         return "\n".join(lines)
 
 
-MIN_WINDOW_S = 1.0
+MIN_WINDOW_S = 0.5
 """The shortest time a split is measured for (after its warm-up batch)."""
 
 
@@ -240,8 +240,8 @@ def tune(
         # what a split of as many workers took beyond its measurement, else the last split's
         # (of more workers: a guess on the safe side), else a second
         guess = overhead.get(w, overhead[trials[-1].workers] if trials else 1.0)
-        # (at least a second each: on a VM whose speed moves within seconds, a shorter window can
-        # catch a fast spell and crown a split that is not the fastest)
+        # (at least MIN_WINDOW_S each; where start-ups ate the budget, the table's "measured"
+        # column shows which splits got only that: give more seconds to compare them fairly)
         span = max(MIN_WINDOW_S, (deadline - time.perf_counter()) / left - guess)
         fpb = frames_per_batch or e * max(w, 1) * 100
         began = time.perf_counter()

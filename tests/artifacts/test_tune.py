@@ -23,7 +23,7 @@ def test_tune_measures_every_split_and_its_best_is_one_of_them():
     took = time.perf_counter() - began
     assert [(t.workers, t.envs_per_worker) for t in result.trials] == [(0, 2), (0, 4), (1, 2), (1, 4)]
     for t in result.trials:
-        assert t.frames_per_second > 0 and t.frames > 0 and t.measured_seconds >= 1.0  # (MIN_WINDOW_S)
+        assert t.frames_per_second > 0 and t.frames > 0 and t.measured_seconds >= 0.5  # (MIN_WINDOW_S)
         assert t.frames_per_batch == t.num_envs * 100 and t.frames % t.frames_per_batch == 0
         assert t.frames_per_second == pytest.approx(t.frames / t.measured_seconds)
     assert result.trials[0].startup_seconds >= 0
