@@ -325,15 +325,15 @@ class SharedWeights:
         clock = self.clock
         clock[SEQ] += 1  # odd: being written
         try:
-            self._copy(module, version)
+            self._copy(module, tensors, version)
         except BaseException:
-            self._copy(module, version)
+            self._copy(module, tensors, version)
             raise
         finally:
             clock[SEQ] += 1
 
-    def _copy(self, module: Any, version: int) -> None:
-        for dst, tensor in zip(self.arrays, module.state_dict().values()):
+    def _copy(self, module: Any, tensors: list, version: int) -> None:
+        for dst, tensor in zip(self.arrays, tensors):
             np.copyto(dst, _array(tensor))
         modes = [m.training for m in module.modules()]
         if len(modes) == len(self.modes):
