@@ -565,6 +565,12 @@ def _frame_bytes(args: argparse.Namespace, policy: Any = None, device: Any = Non
     return batch.bytes() // batch.numel()
 
 
+def _batch_too_big(flag: str, frames: int, frame_bytes: int, memory: int, fix: str) -> UsageError:
+    """The error for batches of ``frames`` that do not fit three times in ``memory``."""
+    return UsageError(f"{flag}: a batch of {frames:,} frames takes {_size(frames * frame_bytes)} ({frame_bytes} bytes "
+                      f"a frame) and the collector holds about three, with {_size(memory)} of memory available; {fix}")
+
+
 def _check_collect(args: argparse.Namespace) -> _Plan:
     """Every mistake of the command line, found before any worker starts or anything is written."""
     _check_env(args)
@@ -602,8 +608,7 @@ def _check_collect(args: argparse.Namespace) -> _Plan:
             flag = (f"--envs-per-worker {args.envs_per_worker} (a default batch is 100 steps of each of "
                     f"{num_envs:,} envs)")
             fix = "use fewer envs, or a smaller --frames-per-batch"
-        raise UsageError(f"{flag}: a batch of {fpb:,} frames takes {_size(batch_bytes)} ({frame_bytes} bytes a frame) "
-                         f"and the collector holds about three, with {_size(memory)} of memory available; {fix}")
+        raise _batch_too_big(flag, fpb, frame_bytes, memory, fix)
     save_bytes, free = num_batches * batch_bytes, _free_disk(target.parent)
     if save_bytes > free:
         raise UsageError(f"--frames {args.frames}: the save of {num_batches * fpb:,} frames takes {_size(save_bytes)} "
@@ -801,9 +806,7 @@ def tune(args: argparse.Namespace) -> int:
     for envs in args.envs_per_worker or ():
         frames = max(args.frames_per_batch or envs * 100, envs)  # (a worker's envs, 100 steps each by default)
         if frame_bytes and 3 * frames * frame_bytes > memory:
-            raise UsageError(f"--envs-per-worker {envs}: a batch of {frames:,} frames takes "
-                             f"{_size(frames * frame_bytes)} ({frame_bytes} bytes a frame) and the collector holds "
-                             f"about three, with {_size(memory)} of memory available; try fewer envs")
+            raise _batch_too_big(f"--envs-per-worker {envs}", frames, frame_bytes, memory, "try fewer envs")
     kwargs = _env_kwargs(args)
     try:
         result = measure(args.env, policy, env_kwargs=kwargs, workers=args.workers,
