@@ -98,7 +98,9 @@ def test_plain_module_callable_and_tensordict_callable_policies():
     by_module.set_seed(0)
     (a,) = list(by_module)
     by_module.shutdown()
-    assert torch.allclose(a["action"], lin(a["observation"]).detach())
+    # (recomputed a step at a time, as the collector called it: one matmul over all 20 rows may
+    # round differently, past allclose's atol for actions near 0, as it did once in CI)
+    assert torch.allclose(a["action"], torch.cat([lin(obs[None]) for obs in a["observation"]]).detach())
 
     def td_policy(tensordict):
         tensordict["action"] = lin(tensordict["observation"])
