@@ -123,12 +123,14 @@ class Delivery:
         """The next collected batch, counted, measured and shown, or ``DONE``."""
         self._check_usable()
         total = self.options.total_frames
-        if total > 0 and self._frames >= total:
-            return DONE
         prof = self._profile
+        if total > 0 and self._frames >= total:
+            if prof is not None and prof.tracing:
+                self._on_engine(self._end_trace)  # the last batch: the trace is saved now
+            return DONE
         if prof is not None:
             if prof.traces:
-                self._on_engine(prof.trace_step, prof.batches)  # (torch's profiler records one thread)
+                self._on_engine(self._trace_step)  # (torch's profiler records one thread)
             prof.asked()
         batch, frames = await self._guarded_collect()
         if prof is not None:

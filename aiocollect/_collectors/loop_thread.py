@@ -58,6 +58,10 @@ class LoopThread:
         self._exited = threading.Event()
         """Set when the thread's loop has ended (not ``Thread.join``, which a Ctrl-C can
         leave believing a running thread is gone)."""
+        self.at_exit: list[Callable[[], None]] = []
+        """Called in this thread, last registered first, once its loop's jobs are over and
+        before the thread ends: what must end in the thread it began in (torch's profiler:
+        a trace whose thread ended crashes the process at exit)."""
         self.serial = asyncio.Lock()
         """Taken on this loop by work that must not overlap: a collector's collections, one
         of which may still be unwinding when the next comes (see ``acall``)."""
@@ -102,6 +106,15 @@ class LoopThread:
                     await portal.sleep_until_stopped()
             finally:
                 await self._end_jobs()
+                self._run_at_exit()
+
+    def _run_at_exit(self) -> None:
+        while self.at_exit:
+            fn = self.at_exit.pop()
+            try:
+                fn()
+            except Exception:  # the others still run
+                logger.exception("aiocollect: error in %r as the loop thread ends", fn)
 
     async def _end_jobs(self) -> None:
         """The loop stops: cancel the jobs still running and wait until they have unwound

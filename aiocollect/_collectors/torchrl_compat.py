@@ -34,6 +34,7 @@ work (``register_scheme_receiver`` with a scheme) say so.
 from __future__ import annotations
 
 import difflib
+import os
 import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
@@ -282,6 +283,28 @@ def _unwrapped(env: Any) -> Any:
     return env
 
 
+def _writable_trace_path(save_path: str | Path) -> Path:
+    """``enable_profile``'s ``save_path``, checked where it is given: a file that can be
+    written (its folder is made if missing), not a folder."""
+    if not isinstance(save_path, (str, Path)):
+        raise TypeError(f"enable_profile: save_path={save_path!r}: give a file path (str or Path), such as "
+                        "'trace.json'.")
+    path = Path(save_path).expanduser()
+    if path.is_dir():
+        raise ValueError(f"enable_profile: save_path={str(save_path)!r} is a folder: give a file path in it, "
+                         f"such as {str(path / 'trace.json')!r}.")
+    folder = path.parent
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ValueError(f"enable_profile: save_path={str(save_path)!r}: its folder cannot be made "
+                         f"({exc.strerror or exc}); give a path in a writable folder.") from None
+    if not os.access(folder, os.W_OK | os.X_OK) or (path.exists() and not os.access(path, os.W_OK)):
+        raise ValueError(f"enable_profile: save_path={str(save_path)!r} is not writable; give a path in a "
+                         "writable folder.")
+    return path
+
+
 class TorchRLAccessors:
     """``DataCollectorBase``'s TorchRL accessors. Uses the collector's ``options``,
     ``_policy``, ``_versions`` and ``update_policy_weights_``."""
@@ -502,15 +525,39 @@ class TorchRLAccessors:
             raise ValueError(f"enable_profile: activities={activities!r}: use 'cpu' and/or 'cuda'.")
         if on_trace_ready is not None and not callable(on_trace_ready):
             raise TypeError(f"enable_profile: on_trace_ready={on_trace_ready!r} is not callable.")
-        old = self._profile
-        if old is not None:
-            self._on_engine(old.finish)
+        if save_path is not None:
+            save_path = _writable_trace_path(save_path)
+        if self._profile is not None:
+            self._on_engine(self._end_trace)
         self._profile = Profile(num_rollouts=num_rollouts, warmup_rollouts=warmup_rollouts, save_path=save_path,
                                 on_trace_ready=on_trace_ready, activities=activities, record_shapes=record_shapes,
                                 profile_memory=profile_memory, with_stack=with_stack, with_flops=with_flops)
-        self._resources.closers.append(self._profile.finish)  # a trace under way at shutdown is saved
+        if self._end_trace not in self._resources.closers:  # (once, whatever the number of calls)
+            self._resources.closers.append(self._end_trace)  # a trace under way at shutdown is saved
         if self._scheduler is not None:  # a local collector: its engine times its own parts
             self._scheduler.profile = self._profile
+
+    def _trace_step(self) -> None:
+        """On the engine, before each batch: start or end torch's trace (``Profile.trace_step``).
+        A trace begun on the collector's loop thread is ended there before that thread ends
+        (``LoopThread.at_exit``): torch's profiler ends a trace only in the thread it began in."""
+        prof = self._profile
+        prof.trace_step(prof.batches)
+        loop = self._resources.loop
+        if prof.tracing and loop is not None and loop.in_this_thread() and self._end_trace not in loop.at_exit:
+            loop.at_exit.append(self._end_trace)
+
+    def _end_trace(self) -> None:
+        """End the trace under way, if any, and save it (``Profile.finish``): where it began,
+        on the collector's loop thread while that runs, or here if it began here."""
+        prof = self._profile
+        if prof is None or not prof.tracing:
+            return
+        loop = self._resources.loop
+        if not prof.in_trace_thread() and loop is not None and loop.usable and not loop.in_this_thread():
+            loop.portal.call(prof.finish)
+        else:
+            prof.finish()
 
     def profile_report(self) -> ProfileReport:
         """Where the collection's time went since ``enable_profile()``: a frozen snapshot.

@@ -200,22 +200,54 @@ class Profile:
         elif self._trace is not None and batch_index >= self._trace_to:
             self.finish()
 
-    def finish(self) -> None:
-        """End the trace under way, if one is, and save it."""
-        trace, self._trace = self._trace, None
+    @property
+    def tracing(self) -> bool:
+        """A trace is under way (started, not ended yet)."""
+        return self._trace is not None
+
+    def in_trace_thread(self) -> bool:
+        """Whether this thread is the one the trace under way began in (``True`` with none)."""
+        return self._trace is None or threading.get_ident() == self._trace_thread
+
+    def finish(self) -> bool:
+        """End the trace under way, if one is, and save it; ``False`` where it cannot end here.
+
+        torch's profiler ends a trace only in the thread it began in: ended in another, it
+        finds no session, and the process crashes at exit (as it does when the thread that
+        began a trace ends first). So the collector ends it on its engine's thread (at the
+        last batch, or as its loop thread stops: ``LoopThread.at_exit``); called in another
+        thread, this leaves the trace as it is, says so, and returns ``False``.
+        """
+        trace = self._trace
         if trace is None:
-            return
-        if threading.get_ident() != self._trace_thread:
-            logger.warning("aiocollect: the profile's trace ends in another thread than it began in; torch's "
-                           "profiler records one thread: iterate with one `for` (or `async for`) while it records")
+            return True
+        if not self.in_trace_thread():
+            logger.warning("aiocollect: the profile's trace was not saved: it records the thread it began in, "
+                           "and torch's profiler can end it only there; end the iteration (or shut the "
+                           "collector down) in the thread that iterates it")
+            return False
+        self._trace = None
         trace.__exit__(None, None, None)
         if self._on_trace_ready is not None:
             self._on_trace_ready(trace)
         if self._save_path is not None:
-            self._save_path.parent.mkdir(parents=True, exist_ok=True)
-            trace.export_chrome_trace(str(self._save_path))
+            _export(trace, self._save_path)
             self.trace_saved = self._save_path
+        return True
 
     def report(self) -> ProfileReport:
         return ProfileReport(self.policy_calls, self.policy_rows, self.policy_s, self.batches, self.frames,
                              self.batch_s, self.deliver_s, self.wait_s, self.caller_s, self.straggler_s)
+
+
+def _export(trace: profile, path: Path) -> None:
+    """Save ``trace`` as a Chrome trace at ``path``, or raise ``OSError``: torch's exporter
+    only logs a failure (the file cannot be written, the path became a folder) and leaves its
+    ``<path>.tmp`` behind; that is removed."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    before = path.stat().st_mtime_ns if path.is_file() else None
+    trace.export_chrome_trace(str(path))
+    if not path.is_file() or path.stat().st_mtime_ns == before:
+        path.with_name(path.name + ".tmp").unlink(missing_ok=True)
+        raise OSError(f"aiocollect: the profile's trace could not be written to {str(path)!r} (is it writable, "
+                      "and not a folder?)")
