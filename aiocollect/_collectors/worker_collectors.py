@@ -29,6 +29,7 @@ from .._policies.in_workers import (
     WorkersRunner,
     fields,
     measure,
+    own_state_changes,
     payload,
     placement,
     probe,
@@ -38,6 +39,7 @@ from .._policies.random import RandomPolicy
 from .._policies.setup import PolicySetup, runs_on_gpu
 from .._workers.plan import WorkerPlan, plan_workers
 from .._workers.pool import WorkerPool
+from .._workers.protocol import env_flag
 from .._workers.shm import Layout
 from .base import DataCollectorBase
 from .loop_thread import LoopThread
@@ -183,6 +185,13 @@ class WorkerCollectorBase(DataCollectorBase):
         outputs = sent = costs = None
         if where in ("workers", "measure") and not any(w.coroutine for w in plan.workers):
             scratch = scratch_copy(self._policy.policy)  # (what the probe and the timing call)
+            stateful = None if scratch is None else own_state_changes(scratch, obs_leaves, options.exploration_type)
+            if stateful is not None:  # (one policy, here: copies would each change their own state)
+                scratch = None
+                if env_flag("AIOCOLLECT_POLICY_IN_WORKERS"):
+                    logger.warning("aiocollect: AIOCOLLECT_POLICY_IN_WORKERS=1, but the policy runs here, batched "
+                                   "over the workers: %s, and copies in the workers would each change their own",
+                                   stateful)
             outputs = None if scratch is None else probe(scratch, obs_leaves, options.exploration_type, action)
             if outputs is not None and where == "measure":
                 costs = measure(scratch, obs_leaves, options.exploration_type, [w.num_envs for w in plan.workers])

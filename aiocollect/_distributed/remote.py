@@ -66,7 +66,7 @@ def portable_weights(weights: Any) -> Any:
     from tensordict import TensorDictBase
 
     if isinstance(weights, torch.nn.Module):
-        return {k: v.detach().cpu() for k, v in weights.state_dict().items()}
+        return {k: v.detach().cpu() for k, v in weights.state_dict().items() if isinstance(v, torch.Tensor)}
     if isinstance(weights, TensorDictBase):
         return {k: v.detach().cpu() for k, v in weights.flatten_keys(".").items()}
     if isinstance(weights, dict) and all(isinstance(v, torch.Tensor) for v in weights.values()):

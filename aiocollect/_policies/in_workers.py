@@ -90,11 +90,16 @@ def placement(policy: Any, *, num_workers: int, policy_device: Any, compiled: bo
         return "cannot"
     if policy_device is not None and torch.device(policy_device).type != "cpu":
         return "cannot"
+    from tensordict.nn import TensorDictModule
     from torch.nn.parameter import is_lazy
 
     from .._engine.storage import NUMPY_DTYPES  # (what numpy, so shared memory, holds)
 
+    if isinstance(policy, TensorDictModule) and not isinstance(policy.module, torch.nn.Module):
+        return "cannot"  # (a plain function in a TensorDictModule: a worker's copy is built from a module)
     tensors = policy.state_dict(keep_vars=True).values()
+    if any(not isinstance(t, torch.Tensor) for t in tensors):
+        return "cannot"  # extra state (``get_extra_state``): not weights the workers' copies could load
     if any(is_lazy(t) or t.device.type != "cpu" or t.dtype not in NUMPY_DTYPES for t in tensors):
         return "cannot"  # (a lazy module takes its shapes at its first call, or from the first update)
     return "workers" if forced or num_workers >= usable_cores() else "measure"
@@ -211,6 +216,50 @@ def scratch_copy(policy: Any) -> Any | None:
         return copy.deepcopy(policy)
     except Exception:  # noqa: BLE001 - a module that cannot be copied cannot be pickled either
         return None
+
+
+def own_state_changes(policy: Any, obs_leaves: list, exploration_type: Any) -> str | None:
+    """Why ``policy`` must act here, in one place, or ``None``: it changes its own state while
+    acting, so copies in the workers would each change theirs apart, unseen by
+    ``collector.policy`` and the checkpoints, and act otherwise than the one policy here.
+
+    Found two ways: a submodule that keeps running statistics (``BatchNorm``, ``InstanceNorm``
+    with ``track_running_stats``: they change in train mode, which the user may switch to at
+    any time), or a buffer that one call on zeros of two envs' observations changes, replaces
+    or adds, in train mode and in eval mode (a counter, an estimate...). ``policy`` is called, so
+    it is a scratch copy (``scratch_copy``), left in the modes it had; torch's generator is left
+    as it was. A call that fails says nothing (``probe``'s call then fails too)."""
+    import torch
+
+    from .runner import PolicyRunner
+
+    for name, module in policy.named_modules():
+        if getattr(module, "track_running_stats", False) and getattr(module, "running_mean", None) is not None:
+            return (f"its {type(module).__name__} {name or '(the policy itself)'!r} keeps running statistics, "
+                    "which it updates while acting in train mode")
+    keys = [leaf.key for leaf in obs_leaves]
+    runner = PolicyRunner(policy, keys, device=None, exploration_type=exploration_type)
+    modes = [(m, m.training) for m in policy.modules()]
+    rng = torch.random.get_rng_state()
+    obs = _zeros(obs_leaves, 2)
+    try:
+        for training in (policy.training, not policy.training):
+            policy.train(training)
+            before = {k: b.detach().clone() for k, b in policy.named_buffers()}
+            runner(obs, 2)
+            after = dict(policy.named_buffers())
+            changed = sorted(set(before) ^ set(after)) or [
+                k for k, b in before.items() if b.shape != after[k].shape or not torch.equal(b, after[k].detach())]
+            if changed:
+                return (f"its buffer{'s' if len(changed) > 1 else ''} {', '.join(map(repr, changed[:3]))} "
+                        f"changed in a call ({'train' if training else 'eval'} mode)")
+    except Exception:  # noqa: BLE001 - the probe's call fails too, and says nothing either
+        return None
+    finally:
+        for m, training in modes:
+            m.training = training
+        torch.random.set_rng_state(rng)
+    return None
 
 
 def probe(policy: Any, obs_leaves: list, exploration_type: Any, check: Any) -> list[tuple[Any, np.dtype, tuple]] | None:

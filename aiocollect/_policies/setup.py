@@ -54,7 +54,7 @@ from .array import ArrayPolicy
 from .graphs import CudaGraphs, cudagraph_warmup
 from .random import RandomPolicy, SpecRandomPolicy, is_torchrl_random
 from .runner import PolicyRunner, RandomActions
-from .weights import CopyChannel, FollowChannel, TorchWeights, WeightsChannel
+from .weights import CopyChannel, FollowChannel, TorchWeights, WeightsChannel, tensor_state
 
 logger = logging.getLogger("aiocollect")
 
@@ -228,7 +228,7 @@ def _own_copy(policy: Any, device: torch.device | None) -> Any:
 
 def _device_of(module: torch.nn.Module) -> torch.device | None:
     """The one device other than the CPU that holds every tensor of ``module``, if any."""
-    devices = {t.device for t in module.state_dict(keep_vars=True).values() if not is_lazy(t)}
+    devices = {t.device for t in tensor_state(module).values() if not is_lazy(t)}
     if len(devices) == 1:
         (device,) = devices
         if device.type not in ("cpu", "meta"):
@@ -275,7 +275,7 @@ def _on(module: torch.nn.Module, device: torch.device | None) -> bool:
     if device is None:
         return True
     device = torch.device(device)
-    for t in module.state_dict(keep_vars=True).values():
+    for t in tensor_state(module).values():
         here = t.device
         if here.type != device.type or (device.index is not None and here.index != device.index):
             return False
@@ -450,7 +450,7 @@ class PolicySetup:
             fence = self.weights.fence
             if fence is not None:  # a load queued on another thread's stream (left for the next call too)
                 torch.cuda.current_stream(fence[0]).wait_event(fence[1])
-            return {k: v.detach().clone() for k, v in self.policy.state_dict().items()}
+            return {k: v.detach().clone() for k, v in tensor_state(self.policy).items()}
 
     def load_state_dict(self, state_dict: dict, strict: bool) -> None:
         """Load ``policy_state_dict`` as a new weights version."""

@@ -146,9 +146,23 @@ class _Snapshot(list):
     loaded: Any = None
 
 
+
+def tensor_state(module: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """``module.state_dict(keep_vars=True)`` less what is not a tensor: its parameters and
+    buffers, the weights that updates and checkpoints carry. A module's *extra state*
+    (``get_extra_state``, any picklable object) is not versioned weights: updates leave it as
+    it is, as TorchRL's (``TensorDict.from_module``) do, and a policy that has some stays in
+    the main process (``_policies.in_workers.placement``)."""
+    return {k: v for k, v in module.state_dict(keep_vars=True).items() if isinstance(v, torch.Tensor)}
+
+
+def _weights_of(state: Any) -> dict:
+    """A state dict given as weights, less its extra-state entries (``tensor_state``)."""
+    return {k: v for k, v in state.items() if not (k.endswith("_extra_state") and not isinstance(v, torch.Tensor))}
+
 def _cuda_device(module: torch.nn.Module) -> torch.device | None:
     """The GPU holding ``module``'s first tensor on a GPU, or ``None``."""
-    for t in module.state_dict(keep_vars=True).values():
+    for t in tensor_state(module).values():
         if t.is_cuda:
             return t.device
     return None
@@ -192,7 +206,7 @@ class TorchWeights:
 
     def _bind(self) -> None:
         """Look the module's tensors up (again: initialising a lazy tensor gives it new data)."""
-        state = self.module.state_dict(keep_vars=True)
+        state = tensor_state(self.module)
         names = [_plain(name) for name in state]
         params = list(state.values())
         lazy = any(is_lazy(t) for t in params)
@@ -207,11 +221,11 @@ class TorchWeights:
     def sources(self, weights: Any) -> list[torch.Tensor]:
         """The tensors of ``weights``, in the policy's order; raises if they do not fit."""
         if isinstance(weights, torch.nn.Module):
-            state = weights.state_dict(keep_vars=True)
+            state = tensor_state(weights)
         elif isinstance(weights, TensorDictBase):
             state = dict(weights.flatten_keys(".").items())
         elif isinstance(weights, dict):
-            state = weights
+            state = _weights_of(weights)
         else:
             raise TypeError(
                 "update_policy_weights_: expected a module, a TensorDict of parameters, a state "
@@ -344,7 +358,7 @@ class ModuleWatch:
     def __init__(self, module: torch.nn.Module):
         global _HOOKED
         tensors = []
-        for t in module.state_dict(keep_vars=True).values():
+        for t in tensor_state(module).values():
             try:
                 t._version  # noqa: B018 - an inference tensor has no counter: it cannot change here
             except RuntimeError:

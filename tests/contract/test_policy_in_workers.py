@@ -453,11 +453,13 @@ def test_weights_shared_memory_cannot_hold_keep_the_policy_here_and_the_probe_ch
     assert int(scratch.module.norm.num_batches_tracked) > 0  # (the calls were the copy's)
     assert torch.equal(module.norm.running_mean, torch.full((3,), 5.0))
     assert int(module.norm.num_batches_tracked) == 0
-    # a collector that chooses by measuring (2 workers, 16 cores said to be there) does the same
+    # a collector that would choose by measuring (2 workers, 16 cores said to be there) finds
+    # that the policy changes its own state (running statistics): it stays here, unmeasured,
+    # and the check's calls were a scratch copy's too (issue 50 item 3)
     monkeypatch.delenv("AIOCOLLECT_POLICY_IN_WORKERS")
     monkeypatch.setattr(placement_module, "usable_cores", lambda: 16)
     with build(MultiSyncCollector, CounterEnv, policy, frames_per_batch=8, total_frames=8) as c:
-        assert c.placement_costs is not None
+        assert c.placement_costs is None and not c.policy_in_workers
         own = c.state_dict()["policy_state_dict"]  # (the collector's own copy, before any batch)
         assert torch.equal(own["module.norm.running_mean"], torch.full((3,), 5.0))
         assert int(own["module.norm.num_batches_tracked"]) == 0
