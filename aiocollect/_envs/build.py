@@ -30,7 +30,7 @@ def _describe(obj: Any) -> str:
 # gymnasium env (``batch_size == []``) or ``VectorEnv`` (``[n]``). TorchRL is never imported to
 # find out: only an object whose class comes from TorchRL sends us to ``torchrl_env``.
 
-_TORCHRL_HINT = ("Pass a TorchRL env (an EnvBase), a callable or EnvCreator returning one, or a "
+_TORCHRL_HINT = ("Pass a TorchRL env (an EnvBase), its class, a callable or EnvCreator returning one, or a "
                  "gymnasium env, its id or its factory.")
 
 
@@ -57,10 +57,10 @@ def check_not_torchrl(obj: Any, where: str) -> None:
     factory and fail deep inside TorchRL."""
     if not _from_torchrl(obj):
         return
-    from .torchrl_env import is_env_creator
+    from .torchrl_env import is_env_class, is_env_creator
     from .torchrl_env import is_torchrl_env as is_env
 
-    if not (is_env(obj) or is_env_creator(obj)):
+    if not (is_env(obj) or is_env_creator(obj) or is_env_class(obj)):
         raise TypeError(f"{where} is a TorchRL object ({_describe(obj)}) but not an env. {_TORCHRL_HINT}")
 
 

@@ -93,6 +93,12 @@ def is_torchrl_env(obj: Any) -> bool:
     return isinstance(obj, EnvBase)
 
 
+def is_env_class(obj: Any) -> bool:
+    """Whether ``obj`` is a TorchRL env class (a subclass of ``EnvBase``): calling it builds
+    the env, so TorchRL's collectors take it as ``create_env_fn``, and so do ours."""
+    return isinstance(obj, type) and issubclass(obj, EnvBase)
+
+
 def is_env_creator(obj: Any) -> bool:
     """Whether ``obj`` is TorchRL's ``EnvCreator``, a factory of TorchRL envs."""
     return isinstance(obj, EnvCreator)
