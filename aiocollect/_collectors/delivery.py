@@ -98,6 +98,20 @@ def frames_for_buffer(batch: Any, buffer: Any) -> Any:
 
 
 
+def without_private_keys(batch: Any) -> Any:
+    """``batch`` less every entry whose key, or a key it is nested under, starts with ``_``
+    (a policy's ``"_dummy"`` output, an env's ``("agents", "_mask")``...): TorchRL's collectors
+    drop them after ``postproc``, and so do ours. A batch with none is returned as it is."""
+    if not isinstance(batch, TensorDictBase):
+        return batch  # (a postproc that returned something else: as it is)
+    private = [key for key in batch.keys(True) if _private(key)]
+    return batch.exclude(*private, inplace=True) if private else batch
+
+
+def _private(key: Any) -> bool:
+    return key.startswith("_") if isinstance(key, str) else any(k.startswith("_") for k in key)
+
+
 class Delivery:
     """``DataCollectorBase``'s path from ``_collect()`` to the user. Uses the collector's
     ``options``, counters (``_frames``, ``_batches``, ``_max_lag``), ``_returns``,
@@ -181,6 +195,7 @@ class Delivery:
                 return DONE
             if opts.postproc is not None:  # on each collected batch, before assembly, as in TorchRL
                 batch = opts.postproc(batch)
+            batch = without_private_keys(batch)
             assembler.cut(self._take_cut())
             assembler.add(batch)
             if opts.reset_at_each_iter:
@@ -191,10 +206,12 @@ class Delivery:
                 return None
 
     def _deliver(self, batch: TensorDictBase) -> Any:
-        """``postproc``, then the replay buffer (``None`` is delivered) or the batch itself."""
+        """``postproc``, then the replay buffer (``None`` is delivered) or the batch itself,
+        less its private keys (``without_private_keys``)."""
         opts = self.options
         if opts.postproc is not None:
             batch = opts.postproc(batch)
+        batch = without_private_keys(batch)
         if opts.replay_buffer is not None:
             opts.replay_buffer.extend(frames_for_buffer(batch, opts.replay_buffer))
             return None
