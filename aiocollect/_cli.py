@@ -792,8 +792,9 @@ def tune(args: argparse.Namespace) -> int:
             raise UsageError(f"--{name.replace('_', '-')} must be >= {low}, got {min(values)}")
     if args.frames_per_batch is not None and args.frames_per_batch < 1:
         raise UsageError(f"--frames-per-batch must be >= 1, got {args.frames_per_batch}")
-    if not args.seconds > 0:
-        raise UsageError(f"--seconds must be > 0, got {args.seconds}")
+    if not (args.seconds > 0 and math.isfinite(args.seconds)):  # (nan, inf: a measurement that never ends)
+        raise UsageError(f"--seconds must be > 0 and finite, got {args.seconds:g}; give about how long to measure, "
+                         "e.g. --seconds 30 (the default)")
     _set_policy_threads(args)
     policy, what = _load_policy(args)
     device = _policy_device(args)
