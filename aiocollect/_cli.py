@@ -23,9 +23,11 @@ one's JSON in ``DIR`` and draws them side by side in ``DIR/benchmarks.png``
 
 A bad env id, ``--env-kwargs`` or option, a ``--policy`` that cannot be loaded or cannot act
 on the env, an env module (``--env module:EnvId``) that cannot be imported or raises
-on import, an ``--out`` that cannot safely be written, or a size that cannot fit (``--frames`` on
+on import, an env whose first reset or step raises (one env, stepped in this process), an
+``--out`` that cannot safely be written, or a size that cannot fit (``--frames`` on
 the disk, ``--frames-per-batch`` in memory) ends the command before any worker starts, with one
-line on stderr and exit code 2, never a traceback.
+line on stderr and exit code 2, never a traceback; an env that raises later, in a worker, ends
+it the same way (``_env_error``: the env's exception and the line that raised it).
 
 ``--env module:EnvId`` finds ``module`` in the current directory whether the command runs as
 ``aiocollect`` or as ``python -m aiocollect`` (``_search_current_directory``).
@@ -36,6 +38,7 @@ from __future__ import annotations
 import argparse
 import math
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -211,7 +214,7 @@ def _check_env(args: argparse.Namespace) -> None:
         if kwargs:
             raise UsageError(f"--env {args.env!r} with --env-kwargs {args.env_kwargs}: cannot be built here: "
                              f"{_one_line(exc)}; check the keyword names and values the env takes") from None
-        raise UsageError(f"--env {args.env!r} cannot be built here: {type(exc).__name__}: {exc}") from None
+        raise UsageError(f"--env {args.env!r} cannot be built here: {_one_line(exc)}") from None
 
 
 # --policy --------------------------------------------------------------------------------
@@ -506,7 +509,12 @@ def _search_current_directory() -> None:
 
 
 def _one_line(exc: BaseException) -> str:
-    """``TYPE: message`` of ``exc`` on one line (a ``SyntaxError`` with its file and line)."""
+    """``TYPE: message`` of ``exc`` on one line (a ``SyntaxError`` with its file and line; an
+    ``EnvError``: ``_env_error``)."""
+    from ._errors import EnvError
+
+    if isinstance(exc, EnvError):
+        return _env_error(exc)
     if isinstance(exc, SyntaxError):
         text = f"{exc.msg} ({exc.filename}, line {exc.lineno})"
     else:
@@ -517,6 +525,29 @@ def _one_line(exc: BaseException) -> str:
     text = " ".join(text.split())
     text = text if len(text) <= 300 else f"{text[:300]}..."
     return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
+_FRAME = re.compile(r'^[ |+-]*File "(.*)", line (\d+), in (.*)$', re.M)
+_TRACE = re.compile(r"\n\n(Traceback of the env|Traceback in the worker|Python stack of the worker)")
+
+
+def _env_error(exc: BaseException) -> str:
+    """An ``EnvError`` (an env's ``reset()`` or ``step()`` raised) in one line: what its message
+    says before the traceback it carries (the env, its worker, and the env's exception: type
+    and message), and where the env's code raised it, the last frame of that traceback
+    (``raised at FILE:LINE, in FUNCTION``), never the frames of aiocollect that led there. The
+    env of a probe in this process is not named (it is the one env of the probe)."""
+    text = _TRACE.split(str(exc), maxsplit=1)[0]
+    place, raised, rest = text.partition(" raised ")
+    if raised and "(this process, pid " in place:
+        text = rest  # "RuntimeError: message"
+    text = " ".join(text.split())
+    text = text if len(text) <= 300 else f"{text[:300]}..."
+    frames = _FRAME.findall(getattr(exc, "remote_traceback", "") or "")
+    if frames:
+        file, line, function = frames[-1]
+        text += f" (raised at {file}:{line}, in {function})"
+    return text
 
 
 def _check_out(args: argparse.Namespace) -> Path:
@@ -560,8 +591,8 @@ def _frame_bytes(args: argparse.Namespace, policy: Any = None, device: Any = Non
         with Collector([_env_factory(args)], policy, frames_per_batch=1, total_frames=1, policy_device=device,
                        max_frames_per_traj=getattr(args, "max_frames_per_traj", None)) as probe:
             batch = next(iter(probe))
-    except Exception as exc:  # noqa: BLE001 - the env builds but cannot step here
-        raise UsageError(f"--env {args.env!r}: one step of it failed here: {type(exc).__name__}: {exc}") from None
+    except Exception as exc:  # noqa: BLE001 - the env builds but cannot reset or step here
+        raise UsageError(f"--env {args.env!r}: one step of it failed here: {_one_line(exc)}; fix the env") from None
     return batch.bytes() // batch.numel()
 
 
@@ -798,15 +829,17 @@ def tune(args: argparse.Namespace) -> int:
     _set_policy_threads(args)
     policy, what = _load_policy(args)
     device = _policy_device(args)
+    frame_bytes = _frame_bytes(args)  # (the env alone first: an env that cannot step is not the policy's fault)
     if policy is not None:
         _check_policy_acts(args, policy, device, what)
     from ._workers.shm import available_memory
 
     memory = available_memory()  # (a typo of a few zeros must not start workers that cannot allocate)
-    frame_bytes = _frame_bytes(args, policy, device) if args.envs_per_worker and memory is not None else 0
+    if policy is not None and args.envs_per_worker and memory is not None:
+        frame_bytes = _frame_bytes(args, policy, device)  # (with what the policy writes)
     for envs in args.envs_per_worker or ():
         frames = max(args.frames_per_batch or envs * 100, envs)  # (a worker's envs, 100 steps each by default)
-        if frame_bytes and 3 * frames * frame_bytes > memory:
+        if memory is not None and 3 * frames * frame_bytes > memory:
             raise _batch_too_big(f"--envs-per-worker {envs}", frames, frame_bytes, memory, "try fewer envs")
     kwargs = _env_kwargs(args)
     try:
@@ -855,11 +888,16 @@ def bench(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from ._errors import EnvError
+
     args = _parser().parse_args(argv)
     try:
         return {"collect": collect, "tune": tune, "bench": bench}[args.command](args)
     except UsageError as exc:
         print(f"aiocollect: error: {exc}", file=sys.stderr)
+        return 2
+    except EnvError as exc:  # an env that raised in a worker, past the checks (one env, in this process)
+        print(f"aiocollect: error: --env {args.env!r}: {_one_line(exc)}; fix the env", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("aiocollect: interrupted", file=sys.stderr)
