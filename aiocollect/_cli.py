@@ -224,6 +224,14 @@ _POLICY_FORMS = ("a TorchScript file (torch.jit.script(module).save(PATH)), a to
                  "with --policy-factory module:callable, or module:callable")
 
 
+_PICKLE_REFUSED = (
+    "{flag}: holds pickled Python objects, not only tensors (torch.save(module)?), and is refused for safety: "
+    "unpickling can run arbitrary code. Save module.state_dict() and pass --policy-factory module:callable (which "
+    "builds the module), or save the module as a program: torch.export.save(program, PATH.pt2) or "
+    "torch.jit.script(module).save(PATH); for a file you trust, load it in a function of yours: "
+    "--policy module:callable")
+
+
 def _import_callable(flag: str, spec: str) -> Any:
     """The callable that ``module:name`` (``name`` may be dotted) names, imported as ``--env``'s module is."""
     import importlib
@@ -262,11 +270,18 @@ def _call_factory(flag: str, spec: str) -> Any:
 
 def _policy_file_format(path: Path) -> str:
     """``"torchscript"``, ``"export"`` or ``"pickle"`` (what ``torch.save`` writes), from the
-    names in the file's zip archive, without loading it; ``"unknown"`` for anything else."""
+    names in the file's zip archive, without loading it; ``"pickle"`` too for a file that is a
+    pickle itself (``pickle.dump``, or ``torch.save``'s format before torch 1.6: it begins with
+    the opcode of a protocol 2 to 5 pickle); ``"unknown"`` for anything else."""
     import zipfile
 
     if not zipfile.is_zipfile(path):
-        return "unknown"
+        try:
+            with open(path, "rb") as file:
+                head = file.read(2)
+        except OSError:
+            return "unknown"
+        return "pickle" if len(head) == 2 and head[0] == 0x80 and 2 <= head[1] <= 5 else "unknown"
     try:
         with zipfile.ZipFile(path) as archive:
             names = archive.namelist()
@@ -408,16 +423,25 @@ def _load_policy(args: argparse.Namespace) -> tuple[Any, str]:
         raise UsageError(f"{flag}: cannot be loaded: {_one_line(exc)}; save it again with this torch "
                          f"({torch.__version__})") from None
     try:
-        state = torch.load(path, map_location="cpu", weights_only=True)
+        with warnings.catch_warnings():  # (of the pickle protocol the file uses: the error below says it all)
+            warnings.simplefilter("ignore")
+            state = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as exc:  # noqa: BLE001 - whatever torch.load says of a file it cannot read
         import pickle
 
-        if kind == "pickle" and isinstance(exc, pickle.UnpicklingError):
-            raise UsageError(f"{flag}: holds pickled Python objects, not only tensors (a whole module saved with "
-                             "torch.save(module)?), and it is not unpickled, as that runs the code it names; save "
-                             "torch.jit.script(module).save(PATH), or module.state_dict() and pass "
-                             "--policy-factory") from None
-        raise UsageError(f"{flag}: is not a file torch can read ({_one_line(exc)}); give {_POLICY_FORMS}") from None
+        # torch's weights-only unpickler stopped: at an object that is not a tensor (a pickle
+        # of Python objects), or at bytes that are no pickle. Its advice (load the file with
+        # weights_only=False, which would run the file's code) is never relayed: its reason only.
+        text = str(exc)
+        if isinstance(exc, pickle.UnpicklingError) and (kind == "pickle" or "Unsupported global" in text):
+            raise UsageError(_PICKLE_REFUSED.format(flag=flag)) from None
+        if isinstance(exc, pickle.UnpicklingError) and "WeightsUnpickler error:" in text:
+            reason = text.split("WeightsUnpickler error:", 1)[1].strip().split("\n\n", 1)[0]
+            reason = re.split(r"[.]\s", reason, maxsplit=1)[0]  # (its first sentence: what it stopped at)
+            why = f"UnpicklingError: {' '.join(reason.split())}"
+        else:
+            why = _one_line(exc)
+        raise UsageError(f"{flag}: is not a file torch can read ({why}); give {_POLICY_FORMS}") from None
     if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
         keys = ", ".join(map(repr, list(state)[:5])) if isinstance(state, dict) else ""
         found = f"a dict whose entries are not all tensors (keys {keys})" if keys else f"a {type(state).__name__}"
