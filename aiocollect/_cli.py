@@ -36,6 +36,7 @@ it the same way (``_env_error``: the env's exception and the line that raised it
 from __future__ import annotations
 
 import argparse
+import contextlib
 import math
 import os
 import re
@@ -475,6 +476,10 @@ def _set_policy_threads(args: argparse.Namespace) -> None:
     their spinning at each call's barrier costs more than the call itself."""
     if args.policy_threads < 1:
         raise UsageError(f"--policy-threads must be >= 1, got {args.policy_threads}")
+    cpus = os.cpu_count() or 1
+    if args.policy_threads > cpus:  # (torch would start them all: more threads than CPUs only wait for one another)
+        raise UsageError(f"--policy-threads {args.policy_threads}: more than the {cpus} CPUs of this machine; give "
+                         f"at most {cpus} (default 1, leaving the other cores to the env workers)")
     if args.policy is not None:
         import torch
 
@@ -603,7 +608,30 @@ def _check_out(args: argparse.Namespace) -> Path:
     if target.is_dir() and target.stat().st_dev != target.parent.stat().st_dev:
         raise UsageError(f"--out {args.out}: is a mount point, and the save is renamed into place from beside it; "
                          f"give a new directory inside it, e.g. --out {Path(args.out) / 'frames'}")
+    _check_writable(args, target)
     return target
+
+
+def _check_writable(args: argparse.Namespace, target: Path) -> None:
+    """The save is made as a new directory beside ``target`` (its missing parents made first):
+    one is made, and removed, in the nearest directory that exists, so that a place nobody may
+    write to (``/proc``, ``/sys``, a read-only disk, another user's directory) is refused as
+    such, and not later, or as a disk without room (``/proc`` has 0 bytes free). Permission
+    bits do not say it: root passes every ``os.access`` check, and a read-only mount has them."""
+    import tempfile
+
+    base = target.parent
+    while not os.path.exists(base) and base != base.parent:
+        base = base.parent
+    if not base.is_dir():
+        raise UsageError(f"--out {args.out}: cannot write there: {base} is a file, not a directory")
+    try:
+        probe = tempfile.mkdtemp(prefix=f".{target.name}.writable-", dir=base)
+    except OSError as exc:
+        raise UsageError(f"--out {args.out}: not writable: making a directory in {base} failed "
+                         f"({exc.strerror or exc}); give an --out in a directory you can write to") from None
+    with contextlib.suppress(OSError):
+        os.rmdir(probe)
 
 
 def _frame_bytes(args: argparse.Namespace, policy: Any = None, device: Any = None) -> int:

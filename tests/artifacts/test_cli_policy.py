@@ -13,6 +13,7 @@ script.
 from __future__ import annotations
 
 import json
+import os
 import pickle
 import re
 import statistics
@@ -338,3 +339,22 @@ def test_a_pickled_module_is_refused_for_safety_in_any_format(policies):
     assert_one_line_error(proc, "--policy notes.pt: is not a file torch can read (UnpicklingError: ")
     assert "weights_only" not in proc.stderr
     assert not Path("unpickled.txt").exists() and not Path("o").exists()
+
+
+def test_policy_threads_beyond_the_cpus_are_refused_before_anything_starts(policies):
+    """``--policy-threads`` above the machine's CPUs (``os.cpu_count()``: more threads only wait
+    for one another; 100000 would have torch start them all) is refused in one line that gives
+    the bound, by both commands, before any worker starts and before torch's threads change."""
+    cpus = os.cpu_count()
+    threads = torch.get_num_threads()
+    for value in (cpus + 1, 100000):
+        expected = (f"--policy-threads {value}: more than the {cpus} CPUs of this machine; give at most {cpus} "
+                    "(default 1, leaving the other cores to the env workers)")
+        proc = run_main("collect", "--env", "CartPole-v1", "--workers", "2", "--envs-per-worker", "2", "--frames",
+                        "100", "--out", "o", "--policy", "rule.pt", "--policy-threads", str(value))
+        assert_one_line_error(proc, expected)
+        proc = run_main("tune", "--env", "CartPole-v1", "--workers", "1", "--envs-per-worker", "2", "--seconds", "1",
+                        "--policy", "rule.pt", "--policy-threads", str(value))
+        assert_one_line_error(proc, expected)
+        assert torch.get_num_threads() == threads
+    assert not Path("o").exists()
