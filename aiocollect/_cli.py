@@ -580,7 +580,19 @@ def _env_error(exc: BaseException) -> str:
 
 
 def _check_out(args: argparse.Namespace) -> Path:
-    """``--out`` resolved, once it is sure that writing there loses nothing (see ``_dataset``)."""
+    """``--out`` resolved, once it is sure that writing there loses nothing (see ``_dataset``)
+    and that a directory can be made beside it (``_check_writable``)."""
+    try:
+        target = _look_at_out(args)
+    except OSError as exc:  # a directory on the way that this user may not enter (EACCES), ...
+        where = f"{exc.filename}: " if exc.filename else ""
+        raise UsageError(f"--out {args.out}: not writable: {where}{exc.strerror or exc}; give an --out in a "
+                         "directory you can write to") from None
+    _check_writable(args, target)
+    return target
+
+
+def _look_at_out(args: argparse.Namespace) -> Path:
     from ._dataset import NotASave, check_replaceable
 
     given = Path(args.out)
@@ -608,7 +620,6 @@ def _check_out(args: argparse.Namespace) -> Path:
     if target.is_dir() and target.stat().st_dev != target.parent.stat().st_dev:
         raise UsageError(f"--out {args.out}: is a mount point, and the save is renamed into place from beside it; "
                          f"give a new directory inside it, e.g. --out {Path(args.out) / 'frames'}")
-    _check_writable(args, target)
     return target
 
 

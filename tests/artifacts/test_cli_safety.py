@@ -266,6 +266,27 @@ def test_an_out_where_nothing_can_be_written_is_refused_as_not_writable(tmp_path
     assert_refused(proc, f"--out {tmp_path / 'afile' / 'new' / 'frames'}: cannot write there: "
                          f"{tmp_path / 'afile'} is a file, not a directory")
     assert [p.name for p in tmp_path.iterdir()] == ["afile"] and (tmp_path / "afile").read_text() == "keep me"
+    # inside a directory this user may not enter (another user's, mode 700): the system says
+    # EACCES to any look inside it, as it is made to here (root enters any directory)
+    locked = tmp_path / "locked"
+    locked.mkdir()
+    real = {name: getattr(os, name) for name in ("stat", "lstat", "mkdir")}
+
+    def denied(name):
+        def call(path, *args, **kwargs):
+            if os.fspath(path).startswith(f"{locked}{os.sep}"):
+                raise PermissionError(13, "Permission denied", os.fspath(path))
+            return real[name](path, *args, **kwargs)
+        return call
+
+    with pytest.MonkeyPatch.context() as patch:
+        for name in real:
+            patch.setattr(os, name, denied(name))
+        proc = run_main("collect", "--env", "CartPole-v1", "--workers", "0", "--frames", "100",
+                        "--out", str(locked / "frames"))
+    assert_refused(proc, f"--out {locked / 'frames'}: not writable: ", "Permission denied",
+                   "give an --out in a directory you can write to")
+    locked.rmdir()
     # where it can write, the check leaves nothing behind
     proc = run_main("collect", "--env", "CartPole-v1", "--workers", "0", "--envs-per-worker", "2", "--frames", "100",
                     "--out", str(tmp_path / "new" / "frames"))
