@@ -23,9 +23,11 @@ one's JSON in ``DIR`` and draws them side by side in ``DIR/benchmarks.png``
 
 A bad env id, ``--env-kwargs`` or option, a ``--policy`` that cannot be loaded or cannot act
 on the env, an env module (``--env module:EnvId``) that cannot be imported or raises
-on import, an ``--out`` that cannot safely be written, or a size that cannot fit (``--frames`` on
+on import, an env whose first reset or step raises (one env, stepped in this process), an
+``--out`` that cannot safely be written, or a size that cannot fit (``--frames`` on
 the disk, ``--frames-per-batch`` in memory) ends the command before any worker starts, with one
-line on stderr and exit code 2, never a traceback.
+line on stderr and exit code 2, never a traceback; an env that raises later, in a worker, ends
+it the same way (``_env_error``: the env's exception and the line that raised it).
 
 ``--env module:EnvId`` finds ``module`` in the current directory whether the command runs as
 ``aiocollect`` or as ``python -m aiocollect`` (``_search_current_directory``).
@@ -34,8 +36,10 @@ line on stderr and exit code 2, never a traceback.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import math
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -211,7 +215,7 @@ def _check_env(args: argparse.Namespace) -> None:
         if kwargs:
             raise UsageError(f"--env {args.env!r} with --env-kwargs {args.env_kwargs}: cannot be built here: "
                              f"{_one_line(exc)}; check the keyword names and values the env takes") from None
-        raise UsageError(f"--env {args.env!r} cannot be built here: {type(exc).__name__}: {exc}") from None
+        raise UsageError(f"--env {args.env!r} cannot be built here: {_one_line(exc)}") from None
 
 
 # --policy --------------------------------------------------------------------------------
@@ -219,6 +223,14 @@ def _check_env(args: argparse.Namespace) -> None:
 _POLICY_FORMS = ("a TorchScript file (torch.jit.script(module).save(PATH)), a torch.export program "
                  "(torch.export.save(program, PATH.pt2)), a state dict (torch.save(module.state_dict(), PATH)) "
                  "with --policy-factory module:callable, or module:callable")
+
+
+_PICKLE_REFUSED = (
+    "{flag}: holds pickled Python objects, not only tensors (torch.save(module)?), and is refused for safety: "
+    "unpickling can run arbitrary code. Save module.state_dict() and pass --policy-factory module:callable (which "
+    "builds the module), or save the module as a program: torch.export.save(program, PATH.pt2) or "
+    "torch.jit.script(module).save(PATH); for a file you trust, load it in a function of yours: "
+    "--policy module:callable")
 
 
 def _import_callable(flag: str, spec: str) -> Any:
@@ -259,11 +271,18 @@ def _call_factory(flag: str, spec: str) -> Any:
 
 def _policy_file_format(path: Path) -> str:
     """``"torchscript"``, ``"export"`` or ``"pickle"`` (what ``torch.save`` writes), from the
-    names in the file's zip archive, without loading it; ``"unknown"`` for anything else."""
+    names in the file's zip archive, without loading it; ``"pickle"`` too for a file that is a
+    pickle itself (``pickle.dump``, or ``torch.save``'s format before torch 1.6: it begins with
+    the opcode of a protocol 2 to 5 pickle); ``"unknown"`` for anything else."""
     import zipfile
 
     if not zipfile.is_zipfile(path):
-        return "unknown"
+        try:
+            with open(path, "rb") as file:
+                head = file.read(2)
+        except OSError:
+            return "unknown"
+        return "pickle" if len(head) == 2 and head[0] == 0x80 and 2 <= head[1] <= 5 else "unknown"
     try:
         with zipfile.ZipFile(path) as archive:
             names = archive.namelist()
@@ -405,16 +424,25 @@ def _load_policy(args: argparse.Namespace) -> tuple[Any, str]:
         raise UsageError(f"{flag}: cannot be loaded: {_one_line(exc)}; save it again with this torch "
                          f"({torch.__version__})") from None
     try:
-        state = torch.load(path, map_location="cpu", weights_only=True)
+        with warnings.catch_warnings():  # (of the pickle protocol the file uses: the error below says it all)
+            warnings.simplefilter("ignore")
+            state = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as exc:  # noqa: BLE001 - whatever torch.load says of a file it cannot read
         import pickle
 
-        if kind == "pickle" and isinstance(exc, pickle.UnpicklingError):
-            raise UsageError(f"{flag}: holds pickled Python objects, not only tensors (a whole module saved with "
-                             "torch.save(module)?), and it is not unpickled, as that runs the code it names; save "
-                             "torch.jit.script(module).save(PATH), or module.state_dict() and pass "
-                             "--policy-factory") from None
-        raise UsageError(f"{flag}: is not a file torch can read ({_one_line(exc)}); give {_POLICY_FORMS}") from None
+        # torch's weights-only unpickler stopped: at an object that is not a tensor (a pickle
+        # of Python objects), or at bytes that are no pickle. Its advice (load the file with
+        # weights_only=False, which would run the file's code) is never relayed: its reason only.
+        text = str(exc)
+        if isinstance(exc, pickle.UnpicklingError) and (kind == "pickle" or "Unsupported global" in text):
+            raise UsageError(_PICKLE_REFUSED.format(flag=flag)) from None
+        if isinstance(exc, pickle.UnpicklingError) and "WeightsUnpickler error:" in text:
+            reason = text.split("WeightsUnpickler error:", 1)[1].strip().split("\n\n", 1)[0]
+            reason = re.split(r"[.]\s", reason, maxsplit=1)[0]  # (its first sentence: what it stopped at)
+            why = f"UnpicklingError: {' '.join(reason.split())}"
+        else:
+            why = _one_line(exc)
+        raise UsageError(f"{flag}: is not a file torch can read ({why}); give {_POLICY_FORMS}") from None
     if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
         keys = ", ".join(map(repr, list(state)[:5])) if isinstance(state, dict) else ""
         found = f"a dict whose entries are not all tensors (keys {keys})" if keys else f"a {type(state).__name__}"
@@ -448,6 +476,10 @@ def _set_policy_threads(args: argparse.Namespace) -> None:
     their spinning at each call's barrier costs more than the call itself."""
     if args.policy_threads < 1:
         raise UsageError(f"--policy-threads must be >= 1, got {args.policy_threads}")
+    cpus = os.cpu_count() or 1
+    if args.policy_threads > cpus:  # (torch would start them all: more threads than CPUs only wait for one another)
+        raise UsageError(f"--policy-threads {args.policy_threads}: more than the {cpus} CPUs of this machine; give "
+                         f"at most {cpus} (default 1, leaving the other cores to the env workers)")
     if args.policy is not None:
         import torch
 
@@ -506,7 +538,12 @@ def _search_current_directory() -> None:
 
 
 def _one_line(exc: BaseException) -> str:
-    """``TYPE: message`` of ``exc`` on one line (a ``SyntaxError`` with its file and line)."""
+    """``TYPE: message`` of ``exc`` on one line (a ``SyntaxError`` with its file and line; an
+    ``EnvError``: ``_env_error``)."""
+    from ._errors import EnvError
+
+    if isinstance(exc, EnvError):
+        return _env_error(exc)
     if isinstance(exc, SyntaxError):
         text = f"{exc.msg} ({exc.filename}, line {exc.lineno})"
     else:
@@ -519,8 +556,43 @@ def _one_line(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
 
 
+_FRAME = re.compile(r'^[ |+-]*File "(.*)", line (\d+), in (.*)$', re.M)
+_TRACE = re.compile(r"\n\n(Traceback of the env|Traceback in the worker|Python stack of the worker)")
+
+
+def _env_error(exc: BaseException) -> str:
+    """An ``EnvError`` (an env's ``reset()`` or ``step()`` raised) in one line: what its message
+    says before the traceback it carries (the env, its worker, and the env's exception: type
+    and message), and where the env's code raised it, the last frame of that traceback
+    (``raised at FILE:LINE, in FUNCTION``), never the frames of aiocollect that led there. The
+    env of a probe in this process is not named (it is the one env of the probe)."""
+    text = _TRACE.split(str(exc), maxsplit=1)[0]
+    place, raised, rest = text.partition(" raised ")
+    if raised and "(this process, pid " in place:
+        text = rest  # "RuntimeError: message"
+    text = " ".join(text.split())
+    text = text if len(text) <= 300 else f"{text[:300]}..."
+    frames = _FRAME.findall(getattr(exc, "remote_traceback", "") or "")
+    if frames:
+        file, line, function = frames[-1]
+        text += f" (raised at {file}:{line}, in {function})"
+    return text
+
+
 def _check_out(args: argparse.Namespace) -> Path:
-    """``--out`` resolved, once it is sure that writing there loses nothing (see ``_dataset``)."""
+    """``--out`` resolved, once it is sure that writing there loses nothing (see ``_dataset``)
+    and that a directory can be made beside it (``_check_writable``)."""
+    try:
+        target = _look_at_out(args)
+    except OSError as exc:  # a directory on the way that this user may not enter (EACCES), ...
+        where = f"{exc.filename}: " if exc.filename else ""
+        raise UsageError(f"--out {args.out}: not writable: {where}{exc.strerror or exc}; give an --out in a "
+                         "directory you can write to") from None
+    _check_writable(args, target)
+    return target
+
+
+def _look_at_out(args: argparse.Namespace) -> Path:
     from ._dataset import NotASave, check_replaceable
 
     given = Path(args.out)
@@ -551,6 +623,28 @@ def _check_out(args: argparse.Namespace) -> Path:
     return target
 
 
+def _check_writable(args: argparse.Namespace, target: Path) -> None:
+    """The save is made as a new directory beside ``target`` (its missing parents made first):
+    one is made, and removed, in the nearest directory that exists, so that a place nobody may
+    write to (``/proc``, ``/sys``, a read-only disk, another user's directory) is refused as
+    such, and not later, or as a disk without room (``/proc`` has 0 bytes free). Permission
+    bits do not say it: root passes every ``os.access`` check, and a read-only mount has them."""
+    import tempfile
+
+    base = target.parent
+    while not os.path.exists(base) and base != base.parent:
+        base = base.parent
+    if not base.is_dir():
+        raise UsageError(f"--out {args.out}: cannot write there: {base} is a file, not a directory")
+    try:
+        probe = tempfile.mkdtemp(prefix=f".{target.name}.writable-", dir=base)
+    except OSError as exc:
+        raise UsageError(f"--out {args.out}: not writable: making a directory in {base} failed "
+                         f"({exc.strerror or exc}); give an --out in a directory you can write to") from None
+    with contextlib.suppress(OSError):
+        os.rmdir(probe)
+
+
 def _frame_bytes(args: argparse.Namespace, policy: Any = None, device: Any = None) -> int:
     """Bytes one frame takes in the save: one frame of one env, collected in this process
     with ``policy`` (whatever it writes is saved too)."""
@@ -560,8 +654,8 @@ def _frame_bytes(args: argparse.Namespace, policy: Any = None, device: Any = Non
         with Collector([_env_factory(args)], policy, frames_per_batch=1, total_frames=1, policy_device=device,
                        max_frames_per_traj=getattr(args, "max_frames_per_traj", None)) as probe:
             batch = next(iter(probe))
-    except Exception as exc:  # noqa: BLE001 - the env builds but cannot step here
-        raise UsageError(f"--env {args.env!r}: one step of it failed here: {type(exc).__name__}: {exc}") from None
+    except Exception as exc:  # noqa: BLE001 - the env builds but cannot reset or step here
+        raise UsageError(f"--env {args.env!r}: one step of it failed here: {_one_line(exc)}; fix the env") from None
     return batch.bytes() // batch.numel()
 
 
@@ -792,20 +886,23 @@ def tune(args: argparse.Namespace) -> int:
             raise UsageError(f"--{name.replace('_', '-')} must be >= {low}, got {min(values)}")
     if args.frames_per_batch is not None and args.frames_per_batch < 1:
         raise UsageError(f"--frames-per-batch must be >= 1, got {args.frames_per_batch}")
-    if not args.seconds > 0:
-        raise UsageError(f"--seconds must be > 0, got {args.seconds}")
+    if not (args.seconds > 0 and math.isfinite(args.seconds)):  # (nan, inf: a measurement that never ends)
+        raise UsageError(f"--seconds must be > 0 and finite, got {args.seconds:g}; give about how long to measure, "
+                         "e.g. --seconds 30 (the default)")
     _set_policy_threads(args)
     policy, what = _load_policy(args)
     device = _policy_device(args)
+    frame_bytes = _frame_bytes(args)  # (the env alone first: an env that cannot step is not the policy's fault)
     if policy is not None:
         _check_policy_acts(args, policy, device, what)
     from ._workers.shm import available_memory
 
     memory = available_memory()  # (a typo of a few zeros must not start workers that cannot allocate)
-    frame_bytes = _frame_bytes(args, policy, device) if args.envs_per_worker and memory is not None else 0
+    if policy is not None and args.envs_per_worker and memory is not None:
+        frame_bytes = _frame_bytes(args, policy, device)  # (with what the policy writes)
     for envs in args.envs_per_worker or ():
         frames = max(args.frames_per_batch or envs * 100, envs)  # (a worker's envs, 100 steps each by default)
-        if frame_bytes and 3 * frames * frame_bytes > memory:
+        if memory is not None and 3 * frames * frame_bytes > memory:
             raise _batch_too_big(f"--envs-per-worker {envs}", frames, frame_bytes, memory, "try fewer envs")
     kwargs = _env_kwargs(args)
     try:
@@ -854,11 +951,16 @@ def bench(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from ._errors import EnvError
+
     args = _parser().parse_args(argv)
     try:
         return {"collect": collect, "tune": tune, "bench": bench}[args.command](args)
     except UsageError as exc:
         print(f"aiocollect: error: {exc}", file=sys.stderr)
+        return 2
+    except EnvError as exc:  # an env that raised in a worker, past the checks (one env, in this process)
+        print(f"aiocollect: error: --env {args.env!r}: {_one_line(exc)}; fix the env", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("aiocollect: interrupted", file=sys.stderr)

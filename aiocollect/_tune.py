@@ -12,6 +12,7 @@ for cheap envs and few cores.
 from __future__ import annotations
 
 import functools
+import math
 import os
 import time
 from collections.abc import Callable, Sequence
@@ -207,8 +208,8 @@ def tune(
         raise ValueError(f"tune: envs_per_worker must be whole numbers >= 1, got {envs_per_worker}")
     if frames_per_batch is not None and frames_per_batch < 1:
         raise ValueError(f"tune: frames_per_batch must be >= 1, got {frames_per_batch}")
-    if not seconds > 0:
-        raise ValueError(f"tune: seconds must be > 0, got {seconds}")
+    if not (seconds > 0 and math.isfinite(seconds)):  # (nan, inf: a measurement that never ends)
+        raise ValueError(f"tune: seconds must be > 0 and finite (about how long to measure), got {seconds}")
     env_name, env_code = _env_words(env, env_kwargs)
 
     splits, skipped = [], []

@@ -167,3 +167,71 @@ def test_an_env_module_in_the_current_directory_is_found_by_the_console_script(t
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "collected 200 frames of cwd_envs:CwdCartPole-v0" in proc.stdout
     assert TensorDict.load_memmap(tmp_path / "o").shape == (1, 2, 100)
+
+
+FAILING_ENVS = '''
+import os
+
+import gymnasium
+from gymnasium.envs.classic_control.cartpole import CartPoleEnv
+
+
+class ResetFails(CartPoleEnv):
+    def reset(self, *, seed=None, options=None):
+        raise RuntimeError("the simulator licence expired")
+
+
+class StepFails(CartPoleEnv):
+    def step(self, action):
+        raise ValueError("the physics diverged")
+
+
+class FailsInWorkers(CartPoleEnv):  # passes the command's checks (in its own process), fails in a worker
+    def reset(self, *, seed=None, options=None):
+        if os.getpid() != int(os.environ["FAILING_ENVS_MAIN_PID"]):
+            raise OSError("no display in this process")
+        return super().reset(seed=seed, options=options)
+
+
+gymnasium.register("ResetFails-v0", entry_point=ResetFails)
+gymnasium.register("StepFails-v0", entry_point=StepFails)
+gymnasium.register("FailsInWorkers-v0", entry_point=FailsInWorkers)
+'''
+
+
+def test_an_env_that_raises_at_its_first_reset_or_step_is_one_line_and_exit_code_2(tmp_path, monkeypatch):
+    """The env's own error (type, message, and the line of the env's code that raised it) in
+    one line, never the traceback of aiocollect's frames that the ``EnvError`` carries; for
+    ``collect`` and ``tune``, and for an env that fails only in a worker process."""
+    path = tmp_path / "failing_envs.py"
+    path.write_text(FAILING_ENVS)
+    lines = FAILING_ENVS.splitlines()
+
+    def line_of(text: str) -> int:
+        return next(i for i, line in enumerate(lines, 1) if text in line)
+
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setenv("FAILING_ENVS_MAIN_PID", str(__import__("os").getpid()))
+    reset = (f"RuntimeError: the simulator licence expired (raised at {path}:{line_of('licence')}, in reset); "
+             "fix the env")
+    step = f"ValueError: the physics diverged (raised at {path}:{line_of('diverged')}, in step); fix the env"
+    worker = (f"raised OSError: no display in this process (raised at {path}:{line_of('no display')}, in reset); "
+              "fix the env")
+    cases = [
+        (["collect", "--env", "failing_envs:ResetFails-v0", "--out", str(tmp_path / "o")],
+         f"--env 'failing_envs:ResetFails-v0': one step of it failed here: {reset}"),
+        (["collect", "--env", "failing_envs:StepFails-v0", "--out", str(tmp_path / "o")],
+         f"--env 'failing_envs:StepFails-v0': one step of it failed here: {step}"),
+        (["tune", "--env", "failing_envs:ResetFails-v0", "--seconds", "1"],
+         f"--env 'failing_envs:ResetFails-v0': one step of it failed here: {reset}"),
+        (["tune", "--env", "failing_envs:StepFails-v0", "--seconds", "1"],
+         f"--env 'failing_envs:StepFails-v0': one step of it failed here: {step}"),
+        (["tune", "--env", "failing_envs:FailsInWorkers-v0", "--workers", "1", "--envs-per-worker", "2",
+          "--seconds", "1"], "--env 'failing_envs:FailsInWorkers-v0': env 0 of worker 0 (pid "),
+    ]
+    for args, expected in cases:
+        proc = run_main(*args)
+        assert_one_line_error(proc, expected)
+        assert "aiocollect/" not in proc.stderr and "_collectors" not in proc.stderr, proc.stderr
+    assert worker in proc.stderr, proc.stderr
+    assert not (tmp_path / "o").exists()

@@ -13,6 +13,8 @@ script.
 from __future__ import annotations
 
 import json
+import os
+import pickle
 import re
 import statistics
 import subprocess
@@ -270,7 +272,8 @@ def test_bad_policy_and_env_options_are_one_line_and_exit_code_2(policies):
         (["--policy", "adir"], "--policy adir: is a directory"),
         (["--policy", "rule_state.pt"], "is a state dict (2 tensors), which needs the module it is loaded into: "
                                         "pass --policy-factory module:callable"),
-        (["--policy", "whole.pt"], "holds pickled Python objects, not only tensors"),
+        (["--policy", "whole.pt"], "holds pickled Python objects, not only tensors (torch.save(module)?), and is "
+                                   "refused for safety"),
         (["--policy", "checkpoint.pt"], "holds a dict whose entries are not all tensors (keys 'model', 'step')"),
         (["--policy", "notes.pt"], "--policy notes.pt: is not a file torch can read"),
         (["--policy", "rule.pt", "--policy-factory", "policies:Rule"], "is a TorchScript module, loaded whole, "
@@ -302,3 +305,56 @@ def test_bad_policy_and_env_options_are_one_line_and_exit_code_2(policies):
     for extra, expected in cases:
         assert_one_line_error(run_main(*collect, *extra), expected)
     assert not (policies / "o").exists()
+
+
+class Planted:
+    """Unpickled, it writes a file: a pickle that runs code (the file must never be unpickled)."""
+
+    def __reduce__(self):
+        return (Path.write_text, (Path("unpickled.txt").absolute(), "ran"))
+
+
+def test_a_pickled_module_is_refused_for_safety_in_any_format(policies):
+    """A file of pickled objects, in torch.save's zip format, its format before torch 1.6 or a
+    bare pickle (which torch's weights-only loader refuses with advice to load it with
+    weights_only=False, that is to run its code): refused as such, in one line, with the safe
+    ways to give the policy; the file is never unpickled, and torch's advice never relayed."""
+    module = nn.Linear(4, 2)
+    torch.save(module, "whole.pt")
+    torch.save(module, "legacy.pt", _use_new_zipfile_serialization=False)
+    Path("module.pkl").write_bytes(pickle.dumps(module, protocol=5))  # (torch warns of the protocol)
+    Path("module0.pkl").write_bytes(pickle.dumps(module, protocol=0))  # (text: read by what torch says of it)
+    Path("planted.pt").write_bytes(pickle.dumps(Planted(), protocol=2))
+    for name in ("module.pkl", "legacy.pt", "module0.pkl", "planted.pt", "whole.pt"):
+        proc = run_main("collect", "--env", "CartPole-v1", "--workers", "0", "--frames", "100", "--out", "o",
+                        "--policy", name)
+        assert_one_line_error(proc, f"--policy {name}: holds pickled Python objects, not only tensors "
+                                    "(torch.save(module)?), and is refused for safety: unpickling can run arbitrary "
+                                    "code. Save module.state_dict() and pass --policy-factory module:callable")
+        assert "torch.export.save(program, PATH.pt2)" in proc.stderr and "weights_only" not in proc.stderr
+    # a file that is no pickle at all: torch's reader says why, without its advice either
+    Path("notes.pt").write_text("not a tensor file")
+    proc = run_main("collect", "--env", "CartPole-v1", "--workers", "0", "--frames", "100", "--out", "o",
+                    "--policy", "notes.pt")
+    assert_one_line_error(proc, "--policy notes.pt: is not a file torch can read (UnpicklingError: ")
+    assert "weights_only" not in proc.stderr
+    assert not Path("unpickled.txt").exists() and not Path("o").exists()
+
+
+def test_policy_threads_beyond_the_cpus_are_refused_before_anything_starts(policies):
+    """``--policy-threads`` above the machine's CPUs (``os.cpu_count()``: more threads only wait
+    for one another; 100000 would have torch start them all) is refused in one line that gives
+    the bound, by both commands, before any worker starts and before torch's threads change."""
+    cpus = os.cpu_count()
+    threads = torch.get_num_threads()
+    for value in (cpus + 1, 100000):
+        expected = (f"--policy-threads {value}: more than the {cpus} CPUs of this machine; give at most {cpus} "
+                    "(default 1, leaving the other cores to the env workers)")
+        proc = run_main("collect", "--env", "CartPole-v1", "--workers", "2", "--envs-per-worker", "2", "--frames",
+                        "100", "--out", "o", "--policy", "rule.pt", "--policy-threads", str(value))
+        assert_one_line_error(proc, expected)
+        proc = run_main("tune", "--env", "CartPole-v1", "--workers", "1", "--envs-per-worker", "2", "--seconds", "1",
+                        "--policy", "rule.pt", "--policy-threads", str(value))
+        assert_one_line_error(proc, expected)
+        assert torch.get_num_threads() == threads
+    assert not Path("o").exists()

@@ -247,3 +247,49 @@ def test_a_save_set_aside_by_a_killed_replacement_is_named_as_the_previous_save(
     assert f"aiocollect: note: {aside} is the previous save of {out}" in proc.stderr
     assert "mv " in proc.stderr and "rm -r" not in proc.stderr
     assert aside.exists()
+
+
+@pytest.mark.skipif(not Path("/proc/self").is_dir(), reason="needs Linux's /proc")
+def test_an_out_where_nothing_can_be_written_is_refused_as_not_writable(tmp_path):
+    """``/proc`` takes no new directory (root included) and says it has 0 bytes free: the
+    refusal says it is not writable, not that the disk is full."""
+    for out in ("/proc/aiocollect-frames", "/proc/aiocollect/new/frames"):
+        proc = run_main("collect", "--env", "CartPole-v1", "--workers", "2", "--envs-per-worker", "2",
+                        "--frames", "100", "--out", out)
+        assert_refused(proc, f"--out {out}: not writable: making a directory in /proc failed (",
+                       "give an --out in a directory you can write to")
+        assert "free" not in proc.stderr and "Collector" not in proc.stderr  # no disk size, nothing started
+    # a file on the way: cannot write there either, and nothing is left beside it
+    (tmp_path / "afile").write_text("keep me")
+    proc = run_main("collect", "--env", "CartPole-v1", "--workers", "0", "--frames", "100",
+                    "--out", str(tmp_path / "afile" / "new" / "frames"))
+    assert_refused(proc, f"--out {tmp_path / 'afile' / 'new' / 'frames'}: cannot write there: "
+                         f"{tmp_path / 'afile'} is a file, not a directory")
+    assert [p.name for p in tmp_path.iterdir()] == ["afile"] and (tmp_path / "afile").read_text() == "keep me"
+    # inside a directory this user may not enter (another user's, mode 700): the system says
+    # EACCES to any look inside it, as it is made to here (root enters any directory)
+    locked = tmp_path / "locked"
+    locked.mkdir()
+    real = {name: getattr(os, name) for name in ("stat", "lstat", "mkdir")}
+
+    def denied(name):
+        def call(path, *args, **kwargs):
+            if os.fspath(path).startswith(f"{locked}{os.sep}"):
+                raise PermissionError(13, "Permission denied", os.fspath(path))
+            return real[name](path, *args, **kwargs)
+        return call
+
+    with pytest.MonkeyPatch.context() as patch:
+        for name in real:
+            patch.setattr(os, name, denied(name))
+        proc = run_main("collect", "--env", "CartPole-v1", "--workers", "0", "--frames", "100",
+                        "--out", str(locked / "frames"))
+    assert_refused(proc, f"--out {locked / 'frames'}: not writable: ", "Permission denied",
+                   "give an --out in a directory you can write to")
+    locked.rmdir()
+    # where it can write, the check leaves nothing behind
+    proc = run_main("collect", "--env", "CartPole-v1", "--workers", "0", "--envs-per-worker", "2", "--frames", "100",
+                    "--out", str(tmp_path / "new" / "frames"))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["afile", "new"]
+    assert [p.name for p in (tmp_path / "new").iterdir()] == ["frames"]

@@ -121,6 +121,7 @@ def test_the_command_tunes_with_a_policy_file(tmp_path, monkeypatch):
     (["--workers", "one,two"], "is not a comma-separated list of whole numbers"),
     (["--envs-per-worker", "0"], "--envs-per-worker must be >= 1"),
     (["--seconds", "0"], "--seconds must be > 0"),
+    (["--seconds", "nan"], "--seconds must be > 0"),
     (["--policy", "nope.pt"], "--policy nope.pt: no such file"),
     (["--envs-per-worker", "3", "--workers", "0", "--frames-per-batch", "40"], "splits over none"),
 ])
@@ -129,3 +130,17 @@ def test_the_command_refuses_bad_input_in_one_line(args, expected):
     assert proc.returncode == 2, proc.stderr[-3000:]
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("aiocollect: error:") and expected in lines[0], lines
+
+
+@pytest.mark.timeout(30)  # (they were taken, and measured for ever: each split's window was infinite)
+@pytest.mark.parametrize("seconds", ["inf", "1e999", "Infinity"])
+def test_infinite_seconds_are_refused_in_one_line(seconds):
+    proc = run_main("tune", "--env", "CartPole-v1", "--workers", "0", "--envs-per-worker", "2", "--seconds", seconds)
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1, lines
+    assert lines[0] == ("aiocollect: error: --seconds must be > 0 and finite, got inf; give about how long to "
+                        "measure, e.g. --seconds 30 (the default)")
+    assert proc.stdout == ""  # nothing measured
+    with pytest.raises(ValueError, match=r"seconds must be > 0 and finite \(about how long to measure\), got inf"):
+        aiocollect.tune("CartPole-v1", workers=[0], envs_per_worker=[2], seconds=float(seconds))
