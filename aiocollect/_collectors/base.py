@@ -298,9 +298,11 @@ class DataCollectorBase(Faces, Consumers, Delivery, Background, TorchRLAccessors
                 another ``model_id``).
             TypeError: the weights are of a type the policy cannot load, or the policy has
                 no weights and some were given.
+            CollectorClosedError: the collector is shut down.
+            CollectorFailedError: the collector failed earlier (an env or the policy raised):
+                it collects nothing more, so no weights are taken.
         """
-        if self._closed:
-            raise self._closed_error()
+        self._check_usable()
         self._check_worker_ids(worker_ids)
         return self._policy.publish(weights_given(policy_or_weights, weights, policy, model_id, weights_dict))
 
