@@ -46,7 +46,7 @@ from .._envs.spaces import nest
 from .._errors import CollectorClosedError, CollectorFailedError
 from .._policies.setup import PolicySetup
 from .background import Background
-from .checkpoint import Checkpoint, counters_state, read_checkpoint
+from .checkpoint import Checkpoint, counters_state, policy_state_error, read_checkpoint
 from .consumers import Consumer, Consumers
 from .delivery import NOTHING, Delivery, batch_tensordict
 from .faces import Faces
@@ -298,9 +298,11 @@ class DataCollectorBase(Faces, Consumers, Delivery, Background, TorchRLAccessors
                 another ``model_id``).
             TypeError: the weights are of a type the policy cannot load, or the policy has
                 no weights and some were given.
+            CollectorClosedError: the collector is shut down.
+            CollectorFailedError: the collector failed earlier (an env or the policy raised):
+                it collects nothing more, so no weights are taken.
         """
-        if self._closed:
-            raise self._closed_error()
+        self._check_usable()
         self._check_worker_ids(worker_ids)
         return self._policy.publish(weights_given(policy_or_weights, weights, policy, model_id, weights_dict))
 
@@ -338,7 +340,13 @@ class DataCollectorBase(Faces, Consumers, Delivery, Background, TorchRLAccessors
         saved = read_checkpoint(state_dict, type(self).__name__)
         if self._closed:
             raise self._closed_error()
-        self._policy.load_state_dict(state_dict, strict)
+        try:
+            self._policy.load_state_dict(state_dict, strict)
+        except (KeyError, ValueError, TypeError) as exc:  # named for load_state_dict, the call made
+            error = policy_state_error(exc, type(self).__name__)
+            if error is exc:
+                raise
+            raise error from None
         return saved
 
 

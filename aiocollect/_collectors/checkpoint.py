@@ -113,6 +113,28 @@ def read_checkpoint(state_dict: Any, collector: str) -> Checkpoint:
     return Checkpoint(frames, batches, next_id, completed, workers, trajectories)
 
 
+_PUBLISH = "update_policy_weights_: "
+"""How the policy's errors about weights that do not fit it begin (they are raised as
+weights are published, by ``update_policy_weights_`` or by ``load_state_dict``)."""
+
+
+def policy_state_error(exc: BaseException, collector: str) -> BaseException:
+    """The error ``load_state_dict`` raises when publishing the checkpoint's
+    ``policy_state_dict`` raised ``exc``: of ``exc``'s type, saying that the checkpoint's
+    weights do not fit the collector's policy, and how (an error that says where it comes
+    from other than ``update_policy_weights_``, the call the user did not make, is ``exc``)."""
+    text = exc.args[0] if len(exc.args) == 1 and isinstance(exc.args[0], str) else None
+    if text is None or not text.startswith(_PUBLISH):
+        return exc
+    what = getattr(exc, "misfit", None) or text[len(_PUBLISH):].rstrip(".")
+    message = (f"{collector}.load_state_dict: the checkpoint's 'policy_state_dict' does not fit this collector's "
+               f"policy: {what}. Nothing was loaded; load a checkpoint that a collector with the same policy saved.")
+    try:
+        return type(exc)(message)
+    except Exception:  # noqa: BLE001 - a type built otherwise: its own message is still right
+        return exc
+
+
 def _count(value: Any, name: str, where: str, low: int) -> int:
     """An integer counter (a Python, NumPy or 0-d tensor integer) of at least ``low``."""
     if hasattr(value, "ndim") and getattr(value, "ndim", None) == 0 and hasattr(value, "item"):

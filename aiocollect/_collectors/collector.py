@@ -456,7 +456,8 @@ class Collector(DataCollectorBase):
         frame and batch counters are restored (so ``total_frames`` counts on from them), and
         trajectory ids go on after the saved counter, so none is ever reused.
 
-        The whole state is checked first: on any error nothing is loaded. A checkpoint of
+        The whole state is checked first: on any error nothing is loaded (weights that do not
+        fit the policy give an error of ``load_state_dict`` saying what does not fit). A checkpoint of
         an earlier aiocollect (``iter`` counting batches) loads with its meaning. A TorchRL
         collector's checkpoint is refused (its env and trajectory state are TorchRL's): load
         its weights alone with ``update_policy_weights_(state_dict["policy_state_dict"])``.
@@ -470,9 +471,10 @@ class Collector(DataCollectorBase):
             KeyError: ``frames``, ``iter`` or ``traj_pool`` (with ``next_traj_id``) is
                 missing (not an aiocollect checkpoint); ``strict`` and no
                 ``policy_state_dict`` for a policy with weights; or weights that lack an
-                entry of the policy's.
-            TypeError: an entry has the wrong type.
-            ValueError: a negative counter, or a checkpoint from a newer aiocollect.
+                entry of the policy's, or have one it does not.
+            TypeError: an entry has the wrong type (``policy_state_dict`` included).
+            ValueError: a negative counter, a checkpoint from a newer aiocollect, or
+                weights of another shape than the policy's.
         """
         saved = self._checked_and_weights_loaded(state_dict, strict)
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import math
+import warnings
 import weakref
 from collections import deque
 
@@ -62,7 +63,11 @@ class MultiAsyncCollector(WorkerCollectorBase):
     trajectories between two batches (each batch stays consistent on its own) and are
     counted in ``statistics().stale_frames_dropped``. ``k=0`` with an update after every
     batch and several workers can drop most of the data: give the bound some slack
-    (``k`` at least the number of workers keeps drops rare).
+    (``k`` at least the number of workers keeps drops rare). A bound that cannot be met
+    (weights published more than ``k`` times in the time a worker fills a batch) would
+    drop every frame and deliver nothing: once more than ``4 * workers`` batches' worth of
+    frames are dropped with no batch delivered in between, a ``RuntimeWarning`` says so
+    and what to change (once per collector).
 
     Args:
         create_env_fn: one entry per worker, as for
@@ -130,6 +135,9 @@ class MultiAsyncCollector(WorkerCollectorBase):
         self._pump: asyncio.Task | None = None
         self._pump_error: BaseException | None = None
         self._arrived: anyio.Event | None = None
+        self._dropped_since_batch = 0
+        """Frames dropped for ``max_policy_lag`` since the last batch delivered (see ``_dropped``)."""
+        self._lag_warned = False
         return options
 
     def _steps_per_env(self, num_envs: int) -> int:
@@ -177,7 +185,7 @@ class MultiAsyncCollector(WorkerCollectorBase):
         if oldest is not None:
             dropped = sum(sched.drop_older_than(other, oldest) for other in lanes)
             if dropped:
-                self._stale_dropped += dropped
+                self._dropped(dropped)
                 return  # not full any more: it goes on stepping
         self._outbox.append([sched.seal(other, self.options.set_truncated) for other in lanes])
         self._signal()
@@ -221,9 +229,38 @@ class MultiAsyncCollector(WorkerCollectorBase):
                 self._begin(lanes)  # it was waiting for room
                 sched.poke()
             if stale:
-                self._stale_dropped += frames  # went stale while it waited: collect anew
+                self._dropped(frames)  # went stale while it waited: collect anew
                 continue
+            self._dropped_since_batch = 0
             return td, frames
+
+    LAG_WARNING_BATCHES = 4
+    """Batches' worth of frames, per worker, that ``max_policy_lag`` may drop with no batch
+    delivered before a ``RuntimeWarning`` says the bound is likely never met."""
+
+    def _dropped(self, frames: int) -> None:
+        """Count ``frames`` dropped for ``max_policy_lag``; warn, once per collector, when
+        so many were dropped since the last batch delivered that the bound is likely never
+        met (the weights change faster than a worker fills a batch): the caller would wait
+        for a batch forever, with no word."""
+        self._stale_dropped += frames
+        self._dropped_since_batch += frames
+        fpb = self.options.frames_per_batch
+        workers = len(self._plan.workers)
+        if self._lag_warned or self._dropped_since_batch <= self.LAG_WARNING_BATCHES * workers * fpb:
+            return
+        self._lag_warned = True
+        lag = self.worker_options.max_policy_lag
+        since = "since the last batch was delivered" if self._batches else "and no batch was delivered yet"
+        warnings.warn(
+            f"max_policy_lag={lag}: {self._dropped_since_batch} frames ({self._dropped_since_batch // fpb} batches' "
+            f"worth) were dropped as stale {since}: new weights are likely published more than {lag} time(s) "
+            f"while a worker fills a batch (frames_per_batch={fpb}), so no batch's frames all come from recent "
+            "enough policies and none may ever be delivered. Raise max_policy_lag, call update_policy_weights_() "
+            "less often than a batch takes to collect, or use a smaller frames_per_batch. "
+            "statistics().stale_frames_dropped counts the frames dropped. (Said once per collector.)",
+            RuntimeWarning, stacklevel=2,
+        )
 
 
 async def _run_pump(ref: weakref.ref) -> None:

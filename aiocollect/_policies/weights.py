@@ -237,12 +237,13 @@ class TorchWeights:
         missing = [n for n in names if n not in state]
         extra = [n for n in state if n not in known]
         if missing or extra:
-            raise KeyError(
-                "update_policy_weights_: the weights do not fit the collector's policy"
-                + (f"; missing {missing[:5]}" if missing else "")
-                + (f"; unexpected {extra[:5]}" if extra else "")
-                + ". Pass a module of the same structure, TensorDict.from_module(module), or its state_dict()."
+            misfit = "; ".join([f"missing {missing[:5]}"] * bool(missing) + [f"unexpected {extra[:5]}"] * bool(extra))
+            error = KeyError(
+                f"update_policy_weights_: the weights do not fit the collector's policy; {misfit}. Pass a module "
+                "of the same structure, TensorDict.from_module(module), or its state_dict()."
             )
+            error.misfit = misfit  # what load_state_dict says of a checkpoint's weights (policy_state_error)
+            raise error
         out = []
         for name, param in zip(names, params):
             src = state[name]

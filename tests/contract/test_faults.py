@@ -13,11 +13,13 @@ import threading
 import time
 
 import pytest
+from tensordict.nn import TensorDictModule
 
 import aiocollect
 from aiocollect import CollectorBusyError, CollectorClosedError, CollectorFailedError, EnvError, StepTimeoutError
 from support.coroutine_envs import HangingEnv
 from support.envs import CounterEnv, EnvRecorder, SleepyEnv, SlowStartEnv
+from support.plain_modules import ArgmaxMLP
 from support.procs import alive, children, interrupt_script, wait_until
 
 TESTS = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -55,6 +57,26 @@ async def test_an_env_error_on_the_async_face(variant):
                 pass
         with pytest.raises(CollectorFailedError):
             await collector.arollout()
+        with pytest.raises(CollectorFailedError, match="failed earlier"):
+            await collector.update_policy_weights()  # the async twin too: no weights taken after a fault
+
+
+def test_weights_are_refused_after_a_fault(variant):
+    """A collector whose env crashed collects nothing more: ``update_policy_weights_`` raises
+    the same ``CollectorFailedError`` as every other call, rather than returning a new
+    version that no frame will ever carry."""
+    policy = TensorDictModule(ArgmaxMLP(3, 3), in_keys=["observation"], out_keys=["action"])
+    fns = [CounterEnv] * (variant.num_envs - 1) + [functools.partial(CounterEnv, fail_at=3)]
+    with variant(fns, policy, frames_per_batch=40, total_frames=-1) as collector:
+        assert collector.update_policy_weights_() == 1  # (a policy with weights: each update is a version)
+        with pytest.raises(EnvError) as info:
+            for _ in collector:
+                pass
+        for args in [(), (policy,)]:
+            with pytest.raises(CollectorFailedError, match="failed earlier") as later:
+                collector.update_policy_weights_(*args)
+            assert later.value.__cause__ is info.value
+        assert collector.statistics().latest_policy_version == 1
 
 
 def broken_policy(observation):

@@ -6,15 +6,18 @@ from __future__ import annotations
 
 import functools
 import time
+import traceback
 
 import pytest
 import torch
 from tensordict.nn import TensorDictModule
 
 from support.checks import check_batch, check_whole_episode, rows
+from support.envs import IntObsEnv
 from support.episode_envs import EpisodeEnv
 from support.plain_modules import ArgmaxMLP
 from support.variants import VARIANTS
+from support.weights import linear
 
 FPB = 20
 
@@ -159,6 +162,33 @@ def test_a_checkpoint_with_trajs_per_batch_holds_exactly_what_was_not_delivered(
     assert kwargs["total_frames"] <= end < kwargs["total_frames"] + kwargs["frames_per_batch"]
     # every frame delivered here was counted here (the held ones by the first collector)
     assert sum(b.numel() for b in [*restored, *rest]) <= end - sum(b.numel() for b in delivered)
+
+
+def test_a_checkpoint_whose_policy_does_not_fit_is_an_error_of_load_state_dict(variant):
+    """The weights of another policy in a checkpoint: the error names ``load_state_dict``, the
+    call the user made (not ``update_policy_weights_``, which loads them underneath), says
+    what does not fit, and nothing is loaded."""
+    with variant(IntObsEnv, linear(0.0), frames_per_batch=FPB, total_frames=-1) as collector:
+        good = collector.state_dict()
+        weights = good["policy_state_dict"]
+        cases = [
+            ({**weights, "module.weight": torch.zeros(2, 3)}, ValueError,
+             r"'module.weight' has shape \(2, 3\), the collector's policy has \(1, 3\)"),
+            ({"module.weight": weights["module.weight"], "net.bias": torch.zeros(1)}, KeyError,
+             r"missing \['module.bias'\]; unexpected \['net.bias'\]"),
+            (3, TypeError, "expected a module, a TensorDict of parameters, a state dict or None; got int"),
+        ]
+        for policy_state, error, what in cases:
+            with pytest.raises(error, match=f"{variant.cls.__name__}.load_state_dict: the checkpoint's "
+                                            f"'policy_state_dict' does not fit this collector's policy: {what}"
+                                            r"\. Nothing was loaded") as info:
+                collector.load_state_dict({**good, "policy_state_dict": policy_state})
+            shown = "".join(traceback.format_exception(info.value))
+            assert "update_policy_weights_" not in shown, shown
+        stats = collector.statistics()
+        assert stats.latest_policy_version == 0 and stats.frames == 0  # nothing was loaded
+        collector.load_state_dict(good)
+        assert collector.statistics().latest_policy_version == 1
 
 
 def test_a_checkpoint_loaded_without_trajs_per_batch_does_not_count_the_trajectories_it_held(variant):

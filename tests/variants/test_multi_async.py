@@ -4,11 +4,15 @@ interruptor, uneven batches)."""
 
 from __future__ import annotations
 
+import functools
+import threading
 import time
+import warnings
 
 import numpy as np
 import pytest
 import torch
+from tensordict.nn import TensorDictModule
 
 from aiocollect import Interruptor, MultiAsyncCollector, MultiSyncCollector
 from support.checks import check_batch
@@ -87,6 +91,53 @@ def test_without_a_bound_the_lag_is_reported():
             collector.update_policy_weights_(trainer)
         stats = collector.statistics()
     assert stats.max_policy_lag >= 1 and stats.stale_frames_dropped == 0
+
+
+def test_a_max_policy_lag_never_met_warns_instead_of_waiting_silently():
+    """Weights published every millisecond while a worker takes ~80 ms to fill a batch: no
+    batch can ever hold frames of only the last 2 versions. The collector drops frames and
+    says so (once), within a second or so, rather than leaving the caller waiting with no word;
+    once the trainer stops, a batch arrives, and the collector shuts down cleanly."""
+    module = torch.nn.Linear(2, 1)
+    with torch.no_grad():
+        module.weight.zero_()
+        module.bias.zero_()
+    policy = TensorDictModule(module, in_keys=["observation"], out_keys=["action"])
+    env = functools.partial(SleepyEnv, 0.002)  # 2 envs a worker, 20 steps each: ~80 ms a batch
+    collector = MultiAsyncCollector([[env] * 2] * 2, policy, frames_per_batch=40, total_frames=-1, max_policy_lag=1)
+    stop, warned_after = threading.Event(), []
+
+    def lag_warnings():
+        return [w for w in caught if issubclass(w.category, RuntimeWarning) and "max_policy_lag=1" in str(w.message)]
+
+    def trainer():
+        t0 = time.monotonic()
+        while not stop.is_set() and time.monotonic() - t0 < 30:
+            collector.update_policy_weights_()
+            if lag_warnings():
+                warned_after.append(time.monotonic() - t0)
+                return
+            time.sleep(0.001)
+
+    with collector, warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        thread = threading.Thread(target=trainer, daemon=True)
+        thread.start()
+        try:
+            batch = collector.rollout()  # waits while the trainer publishes, as a user's loop would
+        finally:
+            stop.set()
+            thread.join()
+        stats = collector.statistics()
+    assert warned_after and warned_after[0] < 15, "no warning while max_policy_lag dropped every frame"
+    (warning,) = lag_warnings()
+    message = str(warning.message)
+    for advice in ("Raise max_policy_lag", "update_policy_weights_() less often", "smaller frames_per_batch",
+                   "stale_frames_dropped", "no batch was delivered yet"):
+        assert advice in message, message
+    assert stats.stale_frames_dropped > MultiAsyncCollector.LAG_WARNING_BATCHES * 2 * 40
+    assert batch.shape == (2, 20)
+    assert not children()
 
 
 def test_max_policy_lag_is_validated_before_any_process_starts():
