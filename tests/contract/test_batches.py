@@ -225,6 +225,30 @@ def test_postproc_is_applied_to_every_batch(variant):
             assert batch["tagged"].all()
 
 
+def test_private_keys_reach_postproc_and_are_dropped_from_the_batch_as_in_torchrl(variant):
+    # issue 51: TorchRL's collectors drop entries whose key starts with "_" after postproc
+    from tensordict.nn import TensorDictModule, TensorDictSequential
+
+    policy = TensorDictSequential(
+        TensorDictModule(lambda obs: (obs[..., 0] % 3).long(), in_keys=["observation"], out_keys=["action"]),
+        TensorDictModule(lambda a: a.float(), in_keys=["action"], out_keys=["_dummy"]),
+        TensorDictModule(lambda a: a.float(), in_keys=["action"], out_keys=[("nest", "_hidden")]))
+    seen = []
+
+    def look(td):
+        seen.append({"_dummy", ("nest", "_hidden")} <= set(td.keys(True)))
+        td.set("_from_postproc", torch.ones(td.shape))
+        return td
+
+    with variant(CounterEnv, policy, frames_per_batch=FPB, total_frames=2 * FPB, postproc=look) as collector:
+        for batch in collector:
+            keys = set(batch.keys(True))
+            assert not {"_dummy", ("nest", "_hidden"), "_from_postproc"} & keys, keys
+            assert "action" in keys and ("collector", "traj_ids") in keys
+            check_batch(batch)
+    assert seen and all(seen)
+
+
 def test_reset_at_each_iter_starts_every_batch_with_new_trajectories(variant):
     with variant(frames_per_batch=FPB, total_frames=3 * FPB, reset_at_each_iter=True) as collector:
         seen: set[int] = set()
