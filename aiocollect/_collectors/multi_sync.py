@@ -61,7 +61,9 @@ class MultiSyncCollector(WorkerCollectorBase):
             ``ceil(p * num_workers)`` workers have their share. The others stop after the
             step they are taking; the frames they did not collect are zeros, marked
             ``False`` in ``("collector", "mask")`` (their trajectory id and policy version
-            are -1).
+            are -1). Concatenated along time (``cat_results=-1``), they are left out
+            instead, as TorchRL leaves them out: the batch is shorter, has no mask, and
+            each trajectory's frames follow each other.
         update_at_each_batch: call ``update_policy_weights_()`` before each batch, sending
             the weights of the policy object given at construction.
         step_timeout: seconds a worker may take to answer a step or reset (``None``, the
@@ -233,6 +235,9 @@ class MultiSyncCollector(WorkerCollectorBase):
         if not batched:  # one env per worker: each worker's batch is [T]
             if cat == "stack":
                 return self._tensordict(tensors, [w, steps])
+            if self._mask:  # each worker's [T], less the steps it did not take (as TorchRL)
+                return _filled(torch.cat([_filled(self._tensordict({k: v[i] for k, v in tensors.items()}, [steps]))
+                                          for i in range(w)], 0))
             return self._tensordict({k: v.reshape(w * steps, *v.shape[2:]) for k, v in tensors.items()}, [w * steps])
         if cat == "stack":
             e = n // w
@@ -242,11 +247,34 @@ class MultiSyncCollector(WorkerCollectorBase):
         # along time: [envs, workers * T], each worker's [envs, T] side by side
         parts, lo = [], 0
         for spec in workers:
-            parts.append(self._tensordict({k: v[lo:spec.hi] for k, v in tensors.items()}, [spec.num_envs, steps]))
+            part = self._tensordict({k: v[lo:spec.hi] for k, v in tensors.items()}, [spec.num_envs, steps])
+            parts.append(_filled(part) if self._mask else part)
             lo = spec.hi
         out = torch.cat(parts, cat)
+        if self._mask:
+            out = _filled(out)
         out.refine_names(*([None] * (out.ndim - 1)), "time")
         return out
+
+
+_MASK = ("collector", "mask")
+
+
+def _filled(part: TensorDictBase) -> TensorDictBase:
+    """A worker's batch along time (``cat_results=-1``) as TorchRL's ``MultiSyncCollector`` gives
+    it when ``preemptive_threshold`` (or an ``interruptor``) cut the batch: the time steps no env
+    of the worker took are left out, so each trajectory's frames follow each other (TorchRL's
+    ``split_trajectories`` counts each id's frames), and the ``("collector", "mask")`` goes
+    once every frame left is real; a step some envs took and others not (a worker stepped in
+    halves) keeps its masked frames, and the mask with them."""
+    mask = part.get(_MASK, None)
+    if mask is None:
+        return part
+    if mask.all():
+        return part.exclude(_MASK)
+    taken = mask.reshape(-1, mask.shape[-1]).any(0)
+    part = part[..., taken]
+    return part.exclude(_MASK) if part.get(_MASK).all() else part
 
 
 MultiSyncDataCollector = MultiSyncCollector

@@ -176,7 +176,8 @@ class WorkerOptions:
     concatenate them along that dim (TorchRL's meaning). Checked but unused by MultiAsync."""
     preemptive_threshold: float | None = field(default=None, metadata=option(checks.preemptive_threshold))
     """MultiSync: cut the batch once this fraction of workers has its share; the frames
-    the others did not collect are masked out with ``("collector", "mask")``."""
+    the others did not collect are masked out with ``("collector", "mask")`` (left out of a
+    batch concatenated along time, ``cat_results=-1``, as TorchRL does)."""
     update_at_each_batch: bool = field(default=False, metadata=option(checks.flag))
     """MultiSync: call ``update_policy_weights_()`` before each batch. Accepted but unused
     by MultiAsync."""

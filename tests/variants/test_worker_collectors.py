@@ -85,6 +85,32 @@ def test_preemptive_threshold_masks_what_stragglers_did_not_collect():
     check_batch(data)
 
 
+@pytest.mark.parametrize("envs_per_worker", [1, 2])
+def test_a_preempted_batch_along_time_leaves_out_the_steps_not_taken_as_torchrl(envs_per_worker):
+    # issue 51: with cat_results=-1 the stragglers' untaken steps were kept, masked, with id
+    # -1 in several places, and TorchRL's split_trajectories (which counts each id's frames)
+    # failed; TorchRL leaves those steps out, and so do we now: every id's frames follow
+    # each other and there is no mask
+    fast = [lambda: SleepyEnv(delay=0.0, tag=0.0)] * envs_per_worker
+    slow = [lambda: SleepyEnv(delay=0.05, tag=1.0)] * envs_per_worker
+    with MultiSyncCollector([fast, fast, slow], None, frames_per_batch=60 * envs_per_worker, total_frames=-1,
+                            preemptive_threshold=0.6, cat_results=-1) as collector:
+        data = collector.rollout()
+    assert ("collector", "mask") not in data.keys(True)
+    ids = data["collector", "traj_ids"]
+    assert (ids >= 0).all()
+    assert data.shape[-1] < 60  # the straggler's steps not taken are left out
+    assert data.shape[-1] >= 40  # the two fast workers' 20 steps each
+    runs = ids.reshape(-1).unique_consecutive()
+    assert len(runs) == len(ids.unique())  # each trajectory's frames together
+    try:
+        from torchrl.collectors.utils import split_trajectories as torchrl_split
+    except ImportError:
+        return
+    trajs = torchrl_split(data.reshape(-1), prefix="collector")
+    assert int(trajs["collector", "mask"].sum()) == data.numel()
+
+
 def straggling_workers() -> MultiSyncCollector:
     """Two workers, the second sleeping 10 ms a step: 3 batches of 20 steps each."""
     fast = lambda: SleepyEnv(delay=0.0, tag=0.0)
