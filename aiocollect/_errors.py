@@ -5,6 +5,7 @@ CollectorError                  a fault in collection; `except aiocollect.Collec
 ├── WorkerError                 an env worker failed: its process died (or, as EnvError, an env raised)
 │   └── EnvError                an env's reset() or step() raised: its exception is the __cause__
 │       └── StepTimeoutError    an env (coroutine or in a worker) did not answer within step_timeout (a TimeoutError)
+├── PolicyError                 the policy returned an action the envs cannot be stepped with (NaN or infinite)
 ├── StartTimeoutError           worker processes (or Ray actors) did not start within start_timeout (a TimeoutError)
 ├── RemoteCollectorError        a remote collector (Ray actor, RPC worker) failed: the remote error is the __cause__
 ├── CollectorClosedError        the collector was used after shutdown()
@@ -17,7 +18,9 @@ The same fault gives the same type in every collector: an env that raises is an
 ([`Collector`][aiocollect.Collector]), in a worker process or as a coroutine env, and names
 the env and the worker in its message and attributes. Bad arguments are not faults: they
 stay ``TypeError`` / ``ValueError``, raised before any env is built or process started. An
-exception raised by the policy, which runs in your process, comes out as it is.
+exception raised by the policy, which runs in your process, comes out as it is; an action
+that is NaN or infinite is a [`PolicyError`][aiocollect.PolicyError], raised before any env
+is stepped with it (an env given NaN returns NaN, which would blame the env).
 
 Every class is a ``RuntimeError``, as aiocollect's errors were before the hierarchy
 existed, so older ``except RuntimeError`` code still catches them.
@@ -111,7 +114,8 @@ def policy_error_from_worker(worker: int, pid: int | None, info: dict) -> BaseEx
         return WorkerError(f"{where[0].upper()}{where[1:-1]}: {info['type']}: {info['message']}\n\n{trace}",
                            worker=worker, pid=pid, remote_type=info["type"], remote_traceback=info["traceback"])
     error.add_note(f"{where}\n\n{trace}")
-    for name, value in (("worker", worker), ("pid", pid), ("env", None), ("remote_type", info["type"]),
+    env = error.env if isinstance(error, PolicyError) else None  # (a PolicyError named its env in the worker)
+    for name, value in (("worker", worker), ("pid", pid), ("env", env), ("remote_type", info["type"]),
                         ("remote_traceback", info["traceback"]), ("exitcode", None)):
         try:
             setattr(error, name, value)
@@ -241,6 +245,56 @@ class StepTimeoutError(EnvError, TimeoutError):
         message = str(self).replace(f"env {self.env} ", f"env {self.env} of worker {worker} ", 1)
         self.args = (message,)
         return self
+
+
+class PolicyError(CollectorError):
+    """The policy returned an action the envs cannot be stepped with: NaN or infinite values.
+
+    Checked at every step (one vectorised test of the batch's float actions; integer actions
+    need none), before any env is stepped with the action, whether the policy runs in this
+    process or as its copy in each worker process (``policy_in_workers``): an env given NaN
+    returns NaN (gymnasium's Pendulum, in its reward), which would be reported as the env's
+    fault. The message names the env (the first one whose action is not finite) and its
+    worker, and shows that env's action; raised from the iterator of every collector, which
+    is then failed (later calls raise [`CollectorFailedError`][aiocollect.CollectorFailedError]).
+    The policy's copy in a worker adds a note naming that worker and the traceback there.
+    Finite actions outside a ``Box``'s bounds are given to the envs as they are, as before.
+
+    A NaN action usually comes from the policy's weights (a training update that diverged: a
+    NaN or infinite loss, exploding gradients), from NaN in its inputs, or from its own
+    arithmetic (a log of 0, a division by 0).
+
+    Attributes:
+        worker (int): the worker of the env the action was for (0 for a ``Collector``).
+        env (int): that env's index within its worker, as [`EnvError`][aiocollect.EnvError] counts.
+        pid (int | None): the process the policy ran in: this one, or the worker's.
+
+    Examples:
+        >>> try:
+        ...     batch = collector.rollout()
+        ... except aiocollect.PolicyError as exc:
+        ...     print(exc.worker, exc.env)   # restore the last good weights, lower the learning rate...
+    """
+
+    def __init__(self, message: str, *, worker: int = 0, env: int | None = None, pid: int | None = None):
+        super().__init__(message)
+        self.worker, self.env, self.pid = worker, env, pid
+
+    def __reduce__(self):
+        return (_rebuild, (type(self), str(self), self.__dict__, _portable(self.__cause__)))
+
+    @classmethod
+    def not_finite(cls, value: str, *, worker: int, env: int, pid: int | None) -> PolicyError:
+        """The error for an action ``value`` (its text) with NaN or infinite values, computed
+        for env ``env`` of worker ``worker`` by the policy running in process ``pid``."""
+        return cls(
+            f"the policy's action for env {env} of worker {worker} is not finite: {value}. No env was stepped "
+            "with it (an env given NaN returns NaN, e.g. as its reward). A NaN or infinite action comes from "
+            "the policy: from its weights (a training update that diverged: a NaN or infinite loss; clip the "
+            "gradients, lower the learning rate), from its inputs, or from its own arithmetic (a log of 0, a "
+            "division by 0).",
+            worker=worker, env=env, pid=pid,
+        )
 
 
 class StartTimeoutError(CollectorError, TimeoutError):

@@ -172,7 +172,8 @@ class _Worker:
 
             try:
                 policy = self.policy = WorkerPolicy(setup["policy"], self.shared.arrays, action_space, keys,
-                                                    setup["policy"]["seeds"][setup["index"]])
+                                                    setup["policy"]["seeds"][setup["index"]],
+                                                    worker=setup["index"], first=lo)
             except BaseException as exc:  # (its class not importable here...): the policy's error, not an env's
                 with contextlib.suppress(AttributeError):
                     exc._aiocollect_policy = True
