@@ -4,7 +4,8 @@
 CollectorError                  a fault in collection; `except aiocollect.CollectorError` catches them all
 ├── WorkerError                 an env worker failed: its process died (or, as EnvError, an env raised)
 │   └── EnvError                an env's reset() or step() raised: its exception is the __cause__
-│       └── StepTimeoutError    an env (coroutine or in a worker) did not answer within step_timeout (a TimeoutError)
+│       └── StepTimeoutError    an env (coroutine or in a worker), or a worker's copy of the policy, did not answer
+│                               within step_timeout (a TimeoutError; ``stuck_in`` says which)
 ├── PolicyError                 the policy returned an action the envs cannot be stepped with (NaN or infinite)
 ├── StartTimeoutError           worker processes (or Ray actors) did not start within start_timeout (a TimeoutError)
 ├── RemoteCollectorError        a remote collector (Ray actor, RPC worker) failed: the remote error is the __cause__
@@ -196,6 +197,18 @@ class StepTimeoutError(EnvError, TimeoutError):
     names the worker, its pid, its envs and ``step_timeout``, says how to fix it, and shows
     the worker's Python stack when it was killed (also in ``remote_traceback``).
 
+    With the policy in the workers (``policy_in_workers``), a worker's step includes its copy
+    of the policy computing the actions, so a policy that hangs there outlives
+    ``step_timeout`` too. The worker says which it was running: then ``stuck_in`` is
+    ``"policy"``, and the message names the policy, not the env, and says what to fix (the
+    policy's ``forward``, or where it runs). It is the same type either way, as where the
+    policy runs is the machine's choice (``AIOCOLLECT_POLICY_IN_WORKERS``), and what catches a
+    hung worker (killed, the others stopped) should not depend on it.
+
+    Attributes:
+        stuck_in (str): what did not answer: ``"env"`` (an env's step or reset), or
+            ``"policy"`` (a worker's copy of the policy, computing a step's actions).
+
     Examples:
         >>> collector = Collector([lambda: GameEnv(port)] * 64, policy, frames_per_batch=6400,
         ...                       step_timeout=2.0)
@@ -204,6 +217,8 @@ class StepTimeoutError(EnvError, TimeoutError):
         ... except StepTimeoutError as exc:
         ...     print(exc.env, exc)
     """
+
+    stuck_in = "env"
 
     @classmethod
     def late(cls, *, env: int, env_type: str, call: str, timeout: float) -> StepTimeoutError:
@@ -214,30 +229,42 @@ class StepTimeoutError(EnvError, TimeoutError):
 
     @classmethod
     def hung(cls, *, worker: int, pid: int | None, envs: tuple[int, int], env: int | None, call: str,
-             timeout: float, stopped: bool, stack: str) -> StepTimeoutError:
+             timeout: float, stopped: bool, stack: str, policy: bool = False) -> StepTimeoutError:
         """The error for worker process ``worker`` whose ``call`` (``"step"``, ``"reset"``) of
         envs ``envs`` (``(lo, hi)``, counted over all workers; ``env``: the one env within the
         worker, if it was one) took over ``timeout`` s. The pool kills it: ``exitcode`` is
         ``-SIGKILL``. ``stopped``: the process was stopped, not running; ``stack``: its
-        threads' Python stacks ("" if they could not be read)."""
+        threads' Python stacks ("" if they could not be read); ``policy``: the worker's copy
+        of the policy was computing the step's actions, not the envs stepping."""
         lo, hi = envs
         which = f"env {lo}" if hi - lo == 1 else f"envs {lo}..{hi - 1}"
         place = f"worker {worker} (pid {pid}; {which} of the collector)"
         if env is not None:
             place = f"env {env} of {place}"
+        killed = "it was killed and the other workers were stopped"
         if stopped:
             what = (f"{place} is stopped (SIGSTOP, Ctrl-Z or a debugger?) and did not answer {call}() "
                     f"within {timeout} s (step_timeout)")
             fix = "Let worker processes run while collecting (SIGCONT), or raise step_timeout."
+        elif policy:
+            what = f"the policy did not return the actions for {place} within {timeout} s (step_timeout)"
+            killed = "the worker was killed and the other workers were stopped"
+            fix = ("The policy runs in the workers here, and that worker's copy of it was computing the actions "
+                   "when the time ran out, not the envs stepping. "
+                   "If the policy is just slow there, raise step_timeout (None waits forever) or run it in this "
+                   "process (AIOCOLLECT_POLICY_IN_WORKERS=0; step_timeout then bounds the envs' steps alone); "
+                   "otherwise fix the policy's forward(): the stack below shows where it was stuck.")
         else:
             what = f"{place} did not answer {call}() within {timeout} s (step_timeout)"
             fix = ("If the env is just slow, raise step_timeout (None waits forever); otherwise fix the "
                    f"env's {call}(): the stack below shows where it was stuck.")
         trace = (f"\n\nPython stack of the worker when it was killed:\n{stack.rstrip()}" if stack
                  else "" if stopped else "\n\n(the worker did not send its Python stack)")
-        return cls(f"{what}: it was killed and the other workers were stopped. {fix}{trace}",
-                   worker=worker, pid=pid, env=env, remote_type="TimeoutError", remote_traceback=stack,
-                   exitcode=-signal.SIGKILL)
+        error = cls(f"{what}: {killed}. {fix}{trace}",
+                    worker=worker, pid=pid, env=env, remote_type="TimeoutError", remote_traceback=stack,
+                    exitcode=-signal.SIGKILL)
+        error.stuck_in = "policy" if policy else "env"
+        return error
 
     def locate(self, worker: int, pid: int | None) -> StepTimeoutError:
         """Name the worker the env belongs to (in the message too); returns ``self``."""

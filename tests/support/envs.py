@@ -246,6 +246,16 @@ class SlowCounterEnv(CounterEnv):
         return super().step(action)
 
 
+class HangingStepEnv(CounterEnv):
+    """A ``CounterEnv`` whose third step never returns. For worker processes only: the
+    collector builds one in the main process to learn the spaces, and never steps it."""
+
+    def step(self, action):
+        if self.total_steps >= 2:
+            time.sleep(3600)
+        return super().step(action)
+
+
 class BadObsEnv(CounterEnv):
     """``CounterEnv`` whose 3rd observation of each episode is ``bad``: ``"none"`` (``None``),
     ``"narrow"`` (one number where the space says three; numpy would broadcast it) or

@@ -62,3 +62,15 @@ class NaNAfterOutOfBounds(nn.Module):
     def forward(self, observation: torch.Tensor) -> torch.Tensor:
         echo = observation[:, 1:2]
         return torch.where(echo == 7.0, 5.0, torch.where(echo == 5.0, float("nan"), 1.0))
+
+
+class HangsAtStep(nn.Module):
+    """Action 0 for every env (``CounterEnv``), but a call on an observation of step 2 of an
+    episode or later never returns (the collector's calls on zeros, to probe it, do)."""
+
+    def forward(self, observation: torch.Tensor) -> torch.Tensor:
+        if (observation[:, 0] >= 2).any():
+            import time
+
+            time.sleep(3600)
+        return torch.zeros(observation.shape[0], dtype=torch.int64)
