@@ -62,6 +62,7 @@ _EXPORTS = {
     "MultiSyncCollector": "._collectors.multi_sync",
     "MultiSyncDataCollector": "._collectors.multi_sync",
     "MultiaSyncDataCollector": "._collectors.multi_async",
+    "PolicyError": "._errors",
     "ProfileReport": "._engine.profile",
     "RPCCollector": "._distributed.rpc_collector",
     "RandomPolicy": "._policies.random",
@@ -120,6 +121,7 @@ if _typing.TYPE_CHECKING:  # static tools see ordinary imports
     from ._errors import CollectorError as CollectorError
     from ._errors import CollectorFailedError as CollectorFailedError
     from ._errors import EnvError as EnvError
+    from ._errors import PolicyError as PolicyError
     from ._errors import RemoteCollectorError as RemoteCollectorError
     from ._errors import StartTimeoutError as StartTimeoutError
     from ._errors import StepTimeoutError as StepTimeoutError

@@ -4,7 +4,9 @@
 CollectorError                  a fault in collection; `except aiocollect.CollectorError` catches them all
 ├── WorkerError                 an env worker failed: its process died (or, as EnvError, an env raised)
 │   └── EnvError                an env's reset() or step() raised: its exception is the __cause__
-│       └── StepTimeoutError    an env (coroutine or in a worker) did not answer within step_timeout (a TimeoutError)
+│       └── StepTimeoutError    an env (coroutine or in a worker), or a worker's copy of the policy, did not answer
+│                               within step_timeout (a TimeoutError; ``stuck_in`` says which)
+├── PolicyError                 the policy returned an action the envs cannot be stepped with (NaN or infinite)
 ├── StartTimeoutError           worker processes (or Ray actors) did not start within start_timeout (a TimeoutError)
 ├── RemoteCollectorError        a remote collector (Ray actor, RPC worker) failed: the remote error is the __cause__
 ├── CollectorClosedError        the collector was used after shutdown()
@@ -17,7 +19,9 @@ The same fault gives the same type in every collector: an env that raises is an
 ([`Collector`][aiocollect.Collector]), in a worker process or as a coroutine env, and names
 the env and the worker in its message and attributes. Bad arguments are not faults: they
 stay ``TypeError`` / ``ValueError``, raised before any env is built or process started. An
-exception raised by the policy, which runs in your process, comes out as it is.
+exception raised by the policy, which runs in your process, comes out as it is; an action
+that is NaN or infinite is a [`PolicyError`][aiocollect.PolicyError], raised before any env
+is stepped with it (an env given NaN returns NaN, which would blame the env).
 
 Every class is a ``RuntimeError``, as aiocollect's errors were before the hierarchy
 existed, so older ``except RuntimeError`` code still catches them.
@@ -111,7 +115,8 @@ def policy_error_from_worker(worker: int, pid: int | None, info: dict) -> BaseEx
         return WorkerError(f"{where[0].upper()}{where[1:-1]}: {info['type']}: {info['message']}\n\n{trace}",
                            worker=worker, pid=pid, remote_type=info["type"], remote_traceback=info["traceback"])
     error.add_note(f"{where}\n\n{trace}")
-    for name, value in (("worker", worker), ("pid", pid), ("env", None), ("remote_type", info["type"]),
+    env = error.env if isinstance(error, PolicyError) else None  # (a PolicyError named its env in the worker)
+    for name, value in (("worker", worker), ("pid", pid), ("env", env), ("remote_type", info["type"]),
                         ("remote_traceback", info["traceback"]), ("exitcode", None)):
         try:
             setattr(error, name, value)
@@ -192,6 +197,18 @@ class StepTimeoutError(EnvError, TimeoutError):
     names the worker, its pid, its envs and ``step_timeout``, says how to fix it, and shows
     the worker's Python stack when it was killed (also in ``remote_traceback``).
 
+    With the policy in the workers (``policy_in_workers``), a worker's step includes its copy
+    of the policy computing the actions, so a policy that hangs there outlives
+    ``step_timeout`` too. The worker says which it was running: then ``stuck_in`` is
+    ``"policy"``, and the message names the policy, not the env, and says what to fix (the
+    policy's ``forward``, or where it runs). It is the same type either way, as where the
+    policy runs is the machine's choice (``AIOCOLLECT_POLICY_IN_WORKERS``), and what catches a
+    hung worker (killed, the others stopped) should not depend on it.
+
+    Attributes:
+        stuck_in (str): what did not answer: ``"env"`` (an env's step or reset), or
+            ``"policy"`` (a worker's copy of the policy, computing a step's actions).
+
     Examples:
         >>> collector = Collector([lambda: GameEnv(port)] * 64, policy, frames_per_batch=6400,
         ...                       step_timeout=2.0)
@@ -200,6 +217,8 @@ class StepTimeoutError(EnvError, TimeoutError):
         ... except StepTimeoutError as exc:
         ...     print(exc.env, exc)
     """
+
+    stuck_in = "env"
 
     @classmethod
     def late(cls, *, env: int, env_type: str, call: str, timeout: float) -> StepTimeoutError:
@@ -210,30 +229,42 @@ class StepTimeoutError(EnvError, TimeoutError):
 
     @classmethod
     def hung(cls, *, worker: int, pid: int | None, envs: tuple[int, int], env: int | None, call: str,
-             timeout: float, stopped: bool, stack: str) -> StepTimeoutError:
+             timeout: float, stopped: bool, stack: str, policy: bool = False) -> StepTimeoutError:
         """The error for worker process ``worker`` whose ``call`` (``"step"``, ``"reset"``) of
         envs ``envs`` (``(lo, hi)``, counted over all workers; ``env``: the one env within the
         worker, if it was one) took over ``timeout`` s. The pool kills it: ``exitcode`` is
         ``-SIGKILL``. ``stopped``: the process was stopped, not running; ``stack``: its
-        threads' Python stacks ("" if they could not be read)."""
+        threads' Python stacks ("" if they could not be read); ``policy``: the worker's copy
+        of the policy was computing the step's actions, not the envs stepping."""
         lo, hi = envs
         which = f"env {lo}" if hi - lo == 1 else f"envs {lo}..{hi - 1}"
         place = f"worker {worker} (pid {pid}; {which} of the collector)"
         if env is not None:
             place = f"env {env} of {place}"
+        killed = "it was killed and the other workers were stopped"
         if stopped:
             what = (f"{place} is stopped (SIGSTOP, Ctrl-Z or a debugger?) and did not answer {call}() "
                     f"within {timeout} s (step_timeout)")
             fix = "Let worker processes run while collecting (SIGCONT), or raise step_timeout."
+        elif policy:
+            what = f"the policy did not return the actions for {place} within {timeout} s (step_timeout)"
+            killed = "the worker was killed and the other workers were stopped"
+            fix = ("The policy runs in the workers here, and that worker's copy of it was computing the actions "
+                   "when the time ran out, not the envs stepping. "
+                   "If the policy is just slow there, raise step_timeout (None waits forever) or run it in this "
+                   "process (AIOCOLLECT_POLICY_IN_WORKERS=0; step_timeout then bounds the envs' steps alone); "
+                   "otherwise fix the policy's forward(): the stack below shows where it was stuck.")
         else:
             what = f"{place} did not answer {call}() within {timeout} s (step_timeout)"
             fix = ("If the env is just slow, raise step_timeout (None waits forever); otherwise fix the "
                    f"env's {call}(): the stack below shows where it was stuck.")
         trace = (f"\n\nPython stack of the worker when it was killed:\n{stack.rstrip()}" if stack
                  else "" if stopped else "\n\n(the worker did not send its Python stack)")
-        return cls(f"{what}: it was killed and the other workers were stopped. {fix}{trace}",
-                   worker=worker, pid=pid, env=env, remote_type="TimeoutError", remote_traceback=stack,
-                   exitcode=-signal.SIGKILL)
+        error = cls(f"{what}: {killed}. {fix}{trace}",
+                    worker=worker, pid=pid, env=env, remote_type="TimeoutError", remote_traceback=stack,
+                    exitcode=-signal.SIGKILL)
+        error.stuck_in = "policy" if policy else "env"
+        return error
 
     def locate(self, worker: int, pid: int | None) -> StepTimeoutError:
         """Name the worker the env belongs to (in the message too); returns ``self``."""
@@ -241,6 +272,56 @@ class StepTimeoutError(EnvError, TimeoutError):
         message = str(self).replace(f"env {self.env} ", f"env {self.env} of worker {worker} ", 1)
         self.args = (message,)
         return self
+
+
+class PolicyError(CollectorError):
+    """The policy returned an action the envs cannot be stepped with: NaN or infinite values.
+
+    Checked at every step (one vectorised test of the batch's float actions; integer actions
+    need none), before any env is stepped with the action, whether the policy runs in this
+    process or as its copy in each worker process (``policy_in_workers``): an env given NaN
+    returns NaN (gymnasium's Pendulum, in its reward), which would be reported as the env's
+    fault. The message names the env (the first one whose action is not finite) and its
+    worker, and shows that env's action; raised from the iterator of every collector, which
+    is then failed (later calls raise [`CollectorFailedError`][aiocollect.CollectorFailedError]).
+    The policy's copy in a worker adds a note naming that worker and the traceback there.
+    Finite actions outside a ``Box``'s bounds are given to the envs as they are, as before.
+
+    A NaN action usually comes from the policy's weights (a training update that diverged: a
+    NaN or infinite loss, exploding gradients), from NaN in its inputs, or from its own
+    arithmetic (a log of 0, a division by 0).
+
+    Attributes:
+        worker (int): the worker of the env the action was for (0 for a ``Collector``).
+        env (int): that env's index within its worker, as [`EnvError`][aiocollect.EnvError] counts.
+        pid (int | None): the process the policy ran in: this one, or the worker's.
+
+    Examples:
+        >>> try:
+        ...     batch = collector.rollout()
+        ... except aiocollect.PolicyError as exc:
+        ...     print(exc.worker, exc.env)   # restore the last good weights, lower the learning rate...
+    """
+
+    def __init__(self, message: str, *, worker: int = 0, env: int | None = None, pid: int | None = None):
+        super().__init__(message)
+        self.worker, self.env, self.pid = worker, env, pid
+
+    def __reduce__(self):
+        return (_rebuild, (type(self), str(self), self.__dict__, _portable(self.__cause__)))
+
+    @classmethod
+    def not_finite(cls, value: str, *, worker: int, env: int, pid: int | None) -> PolicyError:
+        """The error for an action ``value`` (its text) with NaN or infinite values, computed
+        for env ``env`` of worker ``worker`` by the policy running in process ``pid``."""
+        return cls(
+            f"the policy's action for env {env} of worker {worker} is not finite: {value}. No env was stepped "
+            "with it (an env given NaN returns NaN, e.g. as its reward). A NaN or infinite action comes from "
+            "the policy: from its weights (a training update that diverged: a NaN or infinite loss; clip the "
+            "gradients, lower the learning rate), from its inputs, or from its own arithmetic (a log of 0, a "
+            "division by 0).",
+            worker=worker, env=env, pid=pid,
+        )
 
 
 class StartTimeoutError(CollectorError, TimeoutError):

@@ -43,6 +43,7 @@ the event loop stays with the scheduler (what a strategy uses of it: ``Engine``)
 from __future__ import annotations
 
 import asyncio
+import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -51,6 +52,8 @@ from typing import TYPE_CHECKING, Protocol
 import anyio
 import numpy as np
 
+from .._envs.spaces import NonFiniteAction
+from .._errors import PolicyError
 from .._policies.outputs import check_outputs, host_array
 from .._policies.runner import PolicyRunner
 from .._workers import protocol
@@ -167,7 +170,10 @@ class Rounds:
         to_env = action  # what the envs are given; ``action``: what the batch stores
         if runner.kind != "random" or runner.policy.one_hot:  # (a one-hot env's draws: rows, as a policy's)
             check = self.sched.check_action
-            checked = check(action, n)
+            try:
+                checked = check(action, n)
+            except NonFiniteAction as exc:
+                raise self._not_finite(ready, exc) from None
             if checked is not action:  # converted (booleans for a discrete space): store that
                 out = {**out, "action": checked}
                 action = checked
@@ -181,6 +187,17 @@ class Rounds:
             elif lane.keys != keys:
                 st.check_outputs(out, lane.keys)
         return out, action, to_env
+
+    def _not_finite(self, ready: list[Lane], exc: NonFiniteAction) -> PolicyError:
+        """The ``PolicyError`` for the action ``exc`` found not finite, naming its env: row
+        ``exc.row`` of the call over the ``ready`` lanes (their rows side by side, in order)."""
+        row = exc.row
+        for lane in ready:
+            if row < lane.num_envs:
+                break
+            row -= lane.num_envs
+        first = min(other.lo for other in self.lanes if other.index == lane.index)  # the worker's env 0
+        return PolicyError.not_finite(exc.value, worker=lane.index, env=lane.lo + row - first, pid=os.getpid())
 
     def _post_steps(self, ready: list[Lane]) -> None:
         """Their actions are in the storage: post each of the ``ready`` lanes a ``STEP``."""

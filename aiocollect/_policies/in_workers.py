@@ -270,6 +270,7 @@ def probe(policy: Any, obs_leaves: list, exploration_type: Any, check: Any) -> l
     called, so it is a scratch copy (``scratch_copy``); torch's generator is left as it was."""
     import torch
 
+    from .._envs.spaces import NonFiniteAction
     from .outputs import check_outputs
     from .runner import PolicyRunner
 
@@ -289,7 +290,10 @@ def probe(policy: Any, obs_leaves: list, exploration_type: Any, check: Any) -> l
                 return None
             value = _array(value)
             if key == "action":
-                value = check(value, n)
+                try:
+                    value = check(value, n)
+                except NonFiniteAction:  # (NaN on zeros, a division by their norm...: the layout is what counts)
+                    pass
             if value.dtype.kind not in "biuf" or value.shape[0] != n:
                 return None
             specs.append((key, value.dtype, tuple(value.shape[1:])))
@@ -464,13 +468,15 @@ class WorkerPolicy:
     and outputs for one part of its envs, as the engine's ``Rounds._infer`` and
     ``RolloutStorage.write`` would."""
 
-    def __init__(self, setup: dict, arrays: dict[str, np.ndarray], action_space: Any, obs_keys: list, seed: int):
+    def __init__(self, setup: dict, arrays: dict[str, np.ndarray], action_space: Any, obs_keys: list, seed: int,
+                 *, worker: int = 0, first: int = 0):
         import sys
 
         import cloudpickle
         import torch
 
-        from .._envs.spaces import ActionCheck
+        from .._envs.spaces import ActionCheck, NonFiniteAction
+        from .._errors import PolicyError
         from .direct_calls import direct_calls
         from .outputs import check_outputs, dtype_changed, host_array, module_outputs, shape_changed
 
@@ -500,6 +506,8 @@ class WorkerPolicy:
         """Per part, slot and column (``_column``): the policy's input tensors and where each
         output and the version go, all views of the storage, made once."""
         self.check = ActionCheck.for_space(action_space)
+        self.worker, self.first = worker, first
+        """This worker's index, and the row of its env 0 (errors name an env as the engine does)."""
         self.keys = setup["keys"]
         self._action_at = self.keys.index("action") if "action" in self.keys else -1
         self.outputs = [arrays[f"out{i}"] for i in range(len(self.keys))]
@@ -520,6 +528,7 @@ class WorkerPolicy:
         self._from_numpy = torch.from_numpy
         self._check_outputs, self._shape_changed, self._dtype_changed = check_outputs, shape_changed, dtype_changed
         self._host_array = host_array
+        self._non_finite_action, self._not_finite = NonFiniteAction, PolicyError.not_finite
 
     def _set_interaction(self) -> None:
         from tensordict.nn import InteractionType, set_interaction_type
@@ -576,7 +585,11 @@ class WorkerPolicy:
             if not value.shape or value.shape[0] != n:
                 self._check_outputs(out, n)  # (the engine's message for a row count)
             if i == self._action_at:
-                value = self.check(value, n)
+                try:
+                    value = self.check(value, n)
+                except self._non_finite_action as exc:  # (the engine's error, naming the env as it does)
+                    raise self._not_finite(exc.value, worker=self.worker, env=lo + exc.row - self.first,
+                                           pid=os.getpid()) from None
                 action[...] = self.check.env_action(value)
             if value.shape != part.shape:
                 raise self._shape_changed(key, value.shape[1:], part.shape[1:])

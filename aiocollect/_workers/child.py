@@ -34,7 +34,9 @@ then waits for ``CLOSE``.
 ``SIGUSR1`` makes the worker write the Python stack of each of its threads to ``DUMP_FD``
 (``faulthandler``, which works even while a C extension holds the interpreter): the pool
 asks for it when a step outlives ``step_timeout`` (``_workers.watchdog``), just before it
-kills the worker, so that the error shows where the env was stuck.
+kills the worker, so that the error shows where the env was stuck. A worker with its own copy
+of the policy sets ``ACTING`` in the part's control line while that copy computes a step's
+actions, so that the error names the policy, not the env, when it is the policy that hung.
 """
 
 from __future__ import annotations
@@ -172,13 +174,13 @@ class _Worker:
 
             try:
                 policy = self.policy = WorkerPolicy(setup["policy"], self.shared.arrays, action_space, keys,
-                                                    setup["policy"]["seeds"][setup["index"]])
+                                                    setup["policy"]["seeds"][setup["index"]],
+                                                    worker=setup["index"], first=lo)
             except BaseException as exc:  # (its class not importable here...): the policy's error, not an env's
                 with contextlib.suppress(AttributeError):
                     exc._aiocollect_policy = True
                 raise
-            self.acts = [(lambda s, t, rows=rows, a=a, b=b: policy.act(rows.obs, rows.action[t], s, t, a, b))
-                         for (_, _, rows), (_, a, b) in zip(self.parts, parts)]
+            self.acts = [_acting(policy, ctl, rows, a, b) for (ctl, _, rows), (_, a, b) in zip(self.parts, parts)]
         self._inbox = bytearray(64)
         self._poll = select.poll()
         self._cmd = CMD
@@ -304,6 +306,24 @@ class _Worker:
             sock.sendall(protocol.CLOSED + protocol.frame(report))
         except OSError:  # the engine is gone
             pass
+
+
+def _acting(policy, ctl, rows, lo: int, hi: int):
+    """``act(s, t)`` for the part of rows ``lo:hi`` (control line ``ctl``): the worker's copy
+    of the policy writes column ``t``'s actions, with ``ACTING`` set in the line meanwhile, so
+    that a step that outlives ``step_timeout`` there is named as the policy's (``_workers.watchdog``)."""
+    from .protocol import ACTING
+
+    act = policy.act
+
+    def acting(s: int, t: int) -> None:
+        ctl[ACTING] = 1
+        try:
+            act(rows.obs, rows.action[t], s, t, lo, hi)
+        finally:
+            ctl[ACTING] = 0
+
+    return acting
 
 
 if __name__ == "__main__":

@@ -26,6 +26,8 @@ word           meaning
 ``POLICY``     written by the engine before ``CMD``: 1 if the worker computes each step's actions
                with its own copy of the policy (``_policies.in_workers``), 0 if they are in
                shared memory
+``ACTING``     written by the worker: 1 while its copy of the policy computes a step's actions,
+               0 otherwise (the step watchdog reads it to tell a hung policy from a hung env)
 =============  =================================================================================
 
 Each side, while it waits, may *spin* for a short while on the other's word, and only
@@ -95,7 +97,7 @@ CLOSED = b"x"
 ``close()`` raised, with their tracebacks (sent only if one did)."""
 
 STEP_CODE, RESET_CODE, RUN_CODE = 1, 2, 3
-CMD, DONE, W_ASLEEP, E_ASLEEP, SLOT, COL, COUNT, AT, POLICY = 0, 1, 2, 3, 4, 5, 6, 7, 8
+CMD, DONE, W_ASLEEP, E_ASLEEP, SLOT, COL, COUNT, AT, POLICY, ACTING = 0, 1, 2, 3, 4, 5, 6, 7, 8, 9
 
 SPIN_S = 100e-6
 """How long each side spins (yielding its core between looks) before it blocks."""

@@ -15,7 +15,9 @@ With a ``step_timeout``, the pool runs ``watch_steps`` next to its workers:
   worker write anyway;
 * a command outstanding for more than ``step_timeout`` fails its worker with a
   [`StepTimeoutError`][aiocollect.StepTimeoutError] naming the worker, its pid, the envs
-  and ``step_timeout``, and saying how to fix it. So the collector raises it at most
+  and ``step_timeout``, and saying how to fix it: the env's step or reset, or, when the
+  worker's copy of the policy was computing the step's actions (the line's ``ACTING``,
+  which the worker sets around its policy's call), the policy. So the collector raises it at most
   about ``step_timeout + 2 * period`` after the command was posted, plus the stack read;
 * before the kill, the worker's Python stack goes into the error: a running worker is sent
   ``SIGUSR1`` and writes every thread's stack to its dump pipe (``faulthandler``, see
@@ -99,8 +101,10 @@ async def _kill_hung(worker: ProcessWorker, port: ProcessLane, step_timeout: flo
         return  # it failed (or the pool began to stop it) while we read
     call = "reset" if int(port.control[protocol.CMD]) & 3 == protocol.RESET_CODE else "step"
     env = port.lo - worker.lo if port.num_envs == 1 else None
+    policy = bool(port.control[protocol.ACTING])  # (its copy of the policy was computing the step's actions)
     worker.fail(StepTimeoutError.hung(worker=worker.index, pid=worker.pid, envs=(port.lo, port.hi), env=env,
-                                      call=call, timeout=step_timeout, stopped=stopped, stack=stack))
+                                      call=call, timeout=step_timeout, stopped=stopped, stack=stack,
+                                      policy=policy))
     try:
         worker.process.send_signal(signal.SIGKILL)
     except ProcessLookupError:

@@ -1,6 +1,6 @@
-"""Faults and lifecycle, the same in every variant: an env that raises, a policy that raises, a
-coroutine env that hangs; shutdown twice, from another thread, by garbage collection and by
-Ctrl-C; use after shutdown, after a fault, and from two places at once."""
+"""Faults and lifecycle, the same in every variant: an env that raises, a policy that raises or
+returns a NaN action, a coroutine env that hangs; shutdown twice, from another thread, by
+garbage collection and by Ctrl-C; use after shutdown, after a fault, and from two places at once."""
 
 from __future__ import annotations
 
@@ -16,10 +16,17 @@ import pytest
 from tensordict.nn import TensorDictModule
 
 import aiocollect
-from aiocollect import CollectorBusyError, CollectorClosedError, CollectorFailedError, EnvError, StepTimeoutError
+from aiocollect import (
+    CollectorBusyError,
+    CollectorClosedError,
+    CollectorFailedError,
+    EnvError,
+    PolicyError,
+    StepTimeoutError,
+)
 from support.coroutine_envs import HangingEnv
-from support.envs import CounterEnv, EnvRecorder, SleepyEnv, SlowStartEnv
-from support.plain_modules import ArgmaxMLP
+from support.envs import CounterEnv, EchoBoxEnv, EnvRecorder, SleepyEnv, SlowStartEnv
+from support.plain_modules import ArgmaxMLP, NaNAfterOutOfBounds
 from support.procs import alive, children, interrupt_script, wait_until
 
 TESTS = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -94,6 +101,36 @@ def test_a_policy_that_raises_comes_out_as_it_is(variant):
     with pytest.raises(CollectorFailedError, match="failed earlier"):
         next(iter(collector))
     collector.shutdown()
+
+
+def test_a_nan_action_is_a_policy_error_naming_the_env_and_no_env_gets_it(variant):
+    """Issue 50 item 6: a NaN action reached the env (gymnasium's Pendulum returns a NaN reward
+    then), and came out as an ``EnvError``, "returned a reward that is not a number". It is the
+    policy's: a ``PolicyError`` naming the env, before any env is stepped with it, wherever the
+    policy runs (a torch module: in the workers for ``MultiAsync-process``). The same env was
+    given 5.0 before, outside its Box(-4, 4): a finite action goes to the env as it is (the
+    policy's NaN answers the 5.0 the env echoes back)."""
+    k = variant.num_envs - 1
+    fns = [EchoBoxEnv] * k + [functools.partial(EchoBoxEnv, 7.0)]
+    policy = TensorDictModule(NaNAfterOutOfBounds(), in_keys=["observation"], out_keys=["action"])
+    with variant(fns, policy, frames_per_batch=8 * variant.num_envs, total_frames=-1) as collector:
+        t0 = time.monotonic()
+        with pytest.raises(aiocollect.CollectorError) as info:
+            for _ in collector:
+                assert time.monotonic() - t0 < 30, "no error"
+        err = info.value
+        assert isinstance(err, PolicyError) and not isinstance(err, EnvError), f"{type(err).__name__}: {err}"
+        worker, env = (0, k) if variant.envs == "vector" else variant.locate(k)  # (a VectorEnv's env k)
+        assert (err.worker, err.env) == (worker, env)
+        assert str(err).startswith(f"the policy's action for env {env} of worker {worker} is not finite: [nan]. "
+                                   "No env was stepped with it")
+        in_workers = getattr(collector, "policy_in_workers", False)
+        assert in_workers is variant.in_workers
+        assert (err.pid == os.getpid()) is not in_workers  # (the process the policy ran in)
+        if in_workers:  # (named by the copy of the policy in the worker that ran it)
+            assert f"raised by the copy of the policy in worker {worker}" in "".join(err.__notes__)
+        with pytest.raises(CollectorFailedError):
+            collector.rollout()
 
 
 def test_a_coroutine_env_that_hangs_is_a_step_timeout(variant):

@@ -60,6 +60,7 @@ def test_an_env_that_never_answers_is_a_step_timeout_naming_worker_and_env(varia
     if err is None:
         return
     assert isinstance(err, TimeoutError) and isinstance(err, EnvError) and isinstance(err, WorkerError)
+    assert err.stuck_in == "env"  # (a policy that hangs in a worker: test_policy_in_workers.py)
     worker, env = variant.locate(k)
     assert err.worker == worker and f"worker {worker}" in str(err)
     assert f"step() within {TIMEOUT} s (step_timeout)" in str(err) and "raise step_timeout" in str(err)

@@ -16,11 +16,12 @@ import torch
 import torch.nn as nn
 from tensordict.nn import TensorDictModule
 
-from aiocollect import AsyncCollector, MultiAsyncCollector, MultiSyncCollector
+from aiocollect import AsyncCollector, MultiAsyncCollector, MultiSyncCollector, StepTimeoutError
 from aiocollect._policies import in_workers as placement_module
 from aiocollect._policies.in_workers import placement as where_it_runs
 from aiocollect._workers.protocol import usable_cores
-from support.envs import TAG, CounterEnv, IntObsEnv, TaggedCounter
+from support.envs import TAG, CounterEnv, HangingStepEnv, IntObsEnv, TaggedCounter
+from support.plain_modules import ArgmaxMLP, HangsAtStep
 from support.weights import Trainer, check_versions, linear, versions_while_training
 
 COLLECTORS = [MultiSyncCollector, MultiAsyncCollector, AsyncCollector]
@@ -181,6 +182,34 @@ def test_a_policy_that_raises_in_a_worker_is_named_with_its_traceback_within_sec
     note = "\n".join(info.value.__notes__)
     assert f"the copy of the policy in worker {info.value.worker}" in note
     assert "in forward" in note  # the traceback in the worker shows where
+
+
+@pytest.mark.parametrize("hung", ["policy", "env"])
+def test_a_policy_that_hangs_in_a_worker_is_a_step_timeout_naming_the_policy(hung, in_workers):
+    """Issue 50 item 7: with the policy in the workers, a ``forward`` that never returns was a
+    ``StepTimeoutError`` saying "fix the env's step()" over a stack in the policy. The worker
+    says what it was running: the error (the same type, which is what callers catch) names
+    the policy and what to fix, and ``stuck_in`` says which; an env that hangs there is still
+    the env's. (With the policy in this process, ``step_timeout`` bounds the envs alone.)"""
+    make, module = (CounterEnv, HangsAtStep()) if hung == "policy" else (HangingStepEnv, ArgmaxMLP(3, 3))
+    policy = TensorDictModule(module, in_keys=["observation"], out_keys=["action"])
+    with build(AsyncCollector, make, policy, frames_per_batch=40, total_frames=-1, step_timeout=1.0) as c:
+        assert c.policy_in_workers
+        start = time.monotonic()
+        with pytest.raises(StepTimeoutError) as info:
+            for _ in c:
+                assert time.monotonic() - start < 30, "no StepTimeoutError"
+    err = info.value
+    assert isinstance(err, TimeoutError) and err.stuck_in == hung
+    if hung == "policy":
+        assert str(err).startswith("the policy did not return the actions for ")
+        assert "fix the policy's forward()" in str(err) and "AIOCOLLECT_POLICY_IN_WORKERS=0" in str(err)
+        assert "env's step" not in str(err)
+        assert "in forward" in err.remote_traceback and "plain_modules.py" in err.remote_traceback
+    else:
+        assert "did not answer step() within 1.0 s" in str(err) and "fix the env's step()" in str(err)
+        assert "policy" not in str(err).split("\n")[0]
+        assert "in step" in err.remote_traceback and "envs.py" in err.remote_traceback
 
 
 class GoesBad(nn.Module):

@@ -246,6 +246,16 @@ class SlowCounterEnv(CounterEnv):
         return super().step(action)
 
 
+class HangingStepEnv(CounterEnv):
+    """A ``CounterEnv`` whose third step never returns. For worker processes only: the
+    collector builds one in the main process to learn the spaces, and never steps it."""
+
+    def step(self, action):
+        if self.total_steps >= 2:
+            time.sleep(3600)
+        return super().step(action)
+
+
 class BadObsEnv(CounterEnv):
     """``CounterEnv`` whose 3rd observation of each episode is ``bad``: ``"none"`` (``None``),
     ``"narrow"`` (one number where the space says three; numpy would broadcast it) or
@@ -388,16 +398,17 @@ class NoSpacesEnv(gym.Env):
 
 class EchoBoxEnv(gym.Env):
     """A continuous action, echoed: reward = the action the env was given, as a float32,
-    and obs = [step in episode, that action]. Episodes of 5 steps."""
+    and obs = [step in episode, that action] (``[0, start]`` at reset). Episodes of 5 steps."""
 
-    def __init__(self):
+    def __init__(self, start: float = 0.0):
         self.observation_space = spaces.Box(-1e6, 1e6, (2,), np.float32)
         self.action_space = spaces.Box(-4.0, 4.0, (1,), np.float32)
+        self.start = start
 
     def reset(self, *, seed=None, options=None):
         super().reset(seed=seed)
         self.t = 0
-        return np.array([0, 0], np.float32), {}
+        return np.array([0, self.start], np.float32), {}
 
     def step(self, action):
         assert isinstance(action, np.ndarray) and action.shape == (1,), action

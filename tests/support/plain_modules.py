@@ -52,3 +52,25 @@ class LazyExplorer(nn.Module):
         if interaction_type() == InteractionType.RANDOM:
             return torch.distributions.Categorical(logits=logits).sample(), torch.ones(len(logits))
         return logits.argmax(-1), torch.zeros(len(logits))
+
+
+class NaNAfterOutOfBounds(nn.Module):
+    """A continuous action of one column for ``EchoBoxEnv`` (bounds -4..4; obs[1]: the action it
+    was last given, ``start`` at reset): 1.0 for an env that starts at 0; for one that starts at
+    7, 5.0 (outside the bounds), then NaN once the env echoes the 5.0 it was given as it is."""
+
+    def forward(self, observation: torch.Tensor) -> torch.Tensor:
+        echo = observation[:, 1:2]
+        return torch.where(echo == 7.0, 5.0, torch.where(echo == 5.0, float("nan"), 1.0))
+
+
+class HangsAtStep(nn.Module):
+    """Action 0 for every env (``CounterEnv``), but a call on an observation of step 2 of an
+    episode or later never returns (the collector's calls on zeros, to probe it, do)."""
+
+    def forward(self, observation: torch.Tensor) -> torch.Tensor:
+        if (observation[:, 0] >= 2).any():
+            import time
+
+            time.sleep(3600)
+        return torch.zeros(observation.shape[0], dtype=torch.int64)

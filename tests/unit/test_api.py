@@ -26,6 +26,7 @@ EXPECTED = {
     "MultiSyncCollector",
     "MultiSyncDataCollector",
     "MultiaSyncDataCollector",
+    "PolicyError",
     "ProfileReport",
     "RPCCollector",
     "RandomPolicy",

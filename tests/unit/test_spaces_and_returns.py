@@ -2,7 +2,8 @@
 
 ``_envs.spaces``: ``flatten_space`` (keys, shapes and dtypes of every supported space,
 nested Dicts, the errors for the others), ``nest``/``get_path``, ``ObsWriter`` and
-``ActionCheck`` (which actions pass, which fail and what the error says).
+``ActionCheck`` (which actions pass, which fail and what the error says: a Box action that is
+not finite too, naming its row; a finite one outside the bounds passes as it is).
 ``_collectors.progress.EpisodeReturns``: returns summed per trajectory id across batches,
 the window of recent returns, and the cap on open trajectories.
 """
@@ -16,7 +17,7 @@ from gymnasium import spaces
 from tensordict import TensorDict
 
 from aiocollect._collectors.progress import EpisodeReturns
-from aiocollect._envs.spaces import ActionCheck, Leaf, ObsWriter, flatten_space, get_path, nest
+from aiocollect._envs.spaces import ActionCheck, Leaf, NonFiniteAction, ObsWriter, flatten_space, get_path, nest
 
 # --------------------------------------------------------------------------- flatten_space
 
@@ -191,6 +192,26 @@ def test_actions_that_do_not_fit_are_rejected_with_a_clear_error(space, action, 
         ActionCheck.for_space(space)(action, 2)
     assert type(info.value) is error
     assert str(info.value) == message
+
+
+@pytest.mark.parametrize("size", [2, 40])  # (a small batch is summed in Python, a larger one tested by numpy)
+@pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf])
+def test_a_box_action_that_is_not_finite_is_refused_naming_its_row(bad, size):
+    check = ActionCheck.for_space(spaces.Box(-1, 1, (2,), np.float32))
+    action = np.full((size, 2), 5.0, np.float32)  # outside the bounds, finite: the envs get it as it is
+    assert check(action, size) is action
+    action[size - 2, 1] = bad
+    action[size - 1, 0] = np.nan
+    with pytest.raises(NonFiniteAction) as info:
+        check(action, size)
+    assert info.value.row == size - 2 and info.value.value == np.array2string(action[size - 2])
+    assert str(bad) in info.value.value
+
+
+def test_a_finite_action_whose_sum_overflows_passes():
+    check = ActionCheck.for_space(spaces.Box(-np.inf, np.inf, (2,), np.float64))
+    huge = np.full((2, 2), 1e308)  # (its sum is inf: then each value is tested)
+    assert check(huge, 2) is huge
 
 
 def test_a_multi_discrete_value_is_checked_against_its_own_column():
