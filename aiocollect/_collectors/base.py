@@ -59,6 +59,9 @@ from .torchrl_compat import TorchRLAccessors, weights_given
 if TYPE_CHECKING:
     from .._engine.scheduler import Scheduler
 
+_CPU = torch.device("cpu")
+
+
 class DataCollectorBase(Faces, Consumers, Delivery, Background, TorchRLAccessors):
     """Base class of every collector: iteration, lifecycle, weight updates and counters.
 
@@ -222,8 +225,10 @@ class DataCollectorBase(Faces, Consumers, Delivery, Background, TorchRLAccessors
 
     def _tensordict(self, tensors: dict, shape: list[int]) -> TensorDictBase:
         """A batch's tensors (flat keys) as a TensorDict of ``shape``, last dim named ``"time"``
-        (on the host while a staging has it: ``_next_raw`` moves it to the device)."""
-        device = self.storing_device if self._staging is None else None
+        (on the host while a staging has it: ``_next_raw`` moves it to the device). Its device
+        is the storing device, the CPU by default, as TorchRL's batches say (a replay buffer's
+        ``extend`` reads it)."""
+        device = (self.storing_device or _CPU) if self._staging is None else None
         return batch_tensordict(nest(tensors), torch.Size(shape), device)
 
 

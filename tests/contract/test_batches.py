@@ -249,6 +249,13 @@ def test_private_keys_reach_postproc_and_are_dropped_from_the_batch_as_in_torchr
     assert seen and all(seen)
 
 
+async def test_a_batch_says_it_is_on_the_cpu_as_torchrl_s_do(variant):
+    # issue 51: the batches' device was None (TorchRL's say cpu: a replay buffer reads it)
+    async with variant(frames_per_batch=FPB, total_frames=FPB, split_trajs=True) as collector:
+        devices = [batch.device async for batch in collector]
+    assert devices == [torch.device("cpu")]
+
+
 def test_reset_at_each_iter_starts_every_batch_with_new_trajectories(variant):
     with variant(frames_per_batch=FPB, total_frames=3 * FPB, reset_at_each_iter=True) as collector:
         seen: set[int] = set()
