@@ -74,7 +74,7 @@ def check_not_instance_for_worker(obj: Any, where: str) -> None:
     (``Collector``) takes one; an entry built in a worker process cannot be one (an env is
     not sent to another process). The worker collectors' message (``_workers.plan``), for
     an argument that is not a list (``AsyncCollector``'s ``create_env_fn``)."""
-    if _is_instance(obj):
+    if _is_instance(obj) and not is_torchrl_env(obj):  # (a TorchRL env: each worker steps a copy, as in TorchRL)
         raise TypeError(
             f"{where} is an env instance ({_describe(obj)}); a worker builds its own envs: pass a "
             "factory instead, e.g. `lambda: gym.make(...)` or `lambda: GymEnv(...)` for a TorchRL "

@@ -83,6 +83,36 @@ def _where(i: int, single: bool) -> str:
     return "create_env_fn" if single else f"create_env_fn[{i}]"
 
 
+class EnvCopy:
+    """A TorchRL env instance given as a worker's entry, as TorchRL's multi-process collectors
+    take it: each worker steps a copy of it (TorchRL pickles it to its worker process too),
+    never the instance itself, which stays the caller's. A factory of copies: each call
+    unpickles a fresh one (the spaces' probe here, then the worker's own)."""
+
+    def __init__(self, env: Any, where: str):
+        self.where = where
+        try:
+            self.blob = cloudpickle.dumps(env)
+        except Exception as exc:
+            raise TypeError(
+                f"{where} is a TorchRL env instance ({_kind(env)}) that cannot be pickled ({type(exc).__name__}: "
+                f"{exc}); each worker steps a copy of it. Pass a factory instead, e.g. `lambda: GymEnv(...)`."
+            ) from exc
+        self.__qualname__ = f"copy of {_kind(env)}"
+
+    def __call__(self, **kwargs: Any) -> Any:
+        if kwargs:
+            raise ValueError(f"create_env_kwargs: given with an env instance ({self.where}); the instance is "
+                             "built already: pass a factory that takes the keywords instead.")
+        return cloudpickle.loads(self.blob)
+
+
+def _copies_of_instances(create_env_fn: list, single: bool) -> list:
+    """``create_env_fn`` with each TorchRL env instance in it replaced by an ``EnvCopy``."""
+    return [EnvCopy(entry, _where(i, single)) if is_torchrl_env(entry) else entry
+            for i, entry in enumerate(create_env_fn)]
+
+
 def _check_entry(where: str, entry: Any) -> None:
     check_not_torchrl(entry, where)
     if isinstance(entry, (gym.Env, VectorEnv)) or is_torchrl_env(entry):
@@ -167,6 +197,7 @@ def plan_workers(create_env_fn: Any, create_env_kwargs: dict | None, *,
         )
     if not create_env_fn:
         raise ValueError("create_env_fn: the list of workers is empty; give at least one env factory.")
+    create_env_fn = _copies_of_instances(list(create_env_fn), single)
     for i, entry in enumerate(create_env_fn):
         _check_entry(_where(i, single), entry)
     pickled = [_pickle(_where(i, single), entry) for i, entry in enumerate(create_env_fn)]

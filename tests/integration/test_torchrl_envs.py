@@ -266,8 +266,8 @@ def test_worker_collectors_build_and_step_torchrl_envs_in_their_workers():
 def test_what_cannot_be_a_torchrl_env_source_says_what_to_pass():
     env = cartpole()
     try:
-        with pytest.raises(TypeError, match=r"create_env_fn\[0\] is an env instance .*lambda: GymEnv"):
-            aiocollect.MultiSyncCollector([env], None, frames_per_batch=10)
+        with pytest.raises(ValueError, match=r"create_env_kwargs: given with an env instance \(create_env_fn\[0\]\)"):
+            aiocollect.MultiSyncCollector([env], None, frames_per_batch=10, create_env_kwargs={"a": 1})
         with pytest.raises(ValueError, match="create_env_kwargs: given with an env instance"):
             aiocollect.Collector(env, None, frames_per_batch=10, create_env_kwargs={"a": 1})
     finally:
@@ -309,3 +309,27 @@ def test_an_env_class_is_a_factory_in_every_collector_as_in_torchrl():
                                                       total_frames=10))
     assert ours.batch_size == (10,)
     check_batch(ours)
+
+
+@pytest.mark.usefixtures("leak_check")
+def test_a_torchrl_env_instance_as_a_worker_entry_is_copied_to_its_worker_as_in_torchrl():
+    """TorchRL's multi-process collectors take a (batched) env instance as a worker's entry and
+    step a copy of it in the worker; aiocollect refused it ("a worker builds its own envs";
+    issue 51). The instance stays the caller's, untouched and open."""
+    from torchrl.collectors import MultiSyncCollector as TorchRLMultiSync
+    from torchrl.testing.mocking_classes import ContinuousActionVecMockEnv
+
+    env = SerialEnv(2, ContinuousActionVecMockEnv)
+    theirs = TorchRLMultiSync([env, env], None, frames_per_batch=40, total_frames=40)
+    try:
+        expected = next(iter(theirs))
+    finally:
+        theirs.shutdown()
+    ours = first_batch(aiocollect.MultiSyncCollector([env, env], None, frames_per_batch=40, total_frames=40))
+    assert ours.batch_size == expected.batch_size == (2, 2, 10)
+    check_batch(ours)
+    for collector in (aiocollect.MultiAsyncCollector([env], None, frames_per_batch=20, total_frames=20),
+                      aiocollect.AsyncCollector(env, None, frames_per_batch=20, total_frames=20)):
+        assert first_batch(collector).batch_size == (2, 10)
+    assert env.rollout(3).batch_size == (2, 3)  # (the caller's instance: still usable)
+    env.close()
