@@ -17,8 +17,14 @@ of three ways:
   is no explicit CUDA synchronisation to skip). ``track_policy_version`` is a collector option
   (every frame carries ``("collector", "policy_version")`` anyway; ``True`` also adds TorchRL's
   own keys for it, ``"policy_version"`` and ``("next", "policy_version")``);
-* **not supported**: accepted only at the value that turns them off (``weight_updater=None``,
-  ``backend=None``...); any other value is a ``ValueError`` that says what to do
+* **implemented in round 2** (issue 51): ``pre_collect_hook``/``post_collect_hook``
+  (``TorchRLAccessors``' attributes say when and where they run), ``Collector``'s ``backend``
+  and ``backend_options`` (``collector_backend``), ``compact_obs``, ``extend_buffer=False``
+  (``Delivery._add_steps``), ``worker_idx`` (stored), TorchRL's in-process weight updaters,
+  ``auto_register_policy_transforms=True`` where there is nothing to register
+  (``take_torchrl_keywords``);
+* **not supported**: accepted only at the value that turns them off (``init_fn=None``,
+  ``collector_class=None``...); any other value is a ``ValueError`` that says what to do
   instead. TorchRL's weight-sync schemes (``weight_sync_schemes``) are taken: they carry
   weights to policies in other processes, and here the policy runs in this process, where
   ``update_policy_weights_()`` is that carrier.
