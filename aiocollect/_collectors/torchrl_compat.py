@@ -331,11 +331,17 @@ def worker_entries(create_env_fn: Any, count: Any, name: str, none: str = "") ->
     return list(create_env_fn)
 
 
+class _BothPolicies(TypeError, ValueError):
+    """``policy`` with ``policy_factory``: TorchRL's ``TypeError`` (its collectors take both only with
+    ``weight_sync_schemes``, the policy then a source of weights for the workers' policies);
+    a ``ValueError`` too, as aiocollect raised it before."""
+
+
 def resolve_policy(policy: Any, policy_factory: Callable[[], Any] | None, compile_policy: Any) -> Any:
     """The policy to collect with: ``policy``, or ``policy_factory()``; compiled if asked."""
     if policy_factory is not None:
         if policy is not None:
-            raise ValueError("policy and policy_factory: give one of them, not both.")
+            raise _BothPolicies("policy and policy_factory: give one of them, not both.")
         if isinstance(policy_factory, (list, tuple)):
             raise TypeError(
                 f"policy_factory: a list of {len(policy_factory)} factories (TorchRL's per-worker policies); "

@@ -250,3 +250,12 @@ def torchrl_counter_cartpole():
     from torchrl.envs import GymEnv
 
     return GymEnv("CartPole-v1", categorical_action_encoding=True)
+
+
+@pytest.mark.parametrize("name", ["Collector", "MultiSyncCollector"])
+def test_policy_with_policy_factory_is_torchrls_type_error(name):
+    env = CounterEnv if name == "Collector" else [CounterEnv]
+    with pytest.raises(TypeError, match="policy and policy_factory: give one of them"):
+        getattr(aiocollect, name)(env, step_policy(), policy_factory=step_policy, frames_per_batch=10)
+    with pytest.raises(TypeError, match="policy_factory cannot be used with policy argument"):
+        torchrl_collectors.Collector(torchrl_counter, step_policy(), policy_factory=step_policy, frames_per_batch=10)
