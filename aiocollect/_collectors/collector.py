@@ -34,7 +34,14 @@ from .._workers.shm import Layout, SharedArrays
 from .base import DataCollectorBase
 from .loop_thread import LoopThread
 from .options import env_seeds, fit_to_envs, next_seed, options_from, validate_batching
-from .torchrl_compat import check_torchrl_keywords, envs_as_given, policy_from, worker_entries
+from .torchrl_compat import (
+    check_torchrl_keywords,
+    collector_backend,
+    envs_as_given,
+    policy_from,
+    take_torchrl_keywords,
+    worker_entries,
+)
 
 
 class Collector(DataCollectorBase):
@@ -128,15 +135,31 @@ class Collector(DataCollectorBase):
     """
 
     def __new__(cls, create_env_fn: Any = None, policy: Any = None, *, num_collectors: int | None = None,
-                sync: bool | None = None, **kwargs: Any):
+                sync: bool | None = None, backend: str | None = None, backend_options: dict | None = None,
+                **kwargs: Any):
         """``Collector(..., num_collectors=N)`` is TorchRL 0.14's entry point to its worker
         collectors: it builds a [`MultiSyncCollector`][aiocollect.MultiSyncCollector]
         (``sync=True``) or a [`MultiAsyncCollector`][aiocollect.MultiAsyncCollector]
         (``sync=False``, TorchRL's default) over ``N`` workers, each with the env factory
-        (or the ``N`` entries of a list of factories)."""
-        if cls is not Collector or num_collectors is None:
+        (or the ``N`` entries of a list of factories). ``backend`` picks the same way
+        (``collector_backend``): ``"direct"`` (or ``None`` without ``num_collectors``) this
+        class, ``"process"``/``"multiprocessing"`` a worker collector, ``"ray"`` and
+        ``"rpc"`` a [`RayCollector`][aiocollect.RayCollector] or an
+        [`RPCCollector`][aiocollect.RPCCollector]; ``backend_options`` are more arguments
+        for the collector built."""
+        kind = collector_backend(backend, num_collectors, sync, backend_options, kwargs)
+        if cls is not Collector or kind == "direct":
             return super().__new__(cls)
-        entries = worker_entries(create_env_fn, num_collectors, "num_collectors", ", or None for one process")
+        kwargs.update(backend_options or {})
+        if kind in ("ray", "rpc"):
+            import aiocollect
+
+            target = aiocollect.RayCollector if kind == "ray" else aiocollect.RPCCollector
+            return target(create_env_fn, policy, num_collectors=num_collectors, sync=bool(sync), **kwargs)
+        count = num_collectors
+        if count is None:  # (TorchRL's process backend: one worker per entry, or one for a single factory)
+            count = len(create_env_fn) if isinstance(create_env_fn, (list, tuple)) else 1
+        entries = worker_entries(create_env_fn, count, "num_collectors", ", or None for one process")
         if sync is not None and not isinstance(sync, bool):
             raise TypeError(f"sync must be True or False, got {sync!r}")
         from .multi_async import MultiAsyncCollector
@@ -179,6 +202,8 @@ class Collector(DataCollectorBase):
         step_timeout: float | None = None,
         num_collectors: int | None = None,
         sync: bool | None = None,
+        backend: str | None = None,
+        backend_options: dict | None = None,
         start_timeout: Any = None,
         policy_factory: Any = None,
         compile_policy: Any = None,
@@ -224,6 +249,7 @@ class Collector(DataCollectorBase):
         # the policy runs only while the user waits for a batch: act with the user's module
         # itself, as TorchRL does, a change of it being a new policy version
         try:
+            take_torchrl_keywords(self, torchrl_options, options, policy, obs_keys)
             self._policy = PolicySetup(policy, group.action_space, obs_keys, device=self.policy_device,
                                        exploration_type=options.exploration_type, share=True,
                                        cuda_graphs=cuda_graphs, obs_leaves=group.obs_leaves)

@@ -146,6 +146,7 @@ class Delivery:
             if prof.traces:
                 self._on_engine(self._trace_step)  # (torch's profiler records one thread)
             prof.asked()
+        self._run_pre_collect_hook()
         batch, frames = await self._guarded_collect()
         if prof is not None:
             prof.collected(frames)
@@ -154,6 +155,10 @@ class Delivery:
         self._measure_lag(batch)  # (both read the host's copy of the batch)
         self._returns.add(batch, self.options.set_truncated)
         batch = self._finish(batch)
+        hook = self.post_collect_hook
+        if hook is not None and not self._hook_after_postproc:  # (each worker's batch, as TorchRL's workers)
+            for part in self._worker_parts(batch):
+                hook(part)
         if self.options.progress:
             if self._progress is None:
                 self._progress = ProgressBar(self.options.total_frames, type(self).__name__, self._returns)
@@ -167,6 +172,8 @@ class Delivery:
         batch with ``return_same_td``."""
         if self._staging is not None:
             batch = self._staging.upload(batch)
+        if self._compact_keys:  # compact_obs=True: no ("next", obs) copy of the next step's observation
+            batch = batch.exclude(*self._compact_keys)
         if self.options.track_policy_version:
             with_torchrl_versions(batch)
         if self._reuse_td:
@@ -196,6 +203,8 @@ class Delivery:
             if opts.postproc is not None:  # on each collected batch, before assembly, as in TorchRL
                 batch = opts.postproc(batch)
             batch = without_private_keys(batch)
+            if self.post_collect_hook is not None and self._hook_after_postproc:
+                self.post_collect_hook(batch)
             assembler.cut(self._take_cut())
             assembler.add(batch)
             if opts.reset_at_each_iter:
@@ -212,10 +221,31 @@ class Delivery:
         if opts.postproc is not None:
             batch = opts.postproc(batch)
         batch = without_private_keys(batch)
+        steps = opts.replay_buffer is not None and not self.extend_buffer
+        if self.post_collect_hook is not None and self._hook_after_postproc and not steps:
+            self.post_collect_hook(batch)  # (TorchRL's Collector has no batch to call it with for extend_buffer=False)
         if opts.replay_buffer is not None:
-            opts.replay_buffer.extend(frames_for_buffer(batch, opts.replay_buffer))
+            if self.extend_buffer:
+                opts.replay_buffer.extend(frames_for_buffer(batch, opts.replay_buffer))
+            else:
+                self._add_steps(batch)
             return None
         return batch
+
+    def _add_steps(self, batch: TensorDictBase) -> None:
+        """``extend_buffer=False``: the replay buffer gets each step with ``add``, as TorchRL's
+        collectors write it while collecting: per worker (``_worker_parts``), one item per time
+        step, holding that step of each of the worker's envs (``[]`` for one env, ``[envs]``
+        otherwise); a step no env took (``("collector", "mask")``) is left out."""
+        buffer = self.options.replay_buffer
+        for part in self._worker_parts(batch):
+            mask = part.get(_MASK, None)
+            if mask is not None:
+                part = part.exclude(_MASK)
+            for t in range(part.shape[-1]):
+                if mask is not None and not bool(mask[..., t].any()):
+                    continue
+                buffer.add(part[..., t])
 
     def _versions(self) -> tuple[int, int] | None:
         """``(version in effect, newest version published)``, or ``None`` without weights."""

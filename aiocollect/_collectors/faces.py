@@ -61,6 +61,7 @@ class Faces:
             The batch, without ``split_trajs``, ``postproc`` or the replay buffer.
         """
         self._after_caller_stream()
+        self._run_pre_collect_hook()  # (TorchRL's rollout() calls it; its post hook is the iterator's)
         batch, _ = await self._guarded_collect()
         return self._finish(batch)
 

@@ -226,23 +226,44 @@ class MultiSyncCollector(WorkerCollectorBase):
         frames = sum(b.valid * b.lane.num_envs for b in sealed)
         return self._join(tensors, sealed[0].frames), frames
 
+    _part_sizes: tuple = ([], None)
+    """The workers' sizes along the dim their batches are concatenated on, and that dim
+    (``None``: stacked), as the last ``_join`` made them."""
+
+    def _hooked_parts(self) -> int:
+        return self.num_workers  # (each TorchRL worker calls pre_collect_hook before its share)
+
+    def _worker_parts(self, batch: TensorDictBase) -> list:
+        """The joined batch as each worker's batch (views): along the workers' dim when stacked,
+        split along the dim of concatenation otherwise (by the sizes ``_join`` recorded)."""
+        if self.worker_options.cat_results == "stack":
+            return list(batch.unbind(0))
+        sizes, dim = self._part_sizes
+        if dim is None or sum(sizes) != batch.shape[dim]:
+            return [batch]
+        return list(batch.split(sizes, dim))
+
     def _join(self, tensors: dict, steps: int) -> TensorDictBase:
         """The ``[num_envs, T]`` tensors of every worker joined as ``cat_results`` says."""
         workers = self._plan.workers
         n, w = self.num_envs, len(workers)
         cat = self.worker_options.cat_results
         batched = workers[0].batched
+        self._part_sizes = ([], None)
         if not batched:  # one env per worker: each worker's batch is [T]
             if cat == "stack":
                 return self._tensordict(tensors, [w, steps])
             if self._mask:  # each worker's [T], less the steps it did not take (as TorchRL)
-                return _filled(torch.cat([_filled(self._tensordict({k: v[i] for k, v in tensors.items()}, [steps]))
-                                          for i in range(w)], 0))
+                parts = [_filled(self._tensordict({k: v[i] for k, v in tensors.items()}, [steps])) for i in range(w)]
+                self._part_sizes = ([p.shape[0] for p in parts], 0)
+                return _filled(torch.cat(parts, 0))
+            self._part_sizes = ([steps] * w, 0)
             return self._tensordict({k: v.reshape(w * steps, *v.shape[2:]) for k, v in tensors.items()}, [w * steps])
         if cat == "stack":
             e = n // w
             return self._tensordict({k: v.reshape(w, e, *v.shape[1:]) for k, v in tensors.items()}, [w, e, steps])
         if cat in (0, -2):
+            self._part_sizes = ([spec.num_envs for spec in workers], 0)
             return self._tensordict(tensors, [n, steps])
         # along time: [envs, workers * T], each worker's [envs, T] side by side
         parts, lo = [], 0
@@ -250,6 +271,7 @@ class MultiSyncCollector(WorkerCollectorBase):
             part = self._tensordict({k: v[lo:spec.hi] for k, v in tensors.items()}, [spec.num_envs, steps])
             parts.append(_filled(part) if self._mask else part)
             lo = spec.hi
+        self._part_sizes = ([p.shape[-1] for p in parts], -1)
         out = torch.cat(parts, cat)
         if self._mask:
             out = _filled(out)

@@ -17,8 +17,14 @@ of three ways:
   is no explicit CUDA synchronisation to skip). ``track_policy_version`` is a collector option
   (every frame carries ``("collector", "policy_version")`` anyway; ``True`` also adds TorchRL's
   own keys for it, ``"policy_version"`` and ``("next", "policy_version")``);
-* **not supported**: accepted only at the value that turns them off (``weight_updater=None``,
-  ``backend=None``...); any other value is a ``ValueError`` that says what to do
+* **implemented in round 2** (issue 51): ``pre_collect_hook``/``post_collect_hook``
+  (``TorchRLAccessors``' attributes say when and where they run), ``Collector``'s ``backend``
+  and ``backend_options`` (``collector_backend``), ``compact_obs``, ``extend_buffer=False``
+  (``Delivery._add_steps``), ``worker_idx`` (stored), TorchRL's in-process weight updaters,
+  ``auto_register_policy_transforms=True`` where there is nothing to register
+  (``take_torchrl_keywords``);
+* **not supported**: accepted only at the value that turns them off (``init_fn=None``,
+  ``collector_class=None``...); any other value is a ``ValueError`` that says what to do
   instead. TorchRL's weight-sync schemes (``weight_sync_schemes``) are taken: they carry
   weights to policies in other processes, and here the policy runs in this process, where
   ``update_policy_weights_()`` is that carrier.
@@ -68,18 +74,32 @@ def _torchrl_schemes(value: Any) -> bool:
     return all(any(c.__module__.startswith("torchrl.weight_update") for c in type(v).__mro__) for v in values)
 
 
+def _hook(value: Any) -> bool:
+    return callable(value)
+
+
+def _int_index(value: Any) -> bool:
+    return as_int(value) is not None and value >= 0
+
+
+def _torchrl_local_updater(value: Any) -> bool:
+    """One of TorchRL's own in-process weight updaters (``VanillaWeightUpdater``,
+    ``MultiProcessedWeightUpdater``), or its class: they send the weights of the policy to
+    the collector's policy, which is what ``update_policy_weights_()`` does here."""
+    cls = value if isinstance(value, type) else type(value)
+    return cls.__module__.startswith("torchrl.collectors") and cls.__name__ in (
+        "VanillaWeightUpdater", "MultiProcessedWeightUpdater")
+
+
 _KEYWORDS: dict[str, _Keyword] = {
-    "extend_buffer": _Keyword((True,), "aiocollect extends the replay buffer once per batch, as TorchRL "
-                                       "does by default (extend_buffer=False is deprecated there); remove it"),
+    "extend_buffer": _Keyword((True, False), ""),  # False: the replay buffer gets each step (``add``)
     "track_traj_ids": _Keyword((True, False), ""),  # every frame carries its trajectory id anyway
     "no_cuda_sync": _Keyword((None, True, False), ""),  # aiocollect makes no explicit CUDA synchronisation call
     "use_buffers": _Keyword((None, True, False), ""),  # batches always go through preallocated storage
     "trust_policy": _Keyword((None, True, False), ""),  # a policy's outputs are checked on its first calls
-    "compact_obs": _Keyword((False,), "aiocollect keeps the observation before and after each step, as "
-                                      "TorchRL's default layout does; remove it"),
-    "auto_register_policy_transforms": _Keyword((None, False), "aiocollect does not add env transforms for "
-                                                               "recurrent policies; give the env its "
-                                                               "InitTracker and TensorDictPrimer yourself"),
+    "compact_obs": _Keyword((True, False), ""),  # True: ("next", obs) left out of the batches
+    # (True is checked against the policy: see ``policy_transforms_needed``)
+    "auto_register_policy_transforms": _Keyword((None, True, False), ""),
     # (Collector and the worker collectors take it; the distributed ones pass it on)
     "cudagraph_policy": _Keyword((None, False), "the policies run in the remote collectors: pass it to them, "
                                                 "collector_kwargs={'cudagraph_policy': True}"),
@@ -90,21 +110,44 @@ _KEYWORDS: dict[str, _Keyword] = {
                                                               "in this process through update_policy_weights_()), "
                                                               "or None; no other model takes weights here"),
     "weight_recv_schemes": _Keyword((None, _torchrl_schemes), "give TorchRL weight-sync schemes, or None"),
-    "weight_updater": _Keyword((None,), "weights reach the policy through update_policy_weights_(); for "
-                                        "remote collectors use RayCollector or RPCCollector"),
-    "backend_options": _Keyword((None,), "pick the collector class instead (MultiSyncCollector, RayCollector...)"),
-    "pre_collect_hook": _Keyword((None,), "collection hooks are not supported; wrap the iteration instead"),
-    "post_collect_hook": _Keyword((None,), "collection hooks are not supported; use postproc= for batches"),
-    "worker_idx": _Keyword((None,), "it is set by TorchRL's own multi-process collectors; remove it"),
+    "weight_updater": _Keyword((None, _torchrl_local_updater),
+                               "weights reach the policy through update_policy_weights_(), which does what "
+                               "TorchRL's own VanillaWeightUpdater and MultiProcessedWeightUpdater do (they are "
+                               "taken); an updater of your own pushes weights to TorchRL's workers or inference "
+                               "servers, which aiocollect does not have: call update_policy_weights_(weights), "
+                               "or use RayCollector or RPCCollector for remote collectors"),
+    "backend_options": _Keyword((None,), "it is Collector's keyword (Collector(..., backend=..., "
+                                         "backend_options={...})); remove it"),
+    "pre_collect_hook": _Keyword((None, _hook), "give a callable taking no argument, called before each batch "
+                                                "is collected, or None"),
+    "post_collect_hook": _Keyword((None, _hook), "give a callable taking the collected batch, or None"),
+    "worker_idx": _Keyword((None, _int_index), "give the index of this collector among yours (an int >= 0), "
+                                               "or None; it is stored as collector.worker_idx"),
     "init_fn": _Keyword((None,), "workers run no user code but the env factory; put setup in the factory"),
     "collector_class": _Keyword((None,), "aiocollect's workers step envs only (the policy runs in this "
                                          "process); remove it, or use RayCollector(collector_class=...)"),
-    "backend": _Keyword((None,), "pick the collector class instead: Collector (one process), "
-                                 "MultiSyncCollector or MultiAsyncCollector (worker processes), RayCollector"),
+    "backend": _Keyword((None,), "it is Collector's keyword: Collector(..., backend=...) picks the collector "
+                                 "class (MultiSyncCollector or MultiAsyncCollector for 'process'); remove it"),
 }
+
+_NOT_REMOTE: dict[str, _Keyword] = {
+    "pre_collect_hook": _Keyword((None,), "the remote collectors run their own collection; wrap the "
+                                          "iteration instead"),
+    "post_collect_hook": _Keyword((None,), "the remote collectors run their own collection; use postproc= "
+                                           "for batches"),
+    "weight_updater": _Keyword((None,), "weights reach the remote collectors through update_policy_weights_(); "
+                                        "remove it"),
+    "worker_idx": _Keyword((None,), "it is set by TorchRL's own multi-process collectors; remove it"),
+    "compact_obs": _Keyword((False,), "pass it to the remote collectors: collector_kwargs={'compact_obs': True}"),
+    "extend_buffer": _Keyword((True,), "the replay buffer is extended once per batch; remove it"),
+    "auto_register_policy_transforms": _Keyword((None, False), "give the env its InitTracker and "
+                                                               "TensorDictPrimer yourself"),
+}
+"""What the distributed collectors take of the keywords the local ones implement."""
 
 
 DISTRIBUTED_KEYWORDS: dict[str, _Keyword] = {
+    **_NOT_REMOTE,
     "max_weight_update_interval": _Keyword((-1,), "remote collectors take new weights when you call "
                                                   "update_policy_weights_() (or with update_after_each_batch=True); "
                                                   "remove it"),
@@ -143,6 +186,76 @@ _KNOWN_ELSEWHERE = ("create_env_fn", "policy", "num_collectors", "compile_policy
 """Constructor arguments that are not options, offered (with the options) as the nearest name."""
 
 
+def take_torchrl_keywords(collector: Any, given: Mapping[str, Any], options: CollectorOptions,
+                          policy: Any, obs_keys: list) -> None:
+    """Set what ``collector`` keeps of the TorchRL keywords it implements (``given``, already
+    checked by ``check_torchrl_keywords``); raise where they do not fit the other options,
+    with TorchRL's error types. ``policy``: the policy the collector runs; ``obs_keys``: its
+    envs' observation keys."""
+    for name in ("pre_collect_hook", "post_collect_hook", "worker_idx", "weight_updater"):
+        if given.get(name) is not None:
+            setattr(collector, name, given[name])
+    if given.get("worker_idx") is not None:
+        collector.worker_idx = int(given["worker_idx"])
+    collector.compact_obs = bool(given.get("compact_obs", False))
+    collector._compact_keys = compact_keys(obs_keys) if collector.compact_obs else ()
+    extend = given.get("extend_buffer", True)
+    collector.extend_buffer = extend
+    if not extend and options.replay_buffer is not None:
+        if options.postproc is not None:  # (TorchRL's errors, and their type)
+            raise TypeError("postproc must be None when a replay buffer is passed, or extend_buffer must be set "
+                            "to True.")
+        if options.split_trajs:
+            raise TypeError("split_trajs must be None/False when a replay buffer is passed, or extend_buffer "
+                            "must be set to True.")
+        if options.return_same_td:
+            raise TypeError("return_same_td must be False when a replay buffer is passed, or extend_buffer must "
+                            "be set to True.")
+        if options.trajs_per_batch is not None:
+            raise ValueError("extend_buffer=False with trajs_per_batch: the replay buffer gets whole "
+                             "trajectories (trajs_per_write at a time); remove extend_buffer.")
+    if given.get("auto_register_policy_transforms"):
+        needed = policy_transforms_needed(policy, obs_keys)
+        if needed:
+            raise ValueError(
+                f"auto_register_policy_transforms=True: the policy has recurrent modules ({', '.join(needed)}), "
+                "whose InitTracker and TensorDictPrimer aiocollect does not add to the env (the env is built in "
+                "its worker, by your factory); add them in the factory: TransformedEnv(env, InitTracker()) and "
+                "env.append_transform(module.make_tensordict_primer())."
+            )
+
+
+def policy_transforms_needed(policy: Any, obs_keys: list) -> list[str]:
+    """The modules of ``policy`` for which TorchRL's ``auto_register_policy_transforms=True``
+    would add env transforms: those with ``make_tensordict_primer`` (``LSTMModule``,
+    ``GRUModule``...) whose state keys (or ``"is_init"``, the ``InitTracker``'s) the env's
+    observations lack. None where the env has them already (TorchRL's check is spec-based
+    too), or for a policy without such modules: there is nothing to register."""
+    modules = getattr(policy, "modules", None)
+    if not callable(modules):
+        return []
+    try:
+        recurrent = [m for m in modules() if callable(getattr(m, "make_tensordict_primer", None))]
+    except TypeError:  # (a callable named ``modules`` that is not nn.Module's)
+        return []
+    have = {k if isinstance(k, tuple) else (k,) for k in obs_keys}
+    needed = []
+    for module in recurrent:
+        try:
+            primer = module.make_tensordict_primer()
+            keys = {k if isinstance(k, tuple) else (k,) for k in primer.primers.keys(True, True)}
+        except Exception:  # noqa: BLE001 - (no primer to read: count the module as needing one)
+            keys = {("",)}
+        if not (keys | {("is_init",)}) <= have:
+            needed.append(type(module).__name__)
+    return needed
+
+
+def compact_keys(obs_keys: list) -> tuple:
+    """``compact_obs=True``: the ``("next", obs)`` keys a batch leaves out."""
+    return tuple(("next", *(k if isinstance(k, tuple) else (k,))) for k in obs_keys)
+
+
 def policy_from(arguments: Mapping[str, Any], policy_device: Any) -> tuple[Any, int | None]:
     """The policy a collector runs in this process, from its constructor's ``locals()``:
     ``policy`` or ``policy_factory()``, compiled as ``compile_policy`` asks, checked; and
@@ -152,6 +265,55 @@ def policy_from(arguments: Mapping[str, Any], policy_device: Any) -> tuple[Any, 
     check_policy(policy)
     # (a warning points at the constructor's caller)
     return policy, cuda_graphs_for(arguments["cudagraph_policy"], policy, policy_device, compile_policy, stacklevel=4)
+
+
+_BACKENDS = {"direct": "direct", "process": "process", "multiprocessing": "process", "ray": "ray", "rpc": "rpc"}
+"""TorchRL 0.14's ``Collector(backend=...)`` values aiocollect has, each to the collector it builds."""
+
+_OTHER_BACKENDS = {
+    "thread": "TorchRL's Collector has no thread backend either",
+    "threading": "TorchRL's Collector has no thread backend either",
+    "distributed": "TorchRL's DistributedCollector (torch.distributed) has no aiocollect counterpart; use "
+                   "backend='rpc' (RPCCollector) or backend='ray' (RayCollector)",
+    "submitit": "SLURM submission is not supported; use backend='rpc' (RPCCollector) over workers you start, "
+                "or backend='ray' (RayCollector)",
+    "monarch": "TorchRL's Collector has no monarch backend either",
+}
+
+
+def collector_backend(backend: Any, num_collectors: Any, sync: Any, backend_options: Any,
+                      kwargs: Mapping[str, Any]) -> str:
+    """Which collector ``Collector(..., backend=...)`` builds, as TorchRL 0.14's
+    ``Collector`` picks it: ``"direct"`` (this process: ``Collector`` itself; ``None``
+    without ``num_collectors``), ``"process"`` (``"multiprocessing"``; ``None`` with
+    ``num_collectors``: a worker collector), ``"ray"``, ``"rpc"``; checked as TorchRL checks
+    it (``num_collectors`` and ``sync`` for ``"direct"``, ``backend_options``)."""
+    if backend is None:
+        kind = "direct" if num_collectors is None else "process"
+    else:
+        kind = _BACKENDS.get(backend) if isinstance(backend, str) else None
+        if kind is None:
+            why = _OTHER_BACKENDS.get(backend) if isinstance(backend, str) else None
+            supported = ", ".join(repr(b) for b in (*_BACKENDS, None))
+            raise ValueError(f"backend={backend!r}: aiocollect's Collector takes {supported}"
+                             + (f" ({why})." if why else "."))
+    if backend_options is not None and not isinstance(backend_options, Mapping):
+        raise TypeError(f"backend_options must be a dict of arguments for the collector built, got "
+                        f"{backend_options!r}")
+    options = dict(backend_options or {})
+    reserved = sorted({"backend_options", "num_collectors", "num_workers", "sync"} & set(options))
+    if reserved:
+        raise ValueError(f"backend_options contains reserved selector keys: {reserved}.")
+    duplicates = sorted(set(options) & (set(kwargs) | {"create_env_fn", "policy"}))
+    if duplicates:
+        raise ValueError(f"Backend options duplicate top-level collector arguments: {duplicates}.")
+    if kind == "direct":
+        if num_collectors not in (None, 1):
+            raise ValueError(f"backend='direct' supports at most one collector (num_collectors={num_collectors!r}); "
+                             "use backend='process' for worker processes.")
+        if options:
+            raise ValueError("backend_options are only valid for non-direct collectors.")
+    return kind
 
 
 def worker_entries(create_env_fn: Any, count: Any, name: str, none: str = "") -> list:
@@ -169,11 +331,17 @@ def worker_entries(create_env_fn: Any, count: Any, name: str, none: str = "") ->
     return list(create_env_fn)
 
 
+class _BothPolicies(TypeError, ValueError):
+    """``policy`` with ``policy_factory``: TorchRL's ``TypeError`` (its collectors take both only with
+    ``weight_sync_schemes``, the policy then a source of weights for the workers' policies);
+    a ``ValueError`` too, as aiocollect raised it before."""
+
+
 def resolve_policy(policy: Any, policy_factory: Callable[[], Any] | None, compile_policy: Any) -> Any:
     """The policy to collect with: ``policy``, or ``policy_factory()``; compiled if asked."""
     if policy_factory is not None:
         if policy is not None:
-            raise ValueError("policy and policy_factory: give one of them, not both.")
+            raise _BothPolicies("policy and policy_factory: give one of them, not both.")
         if isinstance(policy_factory, (list, tuple)):
             raise TypeError(
                 f"policy_factory: a list of {len(policy_factory)} factories (TorchRL's per-worker policies); "
@@ -308,6 +476,56 @@ def _writable_trace_path(save_path: str | Path) -> Path:
 class TorchRLAccessors:
     """``DataCollectorBase``'s TorchRL accessors. Uses the collector's ``options``,
     ``_policy``, ``_versions`` and ``update_policy_weights_``."""
+
+    pre_collect_hook: Callable[[], Any] | None = None
+    """TorchRL's ``pre_collect_hook``: called with no argument before each batch is collected
+    (a ``MultiSyncCollector`` calls it once per worker, as each TorchRL worker does before its
+    share), where the batch is asked for: on the thread that runs the delivery (see
+    ``post_collect_hook``). Its return value is ignored. It may be set at any time."""
+    post_collect_hook: Callable[[Any], Any] | None = None
+    """TorchRL's ``post_collect_hook``: called with each collected batch. A ``Collector``
+    calls it as TorchRL's does, with the batch delivered (after ``split_trajs`` and
+    ``postproc``, before the replay buffer gets it); the worker collectors, as TorchRL's
+    workers do, with each worker's batch (``[T]``, or ``[envs, T]``: a view of the batch
+    about to be delivered, before ``split_trajs`` and ``postproc``; for
+    ``MultiSyncCollector`` once per worker). Both hooks run in this process (TorchRL's worker
+    collectors run them in their worker processes), where ``postproc`` runs: on the
+    collector's loop thread for ``for``/``next()``/``rollout()``, on your event loop for
+    ``async for``, on the background loop under ``start()``; never two at once. A hook that
+    blocks holds the collection back; one that raises fails the iteration with its
+    exception. Its return value is ignored. It may be set at any time."""
+    worker_idx: int | None = None
+    """TorchRL's ``worker_idx``: the index given at construction (``None`` by default),
+    stored for you to read; aiocollect's worker processes have their own indices."""
+    compact_obs: bool = False
+    """TorchRL's ``compact_obs``: with ``True`` the batches hold no ``("next", obs)`` entries
+    (each a copy of the next frame's observation); reward, done and the other entries stay."""
+    extend_buffer: bool = True
+    """TorchRL's ``extend_buffer``: with ``False`` and a ``replay_buffer``, the buffer gets
+    each step with ``add`` (per worker, the step of each of its envs) instead of the batch's
+    frames with ``extend``."""
+    weight_updater: Any = None
+    """TorchRL's ``weight_updater`` as given (one of TorchRL's in-process updaters, or
+    ``None``); ``update_policy_weights_()`` does what they do."""
+    _compact_keys: tuple = ()
+    _hook_after_postproc = True
+    """``post_collect_hook`` takes the batch delivered (``Collector``), not each worker's."""
+
+    def _run_pre_collect_hook(self) -> None:
+        """``pre_collect_hook``, before a batch is collected: once per worker that collects a share."""
+        hook = self.pre_collect_hook
+        if hook is not None:
+            for _ in range(self._hooked_parts()):
+                hook()
+
+    def _hooked_parts(self) -> int:
+        """How many calls of ``pre_collect_hook`` a batch takes: one per worker that collects a share."""
+        return 1
+
+    def _worker_parts(self, batch: Any) -> list:
+        """``batch`` as the batches of the workers that collected it (views), for
+        ``post_collect_hook`` and ``extend_buffer=False``."""
+        return [batch]
 
     @property
     def policy_version(self) -> int:

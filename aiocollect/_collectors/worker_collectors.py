@@ -55,7 +55,7 @@ from .options import (
     worker_indices,
 )
 from .statistics import WorkerStatistics
-from .torchrl_compat import check_torchrl_keywords, policy_from, worker_entries
+from .torchrl_compat import check_torchrl_keywords, policy_from, take_torchrl_keywords, worker_entries
 
 logger = logging.getLogger("aiocollect")
 
@@ -91,6 +91,7 @@ class WorkerCollectorBase(DataCollectorBase):
     """
 
     _persistent_loop = True
+    _hook_after_postproc = False  # (TorchRL's workers call post_collect_hook with their own batches)
 
     def __init__(
         self,
@@ -166,6 +167,12 @@ class WorkerCollectorBase(DataCollectorBase):
         step_timeout = validate_batching(max_batch_size=None, min_batch_size=None, batch_timeout=None,
                                          step_timeout=step_timeout, coroutine=True).step_timeout
         super().__init__(options)
+        obs_leaves = flatten_space(plan.observation_space, "observation", "observation_space")
+        try:
+            take_torchrl_keywords(self, torchrl_options, options, policy, [leaf.key for leaf in obs_leaves])
+        except BaseException:
+            self.shutdown()
+            raise
         self.worker_options = worker_options
         self._plan = plan
         self.num_workers = len(plan.workers)
@@ -176,7 +183,6 @@ class WorkerCollectorBase(DataCollectorBase):
         self.policy_device = options.policy_device
         self.env_device = options.env_device or torch.device("cpu")
 
-        obs_leaves = flatten_space(plan.observation_space, "observation", "observation_space")
         action = ActionCheck.for_space(plan.action_space)
         columns = max(self._steps_per_env(w.num_envs) for w in plan.workers)
         self._policy = PolicySetup(policy, plan.action_space, [leaf.key for leaf in obs_leaves],
