@@ -300,40 +300,57 @@ class ActionCheck:
         return cls(space, shape, dtype, low, high, one_hot, parts)
 
     def __call__(self, action: np.ndarray, num_envs: int) -> np.ndarray:
-        """``action`` if it is a valid batch of actions for ``num_envs`` envs, converted to
-        the space's dtype where that is exact (booleans for a discrete space become 0/1
-        indices, so the batch holds what the envs were given); one-hot rows for a
-        ``Discrete`` space as they are (``env_action`` turns them into indices); else an
-        error naming the action."""
+        """``action`` if it is a valid batch of actions for ``num_envs`` envs, else an error
+        naming the action. What the batch stores is what the policy wrote, as in TorchRL: its
+        dtype (an integer action for a ``Box`` space, a float one of whole numbers for a
+        discrete space) and its per-env shape (``[1]`` where the space has ``[]``, say: any
+        shape with the space's number of values per env), save booleans for a discrete space,
+        stored as the 0/1 indices the envs get. ``env_action`` gives the envs the action in
+        the space's shape (one-hot rows for a ``Discrete`` space as their indices), and the
+        envs' action array casts it to the space's dtype. Refused: a wrong number of values
+        per env, a float action that is not finite, a discrete one out of range or not a
+        whole number (the envs would get another action than the policy's)."""
         expected = (num_envs, *self.shape)
         if action.shape != expected:
             if self.one_hot is not None and action.shape == (num_envs, self.one_hot):
                 return self._check_one_hot(action)
-            raise ValueError(
-                f"action: the policy returned shape {list(action.shape)} for {num_envs} env(s), "
-                f"expected {list(expected)} for {self.space}.{self._shape_fix(action.shape, num_envs)}"
-            )
+            if action.shape[:1] != (num_envs,) or math.prod(action.shape[1:]) != math.prod(self.shape):
+                raise ValueError(
+                    f"action: the policy returned shape {list(action.shape)} for {num_envs} env(s), "
+                    f"expected {list(expected)} for {self.space}.{self._shape_fix(action.shape, num_envs)}"
+                )
+        kind = action.dtype.kind
         if self.low is None:
-            if action.dtype.kind != "f":
+            if kind == "f":
+                if not all_finite(action):
+                    raise NonFiniteAction(action)
+            elif kind not in "iub":
                 raise TypeError(
                     f"action: the policy returned dtype {action.dtype} for {self.space}; "
-                    "a Box action must be a floating-point tensor."
+                    "a Box action must be a real-valued tensor (floating-point, or integer)."
                 )
+            return action
+        if kind == "f":
             if not all_finite(action):
                 raise NonFiniteAction(action)
-            return action
-        if action.dtype.kind not in "iub":
+            if not np.array_equal(action, np.trunc(action)):
+                raise TypeError(
+                    f"action: the policy returned dtype {action.dtype} for {self.space}, with values that "
+                    "are not whole numbers; discrete actions are integer indices of shape [num_envs] (argmax, "
+                    "or a Categorical sample), or one-hot rows of shape [num_envs, n]; not float scores."
+                )
+        elif kind not in "iub":
             raise TypeError(
                 f"action: the policy returned dtype {action.dtype} for {self.space}; "
                 "discrete actions are integer indices of shape [num_envs] (argmax, or a "
-                "Categorical sample), or one-hot rows of shape [num_envs, n]; not float indices."
+                "Categorical sample), or one-hot rows of shape [num_envs, n]."
             )
-        if action.size and not self.in_range(action):
+        if action.size and not self.in_range(action if action.shape == expected else action.reshape(expected)):
             raise ValueError(
                 f"action: the policy returned values outside {self.space} "
                 f"(min {action.min()}, max {action.max()}; allowed {self.low}..{self.high})."
             )
-        return action.astype(self.dtype) if action.dtype.kind == "b" else action
+        return action.astype(self.dtype) if kind == "b" else action
 
     def _shape_fix(self, got: tuple[int, ...], num_envs: int) -> str:
         """What to change in the policy for an action of shape ``got`` that does not fit."""
@@ -417,10 +434,16 @@ class ActionCheck:
         return action
 
     def env_action(self, action: np.ndarray) -> np.ndarray:
-        """What the envs are stepped with for the checked ``action``: the action itself, or
-        for one-hot rows the index of each row's 1 (int64, the space's ``start`` added)."""
+        """What the envs are stepped with for the checked ``action``: the action itself; one-hot
+        rows as the index of each row's 1 (int64, the space's ``start`` added); an action of
+        another per-env shape with as many values (``[n, 1]`` for a ``Discrete`` space, ``[1]``
+        for ``[1, 1]``) in the space's shape. The envs' action array (of the space's dtype)
+        casts it, as a gymnasium env would take it: a ``Box`` env given the policy's integers
+        gets them as floats."""
         if action.shape[1:] == self.shape:
             return action
+        if self.one_hot is None or action.shape[1:] != (self.one_hot,):
+            return action.reshape(len(action), *self.shape)
         action = action.astype(np.int64, copy=False)  # TorchRL's reading: val.long().argmax(-1)
         if len(self.parts) == 1:
             index = action.argmax(axis=1)

@@ -8,6 +8,8 @@ its own generator: ``RandomPolicy(space, seed=0)`` replays the same actions.
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import torch
 from gymnasium import spaces
@@ -151,6 +153,8 @@ class RandomPolicy(TensorDictModuleBase):
             offsets = np.concatenate([[0], np.cumsum(space.nvec)[:-1]])
             rows[np.arange(num_envs)[:, None], offsets + drawn - space.start] = 1
             drawn = rows
+        elif shape[:1] == (num_envs,) and math.prod(shape[1:]) == math.prod(self._shape):
+            drawn = drawn.reshape(shape)  # the policy's per-env shape, as many values (``ActionCheck``)
         else:
             return action
         if isinstance(action, torch.Tensor):

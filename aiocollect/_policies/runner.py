@@ -16,10 +16,21 @@ on the CPU). How it calls the policy depends on what the policy is:
   call), zeros but for a random ``"action"``, as TorchRL's collectors give;
 * an ``ArrayPolicy`` (a JAX policy): called with numpy
   views of the observations, its numpy outputs kept as they are;
-* any other callable: called with the observation tensor(s) (positional, in the order of
-  the observation keys), its return value is the ``"action"``. A callable whose single
-  argument is named ``tensordict``/``td`` or annotated as a ``TensorDictBase`` gets a
+* any other callable, wrapped as TorchRL wraps it (``plain_inputs``): arguments named after
+  observation keys get those observations (``forward(observation)``); a callable whose
+  arguments name no observation key gets the observation tensor(s) positionally, in the
+  order of the observation keys (aiocollect's own form: ``lambda obs: ...``); one whose
+  arguments name some observation keys but also require others is a ``TypeError`` at
+  construction, as in TorchRL. Its return value is the ``"action"``; a tuple is the
+  ``"action"`` and ``"output1"``, ``"output2"``... (TorchRL's out keys). A callable whose
+  single argument is named ``tensordict``/``td`` or annotated as a ``TensorDictBase`` gets a
   TensorDict instead, as in TorchRL.
+
+A policy whose call over several envs' observations does not give one row per env (it
+ignores the batch dimension: ``CountingEnvCountPolicy`` writes its spec's zero plus one, a
+module returns ``output.sum()``) is called once per env instead, on that env's own
+observations without a batch dimension, as TorchRL calls it for an env of its own, and the
+outputs are stacked (``PolicyRunner.per_env``); this is found at its first call.
 
 On a GPU ``policy_device`` the observations cross in pinned buffers and the outputs come
 back the same way, with one wait per call (``_policies.transfer``). With
@@ -36,6 +47,7 @@ asked.
 from __future__ import annotations
 
 import inspect
+import math
 from collections.abc import Callable
 from typing import Any
 
@@ -72,6 +84,59 @@ def _takes_tensordict(fn: Callable) -> bool:
     return isinstance(ann, type) and issubclass(ann, TensorDictBase)
 
 
+def _signature_target(fn: Callable) -> Any:
+    """What a policy's arguments are read from: ``forward`` of a module (of the module a
+    ``torch.compile`` wrapper holds), else the callable itself."""
+    fn = getattr(fn, "_orig_mod", fn)
+    return fn.forward if isinstance(fn, torch.nn.Module) else fn
+
+
+def plain_inputs(fn: Callable, obs_keys: list[NestedKey]) -> list[NestedKey] | None:
+    """The observation keys a plain callable policy is called with, by name, as TorchRL's
+    collectors wrap one (``_make_compatible_policy``): its arguments that name observation
+    keys, in its own order, when every argument without a default names one; ``None``
+    (positional, every observation in order: aiocollect's own form) when no argument names
+    an observation key, or the callable has no signature to read.
+
+    Raises:
+        TypeError: its arguments name some observation keys and require others (TorchRL's
+            ``TypeError``), or it cannot take the observations positionally.
+    """
+    try:
+        params = list(inspect.signature(_signature_target(fn)).parameters.values())
+    except (TypeError, ValueError):
+        return None
+    names = {k for k in obs_keys if isinstance(k, str)}
+    named = [p for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY, p.POSITIONAL_ONLY)]
+    required = [p.name for p in named if p.default is p.empty]
+    matched = [p.name for p in named if p.name in names]
+    if matched:
+        if all(name in names for name in required) \
+                and not any(p.kind is p.KEYWORD_ONLY for p in named if p.name in matched):
+            return matched
+        what = f"'{type(fn).__name__}.forward'" if isinstance(fn, torch.nn.Module) else "the policy"
+        raise TypeError(
+            f"policy: the arguments of {what} are {[p.name for p in params]}, and the observation keys "
+            f"{sorted(names)}: {[n for n in required if n not in names]} name no observation. Arguments to "
+            "policy.forward are incompatible with entries in env.observation_spec (TorchRL's rule: a policy "
+            "that is not a TensorDictModule is called with the observations its arguments name, and every "
+            "argument without a default must name one). Rename its arguments after observation keys, or "
+            "wrap it in a TensorDictModule with in_keys and out_keys."
+        )
+    positional = [p for p in named if p.kind is not p.KEYWORD_ONLY]
+    takes_more = any(p.kind is p.VAR_POSITIONAL for p in params)
+    keyword_required = [p.name for p in named if p.kind is p.KEYWORD_ONLY and p.default is p.empty]
+    least = sum(p.default is p.empty for p in positional)
+    if keyword_required or not least <= len(obs_keys) <= (math.inf if takes_more else len(positional)):
+        raise TypeError(
+            f"policy: it takes the arguments {[p.name for p in params]}, none of them named after an observation "
+            f"key ({sorted(names) or obs_keys}), and cannot be called with the {len(obs_keys)} observation "
+            "tensor(s) in order. Name its arguments after the observation keys it reads (TorchRL's rule), or "
+            "wrap it in a TensorDictModule with in_keys and out_keys."
+        )
+    return None
+
+
 def _fast_module(policy: Any) -> bool:
     """Whether ``policy`` is a TensorDictModule whose forward we may reproduce exactly."""
     return (
@@ -99,6 +164,7 @@ class PolicyRunner:
         weights: WeightsChannel | None = None,
         stream: Any = None,
         graphs: CudaGraphs | None = None,
+        action_shape: tuple[int, ...] | None = None,
     ):
         self.policy = policy
         self.weights = weights
@@ -127,6 +193,14 @@ class PolicyRunner:
             self.kind = "tensordict"
         else:
             self.kind = "callable"
+            self._inputs = plain_inputs(policy, obs_keys)
+            """The observation keys it is called with by name, or ``None``: all, in order."""
+        self.action_shape = action_shape
+        """One env's action shape (the action space's), if known: an action of that shape from
+        a call over one env is one env's action without the batch dimension (``per_env``)."""
+        self.per_env: bool | None = None
+        """Whether the policy is called once per env, on unbatched observations (the module
+        docstring says when); ``None`` until its first call says."""
 
     @property
     def exploration_type(self) -> InteractionType:
@@ -200,11 +274,67 @@ class PolicyRunner:
 
     def _dispatch(self, obs: dict[NestedKey, torch.Tensor]) -> dict[NestedKey, Any]:
         """The policy's outputs for ``obs`` (on its device), called as its kind says."""
+        if self.per_env is not False:
+            return self._each_env(obs) if self.per_env else self._first(obs)
         if self.kind == "module":
             return self._call_module(obs)
         if self.kind == "tensordict":
             return self._call_tensordict(obs)
-        return {"action": self._call_plain(obs)}
+        return self._call_plain(obs)
+
+    def _batched(self, obs: dict[NestedKey, torch.Tensor], batch: bool = True) -> dict[NestedKey, Any]:
+        if self.kind == "module":
+            return self._call_module(obs)
+        if self.kind == "tensordict":
+            return self._call_tensordict(obs, batch)
+        return self._call_plain(obs)
+
+    def _first(self, obs: dict[NestedKey, torch.Tensor]) -> dict[NestedKey, Any]:
+        """The first call: batched, unless its outputs (or its failure) say the policy does not
+        take a batch dimension and a call per env works (``per_env``)."""
+        n = len(next(iter(obs.values())))
+        try:
+            out = self._batched(obs)
+        except Exception:
+            each = self._try_each(obs)
+            if each is None:
+                raise
+            return each
+        if self._one_row_per_env(out, n):
+            self.per_env = False
+            return out
+        each = self._try_each(obs)
+        return out if each is None else each  # (None: the checks name what is wrong with ``out``)
+
+    def _one_row_per_env(self, out: dict[NestedKey, Any], n: int) -> bool:
+        for value in out.values():
+            shape = getattr(value, "shape", None)
+            if shape is None or len(shape) == 0 or shape[0] != n:
+                return False
+        action = out.get("action")
+        return not (n == 1 and self.action_shape is not None and action is not None
+                    and tuple(action.shape) == tuple(self.action_shape))
+
+    def _try_each(self, obs: dict[NestedKey, torch.Tensor]) -> dict[NestedKey, Any] | None:
+        """The outputs of one call per env, if that works and gives tensors (then the policy is
+        called so for good); else ``None``."""
+        try:
+            out = self._each_env(obs)
+        except Exception:  # noqa: BLE001 - then the batched call's outcome stands
+            self._out_keys = None
+            return None
+        self.per_env = True
+        return out
+
+    def _each_env(self, obs: dict[NestedKey, torch.Tensor]) -> dict[NestedKey, Any]:
+        """One call per env on its unbatched observations, the outputs stacked (``per_env``)."""
+        n = len(next(iter(obs.values())))
+        outs = [self._batched({k: v[i] for k, v in obs.items()}, batch=False) for i in range(n)]
+        first = outs[0]
+        if any(not isinstance(v, torch.Tensor) for out in outs for v in out.values()) \
+                or any(tuple(out) != tuple(first) for out in outs):
+            raise TypeError("policy: its per-env outputs are not tensors with the same keys")
+        return {k: torch.stack([out[k] for out in outs]) for k in first}
 
     # the four ways of calling -------------------------------------------------------
 
@@ -228,9 +358,9 @@ class PolicyRunner:
             self._out_keys = list(out)
         return out
 
-    def _call_tensordict(self, obs: dict[NestedKey, torch.Tensor]) -> dict[NestedKey, Any]:
-        num_envs = next(iter(obs.values())).shape[0]
-        td = TensorDict(nest(obs), batch_size=[num_envs], device=self.device)
+    def _call_tensordict(self, obs: dict[NestedKey, torch.Tensor], batch: bool = True) -> dict[NestedKey, Any]:
+        size = [next(iter(obs.values())).shape[0]] if batch else []
+        td = TensorDict(nest(obs), batch_size=size, device=self.device)
         result = self.policy(td)
         if result is None:
             result = td
@@ -248,17 +378,31 @@ class PolicyRunner:
             self._out_keys = new
         return {k: result.get(k) for k in self._out_keys}
 
-    def _call_plain(self, obs: dict[NestedKey, torch.Tensor]) -> torch.Tensor:
-        action = self.policy(*[obs[k] for k in self.obs_keys])
-        if isinstance(action, torch.Tensor):
-            return action
-        if isinstance(action, np.ndarray) or np.isscalar(action):
-            return torch.as_tensor(action)
-        raise TypeError(
-            f"policy: a plain callable policy must return the action tensor, got "
-            f"{type(action).__name__}; to return several outputs wrap it in a TensorDictModule "
-            "with out_keys=['action', ...]."
-        )
+    def _call_plain(self, obs: dict[NestedKey, torch.Tensor]) -> dict[NestedKey, Any]:
+        keys = self.obs_keys if self._inputs is None else self._inputs
+        result = self.policy(*[obs[k] for k in keys])
+        if isinstance(result, tuple):  # TorchRL's out keys for a tuple: "action", "output1", ...
+            out = {("action" if i == 0 else f"output{i}"): _tensor(v) for i, v in enumerate(result)}
+            if not out:
+                raise TypeError("policy: a plain callable policy returned an empty tuple; return the action tensor.")
+        else:
+            out = {"action": _tensor(result)}
+        if self._out_keys is None:
+            self._out_keys = list(out)
+        return out
+
+
+def _tensor(value: Any) -> Any:
+    """A plain callable's output as a tensor (numpy arrays and numbers converted)."""
+    if isinstance(value, torch.Tensor):
+        return value
+    if isinstance(value, np.ndarray) or np.isscalar(value):
+        return torch.as_tensor(value)
+    raise TypeError(
+        f"policy: a plain callable policy must return the action tensor (or a tuple of tensors: the "
+        f"action, then TorchRL's 'output1', 'output2'...), got {type(value).__name__}; to name its outputs "
+        "wrap it in a TensorDictModule with out_keys=['action', ...]."
+    )
 
 
 class RandomActions:

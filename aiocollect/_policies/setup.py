@@ -323,7 +323,8 @@ class PolicySetup:
             module = self.policy if isinstance(self.policy, torch.nn.Module) else None
             graphs = CudaGraphs(device, cuda_graphs, module=module, watch=module is not None and module is policy)
         self.runner = PolicyRunner(self.policy, obs_keys, device=device, exploration_type=exploration_type,
-                                   weights=self.weights, stream=stream, graphs=graphs)
+                                   weights=self.weights, stream=stream, graphs=graphs,
+                                   action_shape=getattr(action_space, "shape", None))
         self.random = self.policy if isinstance(self.policy, RandomPolicy) else RandomPolicy(action_space)
         self.after_publish: Any = None
         """Called in the publisher's thread after each publish: the policy in the workers

@@ -435,3 +435,20 @@ def test_pause_from_a_callback_on_the_collectors_loop_is_refused_not_a_hang(vari
         buffer.collector = None
         del collector
         gc.collect()
+
+
+def test_the_policys_action_is_stored_as_written_and_the_env_gets_it_in_its_space(variant):
+    """As TorchRL stores what the policy writes: an int64 action for a continuous env, of
+    shape ``[n]`` where the space is ``(1,)``, stays int64 ``[..., T]`` in the batch; the env
+    gets it as float32 of shape ``(1,)`` (``EchoBoxEnv`` asserts the shape and echoes the value
+    as its reward); a tuple's second output is TorchRL's ``"output1"``."""
+    from support.envs import EchoBoxEnv
+    from support.plain_modules import IntegerEcho
+
+    with variant(EchoBoxEnv, IntegerEcho(), frames_per_batch=FPB, total_frames=FPB) as collector:
+        for batch in collector:
+            shape = variant.batch_shape(FPB)
+            assert batch["action"].dtype == torch.int64 and tuple(batch["action"].shape) == shape
+            assert batch["output1"].dtype == torch.float32 and tuple(batch["output1"].shape) == shape
+            assert torch.equal(batch["next", "reward"][..., 0], batch["action"].float())
+            assert torch.equal(batch["output1"], 2 * (batch["action"] - 1).float())

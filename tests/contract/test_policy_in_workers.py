@@ -246,7 +246,7 @@ class GoesBad(nn.Module):
 
 
 LATE = {"out of range": (ValueError, r"action: the policy returned values outside Discrete\(3\)"),
-        "float action": (TypeError, "action: the policy returned dtype float32 for Discrete"),
+        "float action": (TypeError, "action: the policy returned dtype float32 here, int64 at its first call"),
         "fewer action rows": (ValueError, r"action: the policy returned shape \[1\] for [24] env\(s\)"),
         "indices after one-hot rows": (ValueError, r"action: the policy returned shape \[\] per env here, \[3\] at its "
                                                    "first call"),

@@ -74,3 +74,13 @@ class HangsAtStep(nn.Module):
 
             time.sleep(3600)
         return torch.zeros(observation.shape[0], dtype=torch.int64)
+
+
+class IntegerEcho(nn.Module):
+    """For ``EchoBoxEnv`` (a ``Box`` action of shape ``(1,)``): an int64 action written
+    without its last dim (``[n]``), one more than the step in the observation, and a tuple's
+    second output, twice the step as a float (TorchRL's ``"output1"``)."""
+
+    def forward(self, observation: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        step = observation[..., 0].round().long()
+        return step + 1, (step * 2).float()

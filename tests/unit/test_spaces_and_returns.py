@@ -148,6 +148,30 @@ def test_actions_that_fit_the_space_pass(space, action):
     ActionCheck.for_space(space)(action, 2)
 
 
+@pytest.mark.parametrize(("space", "action", "to_env"), [
+    # TorchRL stores what the policy writes, and its env takes it: so does the batch here; the envs
+    # get the same values in the space's shape, cast to its dtype by their action array
+    (spaces.Box(-1, 1, (2,), np.float32), np.array([[1, 0], [0, -1]], np.int64), [[1, 0], [0, -1]]),
+    (spaces.Box(-1, 1, (1,), np.float32), np.array([0.5, -0.5], np.float32), [[0.5], [-0.5]]),
+    (spaces.Box(-1, 1, (1, 1), np.float32), np.array([[0.5], [-0.5]], np.float32), [[[0.5]], [[-0.5]]]),
+    (spaces.Discrete(3), np.array([[0], [2]], np.int64), [0, 2]),
+    (spaces.Discrete(3), np.array([0.0, 2.0], np.float32), [0, 2]),
+    (spaces.MultiBinary(1), np.array([1, 0], np.int8), [[1], [0]]),
+])
+def test_an_action_of_another_dtype_or_per_env_shape_is_stored_as_written(space, action, to_env):
+    check = ActionCheck.for_space(space)
+    assert check(action, 2) is action
+    given = check.env_action(action)
+    assert given.shape == (2, *check.shape) and given.tolist() == to_env
+
+
+@pytest.mark.parametrize("bad", [np.nan, np.inf])
+def test_a_float_discrete_action_that_is_not_finite_is_refused_naming_its_row(bad):
+    with pytest.raises(NonFiniteAction) as info:
+        ActionCheck.for_space(spaces.Discrete(3))(np.array([1.0, bad]), 2)
+    assert info.value.row == 1
+
+
 def test_for_space_records_the_bounds_of_each_kind_of_space():
     check = ActionCheck.for_space(spaces.Discrete(4, start=2))
     assert (check.shape, check.dtype, check.low, check.high) == ((), np.dtype(np.int64), 2, 5)
@@ -163,19 +187,23 @@ def test_for_space_records_the_bounds_of_each_kind_of_space():
     (spaces.Discrete(3), np.array([0, 1, 2], np.int64), ValueError,
      "action: the policy returned shape [3] for 2 env(s), expected [2] for Discrete(3). Return one row per env: "
      "keep the first (batch) dim of the observations the policy is given."),
-    (spaces.Discrete(3), np.array([[0], [1]], np.int64), ValueError,
-     "action: the policy returned shape [2, 1] for 2 env(s), expected [2] for Discrete(3). Discrete actions "
-     "are int64 indices of shape [num_envs]: squeeze the last dim."),
+    (spaces.Discrete(3), np.array([[0, 1], [1, 0]], np.int64), ValueError,
+     "action: the policy returned shape [2, 2] for 2 env(s), expected [2] for Discrete(3). A one-hot action has "
+     "shape [num_envs, 3], one column per action. The policy gave 2 values per env: return one int64 index per "
+     "env (an argmax over the 3 actions' scores, or a Categorical sample), or one-hot rows of 3 columns (a last "
+     "layer with 3 outputs)."),
     (spaces.Box(-1, 1, (2,), np.float32), np.zeros(2, np.float32), ValueError,
      "action: the policy returned shape [2] for 2 env(s), expected [2, 2] for Box(-1.0, 1.0, (2,), float32). "
      "Return one action of shape [2] per env: a tensor of shape [2, 2] (reshape the policy's output to it)."),
-    (spaces.Box(-1, 1, (2,), np.float32), np.zeros((2, 2), np.int64), TypeError,
-     "action: the policy returned dtype int64 for Box(-1.0, 1.0, (2,), float32); a Box action must be a "
-     "floating-point tensor."),
-    (spaces.Discrete(3), np.array([0.0, 1.0]), TypeError,
-     "action: the policy returned dtype float64 for Discrete(3); discrete actions are integer indices of "
-     "shape [num_envs] (argmax, or a Categorical sample), or one-hot rows of shape [num_envs, n]; not float "
-     "indices."),
+    (spaces.Box(-1, 1, (2,), np.float32), np.zeros((2, 2), "U1"), TypeError,
+     "action: the policy returned dtype <U1 for Box(-1.0, 1.0, (2,), float32); a Box action must be a "
+     "real-valued tensor (floating-point, or integer)."),
+    (spaces.Discrete(3), np.array([0.5, 1.0]), TypeError,
+     "action: the policy returned dtype float64 for Discrete(3), with values that are not whole numbers; "
+     "discrete actions are integer indices of shape [num_envs] (argmax, or a Categorical sample), or one-hot "
+     "rows of shape [num_envs, n]; not float scores."),
+    (spaces.Discrete(3), np.array([[0.0], [3.0]]), ValueError,
+     "action: the policy returned values outside Discrete(3) (min 0.0, max 3.0; allowed 0..2)."),
     (spaces.Discrete(3), np.array([0, 3], np.int64), ValueError,
      "action: the policy returned values outside Discrete(3) (min 0, max 3; allowed 0..2)."),
     (spaces.Discrete(3, start=1), np.array([0, 1], np.int64), ValueError,
