@@ -152,9 +152,7 @@ class Collector(DataCollectorBase):
             return super().__new__(cls)
         kwargs.update(backend_options or {})
         if kind in ("ray", "rpc"):
-            import aiocollect
-
-            target = aiocollect.RayCollector if kind == "ray" else aiocollect.RPCCollector
+            target = _distributed_collector(kind)
             return target(create_env_fn, policy, num_collectors=num_collectors, sync=bool(sync), **kwargs)
         count = num_collectors
         if count is None:  # (TorchRL's process backend: one worker per entry, or one for a single factory)
@@ -520,3 +518,18 @@ class Collector(DataCollectorBase):
 
 
 SyncDataCollector = Collector
+
+
+_DISTRIBUTED = {"ray": ("aiocollect._distributed.ray_collector", "RayCollector"),
+                "rpc": ("aiocollect._distributed.rpc_collector", "RPCCollector")}
+"""Where ``Collector(backend="ray" | "rpc")``'s classes live. Looked up by name, on purpose:
+the distributed collectors are built on these (``_distributed`` imports ``_collectors``), so an
+import statement here would close a circle of layers; this is a plug-in lookup, as an entry
+point would be, and costs nothing until that backend is asked for."""
+
+
+def _distributed_collector(kind: str) -> type:
+    import importlib
+
+    module, name = _DISTRIBUTED[kind]
+    return getattr(importlib.import_module(module), name)

@@ -589,6 +589,7 @@ OWN_ARGUMENTS = {
     # each constructor's keywords that are not options (documented in its class's docstrings,
     # or, for TorchRL's implemented keywords, in _collectors.torchrl_compat's)
     "Collector": {"create_env_fn", "policy", *_POLICY_ARGUMENTS, *_COROUTINE_KNOBS, "num_collectors", "sync",
+                  "backend", "backend_options",  # (TorchRL's: which collector Collector(...) builds)
                   "start_timeout"},  # (refused: it bounds worker processes, and a Collector starts none)
     **{name: {"create_env_fn", "policy", *_POLICY_ARGUMENTS, *_COROUTINE_KNOBS, "num_workers"}
        for name in TAKES_WORKER_OPTIONS},

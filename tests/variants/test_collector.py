@@ -233,11 +233,9 @@ def test_frames_per_batch_not_divisible_by_envs_is_rounded_up_with_a_warning_as_
 @pytest.mark.parametrize(
     ("policy", "exc", "match"),
     [
-        (lambda obs: torch.zeros(obs.shape[0], 1, dtype=torch.int64), ValueError, "action: .*squeeze"),
-        (lambda obs: torch.zeros(obs.shape[0]), TypeError, "action: .*integer"),
         (lambda obs: torch.full((obs.shape[0],), 3), ValueError, "action: .*outside"),
         (lambda obs: torch.full((obs.shape[0],), -1), ValueError, "action: .*outside"),
-        (lambda obs: (torch.zeros(obs.shape[0]),), TypeError, "policy: a plain callable"),
+        (lambda obs: torch.full((obs.shape[0],), 0.5), TypeError, "action: .*not whole numbers"),
     ],
 )
 def test_action_that_does_not_fit_names_action(policy, exc, match):
@@ -245,6 +243,24 @@ def test_action_that_does_not_fit_names_action(policy, exc, match):
     with pytest.raises(exc, match=match):
         next(iter(c))
     c.shutdown()
+
+
+@pytest.mark.parametrize(
+    ("policy", "dtype", "shape", "extra"),
+    [
+        (lambda obs: torch.zeros(obs.shape[0], 1, dtype=torch.int64), torch.int64, (2, 5, 1), set()),
+        (lambda obs: torch.zeros(obs.shape[0]), torch.float32, (2, 5), set()),
+        (lambda obs: (torch.zeros(obs.shape[0], dtype=torch.int64), obs[:, 0]), torch.int64, (2, 5), {"output1"}),
+    ],
+)
+def test_actions_a_discrete_env_can_take_are_stored_as_the_policy_wrote_them(policy, dtype, shape, extra):
+    # issue 51: TorchRL stores what the policy writes ([n, 1] indices, whole floats, a tuple's
+    # "action" and "output1"...); these were refused ("squeeze", "integer", "a plain callable")
+    with Collector([lambda: CounterEnv()] * 2, policy, frames_per_batch=10, total_frames=10) as c:
+        (batch,) = list(c)
+    assert batch["action"].dtype == dtype and tuple(batch["action"].shape) == shape
+    assert extra <= set(batch.keys())
+    assert (batch["next", "observation"][..., 2] == 0).all()  # (CounterEnv echoes the action index it got)
 
 
 def test_box_action_shape_checked():
@@ -296,8 +312,8 @@ def test_torchrl_env_instances_for_workers_and_other_torchrl_objects_say_what_to
 
     before = children()
     env = torchrl_envs.GymEnv("CartPole-v1")
-    with pytest.raises(TypeError, match=r"create_env_fn\[0\] is an env instance .* pass a factory instead"):
-        MultiSyncCollector([env], None, frames_per_batch=10)
+    # (a TorchRL instance as a worker's entry is copied to its worker now, as in TorchRL:
+    # tests/integration/test_torchrl_envs.py; inside a list of factories it is still refused)
     with pytest.raises(TypeError, match=r"create_env_fn\[0\]\[0\]: expected an env factory or an env id"):
         MultiSyncCollector([[env]], None, frames_per_batch=10)
     with pytest.raises(TypeError, match="but not an env"):
