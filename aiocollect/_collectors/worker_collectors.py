@@ -191,14 +191,15 @@ class WorkerCollectorBase(DataCollectorBase):
         outputs = sent = costs = None
         if where in ("workers", "measure") and not any(w.coroutine for w in plan.workers):
             scratch = scratch_copy(self._policy.policy)  # (what the probe and the timing call)
-            stateful = None if scratch is None else own_state_changes(scratch, obs_leaves, options.exploration_type)
+            outputs = None if scratch is None else probe(scratch, obs_leaves, options.exploration_type, action)
+            # (after the probe: its call is the copy's first, as a worker's first call will be)
+            stateful = None if outputs is None else own_state_changes(scratch, obs_leaves, options.exploration_type)
             if stateful is not None:  # (one policy, here: copies would each change their own state)
-                scratch = None
+                outputs = None
                 if env_flag("AIOCOLLECT_POLICY_IN_WORKERS"):
                     logger.warning("aiocollect: AIOCOLLECT_POLICY_IN_WORKERS=1, but the policy runs here, batched "
                                    "over the workers: %s, and copies in the workers would each change their own",
                                    stateful)
-            outputs = None if scratch is None else probe(scratch, obs_leaves, options.exploration_type, action)
             if outputs is not None and where == "measure":
                 costs = measure(scratch, obs_leaves, options.exploration_type, [w.num_envs for w in plan.workers])
                 logger.debug("%s", costs)

@@ -19,6 +19,7 @@ import torch.nn as nn
 from tensordict.nn import TensorDictModule
 
 from support.envs import CounterEnv
+from support.procs import wait_until
 
 FPB = 40
 
@@ -121,8 +122,8 @@ def test_a_policy_with_extra_state_collects_updates_and_checkpoints(variant):
         version = collector.update_policy_weights_(TensorDictModule(trained, in_keys=["observation"],
                                                                     out_keys=["action"]))
         assert version == 1
-        next(batches)  # (an update applies before the next policy call)
-        assert torch.equal(collector.policy.module.linear.weight, trained.linear.weight)
+        next(batches)  # (an update applies before the next policy call; read while the engine may copy)
+        assert wait_until(lambda: torch.equal(collector.policy.module.linear.weight, trained.linear.weight))
         assert collector.policy.module.config == {"scale": 1.0}  # (extra state is not weights)
         saved = collector.state_dict()
         assert set(saved["policy_state_dict"]) == {"module.linear.weight", "module.linear.bias"}
