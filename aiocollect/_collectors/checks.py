@@ -167,7 +167,33 @@ def flag_or_none(name: str, value: Any) -> bool:
 
 
 def device(name: str, value: Any) -> torch.device | None:
+    if isinstance(value, (list, tuple)):
+        return _one_device(name, value)
     return parse_device(name, value)
+
+
+def _one_device(name: str, value: list | tuple) -> torch.device | None:
+    """A device given per worker, as TorchRL's multi-process collectors take it (``device=[d] *
+    num_workers``): the one device every entry names. The engine stores every worker's frames
+    in one storage in this process, and runs one policy, so entries that differ cannot be
+    honoured: a clear error says so, and how to get each device instead."""
+    if not value:
+        raise ValueError(f"{name}=[]: give a device, or one per worker (TorchRL's form).")
+    named = set()
+    for i, v in enumerate(value):
+        try:
+            d = torch.device(v)
+        except (RuntimeError, ValueError, TypeError):
+            return parse_device(f"{name}[{i}]", v)  # (raises, naming the entry)
+        named.add((d.type, d.index or 0))
+    if len(named) > 1:
+        raise ValueError(
+            f"{name}={list(value)!r}: a different device per worker is not supported: the workers' frames are "
+            "stored together in this process and one policy acts for them all. Give one device (the envs "
+            "of each worker can still make their own: pass a factory that places them)."
+        )
+    devices = [parse_device(f"{name}[{i}]", v) for i, v in enumerate(value)]
+    return devices[0]
 
 
 def exploration_type(name: str, value: Any) -> InteractionType:

@@ -83,7 +83,11 @@ BAD_OPTIONS = [
     (dict(device=1.5), TypeError, ["device must be a device such as 'cpu'"]),
     (dict(storing_device="nonsense"), ValueError, ["storing_device='nonsense' is not a device"]),
     (dict(env_device=True), TypeError, ["env_device must be a device", "True"]),
-    (dict(policy_device=[0]), TypeError, ["policy_device must be a device", "[0]"]),
+    (dict(policy_device=[1.5]), TypeError, ["policy_device[0] must be a device", "1.5"]),
+    # a device per worker (TorchRL's multi-process form): one device, or an error that says why
+    (dict(device=["cpu", "cuda:1"]), ValueError, ["device=['cpu', 'cuda:1']: a different device per worker is not "
+                                                  "supported", "Give one device"]),
+    (dict(storing_device=[]), ValueError, ["storing_device=[]: give a device, or one per worker"]),
     (dict(create_env_kwargs=[("a", 1)]), TypeError, ["create_env_kwargs must be a dict, got list"]),
     (dict(create_env_kwargs="a=1"), TypeError, ["create_env_kwargs must be a dict, got str"]),
     (dict(max_frames_per_traj=2.5), TypeError, ["max_frames_per_traj must be an integer", "or None"]),
@@ -191,6 +195,12 @@ def test_device_fills_in_the_devices_that_are_not_given():
     assert opts.device == torch.device("cpu")
     assert opts.storing_device == opts.env_device == opts.policy_device == torch.device("cpu")
     assert all(isinstance(d, torch.device) for d in (opts.storing_device, opts.env_device, opts.policy_device))
+
+
+def test_a_device_per_worker_that_is_the_same_everywhere_is_that_device():
+    # issue 51: TorchRL's multi-process collectors take device=[...] (one per worker); it was a TypeError
+    opts = validate_options(frames_per_batch=10, device=["cpu", "cpu"], storing_device=(torch.device("cpu"),))
+    assert opts.device == opts.storing_device == opts.policy_device == torch.device("cpu")
 
 
 def test_a_device_given_on_its_own_leaves_the_others_unset():
