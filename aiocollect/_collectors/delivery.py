@@ -42,7 +42,8 @@ def batch_tensordict(nested: dict, shape: torch.Size, device: torch.device | Non
     return _UNCHECKED(fields, batch_size=shape, device=device, names=names, nested=False)
 
 
-_MASK = ("collector", "mask")
+MASK = ("collector", "mask")
+"""Where a batch marks its real frames (padded ones ``False``), when it has any padding."""
 
 
 _VERSION = ("collector", "policy_version")
@@ -90,10 +91,10 @@ def frames_for_buffer(batch: Any, buffer: Any) -> Any:
         frames = batch.clone(recurse=False)  # a shallow copy: the names go, not the batch's
         frames.names = None
         frames = frames.reshape(-1)
-    mask = frames.get(_MASK, None)
+    mask = frames.get(MASK, None)
     if mask is None:
         return frames
-    frames = frames.exclude(_MASK)
+    frames = frames.exclude(MASK)
     return frames if bool(mask.all()) else frames[mask.reshape(-1)]
 
 
@@ -239,9 +240,9 @@ class Delivery:
         otherwise); a step no env took (``("collector", "mask")``) is left out."""
         buffer = self.options.replay_buffer
         for part in self._worker_parts(batch):
-            mask = part.get(_MASK, None)
+            mask = part.get(MASK, None)
             if mask is not None:
-                part = part.exclude(_MASK)
+                part = part.exclude(MASK)
             for t in range(part.shape[-1]):
                 if mask is not None and not bool(mask[..., t].any()):
                     continue

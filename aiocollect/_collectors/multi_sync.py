@@ -13,6 +13,7 @@ import torch
 from tensordict import TensorDictBase
 
 from .._workers.plan import WorkerPlan
+from .delivery import MASK
 from .options import CollectorOptions, WorkerOptions, as_int, fit_to_envs
 from .worker_collectors import WorkerCollectorBase
 
@@ -279,8 +280,6 @@ class MultiSyncCollector(WorkerCollectorBase):
         return out
 
 
-_MASK = ("collector", "mask")
-
 
 def _filled(part: TensorDictBase) -> TensorDictBase:
     """A worker's batch along time (``cat_results=-1``) as TorchRL's ``MultiSyncCollector`` gives
@@ -289,14 +288,14 @@ def _filled(part: TensorDictBase) -> TensorDictBase:
     ``split_trajectories`` counts each id's frames), and the ``("collector", "mask")`` goes
     once every frame left is real; a step some envs took and others not (a worker stepped in
     halves) keeps its masked frames, and the mask with them."""
-    mask = part.get(_MASK, None)
+    mask = part.get(MASK, None)
     if mask is None:
         return part
     if mask.all():
-        return part.exclude(_MASK)
+        return part.exclude(MASK)
     taken = mask.reshape(-1, mask.shape[-1]).any(0)
     part = part[..., taken]
-    return part.exclude(_MASK) if part.get(_MASK).all() else part
+    return part.exclude(MASK) if part.get(MASK).all() else part
 
 
 MultiSyncDataCollector = MultiSyncCollector

@@ -192,7 +192,7 @@ def take_torchrl_keywords(collector: Any, given: Mapping[str, Any], options: Col
     checked by ``check_torchrl_keywords``); raise where they do not fit the other options,
     with TorchRL's error types. ``policy``: the policy the collector runs; ``obs_keys``: its
     envs' observation keys."""
-    for name in ("pre_collect_hook", "post_collect_hook", "worker_idx", "weight_updater"):
+    for name in ("pre_collect_hook", "post_collect_hook", "weight_updater"):
         if given.get(name) is not None:
             setattr(collector, name, given[name])
     if given.get("worker_idx") is not None:

@@ -65,8 +65,10 @@ def portable_weights(weights: Any) -> Any:
     module), anything else (a JAX params pytree) as it is."""
     from tensordict import TensorDictBase
 
+    from .._policies.weights import tensor_state
+
     if isinstance(weights, torch.nn.Module):
-        return {k: v.detach().cpu() for k, v in weights.state_dict().items() if isinstance(v, torch.Tensor)}
+        return {k: v.detach().cpu() for k, v in tensor_state(weights).items()}
     if isinstance(weights, TensorDictBase):
         return {k: v.detach().cpu() for k, v in weights.flatten_keys(".").items()}
     if isinstance(weights, dict) and all(isinstance(v, torch.Tensor) for v in weights.values()):
