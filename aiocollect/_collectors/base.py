@@ -229,7 +229,8 @@ class DataCollectorBase(Faces, Consumers, Delivery, Background, TorchRLAccessors
         is the storing device, the CPU by default, as TorchRL's batches say (a replay buffer's
         ``extend`` reads it)."""
         device = (self.storing_device or _CPU) if self._staging is None else None
-        return batch_tensordict(nest(tensors), torch.Size(shape), device)
+        groups = None if self._scheduler is None else self._scheduler.storage.group_shapes
+        return batch_tensordict(nest(tensors), torch.Size(shape), device, groups)
 
 
     @property

@@ -27,6 +27,7 @@ from .._coroutines.group import CoroutineGroup
 from .._coroutines.lanes import CoroutineEnvs
 from .._engine.scheduler import Scheduler
 from .._envs.build import check_create_env_fn, make_group
+from .._envs.keyed import batch_entries
 from .._errors import CollectorError, EnvError
 from .._policies.setup import PolicySetup
 from .._workers.inline_worker import InlineWorker
@@ -280,7 +281,7 @@ class Collector(DataCollectorBase):
         else:
             workers = [InlineWorker(group, shared, max_frames_per_traj=options.max_frames_per_traj,
                                     reset_when_done=options.reset_when_done)]
-        self._scheduler = Scheduler(shared, workers, leaves, check,
+        self._scheduler = Scheduler(shared, workers, leaves, check, entries=batch_entries(group.observation_space),
                                     step_count=options.max_frames_per_traj is not None,
                                     reset_when_done=options.reset_when_done,
                                     batching=batching if self._coroutine else None)

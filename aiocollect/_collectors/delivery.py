@@ -25,21 +25,41 @@ NOTHING = object()
 _UNCHECKED = getattr(TensorDict, "_new_unsafe", None)
 
 
-def batch_tensordict(nested: dict, shape: torch.Size, device: torch.device | None) -> TensorDictBase:
+def batch_tensordict(nested: dict, shape: torch.Size, device: torch.device | None,
+                     groups: dict | None = None, names: list | None = None, path: tuple = ()) -> TensorDictBase:
     """A TensorDict of the tensors the collector built (``nested``: ``nest``'s dicts), every
-    one already of ``shape`` and on ``device``, the last dim named ``"time"``.
+    one already of ``shape`` and on ``device``, the last dim named ``"time"``. ``groups``:
+    the batch dims of an env's nested groups (``_envs.keyed.EnvEntries``), which the
+    sub-TensorDict at that key (and under ``"next"``) has after ``shape``, as in TorchRL.
 
     tensordict's own unchecked constructor (``_new_unsafe``, which TorchRL's collectors
     use too) takes them as they are: the public one checks every tensor's shape and
     device again, which cost several times more than the rest of building the batch's
     TensorDict. Without it (another tensordict), the public constructor does the same.
     """
-    names = [None] * (len(shape) - 1) + ["time"]
+    names = names or [None] * (len(shape) - 1) + ["time"]
+    if groups:
+        fields = {}
+        for key, value in nested.items():
+            if not isinstance(value, dict):
+                fields[key] = value
+                continue
+            sub = (*path, key)
+            dims = groups.get(sub[1:] if sub[0] == "next" else sub, ())
+            if dims and not all(v.shape[len(shape): len(shape) + len(dims)] == dims for v in _leaf_values(value)):
+                dims = ()  # (an entry of another shape there, a policy's: the group keeps the frame's dims)
+            fields[key] = batch_tensordict(value, torch.Size([*shape, *dims]), device, groups,
+                                           [*names, *[None] * len(dims)], sub)
+        return TensorDict(fields, batch_size=shape, device=device, names=names)
     if _UNCHECKED is None:
         return TensorDict(nested, batch_size=shape, device=device, names=names)
     fields = {key: batch_tensordict(value, shape, device) if isinstance(value, dict) else value
               for key, value in nested.items()}
     return _UNCHECKED(fields, batch_size=shape, device=device, names=names, nested=False)
+
+
+def _leaf_values(nested: dict) -> list:
+    return [x for v in nested.values() for x in (_leaf_values(v) if isinstance(v, dict) else [v])]
 
 
 MASK = ("collector", "mask")

@@ -43,8 +43,8 @@ class EpisodeReturns:
         it terminated there (an episode an env truncated on that very step stays open, and is
         forgotten, rather than reported short)."""
         ids = batch.get(("collector", "traj_ids"), None) if batch is not None else None
-        if ids is None:
-            return
+        if ids is None or batch.get(("next", "done"), None) is None or batch.get(("next", "reward"), None) is None:
+            return  # (a multi-agent env's batch: rewards and flags per group, no one return per episode)
         # numpy, not torch: torch's indexing kernels run on its OpenMP threads, whose
         # spinning after each call took a quarter of the engine's CPU (and the workers')
         done = batch.get(("next", "done"))

@@ -23,6 +23,7 @@ from tensordict import TensorDictBase
 from tensordict.nn import InteractionType
 
 from .._engine.scheduler import Scheduler
+from .._envs.keyed import KeyedActions, batch_entries
 from .._envs.spaces import ActionCheck, flatten_space
 from .._policies.in_workers import (
     SharedWeights,
@@ -157,6 +158,10 @@ class WorkerCollectorBase(DataCollectorBase):
         # (parts, for a policy that may yet stay here; dropped below if it goes to the workers)
         plan = plan_workers(entries, options.create_env_kwargs, policy_between_steps=not random_runs,
                             gpu_policy=runs_on_gpu(policy, options.policy_device), single=self._one_entry)
+        if isinstance(plan.action_space, KeyedActions):
+            # several action keys (a TorchRL multi-agent env): the policy acts here, batched,
+            # whose checks and packing are the engine's; random actions too
+            where, random_runs = "cannot", False
         options = self._check_plan(plan, options, worker_options)
         validate_batching(max_batch_size=max_batch_size, min_batch_size=min_batch_size,
                           batch_timeout=batch_timeout, step_timeout=None,
@@ -238,6 +243,7 @@ class WorkerCollectorBase(DataCollectorBase):
         res.closers += [pool.kill_leftovers, self._policy.close]
         try:
             self._scheduler = Scheduler(pool.shared, pool.lanes, obs_leaves, action,
+                                        entries=batch_entries(plan.observation_space),
                                         step_count=options.max_frames_per_traj is not None,
                                         reset_when_done=options.reset_when_done, spin_s=pool.spin_s,
                                         runs=runs)

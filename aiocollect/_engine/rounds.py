@@ -52,6 +52,7 @@ from typing import TYPE_CHECKING, Protocol
 import anyio
 import numpy as np
 
+from .._envs.keyed import KeyedActionCheck
 from .._envs.spaces import NonFiniteAction
 from .._errors import PolicyError
 from .._policies.outputs import check_outputs, host_array
@@ -157,19 +158,28 @@ class Rounds:
         kinds = sorted({type(lane.worker).__name__ for lane in self.lanes})
         raise ValueError(f"run_inline drives one inline lane, not {len(self.lanes)} ({', '.join(kinds)})")
 
-    def _infer(self, ready: list[Lane], runner: PolicyRunner, obs, n: int) -> tuple[dict, np.ndarray, np.ndarray]:
+    def _infer(self, ready: list[Lane], runner: PolicyRunner, obs,
+               n: int) -> tuple[dict, np.ndarray | None, np.ndarray]:
         """One policy call on the observations ``obs`` of the ``ready`` lanes (``n`` envs):
-        the outputs (checked), the actions the batch stores, and the actions the envs get."""
+        the outputs (checked), the ``"action"`` the batch stores (``None``: the outputs hold
+        what it stores, an env with several action keys), and the actions the envs get."""
         profile = self.sched.profile
         out = runner(obs, n) if profile is None else profile.policy(runner, obs, n)
         if ready[0].keys is None or any(not v.shape or v.shape[0] != n for v in out.values()):
             check_outputs(out, n)  # a lane's first call, or a row count that would broadcast
+        check = self.sched.check_action
+        if isinstance(check, KeyedActionCheck):  # several action keys: each checked, packed for the envs
+            try:
+                out, to_env = check.check(out, n, host_array)
+            except NonFiniteAction as exc:
+                raise self._not_finite(ready, exc) from None
+            self._book_keys(ready, out)
+            return out, None, to_env  # (each action stored as checked, under its key)
         action = out["action"]
         if not isinstance(action, np.ndarray):
             action = host_array(action)  # (bfloat16 as float32 for the check: the batch keeps the bfloat16)
         to_env = action  # what the envs are given; ``action``: what the batch stores
         if runner.kind != "random" or runner.policy.one_hot:  # (a one-hot env's draws: rows, as a policy's)
-            check = self.sched.check_action
             try:
                 checked = check(action, n)
             except NonFiniteAction as exc:
@@ -178,6 +188,11 @@ class Rounds:
                 out = {**out, "action": checked}
                 action = checked
             to_env = check.env_action(action)  # one-hot rows: their indices
+        self._book_keys(ready, out)
+        return out, action, to_env
+
+    def _book_keys(self, ready: list[Lane], out: dict) -> None:
+        """The keys the policy wrote: each lane's first call books them, later calls must match."""
         keys = tuple(out)
         st = self.storage
         for lane in ready:
@@ -186,7 +201,6 @@ class Rounds:
                 lane.carry = st.carried(keys)
             elif lane.keys != keys:
                 st.check_outputs(out, lane.keys)
-        return out, action, to_env
 
     def _not_finite(self, ready: list[Lane], exc: NonFiniteAction) -> PolicyError:
         """The ``PolicyError`` for the action ``exc`` found not finite, naming its env: row

@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from .._envs.keyed import ENGINE_FLAGS
 from .._envs.spaces import Leaf, NestedKey
 from .._policies.outputs import dtype_changed, host_array, shape_changed
 from .._workers.shm import SharedArrays
@@ -164,8 +165,15 @@ class RolloutStorage:
     """See the module docstring. ``step_count``: keep ``step_count`` entries (TorchRL does
     when ``max_frames_per_traj`` is set)."""
 
-    def __init__(self, shared: SharedArrays, obs_leaves: list[Leaf], *, step_count: bool):
+    def __init__(self, shared: SharedArrays, obs_leaves: list[Leaf], *, step_count: bool,
+                 entries: tuple = (frozenset(), ENGINE_FLAGS, {})):
         layout = shared.layout
+        self.next_only, self.engine_flags, self.group_shapes = entries
+        if self.engine_flags not in ((), ENGINE_FLAGS):
+            raise ValueError(f"entries: the engine's root entries are all kept or none, not {self.engine_flags}")
+        """What the env's batches hold besides observations (``_envs.keyed.batch_entries``):
+        leaves kept under ``"next"`` only (a TorchRL env's rewards per group), which of the
+        engine's own root entries a batch holds, and each nested group's batch dims."""
         k, t, n = layout.slots, layout.columns, shared.arrays["reward"].shape[2]
         self.slots, self.columns, self.num_envs = k, t, n
         self.keys = [leaf.key for leaf in obs_leaves]
@@ -244,7 +252,7 @@ class RolloutStorage:
         return {k: torch.from_numpy(x[s, cols, rows]) for k, x in zip(self.keys, self.obs)}
 
     def write_rows(self, s: int, cols: np.ndarray, rows: np.ndarray, out: dict[NestedKey, Any], version: int,
-                   traj_ids: np.ndarray, step_count: np.ndarray, action: np.ndarray) -> None:
+                   traj_ids: np.ndarray, step_count: np.ndarray, action: np.ndarray | None) -> None:
         """``write`` for envs ``rows``, each at its own column ``cols`` of slot ``s``:
         row ``j`` of each output goes to env ``rows[j]`` (fancy indexing, no loop)."""
         self.policy_version[s, cols, rows] = version
@@ -255,7 +263,7 @@ class RolloutStorage:
             dst = self._out_np.get(key, False)
             if dst is False:
                 dst = self._allocate(key, value)
-            if key == "action":
+            if key == "action" and action is not None:
                 value = action  # (as checked: what the batch stores)
             if value.shape[1:] != self.specs[key].shape:
                 raise shape_changed(key, value.shape[1:], self.specs[key].shape)  # (numpy would broadcast a 1)
@@ -282,7 +290,7 @@ class RolloutStorage:
         self.traj_ids[s, t, lo:hi] = traj_ids[lo:hi]
         if self.step_count is not None:
             self.step_count[s, t, lo:hi] = step_count[lo:hi]
-        whole = start == 0 and stop == len(action if action is not None else out["action"])
+        whole = start == 0 and stop == len(action if action is not None else next(iter(out.values())))
         for key, value in out.items():
             dst = self._out_np.get(key, False)
             if dst is False:
@@ -437,22 +445,25 @@ class RolloutStorage:
         check_values(reward_np, term, trunc, valid, lo)
         done, done_np = empty(term.shape, term.dtype)
         np.logical_or(term, trunc, out=done_np)
-        out[("next", "reward")] = reward.unsqueeze(-1)
-        for flag, nxt in zip(("done", "terminated", "truncated"), (done, terminated, truncated)):
-            out[("next", flag)] = nxt.unsqueeze(-1)
-        if start_flags is None:
-            for flag in ("done", "terminated", "truncated"):
-                root, view = empty((*done.shape, 1), np.bool_)
-                view.fill(False)
-                out[flag] = root
-        else:
-            for flag, first, nxt in zip(("done", "terminated", "truncated"), start_flags, (done_np, term, trunc)):
-                root, view = empty(nxt.shape, nxt.dtype)
-                view[:, 0] = first
-                view[:, 1:] = nxt[:, :-1]
-                for t, envs in fresh:
-                    view[envs, t] = False
-                out[flag] = root.unsqueeze(-1)
+        if self.engine_flags:  # (a TorchRL env with rewards and flags per group: they are its own leaves)
+            out[("next", "reward")] = reward.unsqueeze(-1)
+            for flag, nxt in zip(("done", "terminated", "truncated"), (done, terminated, truncated)):
+                out[("next", flag)] = nxt.unsqueeze(-1)
+            if start_flags is None:
+                for flag in ("done", "terminated", "truncated"):
+                    root, view = empty((*done.shape, 1), np.bool_)
+                    view.fill(False)
+                    out[flag] = root
+            else:
+                for flag, first, nxt in zip(("done", "terminated", "truncated"), start_flags, (done_np, term, trunc)):
+                    root, view = empty(nxt.shape, nxt.dtype)
+                    view[:, 0] = first
+                    view[:, 1:] = nxt[:, :-1]
+                    for t, envs in fresh:
+                        view[envs, t] = False
+                    out[flag] = root.unsqueeze(-1)
+        for key in self.next_only:  # (its rewards: under "next" only)
+            del out[key]
         out[("collector", "traj_ids")] = take(self.traj_ids)
         out[("collector", "policy_version")] = take(self.policy_version)
         if self.step_count is not None:

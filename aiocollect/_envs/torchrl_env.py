@@ -85,6 +85,7 @@ from torchrl.data import (
 )
 from torchrl.envs import EnvBase, EnvCreator
 
+from .keyed import EnvEntries, KeyedActions
 from .spaces import MultiOneHotDiscrete, OneHotDiscrete
 
 
@@ -125,6 +126,13 @@ def _np_dtype(dtype: torch.dtype, what: str) -> np.dtype:
 
 def _observation_box(spec: Any, what: str) -> spaces.Box:
     """A ``Box`` with the spec's dtype and shape (its bounds if ``Bounded``, else its dtype's)."""
+    if any(d < 0 for d in spec.shape):
+        raise TypeError(
+            f"{what} has shape {list(spec.shape)}: a dynamic dim (-1), whose size changes from step to step "
+            "(or heterogeneous agents, lazily stacked). aiocollect stores every entry with a fixed shape "
+            "per env in shared memory; TorchRL's own collector returns such batches lazily stacked. "
+            "Pad the entry to a fixed size with a transform, or collect this env with TorchRL's collector."
+        )
     dtype, shape = _np_dtype(spec.dtype, what), tuple(spec.shape)
     if dtype.kind == "b":  # a flag (InitTracker's "is_init"): gymnasium wants plain bounds for bool
         return spaces.Box(0, 1, shape, dtype)
@@ -142,32 +150,66 @@ def _key_path(key: Any) -> tuple[str, ...]:
     return (key,) if isinstance(key, str) else tuple(key)
 
 
-def observation_space(env: EnvBase, where: str) -> tuple[spaces.Space, list[tuple[str, ...]]]:
-    """The gymnasium space of ``env``'s observations, and the path of each leaf it reads.
-
-    A lone ``"observation"`` leaf gives a ``Box`` (the batch key is then ``"observation"``, as
-    for a gymnasium env with a ``Box`` space); anything else gives a ``Dict`` nested as the
-    spec's keys are, so every leaf keeps its TorchRL key.
-    """
-    composite: Composite = env.full_observation_spec_unbatched
+def _leaves(composite: Composite, where: str, what: str) -> dict[tuple[str, ...], spaces.Box]:
     leaves: dict[tuple[str, ...], spaces.Box] = {}
     for key in composite.keys(include_nested=True, leaves_only=True):
         spec = composite[key]
         if isinstance(spec, (NonTensor, Composite)):
             continue
-        path = _key_path(key)
-        leaves[path] = _observation_box(spec, f"{where}: observation {key!r}")
+        leaves[_key_path(key)] = _observation_box(spec, f"{where}: {what} {key!r}")
+    return leaves
+
+
+def _group_shapes(env: EnvBase) -> dict[tuple[str, ...], tuple[int, ...]]:
+    """Each nested group's own batch dims (a ``Composite`` of shape ``[3]`` under ``"data"``)."""
+    shapes: dict[tuple[str, ...], tuple[int, ...]] = {}
+    for spec in (env.full_observation_spec_unbatched, env.full_done_spec_unbatched,
+                 env.full_reward_spec_unbatched, env.full_action_spec_unbatched):
+        for key in spec.keys(include_nested=True):
+            sub = spec[key]
+            if isinstance(sub, Composite) and len(sub.shape):
+                shapes[_key_path(key)] = tuple(int(d) for d in sub.shape)
+    return shapes
+
+
+def observation_space(env: EnvBase, where: str,
+                      grouped: bool = False) -> tuple[spaces.Space, list[tuple[str, ...]], list[Any]]:
+    """The gymnasium space of ``env``'s observations, the path of each leaf it reads, and for
+    each leaf what stands for it where a TensorDict lacks it (zeros for a reward at a reset:
+    the batch holds it under ``"next"`` only), or ``None``.
+
+    A lone ``"observation"`` leaf gives a ``Box`` (the batch key is then ``"observation"``, as
+    for a gymnasium env with a ``Box`` space); anything else gives a ``Dict`` nested as the
+    spec's keys are, so every leaf keeps its TorchRL key. A ``grouped`` env (rewards or done
+    flags per group, see ``_Grouped``) gives an ``EnvEntries`` with its done flags and rewards
+    as leaves too.
+    """
+    leaves = _leaves(env.full_observation_spec_unbatched, where, "observation")
     if not leaves:
         raise TypeError(f"{where}: the TorchRL env has no tensor observation in its observation_spec.")
-    if list(leaves) == [("observation",)]:
-        return leaves[("observation",)], [("observation",)]
+    if not grouped and list(leaves) == [("observation",)]:
+        return leaves[("observation",)], [("observation",)], [None]
+    zeros: dict[tuple[str, ...], Any] = dict.fromkeys(leaves)
+    next_only: set = set()
+    if grouped:
+        for path, box in _leaves(env.full_done_spec_unbatched, where, "done entry").items():
+            leaves[path], zeros[path] = box, np.zeros(tuple(env.full_done_spec[path].shape), box.dtype)
+        rewards = _leaves(env.full_reward_spec_unbatched, where, "reward")
+        for path, box in rewards.items():
+            leaves[path] = box
+            zeros[path] = np.zeros(tuple(env.full_reward_spec[path].shape), box.dtype)
+            next_only.add(path[0] if len(path) == 1 else path)
     tree: dict[str, Any] = {}
     for path, box in leaves.items():
         node = tree
         for name in path[:-1]:
             node = node.setdefault(name, {})
         node[path[-1]] = box
-    return _as_dict_space(tree), list(leaves)
+    if not grouped:
+        return _as_dict_space(tree), list(leaves), [None] * len(leaves)
+    space = EnvEntries({k: _as_dict_space(v) if isinstance(v, dict) else v for k, v in tree.items()},
+                       frozenset(next_only), (), _group_shapes(env))
+    return space, list(leaves), [zeros[p] for p in leaves]
 
 
 def _as_dict_space(tree: dict[str, Any]) -> spaces.Dict:
@@ -226,6 +268,84 @@ class ActionEncoder:
 # --------------------------------------------------------------------------- stepping
 
 
+def _root_simple(env: EnvBase) -> bool:
+    """Whether ``env`` has one reward, ``"reward"``, and its done flags at the root only:
+    then the engine's own reward and flags are the env's (every other env is ``_Grouped``)."""
+    return list(env.reward_keys) == ["reward"] and "done" in env.done_keys \
+        and all(isinstance(k, str) for k in env.done_keys) \
+        and env.full_reward_spec_unbatched["reward"].shape.numel() == 1
+
+
+class _Grouped:
+    """The rewards and done flags of an env that has them per group (nested keys), several
+    of them, or not at the root: each is a batch entry of its own (``_envs.keyed.EnvEntries``),
+    and the engine's own per-env reward and flags are what its bookkeeping needs:
+    ``terminated`` if any group terminated (``"terminated"``, or ``"done"`` for a group
+    without one), ``truncated`` if any was truncated, the reward summed over every reward
+    entry (for the progress bar's returns). An env ends an episode (a new trajectory id, as
+    TorchRL's collector counts them) when any group is done; its reset resets the groups that
+    are done, as TorchRL's ``maybe_reset`` does (all of them when none is: a truncation by
+    ``max_frames_per_traj``, or an explicit reset)."""
+
+    def __init__(self, env: EnvBase):
+        self.env = env
+        self.reward_keys = [_key_path(k) for k in env.reward_keys]
+        self.done_keys = [_key_path(k) for k in env.done_keys]
+        self.terminated: list[tuple[str, ...]] = []
+        self.truncated: list[tuple[str, ...]] = []
+        for group in env.done_keys_groups:
+            paths = {_key_path(k)[-1]: _key_path(k) for k in group}
+            # ("terminated", else "done", else the group's one flag: MultiAgentCountingEnv's "env_done")
+            self.terminated.append(paths.get("terminated", paths.get("done", _key_path(group[0]))))
+            if "truncated" in paths:
+                self.truncated.append(paths["truncated"])
+        self.batch_dims = len(env.batch_size)
+
+    def _any(self, td: Any, paths: list[tuple[str, ...]]) -> np.ndarray:
+        shape = tuple(td.batch_size[: self.batch_dims])
+        out = np.zeros(shape, bool)
+        for path in paths:
+            value = td.get(path).detach().cpu().numpy()
+            out |= value.reshape(*shape, -1).any(-1)
+        return out
+
+    def flags(self, nxt: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        shape = tuple(nxt.batch_size[: self.batch_dims])
+        reward = np.zeros(shape, np.float32)
+        for path in self.reward_keys:
+            reward += nxt.get(path).detach().cpu().numpy().reshape(*shape, -1).sum(-1)
+        return reward, self._any(nxt, self.terminated), self._any(nxt, self.truncated)
+
+    def reset_entries(self, td: Any, mask: np.ndarray) -> None:
+        """Set ``td``'s ``"_reset"`` entries: the done groups of the envs of ``mask`` (every
+        group of an env of ``mask`` that has none done)."""
+        env = self.env
+        env.any_done(td)  # (TorchRL's own: a "_reset" per group, from its done flags)
+        m = torch.as_tensor(mask, device=td.device)
+        resets = {}
+        for key in env.reset_keys:
+            value = td.get(key, None)
+            if value is None:  # (no group of it done: a "_reset" of false, shaped as its done flag)
+                value = torch.zeros_like(td.get((*_key_path(key)[:-1], _first_done(env, key))), dtype=torch.bool)
+            resets[key] = value.bool() & m.reshape(*m.shape, *[1] * (value.ndim - m.ndim))
+        any_env = torch.zeros_like(m)
+        for value in resets.values():
+            any_env |= value.reshape(*m.shape, -1).any(-1)
+        none = m & ~any_env
+        for key, value in resets.items():
+            td.set(key, value | none.reshape(*m.shape, *[1] * (value.ndim - m.ndim)))
+
+
+def _first_done(env: EnvBase, reset_key: Any) -> str:
+    """The name of a done entry in the group of ``reset_key`` (``"done"``, or the group's first)."""
+    prefix = _key_path(reset_key)[:-1]
+    for group in env.done_keys_groups:
+        path = _key_path(group[0])
+        if path[:-1] == prefix:
+            return path[-1]
+    return "done"
+
+
 class _Bridge:
     """Resets and steps one TorchRL env through TensorDicts and hands back numpy results.
 
@@ -244,56 +364,65 @@ class _Bridge:
             )
         self.env = env
         self.num_envs = int(env.batch_size[0]) if env.batch_size else None
-        self.observation_space, self._paths = observation_space(env, where)
+        self.grouped = None if _root_simple(env) else _Grouped(env)
+        self.observation_space, self._paths, self._fallback = observation_space(env, where, self.grouped is not None)
         self._flat = isinstance(self.observation_space, spaces.Box)
-        action_keys = list(env.action_keys)
-        if action_keys != ["action"]:
-            raise TypeError(f"{where}: the TorchRL env's action keys are {action_keys}; aiocollect "
-                            "stores one action under \"action\" (rename it with a RenameTransform).")
-        self.encode = ActionEncoder(env.full_action_spec_unbatched["action"], env.device,
-                                    f"{where}: action spec")
-        self.action_space = self.encode.space
-        reward_keys = list(env.reward_keys)
-        if len(reward_keys) != 1 or not isinstance(reward_keys[0], str):
-            raise TypeError(f"{where}: the TorchRL env's reward keys are {reward_keys}; aiocollect "
-                            "takes one reward at the root of the TensorDict.")
-        self._reward_key = reward_keys[0]
-        if env.full_reward_spec_unbatched[self._reward_key].shape.numel() != 1:
-            raise TypeError(f"{where}: the TorchRL env's reward has shape "
-                            f"{list(env.full_reward_spec_unbatched[self._reward_key].shape)} per env; "
-                            "aiocollect takes one number per step.")
-        done_keys = list(env.done_keys)
-        if "done" not in done_keys or any(not isinstance(k, str) for k in done_keys):
-            raise TypeError(f"{where}: the TorchRL env's done keys are {done_keys}; aiocollect takes "
-                            "\"done\" (and \"terminated\"/\"truncated\") at the root of the TensorDict.")
-        self._terminated_key = "terminated" if "terminated" in done_keys else "done"
-        self._truncated_key = "truncated" if "truncated" in done_keys else None
-        self._done_shape = env.full_done_spec["done"].shape
+        action_keys = [k if isinstance(k, str) else tuple(k) for k in env.action_keys]
+        self._action_keys = action_keys
+        specs = env.full_action_spec_unbatched
+        self.encoders = [ActionEncoder(specs[k], env.device, f"{where}: action spec {k!r}") for k in action_keys]
+        if action_keys == ["action"]:
+            self.encode, self.keyed = self.encoders[0], None
+            self.action_space = self.encode.space
+        else:  # several action keys, or one nested: each under its own key (``_envs.keyed``)
+            self.encode = None
+            self.keyed = self.action_space = KeyedActions(action_keys, [e.space for e in self.encoders])
+        if self.grouped is None:
+            self._terminated_key = "terminated" if "terminated" in env.done_keys else "done"
+            self._truncated_key = "truncated" if "truncated" in env.done_keys else None
+        self._done_shape = env.full_done_spec[env.done_keys[0]].shape
         self._td = None
 
     def _obs(self, td: Any) -> Any:
         if self._flat:
             return td.get("observation").detach().cpu().numpy()
         obs: dict[str, Any] = {}
-        for path in self._paths:
+        for path, zeros in zip(self._paths, self._fallback):
             node = obs
             for name in path[:-1]:
                 node = node.setdefault(name, {})
-            node[path[-1]] = td.get(path).detach().cpu().numpy()
+            value = td.get(path, None)
+            if value is None and zeros is not None:  # a reward, at a reset: the batch holds it under "next" only
+                value = zeros
+            node[path[-1]] = value.detach().cpu().numpy() if isinstance(value, torch.Tensor) else value
         return obs
 
     def reset(self, mask: np.ndarray | None = None, seed: int | None = None) -> Any:
         """Reset every env (``mask=None``), or those of ``mask`` (TorchRL's partial reset);
-        return the observations of every env."""
+        return the observations of every env. An env with done flags per group resets the
+        groups that are done (see ``_Grouped``)."""
+        if mask is None and self.grouped is not None and self._td is not None and seed is None:
+            mask = np.ones(() if self.num_envs is None else (self.num_envs,), bool)
         if mask is None or self._td is None:
             if seed is not None:
                 self.env.set_seed(int(seed))
             self._td = self.env.reset()
         else:
             td = self._td
-            td.set("_reset", torch.as_tensor(mask, device=self.env.device).reshape(self._done_shape))
+            if self.grouped is not None:
+                self.grouped.reset_entries(td, mask)
+            else:
+                td.set("_reset", torch.as_tensor(mask, device=self.env.device).reshape(self._done_shape))
             self._td = self.env.reset(td, select_reset_only=True)
         return self._obs(self._td)
+
+    def _set_actions(self, td: Any, action: np.ndarray) -> None:
+        if self.keyed is None:
+            td.set("action", self.encode(action))
+            return
+        batch = () if self.num_envs is None else (self.num_envs,)
+        for key, encode, part in zip(self._action_keys, self.encoders, self.keyed.unpack(action.reshape(*batch, -1))):
+            td.set(key, encode(part))
 
     def step(self, action: np.ndarray) -> tuple[Any, np.ndarray, np.ndarray, np.ndarray]:
         """Step with ``action`` (aiocollect's encoding); observations, reward, terminated,
@@ -301,15 +430,18 @@ class _Bridge:
         td = self._td
         if td is None:
             raise RuntimeError("step() before reset(): reset the env first.")
-        td.set("action", self.encode(action))
+        self._set_actions(td, action)
         out = self.env.step(td)
         nxt = out.get("next")
         obs = self._obs(nxt)
         shape = () if self.num_envs is None else (self.num_envs,)
-        reward = nxt.get(self._reward_key).detach().cpu().numpy().reshape(shape)
-        terminated = nxt.get(self._terminated_key).cpu().numpy().reshape(shape)
-        truncated = (np.zeros(shape, dtype=bool) if self._truncated_key is None
-                     else nxt.get(self._truncated_key).cpu().numpy().reshape(shape))
+        if self.grouped is not None:
+            reward, terminated, truncated = self.grouped.flags(nxt)
+        else:
+            reward = nxt.get("reward").detach().cpu().numpy().reshape(shape)
+            terminated = nxt.get(self._terminated_key).cpu().numpy().reshape(shape)
+            truncated = (np.zeros(shape, dtype=bool) if self._truncated_key is None
+                         else nxt.get(self._truncated_key).cpu().numpy().reshape(shape))
         self._td = self.env.step_mdp(out)
         return obs, reward, terminated, truncated
 

@@ -16,6 +16,7 @@ from gymnasium import spaces
 from tensordict import TensorDictBase
 from tensordict.nn import TensorDictModuleBase
 
+from .._envs.keyed import KeyedActions
 from .._envs.spaces import ActionCheck, encode_one_hot, one_hot_parts
 
 
@@ -51,7 +52,9 @@ class RandomPolicy(TensorDictModuleBase):
         super().__init__()
         self.action_space = action_space
         self.in_keys = []
-        self.out_keys = ["action"]
+        self._keyed = action_space if isinstance(action_space, KeyedActions) else None
+        """The env's action keys and their spaces, for an env with several (``_envs.keyed``)."""
+        self.out_keys = list(self._keyed.keys) if self._keyed is not None else ["action"]
         self._shape = ActionCheck.for_space(action_space).shape
         self._one_hot = one_hot_parts(action_space)
         """``(widths, starts)`` where the env's spec is one-hot (draws are encoded), else ``None``."""
@@ -80,6 +83,33 @@ class RandomPolicy(TensorDictModuleBase):
             rows for a one-hot env).
         """
         return self.encode(self._draws.next(num_envs))
+
+    def sample_outputs(self, num_envs: int, like: dict | None = None) -> dict:
+        """A batch of random actions as a policy writes them: ``{"action": ...}``, or one
+        entry per action key for an env with several.
+
+        Args:
+            num_envs: how many actions.
+            like: a policy's outputs for as many envs: each action is drawn laid out as
+                the policy's (``sample_like``), the other entries kept.
+
+        Returns:
+            A dict of numpy arrays (tensors where ``like``'s are).
+        """
+        if self._keyed is None:
+            if like is None:
+                return {"action": self.sample(num_envs)}
+            return {**like, "action": self.sample_like(like["action"], num_envs)}
+        parts = self._keyed.unpack(self._draws.next(num_envs))
+        out = dict(like or {})
+        for key, part in zip(self._keyed.keys, parts):
+            old = out.get(key)
+            if isinstance(old, torch.Tensor):
+                part = torch.from_numpy(part).to(old.dtype).reshape(old.shape)
+            elif old is not None:
+                part = part.astype(old.dtype, copy=False).reshape(old.shape)
+            out[key] = part
+        return out
 
     @property
     def one_hot(self) -> bool:
@@ -173,6 +203,11 @@ class RandomPolicy(TensorDictModuleBase):
         """
         batch = tensordict.batch_size
         n = int(np.prod(batch)) if len(batch) else 1
+        if self._keyed is not None:
+            for key, drawn in self.sample_outputs(n).items():
+                action = torch.from_numpy(drawn).reshape(*batch, *drawn.shape[1:])
+                tensordict.set(key, action.to(tensordict.device) if tensordict.device else action)
+            return tensordict
         drawn = self.sample(n)
         action = torch.from_numpy(drawn).reshape(*batch, *drawn.shape[1:])
         tensordict.set("action", action.to(tensordict.device) if tensordict.device else action)

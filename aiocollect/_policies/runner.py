@@ -165,8 +165,12 @@ class PolicyRunner:
         stream: Any = None,
         graphs: CudaGraphs | None = None,
         action_shape: tuple[int, ...] | None = None,
+        action_keys: tuple = ("action",),
     ):
         self.policy = policy
+        self.action_keys = tuple(action_keys)
+        """Where the policy writes the env's action(s): ``"action"``, or each action key of a
+        TorchRL env with several (``_envs.keyed``)."""
         self.weights = weights
         self.version = 0 if weights is None else weights.version
         """The policy version that computed the last outputs."""
@@ -218,7 +222,7 @@ class PolicyRunner:
         if self.kind == "random":
             if weights is not None:
                 self.version = weights.version
-            return {"action": self.policy.sample(num_envs)}
+            return self.policy.sample_outputs(num_envs)
         if self.stream is not None:  # the policy's own CUDA stream (``PolicySetup`` says when)
             with torch.cuda.stream(self.stream):
                 return self._versioned(weights, obs, num_envs)
@@ -370,7 +374,14 @@ class PolicyRunner:
             )
         if self._out_keys is None:
             new = [k for k in result.keys(True, True) if k not in obs]
-            if "action" not in new:
+            missing = [k for k in self.action_keys if k not in new]
+            if missing and self.action_keys != ("action",):
+                raise KeyError(
+                    f"action: the policy wrote {new or 'nothing'} but no {', '.join(repr(k) for k in missing)}: "
+                    f"the env takes its actions under {list(self.action_keys)!r}; write each of them "
+                    "(the out_keys of the modules that produce them)."
+                )
+            if missing:
                 raise KeyError(
                     f"action: the policy wrote {new or 'nothing'} but no 'action' entry; set "
                     "out_keys=['action'] on the module that produces the action."
@@ -449,9 +460,7 @@ class RandomActions:
                 self._probe = self.runner(obs, num_envs)
                 check_outputs(self._probe, num_envs)
             zeros = self._zeros[num_envs] = {key: _zeros(value, num_envs) for key, value in self._probe.items()}
-        out = dict(zeros)
-        out["action"] = self.random.sample_like(zeros["action"], num_envs)
-        return out
+        return self.random.sample_outputs(num_envs, zeros)
 
 
 def _zeros(like: Any, num_envs: int) -> Any:

@@ -48,6 +48,7 @@ from tensordict.nn import InteractionType, TensorDictModule, TensorDictModuleBas
 from tensordict.utils import unravel_key
 from torch.nn.parameter import is_lazy
 
+from .._envs.keyed import KeyedActions
 from .._envs.spaces import nest
 from .._errors import PolicyKeyError
 from .array import ArrayPolicy
@@ -143,10 +144,19 @@ def in_keys_error(in_keys: list, missing: list, obs_keys: list, *, called: bool)
     )
 
 
-def out_keys_error(out_keys: list, written: list | None = None) -> PolicyKeyError:
-    """``policy`` writes no ``"action"``: say what it writes and how to name its action."""
+def out_keys_error(out_keys: list, written: list | None = None,
+                   action_keys: tuple = ("action",)) -> PolicyKeyError:
+    """``policy`` writes no ``"action"`` (or not every action key of an env with several):
+    say what it writes and how to name its action."""
     what = f"its out_keys are {out_keys!r}" if written is None else \
         f"it wrote {written!r} (its out_keys are {out_keys!r})"
+    if tuple(action_keys) != ("action",):
+        missing = [k for k in action_keys if k not in (written if written is not None else out_keys)]
+        return PolicyKeyError(
+            f"policy: {what}, with no {', '.join(repr(k) for k in missing)}: the env takes its actions under "
+            f"{list(action_keys)!r}, and the collector steps it with the policy's outputs under those keys. "
+            "Write each of them (a TensorDictModule's out_keys)."
+        )
     example = " (out_keys=['action'])" if len(out_keys) == 1 else ""
     return PolicyKeyError(
         f"policy: {what}, with no 'action': the collector steps the envs with the policy's 'action' "
@@ -166,7 +176,7 @@ def _probe(policy: TensorDictModuleBase, obs_leaves: list, device: torch.device 
 
 
 def check_policy_keys(policy: Any, obs_keys: list, obs_leaves: list | None, device: torch.device | None,
-                      exploration_type: InteractionType) -> None:
+                      exploration_type: InteractionType, action_keys: tuple = ("action",)) -> None:
     """Before collecting (for a worker collector, before any process starts): a policy that
     declares its keys reads observations the envs give and writes an ``"action"``.
 
@@ -187,13 +197,13 @@ def check_policy_keys(policy: Any, obs_keys: list, obs_leaves: list | None, devi
         return
     in_keys, out_keys = _keys(getattr(policy, "in_keys", None)), _keys(getattr(policy, "out_keys", None))
     obs_keys = [unravel_key(k) for k in obs_keys]
-    if out_keys is not None and "action" not in out_keys and _writes_its_out_keys(policy):
-        raise out_keys_error(out_keys)
+    if out_keys is not None and _writes_its_out_keys(policy) and any(k not in out_keys for k in action_keys):
+        raise out_keys_error(out_keys, action_keys=action_keys)
     missing = [k for k in in_keys or () if k not in obs_keys]
     if missing and isinstance(policy, ArrayPolicy):
         raise in_keys_error(in_keys, missing, obs_keys, called=False)
     if isinstance(policy, ArrayPolicy) or obs_leaves is None \
-            or not (missing or (out_keys is not None and "action" not in out_keys)):
+            or not (missing or (out_keys is not None and any(k not in out_keys for k in action_keys))):
         return
     try:
         result = _probe(policy, obs_leaves, device, exploration_type)
@@ -201,9 +211,10 @@ def check_policy_keys(policy: Any, obs_keys: list, obs_leaves: list | None, devi
         if missing:
             raise in_keys_error(in_keys, missing, obs_keys, called=True) from exc
         return  # (a call on zeros failed: the first call on real observations will say what is wrong)
-    if out_keys is not None and isinstance(result, TensorDictBase) and "action" not in result.keys(True, True):
+    if out_keys is not None and isinstance(result, TensorDictBase) \
+            and any(k not in result.keys(True, True) for k in action_keys):
         written = [k for k in result.keys(True, True) if k not in obs_keys]
-        raise out_keys_error(out_keys, written)
+        raise out_keys_error(out_keys, written, action_keys)
 
 
 def _own_copy(policy: Any, device: torch.device | None) -> Any:
@@ -301,7 +312,8 @@ class PolicySetup:
             self.policy = _own_copy(policy, device)
         # (``obs_leaves``: the observations' shapes, for the one call that settles a policy
         # whose keys say it may not fit; without them, only what its keys alone settle)
-        check_policy_keys(self.policy, obs_keys, obs_leaves, device, exploration_type)
+        action_keys = action_space.keys if isinstance(action_space, KeyedActions) else ("action",)
+        check_policy_keys(self.policy, obs_keys, obs_leaves, device, exploration_type, action_keys)
         self.weights: WeightsChannel | None = None
         stream = None
         if isinstance(self.policy, ArrayPolicy):
@@ -324,7 +336,8 @@ class PolicySetup:
             graphs = CudaGraphs(device, cuda_graphs, module=module, watch=module is not None and module is policy)
         self.runner = PolicyRunner(self.policy, obs_keys, device=device, exploration_type=exploration_type,
                                    weights=self.weights, stream=stream, graphs=graphs,
-                                   action_shape=getattr(action_space, "shape", None))
+                                   action_shape=None if len(action_keys) > 1 or action_keys != ("action",)
+                                   else getattr(action_space, "shape", None), action_keys=action_keys)
         self.random = self.policy if isinstance(self.policy, RandomPolicy) else RandomPolicy(action_space)
         self.after_publish: Any = None
         """Called in the publisher's thread after each publish: the policy in the workers
