@@ -85,7 +85,7 @@ from torchrl.data import (
 )
 from torchrl.envs import EnvBase, EnvCreator
 
-from .keyed import EnvEntries, KeyedActions
+from .keyed import ENGINE_FLAGS, EnvEntries, KeyedActions
 from .spaces import MultiOneHotDiscrete, OneHotDiscrete
 
 
@@ -205,10 +205,11 @@ def observation_space(env: EnvBase, where: str,
         for name in path[:-1]:
             node = node.setdefault(name, {})
         node[path[-1]] = box
-    if not grouped:
+    groups = _group_shapes(env)
+    if not grouped and not groups:
         return _as_dict_space(tree), list(leaves), [None] * len(leaves)
     space = EnvEntries({k: _as_dict_space(v) if isinstance(v, dict) else v for k, v in tree.items()},
-                       frozenset(next_only), (), _group_shapes(env))
+                       frozenset(next_only), () if grouped else ENGINE_FLAGS, groups)
     return space, list(leaves), [zeros[p] for p in leaves]
 
 
