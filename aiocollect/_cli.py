@@ -112,7 +112,8 @@ def _parser() -> argparse.ArgumentParser:
     t = sub.add_parser("tune", help="measure a few splits of workers x envs per worker here and print the best")
     _add_env_and_policy(t)
     t.add_argument("--seconds", type=float, default=30.0,
-                   help="about how long the whole measurement takes, start-ups included (default 30)")
+                   help="about how long the whole measurement takes, start-ups included (default 30); splits left "
+                        "unmeasured when it runs out are listed, with the --seconds that would measure them all")
     t.add_argument("--workers", metavar="N,N,...", type=_int_list, default=None,
                    help="worker counts to try (default: 0, 1, half the cores, cores - 1 and the cores)")
     t.add_argument("--envs-per-worker", metavar="K,K,...", type=_int_list, default=None,
@@ -932,7 +933,7 @@ def tune(args: argparse.Namespace) -> int:
         if value is not None and not (flag == "policy_threads" and (value == 1 or args.policy is None)):
             command += f" --{flag.replace('_', '-')} {shlex.quote(str(value))}"
     command += " --frames FRAMES --out DIR"
-    print(dataclasses.replace(result, policy=what, command=command))
+    print(dataclasses.replace(result, policy=what, command=command, seconds_flag="--seconds "))
     return 0
 
 
