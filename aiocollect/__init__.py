@@ -1,9 +1,10 @@
 """aiocollect: fast RL experience collection on asyncio, in TorchRL's batch layout.
 
 Envs step in this process, in subprocess workers, or as coroutines on the event loop; one
-event loop schedules the steps and runs **one batched policy call per step** for all of
-them; batches come out as ``tensordict.TensorDict`` laid out exactly like TorchRL's, so
-TorchRL's losses, GAE and replay buffers take them as they are. The class names and
+event loop schedules the steps and runs **one batched policy call per step** over every
+ready env (or, for the worker collectors, a copy of a small CPU policy in each worker where
+that is cheaper: ``policy_in_workers``); batches come out as ``tensordict.TensorDict`` laid
+out exactly like TorchRL's, so TorchRL's losses, GAE and replay buffers take them as they are. The class names and
 constructor arguments are TorchRL's.
 
 Every collector works three ways:
@@ -35,7 +36,7 @@ for JAX learners are in [`aiocollect.jax`][aiocollect.jax].
 
 The names below are imported on first use (PEP 562), so that ``import aiocollect`` stays
 light and an env worker process, which unpickles env factories that may reference
-[`GymEnv`][aiocollect.GymEnv], never imports torch.
+[`GymEnv`][aiocollect.GymEnv], imports torch only to run a copy of the policy.
 """
 
 import importlib as _importlib

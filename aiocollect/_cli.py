@@ -19,7 +19,10 @@ on this machine (``aiocollect._tune.tune``) and prints the best, with the comman
 (``benchmarks/*.py``), the engine's first (its headline: CartPole with an MLP policy that reads
 the observation, against TorchRL), and prints their tables; with ``--results DIR`` it also keeps each
 one's JSON in ``DIR`` and draws them side by side in ``DIR/benchmarks.png``
-(``benchmarks/chart.py``, needs matplotlib).
+(``benchmarks/chart.py``, needs matplotlib). A script that needs a package not installed here
+(``bench_weights.py`` jax, ``bench_ray.py`` ray) prints which and how to install it and is
+skipped, which is no failure (exit code 0 if nothing else failed); one that fails shows the end
+of its stderr. ``--quick`` figures are rough: no goal is judged on them.
 
 A bad env id, ``--env-kwargs`` or option, a ``--policy`` that cannot be loaded or cannot act
 on the env, an env module (``--env module:EnvId``) that cannot be imported or raises
@@ -43,6 +46,7 @@ import re
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
 import warnings
 from dataclasses import dataclass
@@ -51,6 +55,11 @@ from typing import Any
 
 BENCHMARKS = ("bench_engine.py", "bench_collect.py", "bench_workers.py", "bench_weights.py", "bench_coroutines.py",
               "bench_ray.py")
+
+
+BENCH_MISSING_EXTRA = 3
+"""A benchmark script's exit code when a package it needs is not installed
+(``benchmarks/_common.py``'s ``MISSING_EXTRA``): the section is skipped, not failed."""
 
 
 class UsageError(Exception):
@@ -103,7 +112,8 @@ def _parser() -> argparse.ArgumentParser:
     t = sub.add_parser("tune", help="measure a few splits of workers x envs per worker here and print the best")
     _add_env_and_policy(t)
     t.add_argument("--seconds", type=float, default=30.0,
-                   help="about how long the whole measurement takes, start-ups included (default 30)")
+                   help="about how long the whole measurement takes, start-ups included (default 30); splits left "
+                        "unmeasured when it runs out are listed, with the --seconds that would measure them all")
     t.add_argument("--workers", metavar="N,N,...", type=_int_list, default=None,
                    help="worker counts to try (default: 0, 1, half the cores, cores - 1 and the cores)")
     t.add_argument("--envs-per-worker", metavar="K,K,...", type=_int_list, default=None,
@@ -923,7 +933,7 @@ def tune(args: argparse.Namespace) -> int:
         if value is not None and not (flag == "policy_threads" and (value == 1 or args.policy is None)):
             command += f" --{flag.replace('_', '-')} {shlex.quote(str(value))}"
     command += " --frames FRAMES --out DIR"
-    print(dataclasses.replace(result, policy=what, command=command))
+    print(dataclasses.replace(result, policy=what, command=command, seconds_flag="--seconds "))
     return 0
 
 
@@ -938,15 +948,31 @@ def bench(args: argparse.Namespace) -> int:
         if results.exists() and not results.is_dir():
             raise UsageError(f"--results {args.results} is a file; give a directory for the JSON files and the chart.")
         results.mkdir(parents=True, exist_ok=True)
-    code = 0
+    if args.quick:
+        print("--quick: one short run per row, to see that every row runs; its figures are rough, so no goal "
+              "is judged (run without --quick to measure).", flush=True)
+    code, skipped = 0, []
     for script in chosen:
         print(f"\n# {script}", flush=True)
         cmd = [sys.executable, str(root / script)] + (["--quick"] if args.quick else [])
         if results is not None:
             cmd += ["--json", str(results / f"{script[len('bench_'):-3]}.json")]
-        code = subprocess.run(cmd, cwd=root, stderr=subprocess.DEVNULL).returncode or code
+        # (stderr, each row's progress, into a file, shown only if the script fails: not a pipe, which a
+        # process it leaves behind, such as one of Ray's, would hold open)
+        with tempfile.TemporaryFile() as stderr:
+            returncode = subprocess.run(cmd, cwd=root, stderr=stderr).returncode
+            stderr.seek(0)
+            lines = stderr.read().decode(errors="replace").rstrip().splitlines()
+        if returncode == BENCH_MISSING_EXTRA:  # (it printed what to install)
+            skipped.append(script)
+        elif returncode:
+            tail = "\n".join("    " + line for line in lines[-15:])
+            print(f"{script} failed (exit code {returncode}); the end of its stderr:\n{tail}", flush=True)
+            code = 1
     if results is not None:
         code = subprocess.run([sys.executable, str(root / "chart.py"), str(results)], cwd=root).returncode or code
+    if skipped:
+        print(f"\nskipped, as a package they need is not installed (see each one's line above): {', '.join(skipped)}")
     return code
 
 

@@ -62,6 +62,15 @@ class TuneResult:
     """The collector that ``best`` measured, as Python."""
     command: str | None = field(default=None)
     """The ``aiocollect collect`` command of ``best``, when the env is an id (``None`` otherwise)."""
+    seconds: float | None = field(default=None)
+    """The ``seconds`` the measurement was given."""
+    seconds_to_measure_all: float | None = field(default=None)
+    """Where ``seconds`` ran out before every split was measured, about what ``seconds`` would
+    measure them all, worked out from the start-ups measured (``seconds_for_every_split``);
+    ``None`` where every split was measured."""
+    seconds_flag: str = field(default="seconds=")
+    """How ``str()`` names the budget: ``tune()``'s keyword, or ``aiocollect tune``'s ``--seconds``
+    (the command sets ``"--seconds "``)."""
 
     def table(self) -> str:
         lines = [f"{'workers':>7}  {'envs/worker':>11}  {'envs':>5}  {'frames/s':>10}  {'start-up':>8}  "
@@ -83,11 +92,42 @@ class TuneResult:
         if self.command:
             lines.append(f"  command:     {self.command}")
         lines.append(f"  constructor: {self.constructor}")
+        budget = self.budget_line()
+        if budget:
+            lines.append(budget)
         return "\n".join(lines)
+
+    def budget_line(self) -> str | None:
+        """Where ``seconds`` ran out: how many splits were left, and what to give to measure
+        them, named as the caller names it (``seconds_flag``); ``None`` otherwise."""
+        if self.seconds_to_measure_all is None:
+            return None
+        left = sum(1 for *_, why in self.skipped if why == OUT_OF_TIME)
+        startups = sorted(t.startup_seconds for t in self.trials)
+        return (f"{left} of {len(self.trials) + left} splits not measured: the {self.seconds_flag}{self.seconds:g} "
+                f"given were spent (start-ups here took {startups[0]:.0f}-{startups[-1]:.0f} s a split); "
+                f"{self.seconds_flag}{self.seconds_to_measure_all:g} would measure every split")
 
 
 MIN_WINDOW_S = 0.5
 """The shortest time a split is measured for (after its warm-up batch)."""
+
+OUT_OF_TIME = "out of time: the time given ran out before it started"
+"""Why a split was skipped when the time given ran out (``TuneResult.budget_line`` says more)."""
+
+
+def seconds_for_every_split(spent: float, overhead: dict[int, float], windows: Sequence[float],
+                            left: Sequence[tuple[int, int]]) -> float:
+    """About what ``seconds`` would have measured every split, from what the measured ones took:
+    the ``spent`` seconds, and for each split ``left`` (``(workers, envs_per_worker)``), the
+    start-up, warm-up and shutdown (``overhead``) of a split of as many workers (else of the most
+    workers measured: the splits run from the most workers down, so more than it has, on the
+    safe side) and a window as long as the longest measured (at least ``MIN_WINDOW_S``).
+    Rounded up to a whole 10 s."""
+    window = max([MIN_WINDOW_S, *windows])
+    fallback = overhead[max(overhead)] if overhead else 1.0
+    total = spent + sum(overhead.get(w, fallback) + window for w, _ in left)
+    return float(math.ceil(total / 10) * 10)
 
 
 def _split_words(workers: int, envs_per_worker: int) -> str:
@@ -169,7 +209,8 @@ def tune(
             divide are skipped.
         seconds: about how long the whole measurement takes, start-ups included: each split
             collects for a share of what is left (at least half a second), and the splits
-            not started once it is spent are skipped (``TuneResult.skipped`` says so); a
+            not started once it is spent are skipped (``TuneResult.skipped`` says so, and
+            ``TuneResult.seconds_to_measure_all`` about what would measure them all); a
             split already started finishes, so workers slow to start may overrun it.
         policy_device: the collectors' ``policy_device``.
         progress: print each split's result as it is measured.
@@ -226,7 +267,9 @@ def tune(
 
     # the most workers first: their start-up, the slowest, is learnt before the budget is shared out
     splits.sort(key=lambda split: (-split[0], -split[1]))
-    deadline = time.perf_counter() + seconds
+    began_all = time.perf_counter()
+    deadline = began_all + seconds
+    needed = None
     overhead: dict[int, float] = {}  # per worker count: what was not timed collection (start-up, warm-up, shutdown)
     trials: list[Trial] = []
     if progress:
@@ -234,8 +277,9 @@ def tune(
               flush=True)
     for k, (w, e) in enumerate(splits):
         if trials and time.perf_counter() >= deadline:  # (slow start-ups spent the budget)
-            skipped += [(w2, e2, f"out of time: seconds={seconds:g} were spent; give more to measure it")
-                        for w2, e2 in splits[k:]]
+            skipped += [(w2, e2, OUT_OF_TIME) for w2, e2 in splits[k:]]
+            needed = seconds_for_every_split(time.perf_counter() - began_all, overhead,
+                                             [t.measured_seconds for t in trials], splits[k:])
             break
         left = len(splits) - k
         # what a split of as many workers took beyond its measurement, else the last split's
@@ -296,4 +340,4 @@ def tune(
             command += " --policy POLICY"
         command += " --frames FRAMES --out DIR"
     return TuneResult(env_name, _policy_words(policy), cores, tuple(trials), tuple(skipped), best, constructor,
-                      command)
+                      command, seconds=seconds, seconds_to_measure_all=needed)

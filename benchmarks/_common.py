@@ -57,7 +57,10 @@ def parse_args(argv: list[str] | None, description: str, quick_help: str) -> arg
 def _version(module: str) -> str | None:
     if importlib.util.find_spec(module) is None:
         return None
-    return getattr(importlib.import_module(module), "__version__", None)
+    try:
+        return getattr(importlib.import_module(module), "__version__", None)
+    except ImportError:  # (found, but broken or hidden: not installed, as far as the tables go)
+        return None
 
 
 def environment() -> dict:
@@ -83,6 +86,48 @@ def environment() -> dict:
         "uvloop": _version("uvloop"),
         "aiocollect": aiocollect.__version__,
     }
+
+
+MISSING_EXTRA = 3
+"""The exit code of a script that cannot run here because a package it needs is not installed
+(``require``): ``aiocollect bench`` reports that section as skipped, with what to install, and
+it is not a failure."""
+
+INSTALL = {
+    "jax": "pip install -e '.[jax]'",
+    "ray": "pip install -e '.[ray]'",
+    "torchrl": "pip install -e '.[dev]' (the dev extra has it), or pip install torchrl",
+}
+"""How to install each optional package a benchmark uses, in a checkout (as README.md says)."""
+
+
+def missing(module: str) -> str:
+    """One line saying that ``module`` is not installed and how to install it."""
+    return f"{module} is not installed here: {INSTALL[module]}"
+
+
+def require(module: str, what: str) -> None:
+    """Import ``module``, or print which extra ``what`` needs and exit with ``MISSING_EXTRA``."""
+    try:
+        importlib.import_module(module)
+    except ImportError:
+        print(f"skipped: {what} needs {module}, which is not installed here: {INSTALL[module]}", flush=True)
+        sys.exit(MISSING_EXTRA)
+
+
+def torchrl_note(have_torchrl: bool) -> str | None:
+    """Under a table with TorchRL columns: why they read n/a, where torchrl is not installed."""
+    return None if have_torchrl else f"TorchRL's rows and ratios are n/a: {missing('torchrl')}"
+
+
+def verdict(value: float, goal: float, quick: bool, higher_is_better: bool = True) -> str:
+    """``goal >= 0.8  ok`` (or ``MISSED``) after a measured ratio; after a ``--quick`` run's rough
+    figure, the goal alone, unjudged: milliseconds of timing cannot pass or fail it."""
+    text = f"goal {'>=' if higher_is_better else '<='} {goal:g}"
+    if quick:
+        return f"{text}  (not judged: --quick figures are rough)"
+    ok = value >= goal if higher_is_better else value <= goal
+    return f"{text}  {'ok' if ok else 'MISSED'}"
 
 
 QUICK_WARNING = ("--quick: a smoke run. Each row was timed for milliseconds, so its figures are rough "

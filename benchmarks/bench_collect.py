@@ -72,7 +72,7 @@ os.environ.setdefault("RL_LOGGING_LEVEL", "ERROR")
 
 import gymnasium as gym
 import torch
-from _common import QUICK_WARNING, environment, parse_args
+from _common import QUICK_WARNING, environment, parse_args, torchrl_note, verdict
 from tensordict.nn import TensorDictModule
 from torch import nn
 
@@ -415,7 +415,7 @@ def ratio_value(benches: list[Bench], r: Ratio) -> float | None:
     return None if num is None or den is None else num.best / den.best
 
 
-def format_table(benches: list[Bench], repeats: int, ep_lengths: dict[str, float]) -> str:
+def format_table(benches: list[Bench], repeats: int, ep_lengths: dict[str, float], quick: bool = False) -> str:
     by_key = {(b.scenario, b.key): b for b in benches}
     stat = f"best of {repeats}" if repeats > 1 else "1 run"
     lines = []
@@ -432,9 +432,12 @@ def format_table(benches: list[Bench], repeats: int, ep_lengths: dict[str, float
             if value is None:
                 lines.append(f"  {label:<52} {'n/a':>7}   ({r.den} not measured)")
                 continue
-            goal = "" if r.goal is None else f"goal >= {r.goal:g}  {'ok' if value >= r.goal else 'MISSED'}"
+            goal = "" if r.goal is None else verdict(value, r.goal, quick)
             lines.append(f"  {label:<52} {value:>7.2f}   {goal}")
         lines += autoreset_note(benches, scenario, ep_lengths[scenario])
+    note = torchrl_note(HAVE_TORCHRL)
+    if note:
+        lines += ["", note]
     return "\n".join(lines)
 
 
@@ -506,7 +509,7 @@ def main(argv: list[str] | None = None) -> int:
     ep_lengths = episode_lengths(sizes)
     wall = time.perf_counter() - started
 
-    print(format_table(benches, args.repeats, ep_lengths))
+    print(format_table(benches, args.repeats, ep_lengths, quick=args.quick))
     load = f", 1-min load average {os.getloadavg()[0]:.2f} at the end" if hasattr(os, "getloadavg") else ""
     total = time.perf_counter() - _PROCESS_START
     print(f"\ntotal time: {total:.1f} s ({wall:.1f} s measuring, the rest imports){load}")

@@ -79,7 +79,7 @@ import numpy as np
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _common import add_smoke_argument, environment, envpool_cartpole, finish, start_smoke
+from _common import add_smoke_argument, environment, envpool_cartpole, finish, start_smoke, torchrl_note
 
 import aiocollect
 
@@ -736,7 +736,11 @@ def main(argv: list[str] | None = None) -> int:
     rows = [r for r in rows_for(args) if r.section[0] in args.sections]
     run_rows(rows, repeats)
     print()
-    return finish(report(rows, args), args)
+    results = report(rows, args)
+    note = torchrl_note(HAVE_TORCHRL)
+    if note:
+        print(f"\n{note}")
+    return finish(results, args)
 
 
 if __name__ == "__main__":

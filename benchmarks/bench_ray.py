@@ -36,7 +36,7 @@ os.environ.setdefault("RL_LOGGING_LEVEL", "ERROR")
 os.environ.setdefault("RAY_DEDUP_LOGS", "0")
 
 import gymnasium as gym
-from _common import environment, finish, parse_args
+from _common import environment, finish, missing, parse_args, require
 
 import aiocollect
 
@@ -92,6 +92,7 @@ def torchrl_fps(batches: int, per_actor: int = PER_ACTOR) -> float | None:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv, "RayCollector, 2 actors: aiocollect vs TorchRL.", "smoke run")
+    require("ray", "RayCollector's benchmark")
     import ray
 
     env = environment()
@@ -126,6 +127,8 @@ def main(argv: list[str] | None = None) -> int:
         ratio = max(runs["aiocollect"]) / max(runs["torchrl"])
         results["ratio"] = ratio
         print(f"\naiocollect / TorchRL: {ratio:.1f}x")
+    else:  # (its import failed: torchrl_fps)
+        print(f"\nTorchRL's row is n/a: {missing('torchrl')}")
     return finish(results, args)
 
 

@@ -54,7 +54,7 @@ from collections.abc import Callable
 
 import gymnasium as gym
 import torch
-from _common import environment, finish, parse_args
+from _common import environment, finish, parse_args, require
 from tensordict.nn import TensorDictModule
 from torch import nn
 
@@ -243,6 +243,7 @@ def main(argv: list[str] | None = None) -> int:
         jax.config.update("jax_cpu_enable_async_dispatch", False)
         argv = [a for a in (argv if argv is not None else sys.argv[1:]) if a != "--jax-sync-dispatch"]
     args = parse_args(argv, "Weight updates and JAX policies: cost to collection.", "smoke run (~20 s)")
+    require("jax", "the weights benchmark (its JAX rows)")
     torch.set_num_threads(1)
     env = environment()
     print(f"# environment: {env}", file=sys.stderr)

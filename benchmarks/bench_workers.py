@@ -106,7 +106,7 @@ os.environ.setdefault("RL_LOGGING_LEVEL", "ERROR")
 import gymnasium as gym
 import numpy as np
 import torch
-from _common import QUICK_WARNING, environment, parse_args
+from _common import QUICK_WARNING, environment, parse_args, torchrl_note, verdict
 
 import aiocollect
 
@@ -788,7 +788,7 @@ def _fmt(value: float | None, unit: str) -> str:
     return f"{value:,.1f}" if unit == "us/step" else f"{value:,.0f}"
 
 
-def format_table(benches: list[Bench], repeats: int) -> str:
+def format_table(benches: list[Bench], repeats: int, quick: bool = False) -> str:
     by = {f"{b.section}.{b.key}": b for b in benches}
     stat = f"median of {repeats}" if repeats > 1 else "1 run"
     lines = []
@@ -820,10 +820,7 @@ def format_table(benches: list[Bench], repeats: int) -> str:
             if value is None:
                 lines.append(f"  {r.label:<58} {'n/a':>8}")
                 continue
-            goal = ""
-            if r.goal is not None:
-                ok = value >= r.goal if r.higher_is_better else value <= r.goal
-                goal = f"goal {'>=' if r.higher_is_better else '<='} {r.goal:g}  {'ok' if ok else 'MISSED'}"
+            goal = "" if r.goal is None else verdict(value, r.goal, quick, r.higher_is_better)
             lines.append(f"  {r.label:<58} {value:>8.3f}   {goal}")
         if section == "R":
             lines += rt_cpu_notes(by)
@@ -834,6 +831,9 @@ def format_table(benches: list[Bench], repeats: int) -> str:
             if best is not None:
                 lines.append(f"  (TorchRL row used for the ratios: {best.name})")
     lines += memory_table()
+    note = torchrl_note(HAVE_TORCHRL)
+    if note:
+        lines += ["", note]
     return "\n".join(lines)
 
 
@@ -958,7 +958,7 @@ def main(argv: list[str] | None = None) -> int:
     wall = time.perf_counter() - started
     leftovers = leftover_children()
 
-    print(format_table(benches, args.repeats))
+    print(format_table(benches, args.repeats, quick=args.quick))
     load = f", 1-min load average {os.getloadavg()[0]:.2f} at the end" if hasattr(os, "getloadavg") else ""
     total = time.perf_counter() - _PROCESS_START
     print(f"\ntotal time: {total:.1f} s ({wall:.1f} s measuring, the rest imports){load}")

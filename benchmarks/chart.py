@@ -2,6 +2,7 @@
 
 It reads the JSON files the benchmark scripts write (``--json``), named after them::
 
+    python benchmarks/bench_engine.py --json results/engine.json     # the headline: sections E, R, P
     python benchmarks/bench_collect.py --json results/collect.json
     python benchmarks/bench_workers.py --json results/workers.json
     python benchmarks/bench_coroutines.py --json results/coroutines.json
@@ -73,6 +74,31 @@ def workers_panels(results: dict) -> list[Panel]:
     return panels
 
 
+ENGINE_TITLES = {
+    "E": "CartPole-v1, {w} workers x 16 envs, an MLP policy that reads the observation",
+    "R": "CartPole-v1, {w} workers x 16 envs, random actions (the warm-up)",
+    "P": "Pixel env (4x84x84 uint8, 200 us a step), 2 workers x 8 envs, random",
+}
+
+
+def engine_panels(results: dict) -> list[Panel]:
+    """``bench_engine.py``: its frames/s sections E (the headline), R and P, one panel each (per
+    worker count): every row but the limit as a bar, the limit (the envs alone, x the cores) as
+    the dashed line. The second limit and the ceilings are grey, as baselines."""
+    rows = [r for r in results["results"] if r.get("unit") == "frames/s" and r.get("best") and not r.get("error")]
+    panels = []
+    for section in dict.fromkeys(r["section"] for r in rows):
+        if section[0] not in ENGINE_TITLES:
+            continue
+        part = [r for r in rows if r["section"] == section]
+        bound = next((r["best"] for r in part if r["name"] == "limit"), None)
+        bars = [Bar(r["name"], r["best"], _kind(r["name"])) for r in part if r["name"] != "limit"]
+        if bars:
+            title = ENGINE_TITLES[section[0]].format(w=section[1:])
+            panels.append(Panel(title, bars, bound, "limit"))
+    return panels
+
+
 def contenders_panel(results: dict, title: str, names: dict[str, str], bound: float | None = None) -> list[Panel]:
     """``bench_coroutines.py`` and ``bench_ray.py``: ``{"contenders": {key: {"best": fps}}}``."""
     bars = [Bar(names[key], entry["best"], _kind(names[key]))
@@ -87,6 +113,8 @@ def panels_from(directory: Path) -> list[Panel]:
         return json.loads(path.read_text()) if path.exists() else None
 
     panels: list[Panel] = []
+    if (results := load("engine")) is not None:
+        panels += engine_panels(results)
     if (results := load("collect")) is not None:
         panels += collect_panels(results)
     if (results := load("workers")) is not None:
@@ -147,18 +175,23 @@ def draw(panels: list[Panel], out: Path, subtitle: str = "") -> None:
 
 
 def _subtitle(directory: Path) -> str:
+    """The machine and versions of the first JSON file that names them (and its run's date, where
+    it has one)."""
     for path in sorted(directory.glob("*.json")):
-        env = json.loads(path.read_text()).get("environment")
+        results = json.loads(path.read_text())
+        env = results.get("environment")
         if env:
-            return (f"{env['cpu_count']} CPUs, Python {env['python']}, torch {env['torch']}, "
-                    f"torchrl {env['torchrl']}, gymnasium {env['gymnasium']}, aiocollect {env['aiocollect']}")
+            parts = [f"{env['cpu_count']} CPUs"] if "cpu_count" in env else []
+            parts += [f"{name} {env[key]}" for key, name in (("python", "Python"), ("torch", "torch"),
+                      ("torchrl", "torchrl"), ("gymnasium", "gymnasium"), ("aiocollect", "aiocollect")) if env.get(key)]
+            return ", ".join(([results["date"]] if results.get("date") else []) + parts)
     return ""
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("results", type=Path,
-                        help="directory with collect.json, workers.json, coroutines.json, ray.json")
+                        help="directory with engine.json, collect.json, workers.json, coroutines.json, ray.json")
     parser.add_argument("-o", "--out", type=Path, help="the PNG to write (default: RESULTS/benchmarks.png)")
     args = parser.parse_args(argv)
     panels = panels_from(args.results)

@@ -40,7 +40,9 @@ class AsyncCollector(MultiAsyncCollector):
             the other in the worker). Not an env instance: the worker builds its own envs.
             Factories travel with cloudpickle: lambdas and closures work, no
             ``if __name__ == "__main__"`` guard needed.
-        policy: as for [`Collector`][aiocollect.Collector]; it runs in this process.
+        policy: as for [`Collector`][aiocollect.Collector]; it runs in this process, or
+            as a copy in the worker, chosen as for
+            [`MultiSyncCollector`][aiocollect.MultiSyncCollector] (``policy_in_workers``).
         max_policy_lag: no delivered frame was produced by a policy more than this many
             versions older than the newest published when the batch is delivered; older
             frames are dropped and collected again (``None``: no bound). See

@@ -145,6 +145,8 @@ class DataCollectorBase(Faces, Consumers, Delivery, Background, TorchRLAccessors
         self._left_pending: set[asyncio.Task] = set()
         """Tasks of abandoned iterations, cancelled on a loop that is stopped (see ``_take_over``)."""
         self._resources = Resources()
+        self._warned_loop_blocked = False
+        """Whether ``for batch in collector`` inside an ``async def`` was warned about (once)."""
         self._finalizer = weakref.finalize(self, self._resources.close)
         self._background: concurrent.futures.Future | None = None
         self._pause_requested = threading.Event()

@@ -6,7 +6,11 @@ caller's loop; ``for batch in collector``, ``next()``, ``rollout()`` and the con
 private loop thread (``_collectors.loop_thread``), which exists while a sync call needs it,
 so the sync face works in a script, a thread or a Jupyter cell whose thread already runs a
 loop. Calling the sync face from that loop thread itself (a policy or ``postproc``
-callback) would deadlock: it raises and points to the async face.
+callback) would deadlock: it raises and points to the async face. A ``for`` written in an
+``async def`` that runs on this thread's loop works, but blocks that loop while each batch is
+collected (its other tasks wait): a ``RuntimeWarning`` names ``async for``, once per
+collector (``_warn_if_in_a_coroutine``). A Jupyter cell is not an ``async def``, though the
+kernel runs it inside a task of its loop: its ``for`` is the sync face's use, and is not warned.
 
 A batch handed from the loop thread to the caller keeps the caller's CUDA stream in order
 (``_after_caller_stream``, ``_on_caller_stream``): see ``_engine.staging`` and
@@ -18,6 +22,8 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
+import inspect
+import sys
 import warnings
 from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any
@@ -28,6 +34,9 @@ from .._errors import CollectorBusyError, CollectorError
 from .consumers import OVER, Consumer
 from .delivery import DONE, NOTHING
 from .loop_thread import LoopThread
+
+ASYNC_CODE = inspect.CO_COROUTINE | inspect.CO_ASYNC_GENERATOR | inspect.CO_ITERABLE_COROUTINE
+"""The flags of the code of an ``async def`` (a coroutine or an async generator)."""
 
 
 class Faces:
@@ -128,6 +137,7 @@ class Faces:
             raise
 
     def __iter__(self) -> Iterator[Any]:
+        self._warn_if_in_a_coroutine(sys._getframe(1))
         return self._sync_batches()
 
     def iterator(self) -> Iterator[Any]:
@@ -136,7 +146,34 @@ class Faces:
         Returns:
             An iterator over the batches (``None`` for each batch stored in a replay buffer).
         """
-        return iter(self)
+        self._warn_if_in_a_coroutine(sys._getframe(1))
+        return self._sync_batches()
+
+    def _warn_if_in_a_coroutine(self, caller: Any) -> None:
+        """A sync iteration started by the code of an ``async def`` (``caller``, its frame) while
+        an event loop runs in this thread blocks that loop for each batch: the other tasks on
+        it (a server, a logger, a second collector) do not run meanwhile. Warn once per
+        collector, naming ``async for``. The code's own flags tell an ``async def`` from a
+        Jupyter cell, which the kernel runs inside a task of its loop too but whose code is
+        not a coroutine: there a ``for`` is the sync face's intended use. (The collector's own
+        loop thread is left to ``_check_sync_allowed``, which raises.)"""
+        if self._warned_loop_blocked or caller is None or not caller.f_code.co_flags & ASYNC_CODE:
+            return
+        try:
+            asyncio.get_running_loop()
+        except RuntimeError:  # (a coroutine stepped by hand, with no loop here: nothing waits on it)
+            return
+        own = self._resources.loop
+        if own is not None and own.in_this_thread():
+            return
+        self._warned_loop_blocked = True
+        warnings.warn(
+            f"`for batch in collector` in the async function {caller.f_code.co_name}() blocks this thread's "
+            "event loop while each batch is collected: its other tasks do not run meanwhile. Use "
+            "`async for batch in collector` there (and `await collector.arollout()` for rollout()). "
+            f"(Warned once per {type(self).__name__}.)",
+            RuntimeWarning, stacklevel=3,
+        )
 
     def _sync_batches(self) -> Iterator[Any]:
         """``for batch in collector``: each batch collected on the loop thread.

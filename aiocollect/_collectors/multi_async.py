@@ -73,7 +73,12 @@ class MultiAsyncCollector(WorkerCollectorBase):
         create_env_fn: one entry per worker, as for
             [`MultiSyncCollector`][aiocollect.MultiSyncCollector].
         policy: as for [`Collector`][aiocollect.Collector]; it runs in this process,
-            batched over every ready worker's envs.
+            batched over every ready worker's envs, or as a copy in each worker, chosen as
+            the collector is built: a torch module on the CPU goes there when the workers
+            take every core or when its call there costs less than a round here (a small
+            MLP, usually); a GPU or JAX policy, a plain function, or one that changes its
+            own state while acting stays here (``policy_in_workers`` says which,
+            ``placement_costs`` what was measured).
         max_policy_lag: the bound described above, an int >= 0 (``None``: no bound).
         step_timeout: as for [`MultiSyncCollector`][aiocollect.MultiSyncCollector].
         start_timeout: as for [`MultiSyncCollector`][aiocollect.MultiSyncCollector]: past
@@ -86,8 +91,8 @@ class MultiAsyncCollector(WorkerCollectorBase):
             worker anyway.
         update_at_each_batch: accepted for TorchRL compatibility; no effect here (call
             ``update_policy_weights_()`` yourself).
-        num_threads: accepted for TorchRL compatibility; no effect (workers do not run
-            torch).
+        num_threads: accepted for TorchRL compatibility; no effect (a worker runs torch
+            only for its copy of the policy, on one thread).
         num_sub_threads: as ``num_threads``.
 
     The other arguments are the options every collector shares: see

@@ -55,7 +55,12 @@ class MultiSyncCollector(WorkerCollectorBase):
             guard needed. An entry that builds coroutine envs runs on the engine loop, in
             this process, instead of in a worker process.
         policy: as for [`Collector`][aiocollect.Collector]; it runs in this process,
-            batched over every ready worker's envs.
+            batched over every ready worker's envs, or as a copy in each worker, chosen as
+            the collector is built: a torch module on the CPU goes there when the workers
+            take every core or when its call there costs less than a round here (a small
+            MLP, usually); a GPU or JAX policy, a plain function, or one that changes its
+            own state while acting stays here (``policy_in_workers`` says which,
+            ``placement_costs`` what was measured).
         cat_results: ``"stack"`` (default; ``None`` means the same) or an int: the dim
             along which to concatenate the workers' batches.
         preemptive_threshold: a fraction in (0, 1]: deliver the batch as soon as
@@ -89,8 +94,8 @@ class MultiSyncCollector(WorkerCollectorBase):
         max_policy_lag: not accepted (``ValueError``): a batch is collected after you
             ask for it, so only updates made during that batch can age it. The bound is
             [`MultiAsyncCollector`][aiocollect.MultiAsyncCollector]'s.
-        num_threads: accepted for TorchRL compatibility; no effect (workers do not run
-            torch).
+        num_threads: accepted for TorchRL compatibility; no effect (a worker runs torch
+            only for its copy of the policy, on one thread).
         num_sub_threads: as ``num_threads``.
 
     The other arguments are the options every collector shares: see

@@ -191,8 +191,9 @@ class WorkerOptions:
     and those that were (stopped); ``None``: wait forever. Raise it on a loaded machine, or
     for envs that take minutes to build."""
     num_threads: int | None = field(default=None, compare=False, metadata=option(checks.threads))
-    """TorchRL's keyword, checked (a positive number, or ``None``) but without effect: workers
-    do not run torch. (Left out of comparisons, as it changes nothing.)"""
+    """TorchRL's keyword, checked (a positive number, or ``None``) but without effect: a worker
+    runs torch only for its copy of the policy (``policy_in_workers``), and then on one thread.
+    (Left out of comparisons, as it changes nothing.)"""
     num_sub_threads: int | None = field(default=1, compare=False, metadata=option(checks.threads))
     """As ``num_threads``."""
 

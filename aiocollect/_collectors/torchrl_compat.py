@@ -26,8 +26,8 @@ of three ways:
 * **not supported**: accepted only at the value that turns them off (``init_fn=None``,
   ``collector_class=None``...); any other value is a ``ValueError`` that says what to do
   instead. TorchRL's weight-sync schemes (``weight_sync_schemes``) are taken: they carry
-  weights to policies in other processes, and here the policy runs in this process, where
-  ``update_policy_weights_()`` is that carrier.
+  weights to policies in other processes, and here ``update_policy_weights_()`` is that
+  carrier (to the policy in this process, and to the workers' copies where they have one).
 
 A keyword TorchRL does not have is the usual ``TypeError``, with the nearest valid name.
 
@@ -103,8 +103,8 @@ _KEYWORDS: dict[str, _Keyword] = {
     # (Collector and the worker collectors take it; the distributed ones pass it on)
     "cudagraph_policy": _Keyword((None, False), "the policies run in the remote collectors: pass it to them, "
                                                 "collector_kwargs={'cudagraph_policy': True}"),
-    # TorchRL's schemes carry weights to policies in other processes; here the policy runs in this
-    # process and update_policy_weights_() (or, for Collector, the shared module) is that carrier
+    # TorchRL's schemes carry weights to policies in other processes; here update_policy_weights_() (or,
+    # for Collector, the shared module) is that carrier, to the policy here and the workers' copies
     "weight_sync_schemes": _Keyword((None, _torchrl_schemes), "give a TorchRL weight-sync scheme for the "
                                                               "policy (it is taken: weights reach the policy "
                                                               "in this process through update_policy_weights_()), "
@@ -345,7 +345,8 @@ def resolve_policy(policy: Any, policy_factory: Callable[[], Any] | None, compil
         if isinstance(policy_factory, (list, tuple)):
             raise TypeError(
                 f"policy_factory: a list of {len(policy_factory)} factories (TorchRL's per-worker policies); "
-                "aiocollect runs one policy in this process for the envs of every worker: give one factory. "
+                "aiocollect runs one policy for the envs of every worker (here, or the same copy in each): "
+                "give one factory. "
                 "(RayCollector and RPCCollector take a list, one per remote collector.)"
             )
         if not callable(policy_factory):
@@ -572,8 +573,9 @@ class TorchRLAccessors:
     def getattr_policy(self, attr: str) -> Any:
         """An attribute of the collector's policy: TorchRL's ``getattr_policy(attr)``.
 
-        Every local collector runs its policy in this process, so the attribute is read
-        here, from the policy the collector runs (``collector.policy``: for a ``Collector``
+        Every local collector keeps its policy in this process (a worker's copy, where each
+        worker acts with one, loads its weights), so the attribute is read here, from the
+        policy the collector runs (``collector.policy``: for a ``Collector``
         your module itself, or its copy on ``policy_device``; for the worker collectors the
         one copy that acts for every worker, where TorchRL asks its first worker's), and
         then from the object you gave (first from it for a TorchRL ``RandomPolicy``, which

@@ -379,7 +379,7 @@ class WorkerCollectorBase(DataCollectorBase):
         self._on_engine(apply)
 
     def _check_worker_ids(self, worker_ids: Any) -> None:
-        # the policy runs in this process for every worker: one copy serves them all
+        # one policy's weights serve every worker (here, or loaded by all the workers' copies at once)
         self._workers_of(worker_ids)
 
     def state_dict(self) -> OrderedDict:

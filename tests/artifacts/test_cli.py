@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
 import sys
@@ -125,6 +126,8 @@ def test_bench_runs_the_benchmarks_prints_the_table_and_draws_the_chart(tmp_path
     png = (results / "benchmarks.png").read_bytes()
     assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 10_000
     assert f"chart written to {results / 'benchmarks.png'}" in proc.stdout
+    # a quick run's rough ratios keep their goals, unjudged
+    assert "not judged: --quick figures are rough" in proc.stdout and "MISSED" not in proc.stdout
 
 
 def test_bench_results_must_be_a_directory(tmp_path):
@@ -235,3 +238,45 @@ def test_an_env_that_raises_at_its_first_reset_or_step_is_one_line_and_exit_code
         assert "aiocollect/" not in proc.stderr and "_collectors" not in proc.stderr, proc.stderr
     assert worker in proc.stderr, proc.stderr
     assert not (tmp_path / "o").exists()
+
+
+def hide(package: str, tmp_path, monkeypatch, error: str = "ModuleNotFoundError") -> None:
+    """A ``package`` first on the path whose import raises ``error``: it hides the installed one in
+    the command and the scripts it runs, as in a venv without that extra (``scripts/demo.sh``'s)."""
+    shadow = tmp_path / "shadow" / package
+    shadow.mkdir(parents=True)
+    (shadow / "__init__.py").write_text(f"raise {error}(\"No module named '{package}'\")\n")
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(shadow.parent), os.environ.get("PYTHONPATH")])))
+
+
+def test_bench_names_the_extra_a_section_lacks_and_exits_0(tmp_path, monkeypatch):
+    hide("ray", tmp_path, monkeypatch)
+    proc = run("bench", "--quick", "--only", "ray", timeout=120)
+    assert proc.returncode == 0, (proc.stdout[-3000:], proc.stderr[-3000:])
+    assert "# bench_ray.py" in proc.stdout
+    expected = "skipped: RayCollector's benchmark needs ray, which is not installed here: pip install -e '.[ray]'"
+    assert expected in proc.stdout
+    assert "skipped, as a package they need is not installed" in proc.stdout and "bench_ray.py" in proc.stdout
+    assert "no goal is judged" in proc.stdout and "MISSED" not in proc.stdout
+
+
+def test_bench_says_why_the_torchrl_rows_are_missing(tmp_path, monkeypatch):
+    """Without torchrl a section still runs; its TorchRL row reads n/a, and a line says why; its
+    rough ``--quick`` ratio is not judged."""
+    monkeypatch.setenv("AIOCOLLECT_BENCH_SMOKE", "1")
+    hide("torchrl", tmp_path, monkeypatch)
+    proc = run("bench", "--quick", "--only", "coroutines", timeout=120)
+    assert proc.returncode == 0, (proc.stdout[-3000:], proc.stderr[-3000:])
+    assert re.search(r"TorchRL AsyncBatchedCollector, threading +n/a", proc.stdout), proc.stdout
+    assert "TorchRL's row is n/a: torchrl is not installed here: pip install -e '.[dev]'" in proc.stdout
+    assert "(goal >= 0.8, not judged: --quick figures are rough)" in proc.stdout
+
+
+def test_bench_shows_the_end_of_a_failing_scripts_stderr_and_exits_1(tmp_path, monkeypatch):
+    """A script that fails for another reason is a failure, and says why (before, its stderr went
+    to /dev/null): here ray's import raises something other than ``ImportError``."""
+    hide("ray", tmp_path, monkeypatch, error="RuntimeError")
+    proc = run("bench", "--quick", "--only", "ray", timeout=120)
+    assert proc.returncode == 1, (proc.stdout[-3000:], proc.stderr[-3000:])
+    assert "bench_ray.py failed (exit code 1); the end of its stderr:" in proc.stdout
+    assert "RuntimeError: No module named 'ray'" in proc.stdout and "skipped" not in proc.stdout

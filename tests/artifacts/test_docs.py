@@ -99,11 +99,41 @@ def test_every_collector_variant_has_a_page_saying_when_to_use_it(site):
 def test_the_benchmarks_page_shows_the_chart_the_benchmark_script_drew(site):
     images = _parse(site / "benchmarks" / "index.html").images
     charts = [src for src in images if src.endswith("benchmarks.png")]
-    assert charts, images
+    assert len(charts) == 1, images
     png = (site / "benchmarks" / charts[0]).resolve()
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    # the chart was drawn from the JSON kept beside it, one file per benchmark script
-    assert {p.stem for p in png.parent.glob("*.json")} >= {"collect", "workers", "coroutines", "ray"}
+    # the chart is drawn from the JSON kept beside it: the engine benchmark's, the page's table
+    assert {p.name for p in png.parent.glob("*.json")} == {"engine.json"}
+    assert "footnote" in (site / "benchmarks" / "index.html").read_text()  # (the notes, as footnotes)
+
+
+def _chart_module():
+    spec = importlib.util.spec_from_file_location("bench_chart", ROOT / "benchmarks" / "chart.py")
+    chart = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = chart  # (dataclasses look their module up there)
+    spec.loader.exec_module(chart)
+    return chart
+
+
+def test_the_benchmarks_page_has_one_current_table_and_the_chart_draws_it():
+    """docs/benchmarks.md's table and its chart show the same run: every best and median of the
+    table is in ``engine.json`` (the file ``benchmarks/chart.py`` draws the chart from), row for
+    row, and the chart's bars and limit lines are exactly those figures; the page names the
+    run's date, which the file records."""
+    import json
+    import statistics
+
+    page = (DOCS / "benchmarks.md").read_text()
+    engine = json.loads((DOCS / "assets" / "benchmarks" / "engine.json").read_text())
+    rows = re.findall(r"^\| [^|]+ \| ([\d,]+) \(([\d,]+)\) \|", page, re.M)
+    table = sorted((int(best.replace(",", "")), int(median.replace(",", ""))) for best, median in rows)
+    measured = sorted((r["best"], round(statistics.median(r["runs"]))) for r in engine["results"])
+    assert len(table) == 18 and table == measured
+    date, hour = engine["date"].split()
+    assert f"**{date}, {hour}**" in page and "## The current figures" in page
+    panels = _chart_module().panels_from(DOCS / "assets" / "benchmarks")
+    drawn = sorted([bar.fps for panel in panels for bar in panel.bars] + [panel.bound for panel in panels])
+    assert drawn == sorted(best for best, _ in table)
 
 
 @ON_THE_SITE
@@ -214,3 +244,65 @@ def test_the_gpu_pages_examples_run_on_the_cpu(block, tmp_path):
         code = code.replace(gpu, cpu)
     proc = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=200)
     assert proc.returncode == 0, proc.stderr[-3000:]
+
+
+PLACEMENT_PAGES = ["README.md", "docs/index.md", "docs/guide.md", "docs/collectors/multi_sync.md", "docs/migrating.md"]
+"""The pages that say where a worker collector's policy runs."""
+
+OLD_PLACEMENT_CLAIMS = [
+    "worker processes: fresh interpreters, no torch",  # (the guide's data flow, before)
+    "the policy batched over every ready worker in the main process:",  # (the README, before)
+    "workers do not run torch",  # (options.py's num_threads, before)
+    "a worker does not import torch",  # (multi_sync.md, before)
+    "it runs in this process, batched over every ready worker's envs.",  # (the collectors' Args, before)
+]
+
+
+def _flat(text: str) -> str:
+    return " ".join(text.split())
+
+
+def test_the_pages_say_where_the_policy_runs_as_the_collectors_choose(monkeypatch):
+    """One story, on every page that tells it and in the code's docstrings: a worker collector
+    runs its policy in the main process, batched over every ready worker, or a copy in each
+    worker; a small torch MLP on the CPU goes to the workers where they take every core (as the
+    README's example on 2 cores), and a plain function or a policy that changes its own state
+    while acting stays in the main process. Each claim is checked against collectors built here,
+    as a user gets them (no placement forced)."""
+    import functools
+
+    import gymnasium as gym
+    from tensordict.nn import TensorDictModule
+    from torch import nn
+
+    from aiocollect import MultiSyncCollector
+    from aiocollect._workers.protocol import usable_cores
+    from support.plain_modules import ArgmaxMLP
+
+    monkeypatch.delenv("AIOCOLLECT_POLICY_IN_WORKERS", raising=False)
+    make = functools.partial(gym.make, "CartPole-v1")
+    workers = [[make] * 2] * usable_cores()  # (a worker per core: no core left for the engine)
+    mlp = TensorDictModule(ArgmaxMLP(4, 2), in_keys=["observation"], out_keys=["action"])
+    with MultiSyncCollector(workers, mlp, frames_per_batch=4 * len(workers), total_frames=4 * len(workers)) as c:
+        assert c.policy_in_workers is True
+        assert next(iter(c)).numel() == 4 * len(workers)
+    stateful = TensorDictModule(nn.Sequential(nn.BatchNorm1d(4), ArgmaxMLP(4, 2)), in_keys=["observation"],
+                                out_keys=["action"])
+    for policy in (lambda observation: (observation[..., 0] > 0).long(), stateful):
+        with MultiSyncCollector(workers, policy, frames_per_batch=4 * len(workers),
+                                total_frames=4 * len(workers)) as c:
+            assert c.policy_in_workers is False, policy
+
+    for page in PLACEMENT_PAGES:
+        text = _flat((ROOT / page).read_text())
+        assert re.search(r"over every ready (worker|env)", text), f"{page}: the main process's placement"
+        assert re.search(r"a copy (of [^.]{0,40})?in each worker|each worker a copy", text), f"{page}: the workers'"
+        for old in OLD_PLACEMENT_CLAIMS:
+            assert old not in text, f"{page}: {old!r}"
+    readme = _flat((ROOT / "README.md").read_text())
+    assert "a plain function and a policy that changes its own state while acting stay in the main process" in readme
+    assert "`collector.policy_in_workers` says which" in readme
+    for module in sorted((ROOT / "aiocollect").rglob("*.py")):
+        text = _flat(module.read_text())
+        for old in OLD_PLACEMENT_CLAIMS:
+            assert old not in text, f"{module.relative_to(ROOT)}: {old!r}"

@@ -68,3 +68,32 @@ def test_notebook_runs_in_a_kernel_and_gives_its_stored_outputs(path):
                                               pprint.pformat(got, width=110).splitlines(),
                                               "stored", "fresh run", lineterm=""))
         pytest.fail(_stale(path, "a fresh run's outputs differ, numbers masked") + "\n" + diff)
+
+
+@pytest.mark.timeout(120)
+def test_a_for_in_a_cell_does_not_warn_and_one_in_an_async_def_does(tmp_path):
+    """In a real kernel, a plain ``for`` in a cell is the sync face's intended use (the kernel
+    runs the cell inside a task of its loop, yet the cell is no ``async def``): no warning. The
+    same ``for`` inside an ``async def`` awaited in a cell blocks the kernel's loop: it warns,
+    naming ``async for`` (issue 52, item 7)."""
+    from nbclient import NotebookClient
+
+    cells = [
+        "import warnings\nwarnings.simplefilter('always')\nimport gymnasium as gym\nfrom aiocollect import Collector\n"
+        "c = Collector([lambda: gym.make('CartPole-v1')] * 2, None, frames_per_batch=20, total_frames=-1)",
+        "for batch in c:\n    break\nprint('cell', batch.numel())",
+        "async def main():\n    for batch in c:\n        return batch.numel()\n\nprint('async def', await main())",
+        "c.shutdown()",
+    ]
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(code) for code in cells])
+    NotebookClient(nb, timeout=60, kernel_name="python3", resources={"metadata": {"path": str(tmp_path)}}).execute()
+
+    def streams(cell, name):
+        return "".join(o.get("text", "") for o in cell.outputs if o.get("name") == name)
+
+    plain, in_async_def = nb.cells[1], nb.cells[2]
+    assert streams(plain, "stdout") == "cell 20\n" and "RuntimeWarning" not in streams(plain, "stderr")
+    assert streams(in_async_def, "stdout") == "async def 20\n"
+    warned = streams(in_async_def, "stderr")
+    assert "RuntimeWarning: `for batch in collector` in the async function main() blocks" in warned, warned
+    assert "Use `async for batch in collector` there" in warned

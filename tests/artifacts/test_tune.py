@@ -144,3 +144,37 @@ def test_infinite_seconds_are_refused_in_one_line(seconds):
     assert proc.stdout == ""  # nothing measured
     with pytest.raises(ValueError, match=r"seconds must be > 0 and finite \(about how long to measure\), got inf"):
         aiocollect.tune("CartPole-v1", workers=[0], envs_per_worker=[2], seconds=float(seconds))
+
+
+def test_splits_left_when_the_time_runs_out_are_listed_with_the_seconds_that_measure_them():
+    """A budget shorter than a worker's start-up: the first split (the most workers) is measured,
+    the other is skipped, and the result says about what ``seconds`` would measure both."""
+    from aiocollect._tune import OUT_OF_TIME
+
+    result = aiocollect.tune("CartPole-v1", workers=[1, 0], envs_per_worker=[2], seconds=0.05)
+    assert [(t.workers, t.envs_per_worker) for t in result.trials] == [(1, 2)]
+    assert result.skipped == ((0, 2, OUT_OF_TIME),)
+    spent = result.trials[0].startup_seconds + result.trials[0].measured_seconds
+    assert result.seconds_to_measure_all >= spent and result.seconds_to_measure_all % 10 == 0
+    assert ("1 of 2 splits not measured: the seconds=0.05 given were spent" in str(result)
+            and f"seconds={result.seconds_to_measure_all:g} would measure every split" in str(result))
+
+
+def test_the_command_says_which_flag_gives_the_splits_left(monkeypatch):
+    """``aiocollect tune`` names its ``--seconds`` flag, not ``tune()``'s keyword (the result
+    here as ``tune()`` would return it when 30 s measured 2 of 6 splits)."""
+    import aiocollect._tune as tune_module
+    from aiocollect._tune import OUT_OF_TIME, Trial, TuneResult
+
+    def measured(env, policy, *, seconds, **kwargs):
+        trials = (Trial(2, 8, 1600, 5e4, 12.2, 3.0, 150_000), Trial(2, 32, 6400, 6e4, 12.9, 2.5, 150_000))
+        skipped = tuple((w, e, OUT_OF_TIME) for w in (0, 1) for e in (8, 32))
+        return TuneResult(env, "random actions", 2, trials, skipped, trials[1], "MultiSyncCollector(...)",
+                          seconds=seconds, seconds_to_measure_all=90.0)
+
+    monkeypatch.setattr(tune_module, "tune", measured)
+    proc = run_main("tune", "--env", "CartPole-v1")
+    assert proc.returncode == 0, proc.stderr
+    assert "the --seconds 30 given were spent" in proc.stdout
+    assert "--seconds 90 would measure every split" in proc.stdout
+    assert "seconds=" not in proc.stdout

@@ -8,6 +8,7 @@ import asyncio
 import dataclasses
 import threading
 import time
+import warnings
 
 import gymnasium as gym
 import pytest
@@ -48,14 +49,87 @@ async def test_async_with_and_async_for():
     assert factory.envs[0].closed
 
 
-def test_sync_for_inside_a_running_loop_like_jupyter():
-    """A Jupyter cell runs in a thread whose event loop is running."""
+def test_sync_for_inside_a_running_loop_works_and_warns_that_it_blocks_it():
+    """A thread whose event loop is running (as a Jupyter cell's: its real case, which does not
+    warn, is in ``artifacts/test_notebooks.py``): the sync face still works, through the loop
+    thread; written in an ``async def``, it blocks that loop, and says so."""
 
     async def cell():
         with make(total_frames=60) as c:
             return [b.shape for b in c]
 
-    assert asyncio.run(cell()) == [torch.Size([2, 10])] * 3
+    with pytest.warns(RuntimeWarning, match="blocks this thread's event loop"):
+        assert asyncio.run(cell()) == [torch.Size([2, 10])] * 3
+
+
+def _loop_warnings(caught) -> list:
+    return [w for w in caught if issubclass(w.category, RuntimeWarning) and "event loop" in str(w.message)]
+
+
+def test_a_for_in_an_async_def_warns_once_naming_async_for():
+    """Issue 52: a plain ``for`` inside an ``async def`` blocked the caller's loop without a word
+    (another task ran 0 times while it collected). It warns, once per collector, at the line
+    of the ``for``, naming ``async for``; the other task still waits, as the warning says."""
+    ticks = []
+
+    async def ticker():
+        while True:
+            ticks.append(time.monotonic())
+            await asyncio.sleep(0.001)
+
+    async def main():
+        task = asyncio.create_task(ticker())
+        await asyncio.sleep(0.01)
+        c = make(total_frames=-1)
+        try:
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                before = len(ticks)
+                for _ in c:  # (the line the warning points at)
+                    break
+                blocked = len(ticks) == before
+                for _ in c.iterator():
+                    break
+                assert [b.numel() for _, b in zip(range(2), c)] == [20, 20]
+        finally:
+            task.cancel()
+            c.shutdown()
+        return caught, blocked
+
+    caught, blocked = asyncio.run(main())
+    [warning] = _loop_warnings(caught)
+    assert warning.filename == __file__
+    assert "in the async function main() blocks" in str(warning.message)
+    assert "Use `async for batch in collector` there" in str(warning.message)
+    assert blocked  # (what it warns of)
+    # a second collector warns on its own
+    async def again():
+        with make(total_frames=20) as c, warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            list(c)
+        return caught
+
+    assert len(_loop_warnings(asyncio.run(again()))) == 1
+
+
+def test_a_for_outside_an_async_def_does_not_warn():
+    """At the top level, in a thread, and in a plain function run by a loop's callback: no
+    coroutine is blocked by its own code, so nothing to warn of (async for is not an option)."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert [b.numel() for b in make(total_frames=40)] == [20, 20]
+        t = threading.Thread(target=lambda: list(make(total_frames=20)))
+        t.start()
+        t.join(30)
+
+        async def main():
+            loop = asyncio.get_running_loop()
+            done = loop.create_future()
+            loop.call_soon(lambda: done.set_result(len(list(make(total_frames=20)))))
+            return await done
+
+        assert asyncio.run(main()) == 1
+    assert _loop_warnings(caught) == []
 
 
 def test_sync_for_in_a_thread():
