@@ -157,9 +157,9 @@ def test_a_policy_missing_an_action_key_is_named_before_collecting():
     def only_root(td):
         return td.set("action", torch.zeros(*td.batch_size, 2, dtype=torch.bool))
 
-    with pytest.raises(KeyError, match=r"'nested_1', 'action'.*'nested_2', 'azione'"):
-        with aiocollect.Collector(make(), only_root, frames_per_batch=4, total_frames=4) as collector:
-            next(iter(collector))
+    with pytest.raises(KeyError, match=r"'nested_1', 'action'.*'nested_2', 'azione'"), \
+            aiocollect.Collector(make(), only_root, frames_per_batch=4, total_frames=4) as collector:
+        next(iter(collector))
 
 
 def test_an_action_that_does_not_fit_its_key_is_named():
@@ -171,9 +171,9 @@ def test_an_action_that_does_not_fit_its_key_is_named():
             td.set(("agents", f"agent_{i}", "action"), torch.full((*td.batch_size, 3), 1, dtype=torch.int8))
         return td
 
-    with pytest.raises(ValueError, match=r"\('agents', 'agent_0', 'action'\).*shape \[1, 3\]"):
-        with aiocollect.Collector(make(), policy, frames_per_batch=4, total_frames=4) as collector:
-            next(iter(collector))
+    with pytest.raises(ValueError, match=r"\('agents', 'agent_0', 'action'\).*shape \[1, 3\]"), \
+            aiocollect.Collector(make(), policy, frames_per_batch=4, total_frames=4) as collector:
+        next(iter(collector))
 
 
 @pytest.mark.parametrize("cls", ["Collector", "MultiSyncCollector"])
