@@ -23,8 +23,8 @@ from tensordict import TensorDictBase
 from tensordict.nn import InteractionType
 
 from .._engine.scheduler import Scheduler
-from .._envs.keyed import KeyedActions, batch_entries
-from .._envs.spaces import ActionCheck, flatten_space
+from .._envs.keyed import KeyedActions, action_check, batch_entries
+from .._envs.spaces import flatten_space
 from .._policies.in_workers import (
     SharedWeights,
     WorkersRunner,
@@ -188,7 +188,7 @@ class WorkerCollectorBase(DataCollectorBase):
         self.policy_device = options.policy_device
         self.env_device = options.env_device or torch.device("cpu")
 
-        action = ActionCheck.for_space(plan.action_space)
+        action = action_check(plan.action_space)
         columns = max(self._steps_per_env(w.num_envs) for w in plan.workers)
         self._policy = PolicySetup(policy, plan.action_space, [leaf.key for leaf in obs_leaves],
                                    device=self.policy_device, exploration_type=options.exploration_type,

@@ -32,7 +32,8 @@ import gymnasium as gym
 import numpy as np
 from gymnasium.vector import AutoresetMode, SyncVectorEnv, VectorEnv
 
-from .spaces import ActionCheck, Leaf, NestedKey, ObsWriter, flatten_space
+from .keyed import action_check
+from .spaces import Leaf, NestedKey, ObsWriter, flatten_space
 
 
 def _empty_arrays(leaves: list[Leaf], num_envs: int) -> dict[NestedKey, np.ndarray]:
@@ -48,7 +49,7 @@ class _GroupBase:
         self.action_space = action_space
         self.device = device
         self.obs_leaves = flatten_space(observation_space, "observation", "observation_space")
-        self.check_action = ActionCheck.for_space(action_space)
+        self.check_action = action_check(action_space)
         self.obs = _empty_arrays(self.obs_leaves, num_envs)
         self.reward = np.zeros(num_envs, dtype=np.float32)
         self.terminated = np.zeros(num_envs, dtype=bool)

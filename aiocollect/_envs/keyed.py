@@ -140,6 +140,12 @@ class KeyedActionCheck:
         return out, self.space.pack(values, num_envs)
 
 
+def action_check(space: spaces.Space) -> ActionCheck | KeyedActionCheck:
+    """The check of a policy's actions for envs of action space ``space``: a
+    ``KeyedActionCheck`` for several action keys, an ``ActionCheck`` for any other space."""
+    return KeyedActionCheck(space) if isinstance(space, KeyedActions) else ActionCheck.for_space(space)
+
+
 class EnvEntries(spaces.Dict):
     """An env's observation space with the other entries TorchRL keeps per step (see the
     module docstring).

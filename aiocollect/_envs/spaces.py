@@ -278,10 +278,6 @@ class ActionCheck:
 
     @classmethod
     def for_space(cls, space: spaces.Space) -> ActionCheck:
-        from .keyed import KeyedActionCheck, KeyedActions
-
-        if isinstance(space, KeyedActions):  # several action keys: each checked, then packed
-            return KeyedActionCheck(space)  # type: ignore[return-value]
         leaf = flatten_space(space, "action", "action_space")
         if len(leaf) != 1 or leaf[0].path != ():
             raise TypeError(

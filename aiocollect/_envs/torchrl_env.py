@@ -27,6 +27,12 @@ observations           every tensor leaf of ``env.full_observation_spec``, under
 ``"action"``           the env's action, in aiocollect's encoding (below)
 =====================  ======================================================================
 
+That is an env with one reward, ``"reward"``, and its done flags at the root. Any other env
+(multi-agent, nested or multi-key: rewards or done flags per group, several of them) keeps
+each reward and done flag as an entry of its own, under its own key, and each action under
+its own key; the engine's reward and flags are then its own bookkeeping (``_Grouped``,
+``_envs.keyed``). A batch has each nested group's batch dims as TorchRL's does.
+
 Actions follow aiocollect's encoding, which is TorchRL's with
 ``categorical_action_encoding=True``: a discrete action is an int64 *index*. For an env whose
 action spec is ``OneHot`` (TorchRL's ``GymEnv`` default for ``Discrete`` spaces), the policy
@@ -54,9 +60,9 @@ and their transforms all honour. A seed reseeds the env with ``env.set_seed(seed
 whole reset (a batched env seeds its sub-envs from it as TorchRL does); a partial reset takes no
 seed.
 
-Not taken (a ``TypeError`` that says so): envs with more than one batch dimension, nested
-(multi-agent) done or reward keys, several reward or action keys, an action key other than
-``"action"``, ``MultiOneHot`` and non-float unbounded actions.
+Not taken (a ``TypeError`` that says so): envs with more than one batch dimension, entries of
+a dynamic shape (a ``-1`` dim: heterogeneous agents, lazily stacked), a batched ``MultiOneHot``
+and non-float unbounded actions.
 
 This module imports torch and TorchRL: ``_envs.group`` imports it only once it holds an object
 whose class comes from TorchRL, so ``import aiocollect`` never loads TorchRL.

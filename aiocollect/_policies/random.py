@@ -16,8 +16,8 @@ from gymnasium import spaces
 from tensordict import TensorDictBase
 from tensordict.nn import TensorDictModuleBase
 
-from .._envs.keyed import KeyedActions
-from .._envs.spaces import ActionCheck, encode_one_hot, one_hot_parts
+from .._envs.keyed import KeyedActions, action_check
+from .._envs.spaces import encode_one_hot, one_hot_parts
 
 
 class RandomPolicy(TensorDictModuleBase):
@@ -55,7 +55,7 @@ class RandomPolicy(TensorDictModuleBase):
         self._keyed = action_space if isinstance(action_space, KeyedActions) else None
         """The env's action keys and their spaces, for an env with several (``_envs.keyed``)."""
         self.out_keys = list(self._keyed.keys) if self._keyed is not None else ["action"]
-        self._shape = ActionCheck.for_space(action_space).shape
+        self._shape = action_check(action_space).shape
         self._one_hot = one_hot_parts(action_space)
         """``(widths, starts)`` where the env's spec is one-hot (draws are encoded), else ``None``."""
         self.seed(seed)
