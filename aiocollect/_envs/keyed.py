@@ -30,7 +30,7 @@ from typing import Any
 import numpy as np
 from gymnasium import spaces
 
-from .spaces import ActionCheck, Leaf, NestedKey, NonFiniteAction, _leaf_dtype_shape
+from .spaces import ActionCheck, NestedKey, NonFiniteAction, _leaf_dtype_shape
 
 ENGINE_FLAGS = ("reward", "done", "terminated", "truncated")
 """The root entries the engine writes itself for every env."""
@@ -180,6 +180,3 @@ def batch_entries(space: Any) -> tuple[frozenset, tuple[str, ...], dict]:
         return space.next_only, space.engine_flags, space.group_shapes
     return frozenset(), ENGINE_FLAGS, {}
 
-
-def leaf_keys(leaves: list[Leaf]) -> list[NestedKey]:
-    return [leaf.key for leaf in leaves]
