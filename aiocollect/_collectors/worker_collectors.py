@@ -196,7 +196,11 @@ class WorkerCollectorBase(DataCollectorBase):
         outputs = sent = costs = None
         if where in ("workers", "measure") and not any(w.coroutine for w in plan.workers):
             scratch = scratch_copy(self._policy.policy)  # (what the probe and the timing call)
-            outputs = None if scratch is None else probe(scratch, obs_leaves, options.exploration_type, action)
+            try:
+                outputs = None if scratch is None else probe(scratch, obs_leaves, options.exploration_type, action)
+            except BaseException:  # (a policy that does not take the observations: nothing started yet)
+                self.shutdown()
+                raise
             # (after the probe: its call is the copy's first, as a worker's first call will be)
             stateful = None if outputs is None else own_state_changes(scratch, obs_leaves, options.exploration_type)
             if stateful is not None:  # (one policy, here: copies would each change their own state)

@@ -55,7 +55,7 @@ import numpy as np
 from .._envs.keyed import KeyedActionCheck
 from .._envs.spaces import NonFiniteAction
 from .._errors import PolicyError
-from .._policies.outputs import check_outputs, host_array
+from .._policies.outputs import check_outputs, host_array, note_policy_inputs
 from .._policies.runner import PolicyRunner
 from .._workers import protocol
 from .lanes import READY, STEPPING, Lane
@@ -164,7 +164,12 @@ class Rounds:
         the outputs (checked), the ``"action"`` the batch stores (``None``: the outputs hold
         what it stores, an env with several action keys), and the actions the envs get."""
         profile = self.sched.profile
-        out = runner(obs, n) if profile is None else profile.policy(runner, obs, n)
+        try:
+            out = runner(obs, n) if profile is None else profile.policy(runner, obs, n)
+        except Exception as exc:
+            if ready[0].keys is None:  # (a lane's first call: say what the policy was given)
+                note_policy_inputs(exc, obs, n)
+            raise
         if ready[0].keys is None or any(not v.shape or v.shape[0] != n for v in out.values()):
             check_outputs(out, n)  # a lane's first call, or a row count that would broadcast
         check = self.sched.check_action

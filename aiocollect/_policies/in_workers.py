@@ -262,16 +262,24 @@ def own_state_changes(policy: Any, obs_leaves: list, exploration_type: Any) -> s
     return None
 
 
+class _NotTheirShape(Exception):  # (carries the policy's own error past ``probe``'s catch-all)
+    def __init__(self, error: BaseException):
+        super().__init__(str(error))
+        self.error = error
+
+
 def probe(policy: Any, obs_leaves: list, exploration_type: Any, check: Any) -> list[tuple[Any, np.dtype, tuple]] | None:
     """The policy's outputs as the workers will write them, ``(key, dtype, per-env
     shape)`` each, found by one call on zeros of two envs' observations, as the engine
     calls it; ``None`` if that call fails, writes what shared memory cannot hold
     (a dtype numpy lacks) or writes a recurrent state (``("next", key)``). ``policy`` is
-    called, so it is a scratch copy (``scratch_copy``); torch's generator is left as it was."""
+    called, so it is a scratch copy (``scratch_copy``); torch's generator is left as it was.
+    A call that fails on the shapes of its inputs (``outputs.is_shape_error``) raises, with a
+    note naming them: the policy does not take the envs' observations."""
     import torch
 
     from .._envs.spaces import NonFiniteAction
-    from .outputs import check_outputs
+    from .outputs import check_outputs, is_shape_error, note_policy_inputs
     from .runner import PolicyRunner
 
     keys = [leaf.key for leaf in obs_leaves]
@@ -282,7 +290,13 @@ def probe(policy: Any, obs_leaves: list, exploration_type: Any, check: Any) -> l
     obs = _zeros(obs_leaves, n)
     state = torch.random.get_rng_state()
     try:
-        out = runner(obs, n)
+        try:
+            out = runner(obs, n)
+        except Exception as exc:
+            if is_shape_error(exc):  # (not the zeros: its inputs' shapes) said now, before any worker starts
+                note_policy_inputs(exc, obs, n, " (zeros shaped as the envs' observations, before any worker starts)")
+                raise _NotTheirShape(exc) from exc
+            return None  # then it runs centrally, where its first call says what is wrong
         if runner.per_env:  # (called once per env: central, where its calls are made so)
             return None
         check_outputs(out, n)
@@ -300,6 +314,8 @@ def probe(policy: Any, obs_leaves: list, exploration_type: Any, check: Any) -> l
                 return None
             specs.append((key, value.dtype, tuple(value.shape[1:])))
         return specs
+    except _NotTheirShape as wrapped:
+        raise wrapped.error from None
     except Exception:  # noqa: BLE001 - then it runs centrally, where its first call says what is wrong
         return None
     finally:

@@ -88,3 +88,25 @@ def host_array(value: torch.Tensor) -> np.ndarray:
         return value.numpy(force=True)
     except TypeError:
         return value.float().numpy(force=True)
+
+
+_SHAPE_WORDS = ("shape", "size", "dimension", "channels")
+
+
+def is_shape_error(exc: BaseException) -> bool:
+    """Whether ``exc``, raised by a policy's call, reads as torch's (or numpy's) complaint
+    about its input's shape: ``mat1 and mat2 shapes cannot be multiplied``, ``size
+    mismatch``, ``must match the size``, ``expected input ... channels``."""
+    return isinstance(exc, (RuntimeError, ValueError, IndexError)) and any(
+        word in str(exc).lower() for word in _SHAPE_WORDS)
+
+
+def note_policy_inputs(exc: BaseException, obs: Mapping, num_envs: int, where: str = "") -> None:
+    """Add to ``exc``, raised by a policy's first call, what it was called with: the
+    observation keys, shapes and dtypes of ``num_envs`` envs (``where``: whose envs), so the
+    error says it was the policy, and what does not fit."""
+    inputs = ", ".join(f"{k!r}: {list(v.shape)} {str(v.dtype).removeprefix('torch.')}" for k, v in obs.items())
+    fix = (" The policy does not take the envs' observations: give its first layer the observations' last "
+           "dim, or have it read the keys it takes (in_keys)." if is_shape_error(exc) else "")
+    exc.add_note(f"aiocollect: raised by the policy, called on the observations of {num_envs} env(s){where} "
+                 f"({inputs}).{fix}")
