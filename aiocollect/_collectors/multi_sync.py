@@ -28,7 +28,9 @@ class MultiSyncCollector(WorkerCollectorBase):
     itself (a small policy on the CPU), each worker acts with its own copy
     (``policy_in_workers``). Workers step at their own
     pace, and the batch is delivered when every worker has its share: each env takes
-    ``frames_per_batch // num_envs`` steps, ``num_envs`` counted over all workers.
+    ``frames_per_batch // num_envs`` steps, ``num_envs`` counted over all workers. A list
+    ``frames_per_batch`` (TorchRL's, one share per worker) is its sum, the shares in
+    proportion to the workers' envs.
 
     **When to use it.** On-policy training (PPO, A2C) with envs whose step costs real CPU
     time: nothing is collected between batches, so every batch comes from the weights
@@ -130,6 +132,17 @@ class MultiSyncCollector(WorkerCollectorBase):
 
     def _check_plan(self, plan: WorkerPlan, options, worker_options: WorkerOptions) -> CollectorOptions:
         n = plan.num_envs
+        shares = self._worker_frames
+        if shares is not None and any(share * n != options.frames_per_batch * w.num_envs
+                                      for share, w in zip(shares, plan.workers)):
+            envs = [w.num_envs for w in plan.workers]
+            raise ValueError(
+                f"frames_per_batch={list(shares)!r}: a MultiSyncCollector steps every env as many times per "
+                f"batch (one batch of [workers, envs, time]), so each worker's share is its envs ({envs}) "
+                f"times the steps per env; these shares give their envs different numbers of steps. Give "
+                f"shares in proportion to the envs, one int ({options.frames_per_batch}) for the whole batch, "
+                "or use MultiAsyncCollector, whose batches are each one worker's."
+            )
         options = fit_to_envs(options, n, f"the {n} envs of {len(plan.workers)} workers", stacklevel=4)
         cat = worker_options.cat_results
         counts = {w.num_envs for w in plan.workers}

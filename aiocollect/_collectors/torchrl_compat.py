@@ -331,6 +331,25 @@ def worker_entries(create_env_fn: Any, count: Any, name: str, none: str = "") ->
     return list(create_env_fn)
 
 
+def per_worker_frames(frames_per_batch: Any, create_env_fn: Any) -> tuple[Any, tuple[int, ...] | None]:
+    """TorchRL's ``frames_per_batch`` as a list, one entry per worker: ``(sum, the entries)``;
+    an int as it is, ``(frames_per_batch, None)``. The sum is what TorchRL counts as the
+    collector's ``frames_per_batch``: a ``MultiSyncCollector`` batch holds every worker's share,
+    and a ``MultiAsyncCollector`` worker's batch is that many frames (TorchRL's
+    ``frames_per_batch_worker()``). Raises ``ValueError`` for a list of another length than
+    the workers, or entries that are not positive ints."""
+    if not isinstance(frames_per_batch, (list, tuple)):
+        return frames_per_batch, None
+    workers = len(create_env_fn) if isinstance(create_env_fn, (list, tuple)) else 1
+    if len(frames_per_batch) != workers:
+        raise ValueError(f"frames_per_batch={list(frames_per_batch)!r}: a list gives one value per worker, and "
+                         f"there are {workers} worker(s); give {workers} values, or one int for the whole batch.")
+    entries = [as_int(v) for v in frames_per_batch]
+    if any(v is None or v < 1 for v in entries):
+        raise ValueError(f"frames_per_batch={list(frames_per_batch)!r}: each worker's share is a positive int.")
+    return sum(entries), tuple(entries)
+
+
 class _BothPolicies(TypeError, ValueError):
     """``policy`` with ``policy_factory``: TorchRL's ``TypeError`` (its collectors take both only with
     ``weight_sync_schemes``, the policy then a source of weights for the workers' policies);

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import logging
 from collections import OrderedDict
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -56,7 +57,13 @@ from .options import (
     worker_indices,
 )
 from .statistics import WorkerStatistics
-from .torchrl_compat import check_torchrl_keywords, policy_from, take_torchrl_keywords, worker_entries
+from .torchrl_compat import (
+    check_torchrl_keywords,
+    per_worker_frames,
+    policy_from,
+    take_torchrl_keywords,
+    worker_entries,
+)
 
 logger = logging.getLogger("aiocollect")
 
@@ -99,7 +106,7 @@ class WorkerCollectorBase(DataCollectorBase):
         create_env_fn: Any = None,
         policy: Any = None,
         *,
-        frames_per_batch: int,
+        frames_per_batch: int | Sequence[int],
         total_frames: int = -1,
         device: Any = None,
         storing_device: Any = None,
@@ -142,6 +149,7 @@ class WorkerCollectorBase(DataCollectorBase):
         check_torchrl_keywords(type(self).__name__, torchrl_options)
         if num_workers is not None:  # TorchRL: that many workers of a single factory
             create_env_fn = worker_entries(create_env_fn, num_workers, "num_workers")
+        frames_per_batch, worker_frames = per_worker_frames(frames_per_batch, create_env_fn)
         options = options_from(locals())
         worker_options = options_from(locals(), WorkerOptions)
         policy, cuda_graphs = policy_from(locals(), options.policy_device)
@@ -162,6 +170,8 @@ class WorkerCollectorBase(DataCollectorBase):
             # several action keys (a TorchRL multi-agent env): the policy acts here, batched,
             # whose checks and packing are the engine's; random actions too
             where, random_runs = "cannot", False
+        self._worker_frames = worker_frames
+        """TorchRL's ``frames_per_batch`` list, one share per worker (``None``: an int was given)."""
         options = self._check_plan(plan, options, worker_options)
         validate_batching(max_batch_size=max_batch_size, min_batch_size=min_batch_size,
                           batch_timeout=batch_timeout, step_timeout=None,
