@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import math
 import threading
 import time
 import weakref
@@ -231,7 +232,10 @@ class DataCollectorBase(Faces, Consumers, Delivery, Background, TorchRLAccessors
         is the storing device, the CPU by default, as TorchRL's batches say (a replay buffer's
         ``extend`` reads it)."""
         device = (self.storing_device or _CPU) if self._staging is None else None
-        groups = None if self._scheduler is None else self._scheduler.storage.group_shapes
+        storage = None if self._scheduler is None else self._scheduler.storage
+        groups = None if storage is None else storage.group_shapes
+        if storage is not None and len(storage.env_batch) > 1:  # a TorchRL env of batch [5, 2]: rows back to dims
+            tensors, shape = _env_dims(tensors, shape, storage.env_batch)
         return batch_tensordict(nest(tensors), torch.Size(shape), device, groups)
 
 
@@ -463,3 +467,12 @@ class DataCollectorBase(Faces, Consumers, Delivery, Background, TorchRLAccessors
         )
 
 
+def _env_dims(tensors: dict, shape: list[int], env_batch: tuple[int, ...]) -> tuple[dict, list[int]]:
+    """A batch's tensors with their envs dim (``shape[-2]``: ``k`` envs of ``env_batch``'s
+    ``prod``) as the env's own dims, ``[..., k * env_batch[0], *env_batch[1:], time]``: TorchRL's
+    batch of an env with several batch dims (``[5, 2, time]``, and ``[workers * 5, 2, time]``
+    for worker batches joined along their first dim)."""
+    if len(shape) < 2 or shape[-2] % math.prod(env_batch):
+        return tensors, shape
+    new = [*shape[:-2], shape[-2] // math.prod(env_batch) * env_batch[0], *env_batch[1:], shape[-1]]
+    return {k: v.reshape(*new, *v.shape[len(shape):]) for k, v in tensors.items()}, new

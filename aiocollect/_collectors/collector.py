@@ -251,7 +251,8 @@ class Collector(DataCollectorBase):
             take_torchrl_keywords(self, torchrl_options, options, policy, obs_keys)
             self._policy = PolicySetup(policy, group.action_space, obs_keys, device=self.policy_device,
                                        exploration_type=options.exploration_type, share=True,
-                                       cuda_graphs=cuda_graphs, obs_leaves=group.obs_leaves)
+                                       cuda_graphs=cuda_graphs, obs_leaves=group.obs_leaves,
+                                       env_batch=batch_entries(group.observation_space)[3])
         except BaseException:
             self.shutdown()  # (a policy whose keys do not fit the envs: close the envs built)
             raise

@@ -202,7 +202,8 @@ class WorkerCollectorBase(DataCollectorBase):
         columns = max(self._steps_per_env(w.num_envs) for w in plan.workers)
         self._policy = PolicySetup(policy, plan.action_space, [leaf.key for leaf in obs_leaves],
                                    device=self.policy_device, exploration_type=options.exploration_type,
-                                   cuda_graphs=cuda_graphs, obs_leaves=obs_leaves)
+                                   cuda_graphs=cuda_graphs, obs_leaves=obs_leaves,
+                                   env_batch=batch_entries(plan.observation_space)[3])
         outputs = sent = costs = None
         if where in ("workers", "measure") and not any(w.coroutine for w in plan.workers):
             scratch = scratch_copy(self._policy.policy)  # (what the probe and the timing call)

@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from .._envs.keyed import ENGINE_FLAGS
+from .._envs.keyed import ENGINE_FLAGS, NO_ENTRIES
 from .._envs.spaces import Leaf, NestedKey
 from .._policies.outputs import dtype_changed, host_array, shape_changed
 from .._workers.shm import SharedArrays
@@ -166,14 +166,15 @@ class RolloutStorage:
     when ``max_frames_per_traj`` is set)."""
 
     def __init__(self, shared: SharedArrays, obs_leaves: list[Leaf], *, step_count: bool,
-                 entries: tuple = (frozenset(), ENGINE_FLAGS, {})):
+                 entries: tuple = NO_ENTRIES):
         layout = shared.layout
-        self.next_only, self.engine_flags, self.group_shapes = entries
+        self.next_only, self.engine_flags, self.group_shapes, self.env_batch = entries
         if self.engine_flags not in ((), ENGINE_FLAGS):
             raise ValueError(f"entries: the engine's root entries are all kept or none, not {self.engine_flags}")
         """What the env's batches hold besides observations (``_envs.keyed.batch_entries``):
         leaves kept under ``"next"`` only (a TorchRL env's rewards per group), which of the
-        engine's own root entries a batch holds, and each nested group's batch dims."""
+        engine's own root entries a batch holds, each nested group's batch dims, and the batch
+        dims of an env with several (its envs are rows here)."""
         k, t, n = layout.slots, layout.columns, shared.arrays["reward"].shape[2]
         self.slots, self.columns, self.num_envs = k, t, n
         self.keys = [leaf.key for leaf in obs_leaves]

@@ -157,26 +157,34 @@ class EnvEntries(spaces.Dict):
             the engine still keeps for itself, out of the batch).
         group_shapes: per nested group (a key prefix), its own batch dims (``(3,)`` for
             three agents), as TorchRL's sub-TensorDicts have them.
+        env_batch: the batch dims of an env with more than one (``(5, 2)``): its envs are
+            stepped as ``5 * 2`` rows, and a batch has TorchRL's ``[5, 2, time]`` dims.
     """
 
     def __init__(self, tree: dict[str, Any], next_only: frozenset, engine_flags: tuple[str, ...],
-                 group_shapes: dict[tuple[str, ...], tuple[int, ...]]):
+                 group_shapes: dict[tuple[str, ...], tuple[int, ...]], env_batch: tuple[int, ...] = ()):
         super().__init__(tree)
         self.next_only = frozenset(next_only)
         self.engine_flags = tuple(engine_flags)
         self.group_shapes = dict(group_shapes)
+        self.env_batch = tuple(env_batch)
 
     def __eq__(self, other: Any) -> bool:
         return (isinstance(other, EnvEntries) and super().__eq__(other) and self.next_only == other.next_only
-                and self.engine_flags == other.engine_flags and self.group_shapes == other.group_shapes)
+                and self.engine_flags == other.engine_flags and self.group_shapes == other.group_shapes
+                and self.env_batch == other.env_batch)
 
     __hash__ = None  # type: ignore[assignment]
 
 
-def batch_entries(space: Any) -> tuple[frozenset, tuple[str, ...], dict]:
-    """``(next_only, engine_flags, group_shapes)`` of an observation space: an ``EnvEntries``'
-    own, and for any other space what every gymnasium env has (every engine flag, no group)."""
+NO_ENTRIES = (frozenset(), ENGINE_FLAGS, {}, ())
+"""``batch_entries`` of a gymnasium env: no entry but its observations, every engine flag, no group."""
+
+
+def batch_entries(space: Any) -> tuple[frozenset, tuple[str, ...], dict, tuple[int, ...]]:
+    """``(next_only, engine_flags, group_shapes, env_batch)`` of an observation space: an
+    ``EnvEntries``' own, and for any other space ``NO_ENTRIES``."""
     if isinstance(space, EnvEntries):
-        return space.next_only, space.engine_flags, space.group_shapes
-    return frozenset(), ENGINE_FLAGS, {}
+        return space.next_only, space.engine_flags, space.group_shapes, space.env_batch
+    return NO_ENTRIES
 

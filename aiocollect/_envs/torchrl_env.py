@@ -60,9 +60,12 @@ and their transforms all honour. A seed reseeds the env with ``env.set_seed(seed
 whole reset (a batched env seeds its sub-envs from it as TorchRL does); a partial reset takes no
 seed.
 
-Not taken (a ``TypeError`` that says so): envs with more than one batch dimension, entries of
-a dynamic shape (a ``-1`` dim: heterogeneous agents, lazily stacked), a batched ``MultiOneHot``
-and non-float unbounded actions.
+An env with several batch dims (``[5, 2]``) is stepped as ``5 * 2`` rows, and its batches and
+its policy's calls have its own dims again (``EnvEntries.env_batch``).
+
+Not taken (a ``TypeError`` that says so): entries of a dynamic shape (a ``-1`` dim:
+heterogeneous agents, lazily stacked), a batched ``MultiOneHot`` and non-float unbounded
+actions.
 
 This module imports torch and TorchRL: ``_envs.group`` imports it only once it holds an object
 whose class comes from TorchRL, so ``import aiocollect`` never loads TorchRL.
@@ -70,6 +73,7 @@ whose class comes from TorchRL, so ``import aiocollect`` never loads TorchRL.
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import gymnasium as gym
@@ -112,7 +116,8 @@ def is_env_creator(obj: Any) -> bool:
 
 
 def from_torchrl(env: EnvBase, where: str) -> TorchRLEnv | TorchRLVectorEnv:
-    """``env`` as a gymnasium env (``batch_size == []``) or ``VectorEnv`` (``[n]``); ``where``
+    """``env`` as a gymnasium env (``batch_size == []``) or ``VectorEnv`` (``[n]``, or
+    ``[5, 2]`` as 10 envs); ``where``
     names it in errors. The adapter owns ``env``: closing it closes ``env``."""
     if len(env.batch_size) == 0:
         return TorchRLEnv(env, where)
@@ -193,7 +198,7 @@ def observation_space(env: EnvBase, where: str,
     leaves = _leaves(env.full_observation_spec_unbatched, where, "observation")
     if not leaves:
         raise TypeError(f"{where}: the TorchRL env has no tensor observation in its observation_spec.")
-    if not grouped and list(leaves) == [("observation",)]:
+    if not grouped and len(env.batch_size) < 2 and list(leaves) == [("observation",)]:
         return leaves[("observation",)], [("observation",)], [None]
     zeros: dict[tuple[str, ...], Any] = dict.fromkeys(leaves)
     next_only: set = set()
@@ -212,10 +217,11 @@ def observation_space(env: EnvBase, where: str,
             node = node.setdefault(name, {})
         node[path[-1]] = box
     groups = _group_shapes(env)
-    if not grouped and not groups:
+    env_batch = tuple(int(d) for d in env.batch_size) if len(env.batch_size) > 1 else ()
+    if not grouped and not groups and not env_batch:
         return _as_dict_space(tree), list(leaves), [None] * len(leaves)
     space = EnvEntries({k: _as_dict_space(v) if isinstance(v, dict) else v for k, v in tree.items()},
-                       frozenset(next_only), () if grouped else ENGINE_FLAGS, groups)
+                       frozenset(next_only), () if grouped else ENGINE_FLAGS, groups, env_batch)
     return space, list(leaves), [zeros[p] for p in leaves]
 
 
@@ -364,13 +370,10 @@ class _Bridge:
     def __init__(self, env: EnvBase, where: str):
         if not isinstance(env, EnvBase):
             raise TypeError(f"{where} gave {type(env).__name__}, not a TorchRL EnvBase.")
-        if len(env.batch_size) > 1:
-            raise TypeError(
-                f"{where}: the TorchRL env has batch_size {list(env.batch_size)}; aiocollect takes "
-                "unbatched envs and envs with one batch dimension (SerialEnv/ParallelEnv)."
-            )
         self.env = env
-        self.num_envs = int(env.batch_size[0]) if env.batch_size else None
+        self.env_batch = tuple(int(d) for d in env.batch_size)
+        """The env's batch dims; with several (``[5, 2]``), its envs are stepped as ``5 * 2`` rows."""
+        self.num_envs = math.prod(self.env_batch) if self.env_batch else None
         self.grouped = None if _root_simple(env) else _Grouped(env)
         self.observation_space, self._paths, self._fallback = observation_space(env, where, self.grouped is not None)
         self._flat = isinstance(self.observation_space, spaces.Box)
@@ -390,9 +393,14 @@ class _Bridge:
         self._done_shape = env.full_done_spec[env.done_keys[0]].shape
         self._td = None
 
+    def _rows(self, value: np.ndarray) -> np.ndarray:
+        """An env's values of batch ``[5, 2, ...]`` as rows ``[10, ...]`` (others as they are)."""
+        dims = len(self.env_batch)
+        return value if dims < 2 else value.reshape(self.num_envs, *value.shape[dims:])
+
     def _obs(self, td: Any) -> Any:
         if self._flat:
-            return td.get("observation").detach().cpu().numpy()
+            return self._rows(td.get("observation").detach().cpu().numpy())
         obs: dict[str, Any] = {}
         for path, zeros in zip(self._paths, self._fallback):
             node = obs
@@ -401,7 +409,7 @@ class _Bridge:
             value = td.get(path, None)
             if value is None and zeros is not None:  # a reward, at a reset: the batch holds it under "next" only
                 value = zeros
-            node[path[-1]] = value.detach().cpu().numpy() if isinstance(value, torch.Tensor) else value
+            node[path[-1]] = self._rows(value.detach().cpu().numpy() if isinstance(value, torch.Tensor) else value)
         return obs
 
     def reset(self, mask: np.ndarray | None = None, seed: int | None = None) -> Any:
@@ -410,6 +418,8 @@ class _Bridge:
         groups that are done (see ``_Grouped``)."""
         if mask is None and self.grouped is not None and self._td is not None and seed is None:
             mask = np.ones(() if self.num_envs is None else (self.num_envs,), bool)
+        if mask is not None and len(self.env_batch) > 1:
+            mask = np.asarray(mask).reshape(self.env_batch)
         if mask is None or self._td is None:
             if seed is not None:
                 self.env.set_seed(int(seed))
@@ -425,10 +435,12 @@ class _Bridge:
 
     def _set_actions(self, td: Any, action: np.ndarray) -> None:
         if self.keyed is None:
+            if len(self.env_batch) > 1:
+                action = action.reshape(*self.env_batch, *action.shape[1:])
             td.set("action", self.encode(action))
             return
-        batch = () if self.num_envs is None else (self.num_envs,)
-        for key, encode, part in zip(self._action_keys, self.encoders, self.keyed.unpack(action.reshape(*batch, -1))):
+        for key, encode, part in zip(self._action_keys, self.encoders,
+                                     self.keyed.unpack(action.reshape(*self.env_batch, -1))):
             td.set(key, encode(part))
 
     def step(self, action: np.ndarray) -> tuple[Any, np.ndarray, np.ndarray, np.ndarray]:
@@ -443,7 +455,7 @@ class _Bridge:
         obs = self._obs(nxt)
         shape = () if self.num_envs is None else (self.num_envs,)
         if self.grouped is not None:
-            reward, terminated, truncated = self.grouped.flags(nxt)
+            reward, terminated, truncated = (v.reshape(shape) for v in self.grouped.flags(nxt))
         else:
             reward = nxt.get("reward").detach().cpu().numpy().reshape(shape)
             terminated = nxt.get(self._terminated_key).cpu().numpy().reshape(shape)

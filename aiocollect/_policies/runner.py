@@ -166,8 +166,12 @@ class PolicyRunner:
         graphs: CudaGraphs | None = None,
         action_shape: tuple[int, ...] | None = None,
         action_keys: tuple = ("action",),
+        env_batch: tuple[int, ...] = (),
     ):
         self.policy = policy
+        self.env_batch = tuple(env_batch)
+        """An env's batch dims when it has several (``[5, 2]``): a TensorDict policy is called
+        with its rows as those dims, as TorchRL calls it."""
         self.action_keys = tuple(action_keys)
         """Where the policy writes the env's action(s): ``"action"``, or each action key of a
         TorchRL env with several (``_envs.keyed``)."""
@@ -364,7 +368,21 @@ class PolicyRunner:
 
     def _call_tensordict(self, obs: dict[NestedKey, torch.Tensor], batch: bool = True) -> dict[NestedKey, Any]:
         size = [next(iter(obs.values())).shape[0]] if batch else []
+        dims = self.env_batch
+        block = math.prod(dims)
+        if batch and len(dims) > 1 and size[0] % block == 0:
+            # an env of batch [5, 2]: called as TorchRL calls it, once per env (its 10 rows as
+            # [5, 2]; a round over several workers' envs makes one call per env)
+            outs = []
+            for lo in range(0, size[0], block):
+                part = {k: v[lo : lo + block].reshape(*dims, *v.shape[1:]) for k, v in obs.items()}
+                rows = self._call_td(TensorDict(nest(part), batch_size=list(dims), device=self.device), part)
+                outs.append({k: v.reshape(block, *v.shape[len(dims):]) for k, v in rows.items()})
+            return outs[0] if len(outs) == 1 else {k: torch.cat([o[k] for o in outs]) for k in outs[0]}
         td = TensorDict(nest(obs), batch_size=size, device=self.device)
+        return self._call_td(td, obs)
+
+    def _call_td(self, td: TensorDictBase, obs: dict[NestedKey, torch.Tensor]) -> dict[NestedKey, Any]:
         result = self.policy(td)
         if result is None:
             result = td

@@ -298,7 +298,7 @@ class PolicySetup:
 
     def __init__(self, policy: Any, action_space: gym.Space, obs_keys: list, *,
                  device: torch.device | None, exploration_type: InteractionType, share: bool = False,
-                 cuda_graphs: int | None = None, obs_leaves: list | None = None):
+                 cuda_graphs: int | None = None, obs_leaves: list | None = None, env_batch: tuple = ()):
         self.user_policy = policy
         if policy is None:
             policy = RandomPolicy(action_space)
@@ -337,7 +337,8 @@ class PolicySetup:
         self.runner = PolicyRunner(self.policy, obs_keys, device=device, exploration_type=exploration_type,
                                    weights=self.weights, stream=stream, graphs=graphs,
                                    action_shape=None if len(action_keys) > 1 or action_keys != ("action",)
-                                   else getattr(action_space, "shape", None), action_keys=action_keys)
+                                   else getattr(action_space, "shape", None), action_keys=action_keys,
+                                   env_batch=env_batch)
         self.random = self.policy if isinstance(self.policy, RandomPolicy) else RandomPolicy(action_space)
         self.after_publish: Any = None
         """Called in the publisher's thread after each publish: the policy in the workers
