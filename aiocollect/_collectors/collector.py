@@ -282,7 +282,8 @@ class Collector(DataCollectorBase):
         else:
             workers = [InlineWorker(group, shared, max_frames_per_traj=options.max_frames_per_traj,
                                     reset_when_done=options.reset_when_done)]
-        self._scheduler = Scheduler(shared, workers, leaves, check, entries=batch_entries(group.observation_space),
+        self._scheduler = Scheduler(shared, workers, leaves, check,
+                                    entries=batch_entries(group.observation_space, options.truncates),
                                     step_count=options.max_frames_per_traj is not None,
                                     reset_when_done=options.reset_when_done,
                                     batching=batching if self._coroutine else None)

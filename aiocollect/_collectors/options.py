@@ -162,6 +162,13 @@ class CollectorOptions:
     """With ``trajs_per_batch`` and a ``replay_buffer``: complete trajectories per
     ``extend`` call (``None``: all those that ended in a collection, in one call)."""
 
+    @property
+    def truncates(self) -> bool:
+        """Whether the collector itself truncates episodes (``max_frames_per_traj``,
+        ``set_truncated``): batches then have a ``"truncated"`` entry whatever the env has,
+        as TorchRL's have (its ``StepCounter`` adds one)."""
+        return self.max_frames_per_traj is not None or self.set_truncated
+
 
 START_TIMEOUT_S = 300.0
 """``start_timeout``'s default: how long worker processes may take to start."""

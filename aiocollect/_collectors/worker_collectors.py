@@ -258,7 +258,7 @@ class WorkerCollectorBase(DataCollectorBase):
         res.closers += [pool.kill_leftovers, self._policy.close]
         try:
             self._scheduler = Scheduler(pool.shared, pool.lanes, obs_leaves, action,
-                                        entries=batch_entries(plan.observation_space),
+                                        entries=batch_entries(plan.observation_space, options.truncates),
                                         step_count=options.max_frames_per_traj is not None,
                                         reset_when_done=options.reset_when_done, spin_s=pool.spin_s,
                                         runs=runs)

@@ -169,8 +169,9 @@ class RolloutStorage:
                  entries: tuple = NO_ENTRIES):
         layout = shared.layout
         self.next_only, self.engine_flags, self.group_shapes, self.env_batch = entries
-        if self.engine_flags not in ((), ENGINE_FLAGS):
-            raise ValueError(f"entries: the engine's root entries are all kept or none, not {self.engine_flags}")
+        if self.engine_flags not in ((), ENGINE_FLAGS, ENGINE_FLAGS[:3]):
+            raise ValueError(f"entries: the engine's root entries are all kept, none, or all but truncated, "
+                             f"not {self.engine_flags}")
         """What the env's batches hold besides observations (``_envs.keyed.batch_entries``):
         leaves kept under ``"next"`` only (a TorchRL env's rewards per group), which of the
         engine's own root entries a batch holds, each nested group's batch dims, and the batch
@@ -463,6 +464,8 @@ class RolloutStorage:
                     for t, envs in fresh:
                         view[envs, t] = False
                     out[flag] = root.unsqueeze(-1)
+            if "truncated" not in self.engine_flags:  # (a TorchRL env without one: none in its batches)
+                del out["truncated"], out[("next", "truncated")]
         for key in self.next_only:  # (its rewards: under "next" only)
             del out[key]
         out[("collector", "traj_ids")] = take(self.traj_ids)

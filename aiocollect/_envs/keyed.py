@@ -153,8 +153,9 @@ class EnvEntries(spaces.Dict):
     Args:
         tree: the nested dict of ``Box`` leaves (observations, done flags, rewards).
         next_only: keys of leaves a batch holds under ``"next"`` only (rewards).
-        engine_flags: which of ``ENGINE_FLAGS`` the batch holds at the root (the others
-            the engine still keeps for itself, out of the batch).
+        engine_flags: which of ``ENGINE_FLAGS`` the batch holds (all; none, for an env with
+            rewards and flags per group; all but ``"truncated"``, for an env without one). The
+            engine keeps every one of them for itself, whatever a batch holds.
         group_shapes: per nested group (a key prefix), its own batch dims (``(3,)`` for
             three agents), as TorchRL's sub-TensorDicts have them.
         env_batch: the batch dims of an env with more than one (``(5, 2)``): its envs are
@@ -181,10 +182,15 @@ NO_ENTRIES = (frozenset(), ENGINE_FLAGS, {}, ())
 """``batch_entries`` of a gymnasium env: no entry but its observations, every engine flag, no group."""
 
 
-def batch_entries(space: Any) -> tuple[frozenset, tuple[str, ...], dict, tuple[int, ...]]:
+def batch_entries(space: Any, truncates: bool = False) -> tuple[frozenset, tuple[str, ...], dict, tuple[int, ...]]:
     """``(next_only, engine_flags, group_shapes, env_batch)`` of an observation space: an
-    ``EnvEntries``' own, and for any other space ``NO_ENTRIES``."""
-    if isinstance(space, EnvEntries):
-        return space.next_only, space.engine_flags, space.group_shapes, space.env_batch
-    return NO_ENTRIES
+    ``EnvEntries``' own, and for any other space ``NO_ENTRIES``. ``truncates``: the collector
+    itself truncates (``max_frames_per_traj``, ``set_truncated``), so a batch of an env with
+    the engine's flags but no ``"truncated"`` of its own has one, as TorchRL's has then."""
+    if not isinstance(space, EnvEntries):
+        return NO_ENTRIES
+    flags = space.engine_flags
+    if truncates and flags and "truncated" not in flags:
+        flags = ENGINE_FLAGS
+    return space.next_only, flags, space.group_shapes, space.env_batch
 

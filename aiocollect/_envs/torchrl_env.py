@@ -198,7 +198,8 @@ def observation_space(env: EnvBase, where: str,
     leaves = _leaves(env.full_observation_spec_unbatched, where, "observation")
     if not leaves:
         raise TypeError(f"{where}: the TorchRL env has no tensor observation in its observation_spec.")
-    if not grouped and len(env.batch_size) < 2 and list(leaves) == [("observation",)]:
+    truncated = grouped or "truncated" in env.done_keys  # (else the engine's flags but that one)
+    if not grouped and truncated and len(env.batch_size) < 2 and list(leaves) == [("observation",)]:
         return leaves[("observation",)], [("observation",)], [None]
     zeros: dict[tuple[str, ...], Any] = dict.fromkeys(leaves)
     next_only: set = set()
@@ -218,10 +219,11 @@ def observation_space(env: EnvBase, where: str,
         node[path[-1]] = box
     groups = _group_shapes(env)
     env_batch = tuple(int(d) for d in env.batch_size) if len(env.batch_size) > 1 else ()
-    if not grouped and not groups and not env_batch:
+    if not grouped and not groups and not env_batch and truncated:
         return _as_dict_space(tree), list(leaves), [None] * len(leaves)
+    flags = () if grouped else ENGINE_FLAGS if truncated else ENGINE_FLAGS[:3]
     space = EnvEntries({k: _as_dict_space(v) if isinstance(v, dict) else v for k, v in tree.items()},
-                       frozenset(next_only), () if grouped else ENGINE_FLAGS, groups, env_batch)
+                       frozenset(next_only), flags, groups, env_batch)
     return space, list(leaves), [zeros[p] for p in leaves]
 
 

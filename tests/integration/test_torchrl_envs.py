@@ -291,9 +291,8 @@ def test_an_env_class_is_a_factory_in_every_collector_as_in_torchrl():
         expected = next(iter(theirs))
     finally:
         theirs.shutdown()
-    # (aiocollect writes "truncated" for an env without one: a gap issue 51 keeps open)
     ours = first_batch(aiocollect.Collector(ContinuousActionVecMockEnv, None, frames_per_batch=10, total_frames=10))
-    assert_torchrl_layout(ours.exclude("truncated", ("next", "truncated")), expected)
+    assert_torchrl_layout(ours, expected)
     theirs = TorchRLMultiSync([ContinuousActionVecMockEnv] * 2, None, frames_per_batch=20, total_frames=20)
     try:
         expected = next(iter(theirs))
@@ -333,3 +332,24 @@ def test_a_torchrl_env_instance_as_a_worker_entry_is_copied_to_its_worker_as_in_
         assert first_batch(collector).batch_size == (2, 10)
     assert env.rollout(3).batch_size == (2, 3)  # (the caller's instance: still usable)
     env.close()
+
+
+@pytest.mark.parametrize("max_frames_per_traj", [None, 3])
+def test_an_env_without_truncated_has_none_in_batches_unless_the_collector_truncates(max_frames_per_traj):
+    """A TorchRL env whose done spec has no ``"truncated"`` (TorchRL's mock envs): no
+    ``"truncated"`` in the batch, as in TorchRL's; with ``max_frames_per_traj``, TorchRL's
+    ``StepCounter`` adds one, and so does aiocollect (issue 51)."""
+    from torchrl.testing.mocking_classes import ContinuousActionVecMockEnv
+
+    theirs = TorchRLCollector(ContinuousActionVecMockEnv(), None, frames_per_batch=10, total_frames=10,
+                              max_frames_per_traj=max_frames_per_traj)
+    try:
+        expected = next(iter(theirs))
+    finally:
+        theirs.shutdown()
+    ours = first_batch(aiocollect.Collector(ContinuousActionVecMockEnv, None, frames_per_batch=10, total_frames=10,
+                                            max_frames_per_traj=max_frames_per_traj))
+    assert_torchrl_layout(ours, expected)
+    assert ("next", "truncated") in ours.keys(True) if max_frames_per_traj else "truncated" not in ours
+    if max_frames_per_traj:
+        assert ours["next", "truncated"][2::3].all() and ours["next", "done"][2::3].all()

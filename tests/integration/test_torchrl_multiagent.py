@@ -34,8 +34,6 @@ pytestmark = QUIET_TORCHRL
 
 ONLY_HERE = {("collector", "policy_version")}
 """The key aiocollect adds to every batch (``docs/migrating.md``)."""
-TRUNCATED = {"truncated", ("next", "truncated")}
-"""What aiocollect adds for an env with its done flags at the root and no "truncated" (documented)."""
 
 
 def _layout(td):
@@ -81,8 +79,7 @@ def test_nested_env_combinations_match_torchrl(nest_obs_action, nest_done, nest_
         return NestedCountingEnv(nest_obs_action=nest_obs_action, nest_done=nest_done, nest_reward=nest_reward)
 
     expected, got = _both(make, _count_policy(make()))
-    # (rewards and flags at the root only: the engine's own, with its "truncated")
-    assert_same_batches(expected, got, extra=() if nest_done or nest_reward else TRUNCATED)
+    assert_same_batches(expected, got)
     if nest_obs_action:
         assert got["data"].batch_size == got["next", "data"].batch_size == torch.Size([60, 3])
 

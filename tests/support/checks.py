@@ -36,11 +36,12 @@ def check_batch(td, *, reset_when_done=True, step_count=None, policy_keys=("acti
     n, T = b.shape
     done = b["next", "done"][..., 0]
     term = b["next", "terminated"][..., 0]
-    trunc = b["next", "truncated"][..., 0]
+    # (a TorchRL env without "truncated" has none in its batches, as in TorchRL's)
+    trunc = b.get(("next", "truncated"), torch.zeros_like(b["next", "done"]))[..., 0]
     assert b["next", "done"].dtype == torch.bool and b["next", "done"].shape == (n, T, 1)
     assert b["next", "reward"].dtype == torch.float32 and b["next", "reward"].shape == (n, T, 1)
     assert torch.equal(done, term | trunc)
-    for flag in ("done", "terminated", "truncated"):
+    for flag in ("done", "terminated", *(["truncated"] if ("next", "truncated") in b.keys(True) else [])):
         assert b[flag].shape == (n, T, 1)
         if reset_when_done:
             assert not b[flag].any(), f"root {flag} set although envs reset when done"
