@@ -361,11 +361,14 @@ def resolve_policy(policy: Any, policy_factory: Callable[[], Any] | None, compil
     if policy_factory is not None:
         if policy is not None:
             raise _BothPolicies("policy and policy_factory: give one of them, not both.")
+        if isinstance(policy_factory, (list, tuple)) and len(policy_factory) \
+                and all(f is policy_factory[0] for f in policy_factory):
+            policy_factory = policy_factory[0]  # (TorchRL's [factory] * num_workers: one policy, built once)
         if isinstance(policy_factory, (list, tuple)):
             raise TypeError(
-                f"policy_factory: a list of {len(policy_factory)} factories (TorchRL's per-worker policies); "
-                "aiocollect runs one policy for the envs of every worker (here, or the same copy in each): "
-                "give one factory. "
+                f"policy_factory: a list of {len(policy_factory)} different factories (TorchRL's per-worker "
+                "policies); aiocollect runs one policy for the envs of every worker (here, or the same copy in "
+                "each): give one factory, or the same one for every worker. "
                 "(RayCollector and RPCCollector take a list, one per remote collector.)"
             )
         if not callable(policy_factory):

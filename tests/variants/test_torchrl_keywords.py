@@ -148,11 +148,23 @@ def test_the_distributed_collectors_check_torchrl_keywords_before_starting_anyth
         aiocollect.RayCollector(CounterEnv, frames_per_batch=20, policy_factory=[factory, "not callable"])
 
 
-def test_a_list_of_policy_factories_is_refused_by_the_local_collectors():
-    """TorchRL's per-worker factories: here one policy runs for every worker's envs."""
+def test_a_list_of_policy_factories_is_one_policy_if_they_are_one_factory_and_refused_otherwise():
+    """TorchRL's per-worker factories: here one policy runs for every worker's envs, so
+    ``[factory] * num_workers`` (as TorchRL's scripts write it) builds it once, and different
+    factories are refused (issue 51)."""
     for cls in (aiocollect.Collector, aiocollect.MultiSyncCollector, aiocollect.MultiAsyncCollector):
-        with pytest.raises(TypeError, match=r"a list of 2 factories .* give one factory"):
-            cls([CounterEnv] * 2, policy_factory=[lambda: None] * 2, frames_per_batch=20)
+        with pytest.raises(TypeError, match=r"a list of 2 different factories .* the same one for every worker"):
+            cls([CounterEnv] * 2, policy_factory=[lambda: None, lambda: None], frames_per_batch=20)
+    calls = []
+
+    def factory():
+        calls.append(1)
+        return None  # (random actions)
+
+    with aiocollect.MultiSyncCollector([CounterEnv] * 2, policy_factory=[factory] * 2, frames_per_batch=20,
+                                       total_frames=20) as collector:
+        batch = next(iter(collector))
+    assert len(calls) == 1 and batch.batch_size == (2, 10)
 
 
 def test_torchrl_weight_sync_schemes_are_taken_and_other_values_refused():
