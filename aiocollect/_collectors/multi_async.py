@@ -72,13 +72,8 @@ class MultiAsyncCollector(WorkerCollectorBase):
     Args:
         create_env_fn: one entry per worker, as for
             [`MultiSyncCollector`][aiocollect.MultiSyncCollector].
-        policy: as for [`Collector`][aiocollect.Collector]; it runs in this process,
-            batched over every ready worker's envs, or as a copy in each worker, chosen as
-            the collector is built: a torch module on the CPU goes there when the workers
-            take every core or when its call there costs less than a round here (a small
-            MLP, usually); a GPU or JAX policy, a plain function, or one that changes its
-            own state while acting stays here (``policy_in_workers`` says which,
-            ``placement_costs`` what was measured).
+        policy: as for [`MultiSyncCollector`][aiocollect.MultiSyncCollector]: in this
+            process, batched over every ready worker's envs, or as a copy in each worker.
         max_policy_lag: the bound described above, an int >= 0 (``None``: no bound).
         step_timeout: as for [`MultiSyncCollector`][aiocollect.MultiSyncCollector].
         start_timeout: as for [`MultiSyncCollector`][aiocollect.MultiSyncCollector]: past

@@ -60,8 +60,9 @@ class MultiSyncCollector(WorkerCollectorBase):
             batched over every ready worker's envs, or as a copy in each worker, chosen as
             the collector is built: a torch module on the CPU goes there when the workers
             take every core or when its call there costs less than a round here (a small
-            MLP, usually); a GPU or JAX policy, a plain function, or one that changes its
-            own state while acting stays here (``policy_in_workers`` says which,
+            MLP, usually); a GPU or JAX policy, a plain function, one that changes its
+            own state while acting, or one for an env with several action keys (a TorchRL
+            multi-agent env) stays here (``policy_in_workers`` says which,
             ``placement_costs`` what was measured).
         cat_results: ``"stack"`` (default; ``None`` means the same) or an int: the dim
             along which to concatenate the workers' batches.
