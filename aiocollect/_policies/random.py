@@ -68,6 +68,9 @@ class RandomPolicy(TensorDictModuleBase):
                 is reseeded too.
         """
         self.action_space.seed(seed)
+        if self._keyed is not None:  # one policy per action key, each in its space's encoding
+            self._parts = [RandomPolicy(part, None if seed is None else seed + i)
+                           for i, part in enumerate(self._keyed.parts)]
         self._draws = _Draws(self.action_space, self._shape, np.random.default_rng(seed))
         self._entropy = np.random.SeedSequence(seed).entropy
         self._streams: dict[int, _Draws] = {}
@@ -100,15 +103,9 @@ class RandomPolicy(TensorDictModuleBase):
             if like is None:
                 return {"action": self.sample(num_envs)}
             return {**like, "action": self.sample_like(like["action"], num_envs)}
-        parts = self._keyed.unpack(self._draws.next(num_envs))
         out = dict(like or {})
-        for key, part in zip(self._keyed.keys, parts):
-            old = out.get(key)
-            if isinstance(old, torch.Tensor):
-                part = torch.from_numpy(part).to(old.dtype).reshape(old.shape)
-            elif old is not None:
-                part = part.astype(old.dtype, copy=False).reshape(old.shape)
-            out[key] = part
+        for key, part in zip(self._keyed.keys, self._parts):
+            out[key] = part.sample(num_envs) if like is None else part.sample_like(like[key], num_envs)
         return out
 
     @property

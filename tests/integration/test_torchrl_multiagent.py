@@ -180,3 +180,16 @@ def test_heterogeneous_agents_are_refused_naming_the_dynamic_entry(cls):
     entry = HeterogeneousCountingEnv if cls == "Collector" else [HeterogeneousCountingEnv]
     with pytest.raises(TypeError, match=r"dynamic dim \(-1\)"):
         getattr(aiocollect, cls)(entry, None, frames_per_batch=4, total_frames=4)
+
+
+def test_random_frames_draw_every_action_key_laid_out_as_the_policy_writes_it():
+    # init_random_frames: each key drawn in the policy's layout (the root action as one-hot
+    # bool rows, as the policy writes it), so the random and the policy's batches match
+    policy = MultiKeyCountingEnvPolicy(MultiKeyCountingEnv().full_action_spec_unbatched, deterministic=True)
+    with aiocollect.Collector(MultiKeyCountingEnv(), policy, frames_per_batch=8, total_frames=16,
+                              init_random_frames=8) as collector:
+        random, acted = list(collector)
+    assert _layout(random) == _layout(acted)
+    assert (random["action"].sum(-1) == 1).all()  # one-hot rows
+    assert not (random["nested_2", "azione"] == acted["nested_2", "azione"]).all()  # drawn, not the policy's
+    assert ((random["nested_2", "azione"] >= 0) & (random["nested_2", "azione"] <= 100)).all()
