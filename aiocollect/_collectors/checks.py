@@ -344,3 +344,16 @@ def count_or_none(name: str, value: Any, what: str) -> int | None:
     if count is None or count < 1:
         raise ValueError(f"{name}={value!r}: give {what}, or None.")
     return count
+
+
+PLACEMENTS = ("auto", "central", "workers")
+
+
+def policy_placement(name: str, value: Any) -> str:
+    """``"auto"``, ``"central"`` or ``"workers"`` (``None``: ``"auto"``)."""
+    if value is None:
+        return "auto"
+    if isinstance(value, str) and value in PLACEMENTS:
+        return value
+    raise ValueError(f"{name}={value!r}: use 'auto' (chosen as the collector is built), 'central' (the policy "
+                     "acts in this process, batched over the workers' envs) or 'workers' (a copy in each worker).")

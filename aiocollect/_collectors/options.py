@@ -197,6 +197,12 @@ class WorkerOptions:
     raises [`StartTimeoutError`][aiocollect.StartTimeoutError] naming those not up (killed)
     and those that were (stopped); ``None``: wait forever. Raise it on a loaded machine, or
     for envs that take minutes to build."""
+    policy_placement: str = field(default="auto", metadata=option(checks.policy_placement))
+    """Where the policy acts: ``"central"``, in this process, batched over every ready worker's
+    envs; ``"workers"``, a copy in each worker (a ``ValueError`` at construction, before any
+    process starts, for a policy the workers cannot run, naming why); ``"auto"``, chosen as the
+    collector is built (``AIOCOLLECT_POLICY_IN_WORKERS=0``/``1`` forces it, as a fallback).
+    ``collector.policy_in_workers`` says where it acts."""
     num_threads: int | None = field(default=None, compare=False, metadata=option(checks.threads))
     """TorchRL's keyword, checked (a positive number, or ``None``) but without effect: a worker
     runs torch only for its copy of the policy (``policy_in_workers``), and then on one thread.

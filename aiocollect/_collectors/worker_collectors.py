@@ -29,6 +29,7 @@ from .._envs.spaces import flatten_space
 from .._policies.in_workers import (
     SharedWeights,
     WorkersRunner,
+    cannot_act_in_workers,
     fields,
     measure,
     own_state_changes,
@@ -135,6 +136,7 @@ class WorkerCollectorBase(DataCollectorBase):
         num_threads: int | None = None,
         num_sub_threads: int = 1,
         max_policy_lag: int | None = None,
+        policy_placement: str = "auto",
         step_timeout: float | None = None,
         start_timeout: float | None = START_TIMEOUT_S,
         max_batch_size: int | None = None,
@@ -159,9 +161,12 @@ class WorkerCollectorBase(DataCollectorBase):
         # overlap; so do the steps of a policy that runs in the workers (``_policies.in_workers``)
         may_run = options.reset_when_done and options.interruptor is None
         entries = self._entries(create_env_fn)
-        where = placement(policy, num_workers=len(entries), policy_device=options.policy_device,
-                          compiled=cuda_graphs is not None or compile_policy not in (None, False),
-                          runs=may_run) if isinstance(entries, (list, tuple)) else "cannot"
+        compiled = cuda_graphs is not None or compile_policy not in (None, False)
+        where = placement(policy, num_workers=len(entries), policy_device=options.policy_device, compiled=compiled,
+                          runs=may_run, choice=worker_options.policy_placement) \
+            if isinstance(entries, (list, tuple)) else "cannot"
+        why_here = None if where != "cannot" else cannot_act_in_workers(
+            policy, policy_device=options.policy_device, compiled=compiled, runs=may_run)
         random_runs = may_run and (policy is None or isinstance(policy, RandomPolicy))
         # (parts, for a policy that may yet stay here; dropped below if it goes to the workers)
         plan = plan_workers(entries, options.create_env_kwargs, policy_between_steps=not random_runs,
@@ -170,6 +175,7 @@ class WorkerCollectorBase(DataCollectorBase):
             # several action keys (a TorchRL multi-agent env): the policy acts here, batched,
             # whose checks and packing are the engine's; random actions too
             where, random_runs = "cannot", False
+            why_here = "the env has several action keys (a TorchRL multi-agent env), checked and packed here"
         self._worker_frames = worker_frames
         """TorchRL's ``frames_per_batch`` list, one share per worker (``None``: an int was given)."""
         options = self._check_plan(plan, options, worker_options)
@@ -204,33 +210,11 @@ class WorkerCollectorBase(DataCollectorBase):
                                    device=self.policy_device, exploration_type=options.exploration_type,
                                    cuda_graphs=cuda_graphs, obs_leaves=obs_leaves,
                                    env_batch=batch_entries(plan.observation_space)[3])
-        outputs = sent = costs = None
-        if where in ("workers", "measure") and not any(w.coroutine for w in plan.workers):
-            scratch = scratch_copy(self._policy.policy)  # (what the probe and the timing call)
-            try:
-                outputs = None if scratch is None else probe(scratch, obs_leaves, options.exploration_type, action)
-            except BaseException:  # (a policy that does not take the observations: nothing started yet)
-                self.shutdown()
-                raise
-            # (after the probe: its call is the copy's first, as a worker's first call will be)
-            stateful = None if outputs is None else own_state_changes(scratch, obs_leaves, options.exploration_type)
-            if stateful is not None:  # (one policy, here: copies would each change their own state)
-                outputs = None
-                if env_flag("AIOCOLLECT_POLICY_IN_WORKERS"):
-                    logger.warning("aiocollect: AIOCOLLECT_POLICY_IN_WORKERS=1, but the policy runs here, batched "
-                                   "over the workers: %s, and copies in the workers would each change their own",
-                                   stateful)
-            if outputs is not None and where == "measure":
-                costs = measure(scratch, obs_leaves, options.exploration_type, [w.num_envs for w in plan.workers])
-                logger.debug("%s", costs)
-                if costs is None or not costs.in_workers:
-                    outputs = None
-            del scratch  # (a copy of the whole policy: not kept past the choice)
-            try:
-                sent = None if outputs is None else payload(
-                    self._policy.runner, tuple(k for k, _, _ in outputs), len(plan.workers))
-            except Exception:  # noqa: BLE001 - (a lock, an open file...): it runs here
-                outputs = None
+        outputs, sent, costs, why_here = self._place(where, why_here, plan, obs_leaves, options, action)
+        if worker_options.policy_placement == "workers" and outputs is None:
+            self.shutdown()
+            raise ValueError(f"policy_placement='workers': the policy cannot act in the workers: {why_here}. "
+                             "Use policy_placement='auto' (or 'central').")
         runs = random_runs or outputs is not None
         if runs:  # (no policy call between steps: nothing for parts to overlap)
             plan = plan.without_parts()
@@ -290,6 +274,48 @@ class WorkerCollectorBase(DataCollectorBase):
     @staticmethod
     def _entries(create_env_fn: Any) -> Any:
         return create_env_fn
+
+    def _place(self, where: str, why_here: str | None, plan: WorkerPlan, obs_leaves: list, options,
+               action: Any) -> tuple[Any, Any, Any, str | None]:
+        """Whether the workers act with copies of the policy (``where``: ``placement``'s first
+        answer): ``(outputs, payload, costs, why not)``, the probe's outputs and the payload
+        the workers get when they do (``None`` when it acts here, and why, if it could not go)."""
+        if where not in ("workers", "measure"):
+            return None, None, None, why_here or ("AIOCOLLECT_POLICY_IN_WORKERS=0 keeps it here" if where == "central"
+                                                  else "these workers' envs are stepped in this process")
+        if any(w.coroutine for w in plan.workers):
+            return None, None, None, "some workers' envs are coroutines, stepped in this process"
+        scratch = scratch_copy(self._policy.policy)  # (what the probe and the timing call)
+        if scratch is None:
+            return None, None, None, "it cannot be copied (deepcopy failed)"
+        try:
+            outputs = probe(scratch, obs_leaves, options.exploration_type, action)
+        except BaseException:  # (a policy that does not take the observations: nothing started yet)
+            self.shutdown()
+            raise
+        if outputs is None:
+            return None, None, None, ("its outputs cannot be laid out in shared memory (a recurrent state, a dtype "
+                                      "numpy lacks, one call per env), or its call on zeros failed")
+        # (after the probe: its call is the copy's first, as a worker's first call will be)
+        stateful = own_state_changes(scratch, obs_leaves, options.exploration_type)
+        if stateful is not None:  # (one policy, here: copies would each change their own state)
+            if self.worker_options.policy_placement == "auto" and env_flag("AIOCOLLECT_POLICY_IN_WORKERS"):
+                logger.warning("aiocollect: AIOCOLLECT_POLICY_IN_WORKERS=1, but the policy runs here, batched "
+                               "over the workers: %s, and copies in the workers would each change their own",
+                               stateful)
+            return None, None, None, f"{stateful}, and copies in the workers would each change their own"
+        costs = None
+        if where == "measure":
+            costs = measure(scratch, obs_leaves, options.exploration_type, [w.num_envs for w in plan.workers])
+            logger.debug("%s", costs)
+            if costs is None or not costs.in_workers:
+                return None, None, costs, "it costs less here (placement_costs)"
+        del scratch  # (a copy of the whole policy: not kept past the choice)
+        try:
+            sent = payload(self._policy.runner, tuple(k for k, _, _ in outputs), len(plan.workers))
+        except Exception as exc:  # noqa: BLE001 - (a lock, an open file...): it runs here
+            return None, None, costs, f"it cannot be sent to the workers ({type(exc).__name__}: {exc})"
+        return outputs, sent, costs, None
 
     def _check_plan(self, plan: WorkerPlan, options, worker_options: WorkerOptions) -> CollectorOptions:
         """Raise before any process starts if the options do not fit the envs; returns them

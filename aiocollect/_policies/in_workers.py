@@ -70,39 +70,55 @@ SEQ, VERSION = 0, 1
 writes) and the version of the weights there."""
 
 
-def placement(policy: Any, *, num_workers: int, policy_device: Any, compiled: bool, runs: bool) -> str:
+def placement(policy: Any, *, num_workers: int, policy_device: Any, compiled: bool, runs: bool,
+              choice: str = "auto") -> str:
     """Where the policy runs, as far as can be told before the probe (see the module docstring):
 
-    * ``"workers"``: in the workers, forced (``AIOCOLLECT_POLICY_IN_WORKERS=1``) or with no
+    * ``"workers"``: in the workers, asked for (``choice="workers"``, the collectors'
+      ``policy_placement``; or ``AIOCOLLECT_POLICY_IN_WORKERS=1`` with ``"auto"``) or with no
       core left for the engine (as many workers as usable cores, or more);
     * ``"measure"``: it may run in either place; ``measure`` chooses;
-    * ``"central"``: here, forced (``AIOCOLLECT_POLICY_IN_WORKERS=0``);
-    * ``"cannot"``: here, as the workers cannot run it (then forcing it changes nothing).
+    * ``"central"``: here, asked for (``"central"``, or ``AIOCOLLECT_POLICY_IN_WORKERS=0``);
+    * ``"cannot"``: here, as the workers cannot run it (``cannot_act_in_workers`` says why).
     """
+    forced = {"central": False, "workers": True}.get(choice, env_flag("AIOCOLLECT_POLICY_IN_WORKERS"))
+    if forced is False:
+        return "central"
+    if cannot_act_in_workers(policy, policy_device=policy_device, compiled=compiled, runs=runs) is not None:
+        return "cannot"
+    return "workers" if forced or num_workers >= usable_cores() else "measure"
+
+
+def cannot_act_in_workers(policy: Any, *, policy_device: Any, compiled: bool, runs: bool) -> str | None:
+    """Why the workers cannot act with a copy of ``policy`` (``None``: they can, as far as can
+    be told before the probe's call)."""
     import torch
 
     from .random import RandomPolicy
 
-    forced = env_flag("AIOCOLLECT_POLICY_IN_WORKERS")
-    if forced is False:
-        return "central"
-    if (not isinstance(policy, torch.nn.Module) or isinstance(policy, RandomPolicy) or compiled or not runs):
-        return "cannot"
+    if not isinstance(policy, torch.nn.Module) or isinstance(policy, RandomPolicy):
+        return "it is not a torch module (random actions, a plain function, a JAX policy)"
+    if compiled:
+        return "it is compiled (compile_policy, cudagraph_policy), for this process"
+    if not runs:
+        return ("a batch may be cut after any step (interruptor) or envs wait for a reset "
+                "(reset_when_done=False): the engine steps them one at a time")
     if policy_device is not None and torch.device(policy_device).type != "cpu":
-        return "cannot"
+        return f"it acts on {policy_device}, and the workers act on the CPU"
     from tensordict.nn import TensorDictModule
     from torch.nn.parameter import is_lazy
 
     from .._engine.storage import NUMPY_DTYPES  # (what numpy, so shared memory, holds)
 
     if isinstance(policy, TensorDictModule) and not isinstance(policy.module, torch.nn.Module):
-        return "cannot"  # (a plain function in a TensorDictModule: a worker's copy is built from a module)
+        return "it is a TensorDictModule around a plain function (a worker's copy is built from a module)"
     tensors = policy.state_dict(keep_vars=True).values()
     if any(not isinstance(t, torch.Tensor) for t in tensors):
-        return "cannot"  # extra state (``get_extra_state``): not weights the workers' copies could load
+        return "it has extra state (get_extra_state), not weights the workers' copies could load"
     if any(is_lazy(t) or t.device.type != "cpu" or t.dtype not in NUMPY_DTYPES for t in tensors):
-        return "cannot"  # (a lazy module takes its shapes at its first call, or from the first update)
-    return "workers" if forced or num_workers >= usable_cores() else "measure"
+        # (a lazy module takes its shapes at its first call, or from the first update)
+        return "it has lazy, non-CPU or non-numpy tensors, which shared memory cannot hold"
+    return None
 
 
 ENGINE_S_PER_WORKER = 10e-6
