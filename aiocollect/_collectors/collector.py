@@ -19,6 +19,7 @@ import os
 from collections import OrderedDict
 from typing import Any
 
+import numpy as np
 import torch
 from tensordict import TensorDictBase
 from tensordict.nn import InteractionType
@@ -26,6 +27,8 @@ from tensordict.nn import InteractionType
 from .._coroutines.group import CoroutineGroup
 from .._coroutines.lanes import CoroutineEnvs
 from .._engine.scheduler import Scheduler
+from .._engine.storage import host_empty
+from .._engine.trajectories import split_trajectories
 from .._envs.build import check_create_env_fn, make_group
 from .._envs.keyed import batch_entries
 from .._errors import CollectorError, EnvError
@@ -33,6 +36,7 @@ from .._policies.setup import PolicySetup
 from .._workers.inline_worker import InlineWorker
 from .._workers.shm import Layout, SharedArrays
 from .base import DataCollectorBase
+from .delivery import with_torchrl_versions, without_private_keys
 from .loop_thread import LoopThread
 from .options import env_seeds, fit_to_envs, next_seed, options_from, validate_batching
 from .torchrl_compat import (
@@ -384,6 +388,44 @@ class Collector(DataCollectorBase):
 
     def _counters(self) -> tuple[int, int]:
         return self._timelines.env_steps, self._timelines.completed_trajectories
+
+    def fake_tensordict(self) -> TensorDictBase:
+        """A batch of zeros laid out as this collector's batches: TorchRL's ``fake_tensordict()``,
+        for a replay buffer's storage or a compiled loss, with no env stepped.
+
+        Its keys, shapes, dtypes and dims are those of ``next(iter(collector))`` (``compact_obs``,
+        ``track_policy_version``, ``split_trajs`` and ``postproc`` applied, private keys left out):
+        built by the rollout storage that builds the real batches, the policy's outputs found by
+        one call of the policy on zeros shaped as the envs' observations (the first call, if the
+        collector has not called it yet).
+
+        Returns:
+            A TensorDict of zeros.
+        """
+        if self._closed:
+            raise self._closed_error()
+        st, n, frames = self._scheduler.storage, self.num_envs, self._steps_per_batch
+        runner = self._policy.runner
+        keys = self._scheduler.lanes[0].keys
+        if keys is None:  # (the policy not called yet: its outputs, from one call on zeros)
+            zeros = {leaf.key: torch.from_numpy(np.zeros((n, *leaf.shape), leaf.dtype))
+                     for leaf in self.group.obs_leaves}
+            out = self._on_engine(lambda: runner(zeros, n))
+            st.reserve(out)
+            keys = tuple(out)
+        tensors = self._on_engine(lambda: st.batch(0, 0, n, frames, np.full(n, frames), keys, None, False,
+                                                   empty=host_empty))
+        td = (self._tensordict(tensors, [n, frames]) if self._batched
+              else self._tensordict({k: v[0] for k, v in tensors.items()}, [frames])).zero_()
+        if self._compact_keys:
+            td = td.exclude(*self._compact_keys)
+        if self.options.track_policy_version:
+            with_torchrl_versions(td)
+        if self.options.split_trajs:
+            td = split_trajectories(td)
+        if self.options.postproc is not None:
+            td = self.options.postproc(td)
+        return without_private_keys(td)
 
     # ------------------------------------------------------------------ control
 

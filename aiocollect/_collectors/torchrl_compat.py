@@ -496,6 +496,23 @@ def _writable_trace_path(save_path: str | Path) -> Path:
     return path
 
 
+@dataclass(frozen=True)
+class ProfileConfig:
+    """What ``enable_profile()`` was given, under TorchRL's ``ProfileConfig`` field names
+    (``collector.profile_config``)."""
+
+    workers: list[int] | None
+    num_rollouts: int
+    warmup_rollouts: int
+    save_path: Path | None
+    activities: list[str]
+    record_shapes: bool
+    profile_memory: bool
+    with_stack: bool
+    with_flops: bool
+    on_trace_ready: Callable[[Any], None] | None
+
+
 class TorchRLAccessors:
     """``DataCollectorBase``'s TorchRL accessors. Uses the collector's ``options``,
     ``_policy``, ``_versions`` and ``update_policy_weights_``."""
@@ -771,6 +788,9 @@ class TorchRLAccessors:
             save_path = _writable_trace_path(save_path)
         if self._profile is not None:
             self._on_engine(self._end_trace)
+        self._profile_config = ProfileConfig(list(workers) if workers is not None else None, num_rollouts,
+                                             warmup_rollouts, save_path, list(activities or ["cpu"]), record_shapes,
+                                             profile_memory, with_stack, with_flops, on_trace_ready)
         self._profile = Profile(num_rollouts=num_rollouts, warmup_rollouts=warmup_rollouts, save_path=save_path,
                                 on_trace_ready=on_trace_ready, activities=activities, record_shapes=record_shapes,
                                 profile_memory=profile_memory, with_stack=with_stack, with_flops=with_flops)
@@ -800,6 +820,20 @@ class TorchRLAccessors:
             loop.portal.call(prof.finish)
         else:
             prof.finish()
+
+    def fake_tensordict(self) -> Any:
+        """TorchRL's ``fake_tensordict()``: ``Collector`` gives a batch of zeros laid out as its
+        batches; the other collectors raise ``NotImplementedError``, as TorchRL's multi-process
+        ones do (build a ``Collector`` over one worker's envs for the layout)."""
+        raise NotImplementedError(
+            f"{type(self).__name__}.fake_tensordict() is not implemented, as in TorchRL: call it on a "
+            "Collector over one worker's envs (its batches have the same keys).")
+
+    @property
+    def profile_config(self) -> ProfileConfig | None:
+        """TorchRL's ``profile_config``: the arguments of the last ``enable_profile()``
+        (``None`` before any)."""
+        return getattr(self, "_profile_config", None)
 
     def profile_report(self) -> ProfileReport:
         """Where the collection's time went since ``enable_profile()``: a frozen snapshot.

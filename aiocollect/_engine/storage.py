@@ -374,6 +374,12 @@ class RolloutStorage:
             else:
                 np.copyto(self.obs[i][s, t + 1, rows], value, where=keep.reshape(-1, *[1] * (value.ndim - 1)))
 
+    def reserve(self, out: dict[NestedKey, Any]) -> None:
+        """Allocate the policy outputs ``out`` (a call's, one row per env) that have no field yet."""
+        for key, value in out.items():
+            if key not in self._out_np:
+                self._allocate(key, value)
+
     def _allocate(self, key: NestedKey, value: Any) -> np.ndarray | None:
         spec = OutputSpec.of(value)
         self.specs[key] = spec

@@ -259,3 +259,51 @@ def test_policy_with_policy_factory_is_torchrls_type_error(name):
         getattr(aiocollect, name)(env, step_policy(), policy_factory=step_policy, frames_per_batch=10)
     with pytest.raises(TypeError, match="policy_factory cannot be used with policy argument"):
         torchrl_collectors.Collector(torchrl_counter, step_policy(), policy_factory=step_policy, frames_per_batch=10)
+
+
+@pytest.mark.parametrize("kwargs", [{}, {"compact_obs": True}, {"track_policy_version": True}])
+def test_fake_tensordict_is_a_batch_of_zeros_laid_out_as_the_batches_and_torchrl_s(kwargs):
+    """TorchRL's ``fake_tensordict()`` (for a buffer's storage, a compiled loss): the layout of
+    ``next(iter(collector))``, zeros, no env stepped; TorchRL's multi-process collectors do not
+    implement it, nor do aiocollect's (issue 51)."""
+    from torchrl.envs import GymEnv
+
+    policy = TensorDictModule(torch.nn.Linear(4, 2), in_keys=["observation"], out_keys=["logits"])
+
+    def layout(td):
+        return {k: (tuple(v.shape), v.dtype) for k, v in td.items(True, True)}
+
+    def act(td):
+        return policy(td).set("action", td["logits"].argmax(-1))
+
+    theirs = torchrl_collectors.Collector(GymEnv("CartPole-v1", categorical_action_encoding=True), act,
+                                          frames_per_batch=10, total_frames=10, **kwargs)
+    try:
+        expected = theirs.fake_tensordict()
+    finally:
+        theirs.shutdown()
+    with aiocollect.Collector(GymEnv("CartPole-v1", categorical_action_encoding=True), act, frames_per_batch=10,
+                              total_frames=10, **kwargs) as collector:
+        fake = collector.fake_tensordict()
+        assert collector.statistics().env_steps == 0  # nothing stepped
+        batch = next(iter(collector))
+    assert layout(fake) == layout(batch)
+    assert all((v == 0).all() for v in fake.values(True, True))
+    assert set(layout(fake)) - set(layout(expected)) == {("collector", "policy_version")}
+    assert {k: v for k, v in layout(fake).items() if k in layout(expected)} == layout(expected)
+    collector = aiocollect.MultiSyncCollector([CounterEnv], None, frames_per_batch=10, total_frames=10)
+    try:
+        with pytest.raises(NotImplementedError, match="fake_tensordict"):
+            collector.fake_tensordict()
+    finally:
+        collector.shutdown()
+    del collector  # (the exception's traceback holds this frame: the storage's memory goes with the object)
+
+
+def test_profile_config_says_what_enable_profile_was_given():
+    with aiocollect.Collector(CounterEnv, None, frames_per_batch=10, total_frames=20) as collector:
+        assert collector.profile_config is None
+        collector.enable_profile(num_rollouts=5, warmup_rollouts=2)
+        config = collector.profile_config
+        assert (config.num_rollouts, config.warmup_rollouts, config.activities, config.save_path) == (5, 2, ["cpu"],
+                                                                                                   None)
