@@ -357,3 +357,22 @@ def policy_placement(name: str, value: Any) -> str:
         return value
     raise ValueError(f"{name}={value!r}: use 'auto' (chosen as the collector is built), 'central' (the policy "
                      "acts in this process, batched over the workers' envs) or 'workers' (a copy in each worker).")
+
+
+def grouped_env_options(space: Any, options: Any) -> None:
+    """Raise ``ValueError`` for options an env with its rewards and done flags per agent group
+    (``_envs.keyed.grouped``) cannot give truthfully: the collector's own truncation
+    (``max_frames_per_traj``, ``set_truncated``), which no group's done flag would show, and
+    ``trajs_per_batch``, whose trajectories end on one done flag."""
+    from .._envs.keyed import grouped
+
+    if not grouped(space):
+        return
+    for name in ("max_frames_per_traj", "set_truncated", "trajs_per_batch"):
+        value = getattr(options, name)
+        if value not in (None, False):
+            raise ValueError(
+                f"{name}={value!r}: the env has its rewards and done flags per agent group (a TorchRL multi-agent "
+                "env), and the collector would end episodes that no group's done flag shows. Truncate in the env "
+                "(a TorchRL StepCounter(max_steps=...) on it), and split trajectories with split_trajs=True."
+            )

@@ -30,12 +30,13 @@ from .._engine.scheduler import Scheduler
 from .._engine.storage import host_empty
 from .._engine.trajectories import split_trajectories
 from .._envs.build import check_create_env_fn, make_group
-from .._envs.keyed import batch_entries
+from .._envs.keyed import batch_entries, observation_keys
 from .._errors import CollectorError, EnvError
 from .._policies.setup import PolicySetup
 from .._workers.inline_worker import InlineWorker
 from .._workers.shm import Layout, SharedArrays
 from .base import DataCollectorBase
+from .checks import grouped_env_options
 from .delivery import with_torchrl_versions, without_private_keys
 from .loop_thread import LoopThread
 from .options import env_seeds, fit_to_envs, next_seed, options_from, validate_batching
@@ -252,7 +253,9 @@ class Collector(DataCollectorBase):
         # the policy runs only while the user waits for a batch: act with the user's module
         # itself, as TorchRL does, a change of it being a new policy version
         try:
-            take_torchrl_keywords(self, torchrl_options, options, policy, obs_keys)
+            grouped_env_options(group.observation_space, options)
+            take_torchrl_keywords(self, torchrl_options, options, policy,
+                                  observation_keys(group.observation_space, obs_keys))
             self._policy = PolicySetup(policy, group.action_space, obs_keys, device=self.policy_device,
                                        exploration_type=options.exploration_type, share=True,
                                        cuda_graphs=cuda_graphs, obs_leaves=group.obs_leaves,

@@ -26,7 +26,8 @@ _UNCHECKED = getattr(TensorDict, "_new_unsafe", None)
 
 
 def batch_tensordict(nested: dict, shape: torch.Size, device: torch.device | None,
-                     groups: dict | None = None, names: list | None = None, path: tuple = ()) -> TensorDictBase:
+                     groups: dict | None = None, names: list | None = None, path: tuple = (),
+                     outer: tuple = ()) -> TensorDictBase:
     """A TensorDict of the tensors the collector built (``nested``: ``nest``'s dicts), every
     one already of ``shape`` and on ``device``, the last dim named ``"time"``. ``groups``:
     the batch dims of an env's nested groups (``_envs.keyed.EnvEntries``), which the
@@ -45,11 +46,12 @@ def batch_tensordict(nested: dict, shape: torch.Size, device: torch.device | Non
                 fields[key] = value
                 continue
             sub = (*path, key)
-            dims = groups.get(sub[1:] if sub[0] == "next" else sub, ())
+            full = groups.get(sub[1:] if sub[0] == "next" else sub, ())  # (its dims, its parents' first)
+            dims = full[len(outer):] if full[: len(outer)] == outer else ()
             if dims and not all(v.shape[len(shape): len(shape) + len(dims)] == dims for v in _leaf_values(value)):
                 dims = ()  # (an entry of another shape there, a policy's: the group keeps the frame's dims)
             fields[key] = batch_tensordict(value, torch.Size([*shape, *dims]), device, groups,
-                                           [*names, *[None] * len(dims)], sub)
+                                           [*names, *[None] * len(dims)], sub, (*outer, *dims))
         return TensorDict(fields, batch_size=shape, device=device, names=names)
     if _UNCHECKED is None:
         return TensorDict(nested, batch_size=shape, device=device, names=names)

@@ -53,6 +53,8 @@ class EpisodeReturns:
             done[..., -1, :] = batch.get(("next", "terminated"))[..., -1, :]
         ids = flat_numpy(ids)
         reward, done = flat_numpy(batch.get(("next", "reward"))), flat_numpy(done)
+        if reward.size != ids.size or done.size != ids.size:
+            return  # (a reward or flags of several values per frame: no one return per episode)
         valid = ids >= 0
         mask = batch.get(("collector", "mask"), None)
         if mask is not None:

@@ -24,7 +24,7 @@ from tensordict import TensorDictBase
 from tensordict.nn import InteractionType
 
 from .._engine.scheduler import Scheduler
-from .._envs.keyed import KeyedActions, action_check, batch_entries
+from .._envs.keyed import KeyedActions, action_check, batch_entries, observation_keys
 from .._envs.spaces import flatten_space
 from .._policies.in_workers import (
     SharedWeights,
@@ -45,6 +45,7 @@ from .._workers.pool import WorkerPool
 from .._workers.protocol import env_flag
 from .._workers.shm import Layout
 from .base import DataCollectorBase
+from .checks import grouped_env_options
 from .loop_thread import LoopThread
 from .options import (
     START_TIMEOUT_S,
@@ -166,7 +167,8 @@ class WorkerCollectorBase(DataCollectorBase):
                           runs=may_run, choice=worker_options.policy_placement) \
             if isinstance(entries, (list, tuple)) else "cannot"
         why_here = None if where != "cannot" else cannot_act_in_workers(
-            policy, policy_device=options.policy_device, compiled=compiled, runs=may_run)
+            policy, policy_device=options.policy_device, compiled=compiled, runs=may_run) \
+            or "these workers' envs are not a list of entries the workers step"
         random_runs = may_run and (policy is None or isinstance(policy, RandomPolicy))
         # (parts, for a policy that may yet stay here; dropped below if it goes to the workers)
         plan = plan_workers(entries, options.create_env_kwargs, policy_between_steps=not random_runs,
@@ -176,6 +178,9 @@ class WorkerCollectorBase(DataCollectorBase):
             # whose checks and packing are the engine's; random actions too
             where, random_runs = "cannot", False
             why_here = "the env has several action keys (a TorchRL multi-agent env), checked and packed here"
+        elif batch_entries(plan.observation_space)[3]:  # (a TorchRL env of batch [5, 2])
+            where = "cannot"
+            why_here = "the env has several batch dims, and the policy is called with them, here"
         self._worker_frames = worker_frames
         """TorchRL's ``frames_per_batch`` list, one share per worker (``None``: an int was given)."""
         options = self._check_plan(plan, options, worker_options)
@@ -190,7 +195,9 @@ class WorkerCollectorBase(DataCollectorBase):
         super().__init__(options)
         obs_leaves = flatten_space(plan.observation_space, "observation", "observation_space")
         try:
-            take_torchrl_keywords(self, torchrl_options, options, policy, [leaf.key for leaf in obs_leaves])
+            grouped_env_options(plan.observation_space, options)
+            take_torchrl_keywords(self, torchrl_options, options, policy,
+                                  observation_keys(plan.observation_space, [leaf.key for leaf in obs_leaves]))
         except BaseException:
             self.shutdown()
             raise
@@ -281,8 +288,9 @@ class WorkerCollectorBase(DataCollectorBase):
         answer): ``(outputs, payload, costs, why not)``, the probe's outputs and the payload
         the workers get when they do (``None`` when it acts here, and why, if it could not go)."""
         if where not in ("workers", "measure"):
-            return None, None, None, why_here or ("AIOCOLLECT_POLICY_IN_WORKERS=0 keeps it here" if where == "central"
-                                                  else "these workers' envs are stepped in this process")
+            return None, None, None, why_here or (
+                "policy_placement='central' (or AIOCOLLECT_POLICY_IN_WORKERS=0) keeps it here" if where == "central"
+                else "these workers' envs are not a list of entries the workers step")
         if any(w.coroutine for w in plan.workers):
             return None, None, None, "some workers' envs are coroutines, stepped in this process"
         scratch = scratch_copy(self._policy.policy)  # (what the probe and the timing call)

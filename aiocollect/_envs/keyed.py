@@ -160,11 +160,15 @@ class EnvEntries(spaces.Dict):
             three agents), as TorchRL's sub-TensorDicts have them.
         env_batch: the batch dims of an env with more than one (``(5, 2)``): its envs are
             stepped as ``5 * 2`` rows, and a batch has TorchRL's ``[5, 2, time]`` dims.
+        not_observations: the keys of the leaves that are done flags or rewards.
     """
 
     def __init__(self, tree: dict[str, Any], next_only: frozenset, engine_flags: tuple[str, ...],
-                 group_shapes: dict[tuple[str, ...], tuple[int, ...]], env_batch: tuple[int, ...] = ()):
+                 group_shapes: dict[tuple[str, ...], tuple[int, ...]], env_batch: tuple[int, ...] = (),
+                 not_observations: frozenset = frozenset()):
         super().__init__(tree)
+        self.not_observations = frozenset(not_observations)
+        """The keys of the done flags and rewards among the leaves (``compact_obs`` keeps them)."""
         self.next_only = frozenset(next_only)
         self.engine_flags = tuple(engine_flags)
         self.group_shapes = dict(group_shapes)
@@ -173,7 +177,7 @@ class EnvEntries(spaces.Dict):
     def __eq__(self, other: Any) -> bool:
         return (isinstance(other, EnvEntries) and super().__eq__(other) and self.next_only == other.next_only
                 and self.engine_flags == other.engine_flags and self.group_shapes == other.group_shapes
-                and self.env_batch == other.env_batch)
+                and self.env_batch == other.env_batch and self.not_observations == other.not_observations)
 
     __hash__ = None  # type: ignore[assignment]
 
@@ -194,3 +198,15 @@ def batch_entries(space: Any, truncates: bool = False) -> tuple[frozenset, tuple
         flags = ENGINE_FLAGS
     return space.next_only, flags, space.group_shapes, space.env_batch
 
+
+def observation_keys(space: Any, keys: list) -> list:
+    """The keys among ``keys`` (an observation space's leaves') that are observations: all of
+    them, but an ``EnvEntries``' done flags and rewards."""
+    drop = space.not_observations if isinstance(space, EnvEntries) else ()
+    return [k for k in keys if k not in drop]
+
+
+def grouped(space: Any) -> bool:
+    """Whether an env of observation space ``space`` has its rewards and done flags per group
+    (``EnvEntries`` keeping none of the engine's flags)."""
+    return isinstance(space, EnvEntries) and not space.engine_flags

@@ -203,14 +203,17 @@ def observation_space(env: EnvBase, where: str,
         return leaves[("observation",)], [("observation",)], [None]
     zeros: dict[tuple[str, ...], Any] = dict.fromkeys(leaves)
     next_only: set = set()
+    entries: set = set()  # (the done flags' and rewards' keys)
     if grouped:
         for path, box in _leaves(env.full_done_spec_unbatched, where, "done entry").items():
             leaves[path], zeros[path] = box, np.zeros(tuple(env.full_done_spec[path].shape), box.dtype)
+            entries.add(path[0] if len(path) == 1 else path)
         rewards = _leaves(env.full_reward_spec_unbatched, where, "reward")
         for path, box in rewards.items():
             leaves[path] = box
             zeros[path] = np.zeros(tuple(env.full_reward_spec[path].shape), box.dtype)
             next_only.add(path[0] if len(path) == 1 else path)
+            entries.add(path[0] if len(path) == 1 else path)
     tree: dict[str, Any] = {}
     for path, box in leaves.items():
         node = tree
@@ -223,7 +226,7 @@ def observation_space(env: EnvBase, where: str,
         return _as_dict_space(tree), list(leaves), [None] * len(leaves)
     flags = () if grouped else ENGINE_FLAGS if truncated else ENGINE_FLAGS[:3]
     space = EnvEntries({k: _as_dict_space(v) if isinstance(v, dict) else v for k, v in tree.items()},
-                       frozenset(next_only), flags, groups, env_batch)
+                       frozenset(next_only), flags, groups, env_batch, frozenset(entries))
     return space, list(leaves), [zeros[p] for p in leaves]
 
 

@@ -8,6 +8,7 @@ without importing tensordict (a second or more of each worker's start on a small
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from typing import Any
 
@@ -90,15 +91,19 @@ def host_array(value: torch.Tensor) -> np.ndarray:
         return value.float().numpy(force=True)
 
 
-_SHAPE_WORDS = ("shape", "size", "dimension", "channels")
+_SHAPE_ERRORS = re.compile(
+    r"mat1 and mat2 shapes cannot be multiplied|size mismatch|must match the size of tensor"
+    r"|expected input\S* .*to have \d+ channels|Expected \d+D \(unbatched\) or \d+D \(batched\) input"
+)
+"""torch's own messages for an input of the wrong shape (a linear or conv layer, a broadcast)."""
 
 
 def is_shape_error(exc: BaseException) -> bool:
-    """Whether ``exc``, raised by a policy's call, reads as torch's (or numpy's) complaint
-    about its input's shape: ``mat1 and mat2 shapes cannot be multiplied``, ``size
-    mismatch``, ``must match the size``, ``expected input ... channels``."""
-    return isinstance(exc, (RuntimeError, ValueError, IndexError)) and any(
-        word in str(exc).lower() for word in _SHAPE_WORDS)
+    """Whether ``exc``, raised by a policy's call, is torch's complaint about its input's
+    shape (``mat1 and mat2 shapes cannot be multiplied``, ``size mismatch``, ``must match the
+    size of tensor``, a conv layer's channels), not any error that mentions a shape (a
+    distribution's validation of its parameters on zeros)."""
+    return isinstance(exc, RuntimeError) and _SHAPE_ERRORS.search(str(exc)) is not None
 
 
 def note_policy_inputs(exc: BaseException, obs: Mapping, num_envs: int, where: str = "") -> None:

@@ -193,3 +193,24 @@ def test_random_frames_draw_every_action_key_laid_out_as_the_policy_writes_it():
     assert (random["action"].sum(-1) == 1).all()  # one-hot rows
     assert not (random["nested_2", "azione"] == acted["nested_2", "azione"]).all()  # drawn, not the policy's
     assert ((random["nested_2", "azione"] >= 0) & (random["nested_2", "azione"] <= 100)).all()
+
+
+def test_compact_obs_leaves_out_observations_only():
+    # compact_obs drops ("next", obs) for the env's observations; the rewards and done flags
+    # per group stay under "next", as in TorchRL's batches
+    def make():
+        return MultiAgentCountingEnv(n_agents=2)
+
+    policy = TorchRLRandomPolicy(make().full_action_spec)
+    expected, got = _both(make, policy, frames=8, total=8, compact_obs=True)
+    assert set(_layout(got)) == set(_layout(expected)) | ONLY_HERE
+    assert ("next", "agents", "agent_0", "reward") in got.keys(True, True)
+    assert ("next", "agents", "agent_0", "observation") not in got.keys(True, True)
+
+
+@pytest.mark.parametrize("option", [{"max_frames_per_traj": 4}, {"set_truncated": True}, {"trajs_per_batch": 2}])
+def test_options_no_group_flag_would_show_are_refused(option):
+    # the collector's own truncation (and whole trajectories) would end episodes that no
+    # group's done flag shows: refused at construction, saying what to do instead
+    with pytest.raises(ValueError, match=rf"{next(iter(option))}=.*per agent group.*StepCounter"):
+        aiocollect.Collector(MultiAgentCountingEnv(n_agents=2), None, frames_per_batch=8, **option)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import gymnasium as gym
 import pytest
+import torch
 from tensordict.nn import TensorDictModule
 from torch import nn
 
@@ -68,3 +69,24 @@ def test_a_policy_that_fails_otherwise_still_fails_at_its_first_call(monkeypatch
     with pytest.raises(ArithmeticError, match="boom") as info, collector:
         next(iter(collector))
     assert "raised by the policy" in _notes(info.value) and "first layer" not in _notes(info.value)
+
+
+def test_an_error_on_zeros_that_is_not_about_shapes_does_not_stop_construction(monkeypatch):
+    # a distribution validating its parameters fails on zeros (scale 0), with "shape" in its
+    # message, and works on real observations: the probe must not take it for a misfit
+    monkeypatch.setenv("AIOCOLLECT_POLICY_IN_WORKERS", "1")
+
+    class Gaussian(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.mean = nn.Linear(3, 1)
+
+        def forward(self, observation):
+            scale = observation[..., :1].abs() + (observation[..., :1] == 0) * 0  # 0 on zeros
+            return torch.distributions.Normal(self.mean(observation), scale, validate_args=True).sample()
+
+    policy = TensorDictModule(Gaussian(), in_keys=["observation"], out_keys=["action"])
+    with aiocollect.MultiSyncCollector([lambda: gym.make("Pendulum-v1")] * 2, policy, frames_per_batch=8,
+                                       total_frames=8) as collector:
+        batch = next(iter(collector))
+    assert batch["action"].shape == (2, 4, 1)
