@@ -67,21 +67,32 @@ def test_collector_gives_torchrl_s_dims_and_values(make):
         assert got[0]["data"].batch_size == (5, 2, 4, 3)
 
 
-@pytest.mark.parametrize(("name", "kwargs", "shape"), [
-    ("MultiSyncCollector", {"cat_results": "stack"}, (2, 5, 2, 4)),
-    ("MultiSyncCollector", {"cat_results": 0}, (10, 2, 4)),
-    ("MultiAsyncCollector", {}, (5, 2, 8)),
-])
-def test_worker_collectors_give_torchrl_s_dims(name, kwargs, shape):
-    policy = _policy(counting())
-    theirs = getattr(torchrl_collectors, name)([counting, counting], policy, frames_per_batch=80,
-                                              total_frames=80, **kwargs)
+@pytest.fixture(scope="module")
+def torchrl_multisync():
+    """TorchRL's MultiSyncCollector over two ``counting`` workers, 80 frames each: ``[2, 5, 2, 8]``
+    (built once: its worker processes take seconds to start)."""
+    theirs = torchrl_collectors.MultiSyncCollector([counting, counting], _policy(counting()), frames_per_batch=160,
+                                                   total_frames=160, cat_results="stack")
     try:
-        expected = next(iter(theirs))
+        return next(iter(theirs))
     finally:
         theirs.shutdown()
-    with getattr(aiocollect, name)([counting, counting], policy, frames_per_batch=80, total_frames=80,
-                                   **kwargs) as collector:
+
+
+@pytest.mark.xdist_group("torchrl-batch-dims")  # (one worker builds the fixture, once)
+@pytest.mark.parametrize(("name", "kwargs", "shape"), [
+    ("MultiSyncCollector", {"cat_results": "stack"}, (2, 5, 2, 8)),
+    ("MultiSyncCollector", {"cat_results": 0}, (10, 2, 8)),
+    ("MultiAsyncCollector", {}, (5, 2, 8)),
+])
+def test_worker_collectors_give_torchrl_s_dims(torchrl_multisync, name, kwargs, shape):
+    # TorchRL's batches for each: the stacked one; joined along dim 0, [10, 2, 8] (worker 0's
+    # envs first); MultiAsync, one worker's [5, 2, 8] (the env is deterministic)
+    expected = {"stack": torchrl_multisync, 0: torchrl_multisync.reshape(10, 2, 8),
+                None: torchrl_multisync[0]}[kwargs.get("cat_results")]
+    frames = 160 if name == "MultiSyncCollector" else 80
+    with getattr(aiocollect, name)([counting, counting], _policy(counting()), frames_per_batch=frames,
+                                   total_frames=frames, **kwargs) as collector:
         (got,) = list(collector)
     assert tuple(got.batch_size) == shape == tuple(expected.batch_size)
     # (trajectory ids are numbered as episodes end, in either worker first: compared apart)

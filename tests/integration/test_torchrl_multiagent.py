@@ -121,18 +121,30 @@ def test_multi_agent_env_layout_matches_torchrl_and_random_actions_fill_every_ke
     assert _layout(batch) == _layout(got)
 
 
-@pytest.mark.parametrize("cls", ["MultiSyncCollector", "MultiAsyncCollector"])
-def test_worker_collectors_match_torchrl_multisync(cls):
-    policy = MultiKeyCountingEnvPolicy(MultiKeyCountingEnv().full_action_spec_unbatched, deterministic=True)
+def _multi_key():
+    return MultiKeyCountingEnv(max_steps=4)
 
-    def make():
-        return MultiKeyCountingEnv(max_steps=4)
 
-    theirs = TorchRLMultiSync([make, make], policy, frames_per_batch=24, total_frames=24, cat_results="stack")
+def _multi_key_policy():
+    return MultiKeyCountingEnvPolicy(MultiKeyCountingEnv().full_action_spec_unbatched, deterministic=True)
+
+
+@pytest.fixture(scope="module")
+def torchrl_multisync():
+    """TorchRL's MultiSyncCollector over two ``MultiKeyCountingEnv`` workers: ``[2, 12]`` (built
+    once: its worker processes take seconds to start)."""
+    theirs = TorchRLMultiSync([_multi_key, _multi_key], _multi_key_policy(), frames_per_batch=24, total_frames=24,
+                              cat_results="stack")
     try:
-        expected = next(iter(theirs))
+        return next(iter(theirs))
     finally:
         theirs.shutdown()
+
+
+@pytest.mark.xdist_group("torchrl-multi-key")  # (one worker builds the fixture, once)
+@pytest.mark.parametrize("cls", ["MultiSyncCollector", "MultiAsyncCollector"])
+def test_worker_collectors_match_torchrl_multisync(torchrl_multisync, cls):
+    policy, make, expected = _multi_key_policy(), _multi_key, torchrl_multisync
     collector = getattr(aiocollect, cls)([make, make], policy, frames_per_batch=24, total_frames=48,
                                          **({"cat_results": "stack"} if cls == "MultiSyncCollector" else {}))
     with collector:
