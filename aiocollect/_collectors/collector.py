@@ -250,6 +250,7 @@ class Collector(DataCollectorBase):
         self.policy_device = options.policy_device
 
         obs_keys = [leaf.key for leaf in group.obs_leaves]
+        entries = batch_entries(group.observation_space, options.truncates)  # (what its batches hold)
         # the policy runs only while the user waits for a batch: act with the user's module
         # itself, as TorchRL does, a change of it being a new policy version
         try:
@@ -259,7 +260,7 @@ class Collector(DataCollectorBase):
             self._policy = PolicySetup(policy, group.action_space, obs_keys, device=self.policy_device,
                                        exploration_type=options.exploration_type, share=True,
                                        cuda_graphs=cuda_graphs, obs_leaves=group.obs_leaves,
-                                       env_batch=batch_entries(group.observation_space)[3])
+                                       env_batch=entries[3])
         except BaseException:
             self.shutdown()  # (a policy whose keys do not fit the envs: close the envs built)
             raise
@@ -290,7 +291,7 @@ class Collector(DataCollectorBase):
             workers = [InlineWorker(group, shared, max_frames_per_traj=options.max_frames_per_traj,
                                     reset_when_done=options.reset_when_done)]
         self._scheduler = Scheduler(shared, workers, leaves, check,
-                                    entries=batch_entries(group.observation_space, options.truncates),
+                                    entries=entries,
                                     step_count=options.max_frames_per_traj is not None,
                                     reset_when_done=options.reset_when_done,
                                     batching=batching if self._coroutine else None)

@@ -173,12 +173,13 @@ class WorkerCollectorBase(DataCollectorBase):
         # (parts, for a policy that may yet stay here; dropped below if it goes to the workers)
         plan = plan_workers(entries, options.create_env_kwargs, policy_between_steps=not random_runs,
                             gpu_policy=runs_on_gpu(policy, options.policy_device), single=self._one_entry)
+        entries = batch_entries(plan.observation_space, options.truncates)  # (what its batches hold)
         if isinstance(plan.action_space, KeyedActions):
             # several action keys (a TorchRL multi-agent env): the policy acts here, batched,
             # whose checks and packing are the engine's; random actions too
             where, random_runs = "cannot", False
             why_here = "the env has several action keys (a TorchRL multi-agent env), checked and packed here"
-        elif batch_entries(plan.observation_space)[3]:  # (a TorchRL env of batch [5, 2])
+        elif entries[3]:  # (a TorchRL env of batch [5, 2])
             where = "cannot"
             why_here = "the env has several batch dims, and the policy is called with them, here"
         self._worker_frames = worker_frames
@@ -216,7 +217,7 @@ class WorkerCollectorBase(DataCollectorBase):
         self._policy = PolicySetup(policy, plan.action_space, [leaf.key for leaf in obs_leaves],
                                    device=self.policy_device, exploration_type=options.exploration_type,
                                    cuda_graphs=cuda_graphs, obs_leaves=obs_leaves,
-                                   env_batch=batch_entries(plan.observation_space)[3])
+                                   env_batch=entries[3])
         outputs, sent, costs, why_here = self._place(where, why_here, plan, obs_leaves, options, action)
         if worker_options.policy_placement == "workers" and outputs is None:
             self.shutdown()
@@ -249,7 +250,7 @@ class WorkerCollectorBase(DataCollectorBase):
         res.closers += [pool.kill_leftovers, self._policy.close]
         try:
             self._scheduler = Scheduler(pool.shared, pool.lanes, obs_leaves, action,
-                                        entries=batch_entries(plan.observation_space, options.truncates),
+                                        entries=entries,
                                         step_count=options.max_frames_per_traj is not None,
                                         reset_when_done=options.reset_when_done, spin_s=pool.spin_s,
                                         runs=runs)

@@ -46,6 +46,7 @@ from typing import Any
 import anyio
 import numpy as np
 
+from .._envs.keyed import NO_ENTRIES
 from .._envs.spaces import ActionCheck
 from .._errors import EnvError
 from .._policies.runner import PolicyRunner
@@ -68,9 +69,8 @@ class Scheduler:
 
     def __init__(self, shared: SharedArrays, workers: list[LaneWorker], obs_leaves, action_check: ActionCheck, *,
                  step_count: bool, reset_when_done: bool, spin_s: float = 0.0, batching: Batching | None = None,
-                 runs: bool = False, entries: tuple | None = None):
-        self.storage = (RolloutStorage(shared, obs_leaves, step_count=step_count) if entries is None
-                        else RolloutStorage(shared, obs_leaves, step_count=step_count, entries=entries))
+                 runs: bool = False, entries: tuple = NO_ENTRIES):
+        self.storage = RolloutStorage(shared, obs_leaves, step_count=step_count, entries=entries)
         self.profile: Profile | None = None
         """Set by ``enable_profile()``: the policy calls and batches are timed (``_engine.profile``)."""
         self.num_envs = self.storage.num_envs

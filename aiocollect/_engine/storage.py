@@ -169,13 +169,13 @@ class RolloutStorage:
                  entries: tuple = NO_ENTRIES):
         layout = shared.layout
         self.next_only, self.engine_flags, self.group_shapes, self.env_batch = entries
-        if self.engine_flags not in ((), ENGINE_FLAGS, ENGINE_FLAGS[:3]):
-            raise ValueError(f"entries: the engine's root entries are all kept, none, or all but truncated, "
-                             f"not {self.engine_flags}")
         """What the env's batches hold besides observations (``_envs.keyed.batch_entries``):
         leaves kept under ``"next"`` only (a TorchRL env's rewards per group), which of the
         engine's own root entries a batch holds, each nested group's batch dims, and the batch
         dims of an env with several (its envs are rows here)."""
+        if self.engine_flags not in ((), ENGINE_FLAGS, ENGINE_FLAGS[:3]):
+            raise ValueError(f"entries: the engine's root entries are all kept, none, or all but truncated, "
+                             f"not {self.engine_flags}")
         k, t, n = layout.slots, layout.columns, shared.arrays["reward"].shape[2]
         self.slots, self.columns, self.num_envs = k, t, n
         self.keys = [leaf.key for leaf in obs_leaves]
