@@ -15,6 +15,7 @@ import torch
 from tensordict import TensorDict, TensorDictBase
 
 from .._engine.trajectories import split_trajectories
+from .._envs.object_batches import with_objects
 from .progress import ProgressBar, flat_numpy
 
 DONE = object()
@@ -195,6 +196,8 @@ class Delivery:
         batch with ``return_same_td``."""
         if self._staging is not None:
             batch = self._staging.upload(batch)
+        if self._object_entries:  # (an env's entries with no fixed shape: _envs.objects)
+            batch = with_objects(batch)
         if self._compact_keys:  # compact_obs=True: no ("next", obs) copy of the next step's observation
             batch = batch.exclude(*self._compact_keys)
         if self.options.track_policy_version:

@@ -48,6 +48,7 @@ from pathlib import Path
 from typing import Any
 
 from .._engine.profile import Profile, ProfileReport
+from .._envs.objects import OBJECTS
 from .._errors import CollectorError
 from .._policies.random import SpecRandomPolicy
 from .._policies.setup import check_policy, cuda_graphs_for
@@ -197,6 +198,7 @@ def take_torchrl_keywords(collector: Any, given: Mapping[str, Any], options: Col
             setattr(collector, name, given[name])
     if given.get("worker_idx") is not None:
         collector.worker_idx = int(given["worker_idx"])
+    collector._object_entries = OBJECTS in obs_keys
     collector.compact_obs = bool(given.get("compact_obs", False))
     collector._compact_keys = compact_keys(obs_keys) if collector.compact_obs else ()
     extend = given.get("extend_buffer", True)
@@ -548,6 +550,8 @@ class TorchRLAccessors:
     """TorchRL's ``weight_updater`` as given (one of TorchRL's in-process updaters, or
     ``None``); ``update_policy_weights_()`` does what they do."""
     _compact_keys: tuple = ()
+    _object_entries = False
+    """Whether the envs have entries with no fixed shape (``_envs.objects``), unpickled into each batch."""
     _hook_after_postproc = True
     """``post_collect_hook`` takes the batch delivered (``Collector``), not each worker's."""
 

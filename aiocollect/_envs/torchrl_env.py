@@ -91,11 +91,13 @@ from torchrl.data import (
     MultiOneHot,
     NonTensor,
     OneHot,
+    StackedComposite,
     Unbounded,
 )
 from torchrl.envs import EnvBase, EnvCreator
 
 from .keyed import ENGINE_FLAGS, EnvEntries, KeyedActions
+from .objects import OBJECTS, Tensor, encode, object_bytes, objects_space
 from .spaces import MultiOneHotDiscrete, OneHotDiscrete
 
 
@@ -140,8 +142,8 @@ def _observation_box(spec: Any, what: str) -> spaces.Box:
     if any(d < 0 for d in spec.shape):
         raise TypeError(
             f"{what} has shape {list(spec.shape)}: a dynamic dim (-1), whose size changes from step to step "
-            "(or heterogeneous agents, lazily stacked). aiocollect stores every entry with a fixed shape "
-            "per env in shared memory; TorchRL's own collector returns such batches lazily stacked. "
+            "(or heterogeneous agents, lazily stacked), which aiocollect takes for observations only "
+            "(carried as objects, lazily stacked in the batches as TorchRL's are). "
             "Pad the entry to a fixed size with a transform, or collect this env with TorchRL's collector."
         )
     dtype, shape = _np_dtype(spec.dtype, what), tuple(spec.shape)
@@ -161,14 +163,31 @@ def _key_path(key: Any) -> tuple[str, ...]:
     return (key,) if isinstance(key, str) else tuple(key)
 
 
-def _leaves(composite: Composite, where: str, what: str) -> dict[tuple[str, ...], spaces.Box]:
+def _leaves(composite: Composite, where: str, what: str,
+            objects: list | None = None) -> dict[tuple[str, ...], spaces.Box]:
+    """The ``Box`` of each tensor leaf of ``composite``; with ``objects`` (a list), the paths of
+    its non-tensor leaves and of those of a dynamic shape are added to it instead (``_envs.objects``)."""
     leaves: dict[tuple[str, ...], spaces.Box] = {}
     for key in composite.keys(include_nested=True, leaves_only=True):
         spec = composite[key]
-        if isinstance(spec, (NonTensor, Composite)):
+        if isinstance(spec, Composite):
+            continue
+        if objects is not None and (isinstance(spec, NonTensor) or _dynamic(spec, composite, key)):
+            objects.append(_key_path(key))
+            continue
+        if isinstance(spec, NonTensor):
             continue
         leaves[_key_path(key)] = _observation_box(spec, f"{where}: {what} {key!r}")
     return leaves
+
+
+def _dynamic(spec: Any, composite: Composite, key: Any) -> bool:
+    """Whether ``spec`` (at ``key`` in ``composite``) has a dim that changes from step to step
+    (a ``-1``), outside a lazily stacked group of heterogeneous agents (those are refused)."""
+    if not any(d < 0 for d in spec.shape):
+        return False
+    path = _key_path(key)
+    return not any(isinstance(composite[path[:i]], StackedComposite) for i in range(1, len(path)))
 
 
 def _group_shapes(env: EnvBase) -> dict[tuple[str, ...], tuple[int, ...]]:
@@ -183,8 +202,8 @@ def _group_shapes(env: EnvBase) -> dict[tuple[str, ...], tuple[int, ...]]:
     return shapes
 
 
-def observation_space(env: EnvBase, where: str,
-                      grouped: bool = False) -> tuple[spaces.Space, list[tuple[str, ...]], list[Any]]:
+def observation_space(env: EnvBase, where: str, grouped: bool = False,
+                      objects: list | None = None) -> tuple[spaces.Space, list[tuple[str, ...]], list[Any]]:
     """The gymnasium space of ``env``'s observations, the path of each leaf it reads, and for
     each leaf what stands for it where a TensorDict lacks it (zeros for a reward at a reset:
     the batch holds it under ``"next"`` only), or ``None``.
@@ -193,9 +212,13 @@ def observation_space(env: EnvBase, where: str,
     for a gymnasium env with a ``Box`` space); anything else gives a ``Dict`` nested as the
     spec's keys are, so every leaf keeps its TorchRL key. A ``grouped`` env (rewards or done
     flags per group, see ``_Grouped``) gives an ``EnvEntries`` with its done flags and rewards
-    as leaves too.
+    as leaves too. Entries with no fixed shape (non-tensor, or a ``-1`` dim) are one leaf,
+    ``OBJECTS`` (``_envs.objects``); their paths are added to ``objects``.
     """
-    leaves = _leaves(env.full_observation_spec_unbatched, where, "observation")
+    objects = [] if objects is None else objects
+    leaves = _leaves(env.full_observation_spec_unbatched, where, "observation", objects)
+    if objects:
+        leaves[(OBJECTS,)] = objects_space(object_bytes())
     if not leaves:
         raise TypeError(f"{where}: the TorchRL env has no tensor observation in its observation_spec.")
     truncated = grouped or "truncated" in env.done_keys  # (else the engine's flags but that one)
@@ -380,7 +403,11 @@ class _Bridge:
         """The env's batch dims; with several (``[5, 2]``), its envs are stepped as ``5 * 2`` rows."""
         self.num_envs = math.prod(self.env_batch) if self.env_batch else None
         self.grouped = None if _root_simple(env) else _Grouped(env)
-        self.observation_space, self._paths, self._fallback = observation_space(env, where, self.grouped is not None)
+        self._objects: list[tuple[str, ...]] = []
+        """The paths of the entries carried as objects (``_envs.objects``)."""
+        self.observation_space, self._paths, self._fallback = observation_space(
+            env, where, self.grouped is not None, self._objects)
+        self._where = where
         self._flat = isinstance(self.observation_space, spaces.Box)
         action_keys = [k if isinstance(k, str) else tuple(k) for k in env.action_keys]
         self._action_keys = action_keys
@@ -411,11 +438,32 @@ class _Bridge:
             node = obs
             for name in path[:-1]:
                 node = node.setdefault(name, {})
+            if path == (OBJECTS,):
+                node[OBJECTS] = self._object_rows(td)
+                continue
             value = td.get(path, None)
             if value is None and zeros is not None:  # a reward, at a reset: the batch holds it under "next" only
                 value = zeros
             node[path[-1]] = self._rows(value.detach().cpu().numpy() if isinstance(value, torch.Tensor) else value)
         return obs
+
+    def _object_rows(self, td: Any) -> np.ndarray:
+        """The ``OBJECTS`` row of each env: its values of the entries with no fixed shape."""
+        shape = self.env_batch
+        rows = np.zeros((*shape, self.observation_space[OBJECTS].shape[0]), np.uint8)
+        for idx in np.ndindex(*shape):
+            sub = td[idx] if shape else td
+            values = {}
+            for path in self._objects:
+                value = sub.get(path, None)
+                if value is None:
+                    continue
+                key = path[0] if len(path) == 1 else path
+                values[key] = Tensor(value.detach().cpu().numpy()) if isinstance(value, torch.Tensor) \
+                    else getattr(value, "data", value)
+            where = self._where if not shape else f"{self._where}, env {list(idx)}"
+            encode(values, rows[idx], where)
+        return self._rows(rows)
 
     def reset(self, mask: np.ndarray | None = None, seed: int | None = None) -> Any:
         """Reset every env (``mask=None``), or those of ``mask`` (TorchRL's partial reset);
@@ -444,9 +492,9 @@ class _Bridge:
                 action = action.reshape(*self.env_batch, *action.shape[1:])
             td.set("action", self.encode(action))
             return
-        for key, encode, part in zip(self._action_keys, self.encoders,
-                                     self.keyed.unpack(action.reshape(*self.env_batch, -1))):
-            td.set(key, encode(part))
+        for key, encoder, part in zip(self._action_keys, self.encoders,
+                                      self.keyed.unpack(action.reshape(*self.env_batch, -1))):
+            td.set(key, encoder(part))
 
     def step(self, action: np.ndarray) -> tuple[Any, np.ndarray, np.ndarray, np.ndarray]:
         """Step with ``action`` (aiocollect's encoding); observations, reward, terminated,

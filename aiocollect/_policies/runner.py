@@ -56,6 +56,8 @@ import torch
 from tensordict import TensorDict, TensorDictBase
 from tensordict.nn import InteractionType, TensorDictModule, TensorDictModuleBase, set_interaction_type
 
+from .._envs.object_batches import with_objects
+from .._envs.objects import OBJECTS, decode_all
 from .._envs.spaces import NestedKey, nest
 from .array import ArrayPolicy
 from .graphs import CudaGraphs
@@ -380,6 +382,8 @@ class PolicyRunner:
                 outs.append({k: v.reshape(block, *v.shape[len(dims):]) for k, v in rows.items()})
             return outs[0] if len(outs) == 1 else {k: torch.cat([o[k] for o in outs]) for k in outs[0]}
         td = TensorDict(nest(obs), batch_size=size, device=self.device)
+        if OBJECTS in obs:  # (an env's entries with no fixed shape: under their own keys, as TorchRL gives them)
+            td = with_objects(td)
         return self._call_td(td, obs)
 
     def _call_td(self, td: TensorDictBase, obs: dict[NestedKey, torch.Tensor]) -> dict[NestedKey, Any]:
@@ -391,7 +395,7 @@ class PolicyRunner:
                 f"policy: a TensorDict policy must return a TensorDict, got {type(result).__name__}."
             )
         if self._out_keys is None:
-            new = [k for k in result.keys(True, True) if k not in obs]
+            new = [k for k in result.keys(True, True) if k not in obs and k not in self._object_inputs(obs)]
             missing = [k for k in self.action_keys if k not in new]
             if missing and self.action_keys != ("action",):
                 raise KeyError(
@@ -406,6 +410,12 @@ class PolicyRunner:
                 )
             self._out_keys = new
         return {k: result.get(k) for k in self._out_keys}
+
+    def _object_inputs(self, obs: dict[NestedKey, torch.Tensor]) -> set:
+        """The keys of the entries with no fixed shape in the policy's input (not its outputs)."""
+        if OBJECTS not in obs:
+            return set()
+        return {k for row in decode_all(obs[OBJECTS].cpu().numpy()).flat for k in row}
 
     def _call_plain(self, obs: dict[NestedKey, torch.Tensor]) -> dict[NestedKey, Any]:
         keys = self.obs_keys if self._inputs is None else self._inputs

@@ -1,0 +1,202 @@
+"""TorchRL env entries with no fixed shape, in every collector, compared with TorchRL's own
+collector on the same env and policy (issue 51): an entry whose shape changes every step
+(``EnvWithDynamicSpec``: the batch is lazily stacked along time, as TorchRL's is) and a
+non-tensor entry (a string per step, TorchRL's ``TestCollectorsNonTensor`` env: a
+``NonTensorStack`` in the batch). Both travel as pickled objects beside shared memory
+(``aiocollect._envs.objects``)."""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+
+import aiocollect
+from support.torchrl_marks import QUIET_TORCHRL
+
+with warnings.catch_warnings():
+    warnings.simplefilter("ignore", DeprecationWarning)
+    torchrl = pytest.importorskip("torchrl")
+    from tensordict import LazyStackedTensorDict, NonTensorData
+    from torchrl.collectors import Collector as TorchRLCollector
+    from torchrl.data import NonTensor
+    from torchrl.envs import GymEnv, StepCounter, Transform
+    from torchrl.envs.utils import RandomPolicy as TorchRLRandomPolicy
+    from torchrl.testing.mocking_classes import EnvWithDynamicSpec
+
+pytestmark = QUIET_TORCHRL
+
+ALL = ["Collector", "MultiSyncCollector", "MultiAsyncCollector", "AsyncCollector"]
+
+
+def _collector(name, make_env, policy, **kwargs):
+    cls = getattr(aiocollect, name)
+    if name == "Collector":
+        return cls(make_env(), policy, **kwargs)
+    if name == "AsyncCollector":
+        return cls(make_env, policy, **kwargs)
+    if name == "MultiSyncCollector":
+        kwargs.setdefault("cat_results", "stack")
+    return cls([make_env], policy, **kwargs)
+
+
+def _mean_policy(td):
+    """A policy that reads the dynamic observation (its mean, whatever its shape) in every env."""
+    if isinstance(td, LazyStackedTensorDict) and td.stack_dim == 0:
+        means = torch.stack([t["observation"].mean() for t in td.tensordicts])
+    elif td.batch_dims:
+        means = torch.stack([t["observation"].mean() for t in td.unbind(0)])
+    else:
+        means = td["observation"].mean()
+    td.set("action", means.unsqueeze(-1).expand(*td.batch_size, 2).clamp(-1, 1) / 10)
+    return td
+
+
+@pytest.mark.parametrize("name", ALL)
+def test_a_dynamic_entry_gives_lazily_stacked_batches_as_torchrl(name):
+    # TorchRL's TestDynamicEnvs, in every collector, with values: the observation grows by one
+    # row each step ([3, count + 1, 2], count reset every 5 steps)
+    spec = EnvWithDynamicSpec().action_spec
+    with _collector(name, EnvWithDynamicSpec, TorchRLRandomPolicy(spec), frames_per_batch=20, total_frames=40) as c:
+        batches = list(c)
+    assert len(batches) == 2
+    for data in batches:
+        assert isinstance(data, LazyStackedTensorDict)
+        assert data.names[-1] == "time"
+        frames = data if data.batch_dims == 1 else data[0]
+        for frame in frames.unbind(0):
+            count = int(frame["observation"][0, 0, 0])
+            assert frame["observation"].shape == (3, count + 1, 2)
+            assert torch.all(frame["observation"] == count)
+            nxt = frame["next", "observation"]
+            assert nxt.shape == (3, count + 2, 2) and torch.all(nxt == count + 1)
+            assert bool(frame["next", "done"]) == (count + 1 >= 5)
+        assert frames["action"].shape == (20, 2)
+
+
+def test_a_dynamic_entry_is_in_the_policys_input_and_the_batch_equals_torchrl():
+    def run(cls):
+        c = cls(EnvWithDynamicSpec(), _mean_policy, frames_per_batch=12, total_frames=24)
+        try:
+            return torch.cat(list(c), 0) if cls is TorchRLCollector else LazyStackedTensorDict.lazy_stack(
+                [f for b in c for f in b.unbind(0)], 0)
+        finally:
+            c.shutdown()
+
+    theirs = LazyStackedTensorDict.lazy_stack(list(run(TorchRLCollector).unbind(0)), 0)
+    ours = run(aiocollect.Collector)
+    assert len(theirs.tensordicts) == len(ours.tensordicts) == 24
+    for a, b in zip(theirs.tensordicts, ours.tensordicts):
+        for key in ("observation", ("next", "observation"), "action", ("next", "done"), ("next", "reward")):
+            assert a[key].shape == b[key].shape, key
+            assert torch.equal(a[key], b[key]), key
+    assert torch.equal(theirs["collector", "traj_ids"], ours["collector", "traj_ids"])
+
+
+class AddNonTensorData(Transform):
+    """TorchRL's ``TestCollectorsNonTensor`` transform: a string entry at every step and reset."""
+
+    def _call(self, next_tensordict):
+        next_tensordict["nt"] = f"a string! - {next_tensordict.get('step_count').item()}"
+        return next_tensordict
+
+    def _reset(self, tensordict, tensordict_reset):
+        return tensordict_reset.set("nt", NonTensorData("reset!"))
+
+    def transform_observation_spec(self, observation_spec):
+        observation_spec["nt"] = NonTensor(shape=())
+        return observation_spec
+
+
+def make_string_env():
+    return GymEnv("CartPole-v1").append_transform(StepCounter()).append_transform(AddNonTensorData())
+
+
+def check_strings(result):
+    """TorchRL's own check of the strings of one env's frames; the episodes it saw begin."""
+    begun = 0
+    for i, val in enumerate(result["nt"][1:]):
+        if val == "a string! - 1":
+            assert result["nt"][i] == "reset!"
+            begun += 1
+        elif val.startswith("a string!"):
+            assert result["next", "nt"][i] == val
+            assert int(result["nt"][i].split(" - ")[-1]) + 1 == int(val.split(" - ")[-1])
+        elif val == "reset!":
+            assert result["next", "nt"][i + 1] == "a string! - 1", i
+    return begun
+
+
+def _left(td):
+    action = torch.zeros(*td.batch_size, 2, dtype=torch.long)
+    action[..., 0] = 1
+    return td.set("action", action)
+
+
+@pytest.mark.parametrize("name", ALL)
+def test_a_non_tensor_entry_is_kept_in_every_collector(name):
+    # TorchRL's TestCollectorsNonTensor (test_simple, test_sync, test_async), with random actions
+    with _collector(name, make_string_env, None, frames_per_batch=10, total_frames=100) as c:
+        batches = list(c)
+    rows = []
+    for b in batches:
+        rows += list(b.unbind(0)) if b.batch_dims == 2 else [b]
+    begun = sum(check_strings(r) for r in rows)
+    assert begun >= 2  # (random CartPole episodes end within 100 frames)
+    assert all(isinstance(s, str) for r in rows for s in r["nt"])
+
+
+def test_non_tensor_entries_equal_torchrl_for_the_same_actions():
+    # always pushing left: CartPole's episodes are the same in both (same seed), so are the strings
+    def run(cls):
+        env = make_string_env()
+        env.set_seed(0)
+        c = cls(env, _left, frames_per_batch=10, total_frames=40)
+        try:
+            return torch.cat(list(c), 0)
+        finally:
+            c.shutdown()
+
+    theirs, ours = run(TorchRLCollector), run(aiocollect.Collector)
+    assert list(ours["nt"]) == list(theirs["nt"])
+    assert list(ours["next", "nt"]) == list(theirs["next", "nt"])
+    assert "reset!" in list(ours["nt"])
+    assert torch.equal(ours["observation"], theirs["observation"])
+
+
+class LongString(Transform):
+    def _call(self, next_tensordict):
+        next_tensordict["nt"] = "x" * 10_000
+        return next_tensordict
+
+    def _reset(self, tensordict, tensordict_reset):
+        return tensordict_reset.set("nt", NonTensorData("y" * 10_000))
+
+    def transform_observation_spec(self, observation_spec):
+        observation_spec["nt"] = NonTensor(shape=())
+        return observation_spec
+
+
+def make_long_string_env():
+    return GymEnv("CartPole-v1").append_transform(LongString())
+
+
+@pytest.mark.parametrize("name", ["Collector", "MultiSyncCollector"])
+def test_an_entry_too_big_for_its_row_names_itself_and_the_variable_to_raise(name, monkeypatch):
+    with _collector(name, make_long_string_env, None, frames_per_batch=10, total_frames=10) as c, \
+            pytest.raises(aiocollect.CollectorError) as info:
+        list(c)
+    message = str(info.value)
+    assert "'nt'" in message and "AIOCOLLECT_OBJECT_BYTES" in message
+    monkeypatch.setenv("AIOCOLLECT_OBJECT_BYTES", "20000")
+    with _collector(name, make_long_string_env, None, frames_per_batch=10, total_frames=10) as c:
+        (batch,) = list(c)
+    strings = list(batch["nt"]) if batch.batch_dims == 1 else list(batch[0]["nt"])
+    assert strings[0] == "y" * 10_000 and set(strings[1:]) <= {"x" * 10_000, "y" * 10_000}
+
+
+def test_a_bad_object_bytes_variable_is_refused_naming_it(monkeypatch):
+    monkeypatch.setenv("AIOCOLLECT_OBJECT_BYTES", "lots")
+    with pytest.raises(ValueError, match="AIOCOLLECT_OBJECT_BYTES='lots'"):
+        aiocollect.Collector(make_string_env(), None, frames_per_batch=10, total_frames=10)
