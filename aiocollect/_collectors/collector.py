@@ -29,6 +29,7 @@ from .._coroutines.lanes import CoroutineEnvs
 from .._engine.scheduler import Scheduler
 from .._engine.storage import host_empty
 from .._engine.trajectories import split_trajectories
+from .._envs.agents import stack_agents
 from .._envs.build import check_create_env_fn, make_group
 from .._envs.keyed import batch_entries, observation_keys
 from .._envs.object_batches import without_objects
@@ -422,7 +423,7 @@ class Collector(DataCollectorBase):
                                                    empty=host_empty))
         td = (self._tensordict(tensors, [n, frames]) if self._batched
               else self._tensordict({k: v[0] for k, v in tensors.items()}, [frames])).zero_()
-        td = without_objects(td)  # (entries with no fixed shape have no zeros)
+        td = stack_agents(without_objects(td))  # (entries with no fixed shape have no zeros)
         if self._compact_keys:
             td = td.exclude(*self._compact_keys)
         if self.options.track_policy_version:

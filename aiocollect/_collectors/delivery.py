@@ -15,6 +15,7 @@ import torch
 from tensordict import TensorDict, TensorDictBase
 
 from .._engine.trajectories import split_trajectories
+from .._envs.agents import stack_agents
 from .._envs.object_batches import with_objects
 from .progress import ProgressBar, flat_numpy
 
@@ -200,6 +201,8 @@ class Delivery:
             batch = with_objects(batch)
         if self._compact_keys:  # compact_obs=True: no ("next", obs) copy of the next step's observation
             batch = batch.exclude(*self._compact_keys)
+        if self._agent_groups:  # (heterogeneous agents: each group lazily stacked, as TorchRL's)
+            batch = stack_agents(batch)
         if self.options.track_policy_version:
             with_torchrl_versions(batch)
         if self._reuse_td:

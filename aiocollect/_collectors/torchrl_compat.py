@@ -48,6 +48,7 @@ from pathlib import Path
 from typing import Any
 
 from .._engine.profile import Profile, ProfileReport
+from .._envs.agents import has_agents
 from .._envs.objects import OBJECTS
 from .._errors import CollectorError
 from .._policies.random import SpecRandomPolicy
@@ -199,6 +200,7 @@ def take_torchrl_keywords(collector: Any, given: Mapping[str, Any], options: Col
     if given.get("worker_idx") is not None:
         collector.worker_idx = int(given["worker_idx"])
     collector._object_entries = OBJECTS in obs_keys
+    collector._agent_groups = has_agents(obs_keys)
     collector.compact_obs = bool(given.get("compact_obs", False))
     collector._compact_keys = compact_keys(obs_keys) if collector.compact_obs else ()
     extend = given.get("extend_buffer", True)
@@ -551,6 +553,8 @@ class TorchRLAccessors:
     ``None``); ``update_policy_weights_()`` does what they do."""
     _compact_keys: tuple = ()
     _object_entries = False
+    _agent_groups = False
+    """Whether the envs have heterogeneous agents (``_envs.agents``), their groups lazily stacked in each batch."""
     """Whether the envs have entries with no fixed shape (``_envs.objects``), unpickled into each batch."""
     _hook_after_postproc = True
     """``post_collect_hook`` takes the batch delivered (``Collector``), not each worker's."""

@@ -20,7 +20,7 @@ observations           every tensor leaf of ``env.full_observation_spec``, under
                        (possibly nested) key: ``"observation"``, ``"pixels"``, and the keys
                        transforms add there (``"step_count"`` of ``StepCounter``,
                        ``"episode_reward"`` of ``RewardSum``, ...); dtype and shape as the spec
-                       says. Non-tensor leaves are left out.
+                       says, non-tensor leaves as objects.
 ``("next", "reward")``  the env's one reward key
 ``terminated``         ``"terminated"``, or ``"done"`` for an env without a terminated key
 ``truncated``          ``"truncated"``, or false for an env without one
@@ -63,9 +63,10 @@ seed.
 An env with several batch dims (``[5, 2]``) is stepped as ``5 * 2`` rows, and its batches and
 its policy's calls have its own dims again (``EnvEntries.env_batch``).
 
-Not taken (a ``TypeError`` that says so): entries of a dynamic shape (a ``-1`` dim:
-heterogeneous agents, lazily stacked), a batched ``MultiOneHot`` and non-float unbounded
-actions.
+Entries with no fixed shape (non-tensor entries, and a ``-1`` dim) are carried as objects
+(``_envs.objects``); a group of heterogeneous agents, lazily stacked, is kept agent by agent
+(``_envs.agents``). Not taken (a ``TypeError`` that says so): actions of a dynamic shape, a
+batched ``MultiOneHot`` and non-float unbounded actions.
 
 This module imports torch and TorchRL: ``_envs.group`` imports it only once it holds an object
 whose class comes from TorchRL, so ``import aiocollect`` never loads TorchRL.
@@ -96,6 +97,7 @@ from torchrl.data import (
 )
 from torchrl.envs import EnvBase, EnvCreator
 
+from .agents import AGENT, agent_key, agent_td
 from .keyed import ENGINE_FLAGS, EnvEntries, KeyedActions
 from .objects import OBJECTS, Tensor, encode, object_bytes, objects_space
 from .spaces import MultiOneHotDiscrete, OneHotDiscrete
@@ -170,7 +172,7 @@ def _leaves(composite: Composite, where: str, what: str,
     leaves: dict[tuple[str, ...], spaces.Box] = {}
     for key in composite.keys(include_nested=True, leaves_only=True):
         spec = composite[key]
-        if isinstance(spec, Composite):
+        if isinstance(spec, Composite) or _in_stack(composite, key):  # (heterogeneous agents: _agent_leaves)
             continue
         if objects is not None and (isinstance(spec, NonTensor) or _dynamic(spec, composite, key)):
             objects.append(_key_path(key))
@@ -182,22 +184,48 @@ def _leaves(composite: Composite, where: str, what: str,
 
 
 def _dynamic(spec: Any, composite: Composite, key: Any) -> bool:
-    """Whether ``spec`` (at ``key`` in ``composite``) has a dim that changes from step to step
-    (a ``-1``), outside a lazily stacked group of heterogeneous agents (those are refused)."""
-    if not any(d < 0 for d in spec.shape):
-        return False
+    """Whether ``spec`` (at ``key`` in ``composite``) has a dim that changes from step to step (a ``-1``)."""
+    return any(d < 0 for d in spec.shape)
+
+
+def _in_stack(composite: Composite, key: Any) -> bool:
+    """Whether ``key`` lies in a lazily stacked group of ``composite`` (heterogeneous agents)."""
     path = _key_path(key)
-    return not any(isinstance(composite[path[:i]], StackedComposite) for i in range(1, len(path)))
+    return any(isinstance(composite[path[:i]], StackedComposite) for i in range(1, len(path)))
+
+
+def _stacked_groups(spec: Composite) -> list[tuple[str, ...]]:
+    """The paths of ``spec``'s lazily stacked groups (heterogeneous agents, ``_envs.agents``)."""
+    return [_key_path(k) for k in spec.keys(include_nested=True)
+            if isinstance(spec[k], StackedComposite) and not _in_stack(spec, k)]
+
+
+def _agent_specs(env: EnvBase, spec: Composite, group: tuple[str, ...]) -> list[Composite]:
+    """Each agent's own spec in ``spec``'s stacked ``group``, without the env's batch dims."""
+    nb = len(env.batch_size)
+    return [agent[(0,) * nb] if nb else agent for agent in spec[group]._specs]
+
+
+def _agent_leaves(env: EnvBase, spec: Composite, where: str, what: str) -> dict[tuple[str, ...], spaces.Box]:
+    """The ``Box`` of each agent's own leaves in ``spec``'s stacked groups, under the engine's
+    keys for them (``agent_key``): each has a fixed shape."""
+    leaves: dict[tuple[str, ...], spaces.Box] = {}
+    for group in _stacked_groups(spec):
+        for i, agent in enumerate(_agent_specs(env, spec, group)):
+            for leaf, box in _leaves(agent, where, f"{what} of agent {i} of {group!r}:").items():
+                leaves[agent_key(group, i, leaf)] = box
+    return leaves
 
 
 def _group_shapes(env: EnvBase) -> dict[tuple[str, ...], tuple[int, ...]]:
     """Each nested group's own batch dims (a ``Composite`` of shape ``[3]`` under ``"data"``)."""
     shapes: dict[tuple[str, ...], tuple[int, ...]] = {}
+    stacked = set(_stacked_groups(env.full_observation_spec)) | set(_stacked_groups(env.full_action_spec))
     for spec in (env.full_observation_spec_unbatched, env.full_done_spec_unbatched,
                  env.full_reward_spec_unbatched, env.full_action_spec_unbatched):
         for key in spec.keys(include_nested=True):
             sub = spec[key]
-            if isinstance(sub, Composite) and len(sub.shape):
+            if isinstance(sub, Composite) and len(sub.shape) and _key_path(key) not in stacked:
                 shapes[_key_path(key)] = tuple(int(d) for d in sub.shape)
     return shapes
 
@@ -217,6 +245,7 @@ def observation_space(env: EnvBase, where: str, grouped: bool = False,
     """
     objects = [] if objects is None else objects
     leaves = _leaves(env.full_observation_spec_unbatched, where, "observation", objects)
+    leaves.update(_agent_leaves(env, env.full_observation_spec, where, "observation"))
     if objects:
         leaves[(OBJECTS,)] = objects_space(object_bytes())
     if not leaves:
@@ -409,10 +438,8 @@ class _Bridge:
             env, where, self.grouped is not None, self._objects)
         self._where = where
         self._flat = isinstance(self.observation_space, spaces.Box)
-        action_keys = [k if isinstance(k, str) else tuple(k) for k in env.action_keys]
+        action_keys, self.encoders = self._actions(env, where)
         self._action_keys = action_keys
-        specs = env.full_action_spec_unbatched
-        self.encoders = [ActionEncoder(specs[k], env.device, f"{where}: action spec {k!r}") for k in action_keys]
         if action_keys == ["action"]:
             self.encode, self.keyed = self.encoders[0], None
             self.action_space = self.encode.space
@@ -424,6 +451,34 @@ class _Bridge:
             self._truncated_key = "truncated" if "truncated" in env.done_keys else None
         self._done_shape = env.full_done_spec[env.done_keys[0]].shape
         self._td = None
+
+    @staticmethod
+    def _actions(env: EnvBase, where: str) -> tuple[list, list[ActionEncoder]]:
+        """The env's action keys, each agent's own in a heterogeneous group (``_envs.agents``),
+        and the encoder of each."""
+        keys, encoders = [], []
+        specs, full = env.full_action_spec_unbatched, env.full_action_spec
+        groups = _stacked_groups(full)
+        for key in env.action_keys:
+            path = _key_path(key)
+            group = next((g for g in groups if path[: len(g)] == g), None)
+            if group is None:
+                keys.append(key if isinstance(key, str) else path)
+                encoders.append(ActionEncoder(specs[key], env.device, f"{where}: action spec {key!r}"))
+                continue
+            for i, agent in enumerate(_agent_specs(env, full, group)):
+                keys.append(agent_key(group, i, path[len(group):]))
+                encoders.append(ActionEncoder(agent[path[len(group):]], env.device,
+                                              f"{where}: action spec {key!r} of agent {i}"))
+        return keys, encoders
+
+    def _get(self, td: Any, path: tuple) -> Any:
+        """``td``'s entry at ``path``, an agent's own (``_envs.agents``) read from its agent."""
+        for j, part in enumerate(path):
+            if part.startswith(AGENT):
+                agent = agent_td(td.get(path[:j]), int(part[len(AGENT):]), len(self.env_batch))
+                return agent.get(path[j + 1:], None)
+        return td.get(path, None)
 
     def _rows(self, value: np.ndarray) -> np.ndarray:
         """An env's values of batch ``[5, 2, ...]`` as rows ``[10, ...]`` (others as they are)."""
@@ -441,7 +496,7 @@ class _Bridge:
             if path == (OBJECTS,):
                 node[OBJECTS] = self._object_rows(td)
                 continue
-            value = td.get(path, None)
+            value = self._get(td, path)
             if value is None and zeros is not None:  # a reward, at a reset: the batch holds it under "next" only
                 value = zeros
             node[path[-1]] = self._rows(value.detach().cpu().numpy() if isinstance(value, torch.Tensor) else value)
@@ -494,7 +549,11 @@ class _Bridge:
             return
         for key, encoder, part in zip(self._action_keys, self.encoders,
                                       self.keyed.unpack(action.reshape(*self.env_batch, -1))):
-            td.set(key, encoder(part))
+            j = next((j for j, p in enumerate(key) if p.startswith(AGENT)), None) if isinstance(key, tuple) else None
+            if j is None:
+                td.set(key, encoder(part))
+            else:  # (an agent's own action, set in its agent's TensorDict of the lazily stacked group)
+                agent_td(td.get(key[:j]), int(key[j][len(AGENT):]), len(self.env_batch)).set(key[j + 1:], encoder(part))
 
     def step(self, action: np.ndarray) -> tuple[Any, np.ndarray, np.ndarray, np.ndarray]:
         """Step with ``action`` (aiocollect's encoding); observations, reward, terminated,

@@ -259,6 +259,12 @@ class _Draws:
         return np.stack(flat).reshape(size)
 
 
+def _stacked(spec: object) -> bool:
+    """Whether a TorchRL spec holds a lazily stacked group (agents of different shapes)."""
+    keys = getattr(spec, "keys", None)
+    return keys is not None and any(type(spec[k]).__name__.startswith("Stacked") for k in keys(True))
+
+
 def is_torchrl_random(policy: object) -> bool:
     """Whether ``policy`` is TorchRL's ``RandomPolicy`` (found by name: torchrl is not imported)."""
     cls = type(policy)
@@ -295,7 +301,7 @@ class SpecRandomPolicy(TensorDictModuleBase):
         ``RandomPolicy()`` without one, from ``action_space`` (TorchRL fills the spec from
         the env; here the env's space is the same thing)."""
         spec = policy.action_spec
-        if spec is None:
+        if spec is None or _stacked(spec):  # (heterogeneous agents: each agent's own space, _envs.agents)
             return RandomPolicy(action_space)
         one_hot = "OneHot" in type(spec).__name__
         return cls(spec, policy.action_key, 1 if one_hot else len(action_space.shape))

@@ -56,6 +56,7 @@ import torch
 from tensordict import TensorDict, TensorDictBase
 from tensordict.nn import InteractionType, TensorDictModule, TensorDictModuleBase, set_interaction_type
 
+from .._envs.agents import agent_groups, agent_outputs, stack_agents
 from .._envs.object_batches import with_objects
 from .._envs.objects import OBJECTS, decode_all
 from .._envs.spaces import NestedKey, nest
@@ -208,6 +209,10 @@ class PolicyRunner:
         self.action_shape = action_shape
         """One env's action shape (the action space's), if known: an action of that shape from
         a call over one env is one env's action without the batch dimension (``per_env``)."""
+        self._agent_groups: set | None = None
+        """The heterogeneous agent groups of the policy's input (``_envs.agents``), once known."""
+        self._inputs_seen: set = set()
+        """The input's keys as a policy's outputs would be read (an agent's own), on the first call."""
         self.per_env: bool | None = None
         """Whether the policy is called once per env, on unbatched observations (the module
         docstring says when); ``None`` until its first call says."""
@@ -378,13 +383,24 @@ class PolicyRunner:
             outs = []
             for lo in range(0, size[0], block):
                 part = {k: v[lo : lo + block].reshape(*dims, *v.shape[1:]) for k, v in obs.items()}
-                rows = self._call_td(TensorDict(nest(part), batch_size=list(dims), device=self.device), part)
+                rows = self._call_td(self._input_td(part, list(dims)), part)
                 outs.append({k: v.reshape(block, *v.shape[len(dims):]) for k, v in rows.items()})
             return outs[0] if len(outs) == 1 else {k: torch.cat([o[k] for o in outs]) for k in outs[0]}
+        return self._call_td(self._input_td(obs, size), obs)
+
+    def _input_td(self, obs: dict[NestedKey, torch.Tensor], size: list) -> TensorDictBase:
+        """A TensorDict policy's input: ``obs`` as a TensorDict of batch ``size``, with an env's
+        entries of no fixed shape and its heterogeneous agents as TorchRL gives them."""
         td = TensorDict(nest(obs), batch_size=size, device=self.device)
-        if OBJECTS in obs:  # (an env's entries with no fixed shape: under their own keys, as TorchRL gives them)
+        if OBJECTS in obs:  # (an env's entries with no fixed shape: under their own keys)
             td = with_objects(td)
-        return self._call_td(td, obs)
+        if self._agent_groups is None:
+            self._agent_groups = agent_groups(obs)
+        if self._agent_groups:  # (heterogeneous agents: their group lazily stacked)
+            td = stack_agents(td)
+            if self._out_keys is None:
+                self._inputs_seen = set(agent_outputs(td, self._agent_groups))
+        return td
 
     def _call_td(self, td: TensorDictBase, obs: dict[NestedKey, torch.Tensor]) -> dict[NestedKey, Any]:
         result = self.policy(td)
@@ -394,8 +410,10 @@ class PolicyRunner:
             raise TypeError(
                 f"policy: a TensorDict policy must return a TensorDict, got {type(result).__name__}."
             )
+        flat = agent_outputs(result, self._agent_groups) if self._agent_groups else None
         if self._out_keys is None:
-            new = [k for k in result.keys(True, True) if k not in obs and k not in self._object_inputs(obs)]
+            seen = self._object_inputs(obs) | self._inputs_seen
+            new = [k for k in (result.keys(True, True) if flat is None else flat) if k not in obs and k not in seen]
             missing = [k for k in self.action_keys if k not in new]
             if missing and self.action_keys != ("action",):
                 raise KeyError(
@@ -409,6 +427,8 @@ class PolicyRunner:
                     "out_keys=['action'] on the module that produces the action."
                 )
             self._out_keys = new
+        if flat is not None:
+            return {k: flat[k] for k in self._out_keys}
         return {k: result.get(k) for k in self._out_keys}
 
     def _object_inputs(self, obs: dict[NestedKey, torch.Tensor]) -> set:

@@ -23,7 +23,6 @@ with warnings.catch_warnings():
     from torchrl.envs.utils import RandomPolicy as TorchRLRandomPolicy
     from torchrl.testing.mocking_classes import (
         CountingEnvCountPolicy,
-        HeterogeneousCountingEnv,
         MultiAgentCountingEnv,
         MultiKeyCountingEnv,
         MultiKeyCountingEnvPolicy,
@@ -183,15 +182,6 @@ def test_an_action_that_does_not_fit_its_key_is_named():
     with pytest.raises(ValueError, match=r"\('agents', 'agent_0', 'action'\).*shape \[1, 3\]"), \
             aiocollect.Collector(make(), policy, frames_per_batch=4, total_frames=4) as collector:
         next(iter(collector))
-
-
-@pytest.mark.parametrize("cls", ["Collector", "MultiSyncCollector"])
-def test_heterogeneous_agents_are_refused_naming_the_dynamic_entry(cls):
-    # lazily stacked agents of different shapes: entries with a -1 dim, which shared memory
-    # cannot hold; refused at construction (for workers: before any process starts)
-    entry = HeterogeneousCountingEnv if cls == "Collector" else [HeterogeneousCountingEnv]
-    with pytest.raises(TypeError, match=r"dynamic dim \(-1\)"):
-        getattr(aiocollect, cls)(entry, None, frames_per_batch=4, total_frames=4)
 
 
 def test_random_frames_draw_every_action_key_laid_out_as_the_policy_writes_it():
