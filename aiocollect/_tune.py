@@ -225,24 +225,46 @@ def tune(
         ValueError: a bad ``workers``, ``envs_per_worker``, ``frames_per_batch`` or
             ``seconds``, or no split to measure.
     """
-    from ._collectors.collector import Collector
-    from ._collectors.multi_sync import MultiSyncCollector
-
     env_kwargs = dict(env_kwargs or {})
-    if isinstance(env, str):
-        import gymnasium as gym
-
-        make_env: Callable[[], Any] = functools.partial(gym.make, env, **env_kwargs)
-    elif callable(env):
-        if env_kwargs:
-            raise ValueError("tune: env_kwargs are for an env id; a function that builds the env takes its own")
-        make_env = env
-    else:
-        raise TypeError(f"tune: env must be a gymnasium env id or a function that returns an env, "
-                        f"got {type(env).__name__}")
+    make_env = _make_env(env, env_kwargs)
     cores = _cores()
     workers = list(workers) if workers is not None else _default_workers(cores)
     envs_per_worker = list(envs_per_worker)
+    _check_options(workers, envs_per_worker, frames_per_batch, seconds)
+    env_name, env_code = _env_words(env, env_kwargs)
+    splits, skipped = _splits(workers, envs_per_worker, frames_per_batch)
+    if progress:
+        print(f"tune: {env_name}, {len(splits)} splits of workers x envs per worker, about {seconds:.0f} s",
+              flush=True)
+    build = functools.partial(_collector, make_env, policy, policy_device)
+    trials, out_of_time, needed = _measure_splits(splits, build, frames_per_batch, seconds, progress)
+    trials.sort(key=lambda t: (t.workers, t.envs_per_worker))
+    skipped = sorted(skipped + out_of_time)
+    best = max(trials, key=lambda t: t.frames_per_second)
+    return TuneResult(env_name, _policy_words(policy), cores, tuple(trials), tuple(skipped), best,
+                      _constructor(best, env_code, policy, policy_device),
+                      _command(env, env_kwargs, best, frames_per_batch, policy),
+                      seconds=seconds, seconds_to_measure_all=needed)
+
+
+# The steps of tune(), in the order it takes them ---------------------------------------------
+
+def _make_env(env: Any, env_kwargs: dict) -> Callable[[], Any]:
+    """What builds one env: ``gymnasium.make(env, **env_kwargs)`` for an id, else ``env`` itself."""
+    if isinstance(env, str):
+        import gymnasium as gym
+
+        return functools.partial(gym.make, env, **env_kwargs)
+    if callable(env):
+        if env_kwargs:
+            raise ValueError("tune: env_kwargs are for an env id; a function that builds the env takes its own")
+        return env
+    raise TypeError(f"tune: env must be a gymnasium env id or a function that returns an env, "
+                    f"got {type(env).__name__}")
+
+
+def _check_options(workers: list, envs_per_worker: list, frames_per_batch: int | None, seconds: float) -> None:
+    """``tune()``'s numbers in range (a ``ValueError`` that names the argument)."""
     if not workers or any(not isinstance(w, int) or w < 0 for w in workers):
         raise ValueError(f"tune: workers must be whole numbers >= 0 (0: envs in this process), got {workers}")
     if not envs_per_worker or any(not isinstance(e, int) or e < 1 for e in envs_per_worker):
@@ -251,8 +273,13 @@ def tune(
         raise ValueError(f"tune: frames_per_batch must be >= 1, got {frames_per_batch}")
     if not (seconds > 0 and math.isfinite(seconds)):  # (nan, inf: a measurement that never ends)
         raise ValueError(f"tune: seconds must be > 0 and finite (about how long to measure), got {seconds}")
-    env_name, env_code = _env_words(env, env_kwargs)
 
+
+def _splits(workers: list[int], envs_per_worker: list[int],
+            frames_per_batch: int | None) -> tuple[list[tuple[int, int]], list[tuple[int, int, str]]]:
+    """The splits ``(workers, envs_per_worker)`` to measure, the most workers first (their
+    start-up, the slowest, is learnt before the budget is shared out), and those skipped, with
+    why: ``frames_per_batch`` does not divide their envs."""
     splits, skipped = [], []
     for w in dict.fromkeys(workers):
         for e in dict.fromkeys(envs_per_worker):
@@ -264,20 +291,38 @@ def tune(
     if not splits:
         raise ValueError(f"tune: frames_per_batch={frames_per_batch} splits over none of the splits' env counts; "
                          "give one that is a multiple of them, or none (100 steps of every env)")
-
-    # the most workers first: their start-up, the slowest, is learnt before the budget is shared out
     splits.sort(key=lambda split: (-split[0], -split[1]))
+    return splits, skipped
+
+
+def _collector(make_env: Callable[[], Any], policy: Any, policy_device: Any, workers: int, envs_per_worker: int,
+               frames_per_batch: int) -> Any:
+    """The collector of one split, endless (``total_frames=-1``): a ``Collector`` for ``workers=0``."""
+    from ._collectors.collector import Collector
+    from ._collectors.multi_sync import MultiSyncCollector
+
+    entries = [make_env] * envs_per_worker
+    if workers == 0:
+        return Collector(entries, policy, frames_per_batch=frames_per_batch, total_frames=-1,
+                         policy_device=policy_device)
+    return MultiSyncCollector([entries] * workers, policy, frames_per_batch=frames_per_batch, total_frames=-1,
+                              policy_device=policy_device)
+
+
+def _measure_splits(splits: list[tuple[int, int]], build: Callable[[int, int, int], Any],
+                    frames_per_batch: int | None, seconds: float,
+                    progress: bool) -> tuple[list[Trial], list[tuple[int, int, str]], float | None]:
+    """Each split measured in turn (``_measure``), for its share of what is left of ``seconds``:
+    the trials, the splits left out once ``seconds`` is spent (``OUT_OF_TIME``), and about what
+    ``seconds`` would have measured them all (``None`` where none was left out)."""
     began_all = time.perf_counter()
     deadline = began_all + seconds
-    needed = None
+    needed, out_of_time = None, []
     overhead: dict[int, float] = {}  # per worker count: what was not timed collection (start-up, warm-up, shutdown)
     trials: list[Trial] = []
-    if progress:
-        print(f"tune: {env_name}, {len(splits)} splits of workers x envs per worker, about {seconds:.0f} s",
-              flush=True)
     for k, (w, e) in enumerate(splits):
         if trials and time.perf_counter() >= deadline:  # (slow start-ups spent the budget)
-            skipped += [(w2, e2, OUT_OF_TIME) for w2, e2 in splits[k:]]
+            out_of_time = [(w2, e2, OUT_OF_TIME) for w2, e2 in splits[k:]]
             needed = seconds_for_every_split(time.perf_counter() - began_all, overhead,
                                              [t.measured_seconds for t in trials], splits[k:])
             break
@@ -288,56 +333,61 @@ def tune(
         # (at least MIN_WINDOW_S each; where start-ups ate the budget, the table's "measured"
         # column shows which splits got only that: give more seconds to compare them fairly)
         span = max(MIN_WINDOW_S, (deadline - time.perf_counter()) / left - guess)
-        fpb = frames_per_batch or e * max(w, 1) * 100
-        began = time.perf_counter()
-        entries = [make_env] * e
-        if w == 0:
-            collector = Collector(entries, policy, frames_per_batch=fpb, total_frames=-1, policy_device=policy_device)
-        else:
-            collector = MultiSyncCollector([entries] * w, policy, frames_per_batch=fpb, total_frames=-1,
-                                           policy_device=policy_device)
-        with collector:
-            startup = time.perf_counter() - began
-            batches = iter(collector)
-            next(batches)  # warm-up: first calls, first resets, pages touched
-            start, frames = time.perf_counter(), 0
-            while True:
-                frames += next(batches).numel()
-                took = time.perf_counter() - start
-                if took >= span:
-                    break
-        trial = Trial(w, e, fpb, frames / took, startup, took, frames)
-        overhead[w] = time.perf_counter() - began - took
+        trial, overhead[w] = _measure(build, w, e, frames_per_batch or e * max(w, 1) * 100, span)
         trials.append(trial)
         if progress:
             print(f"  {_split_words(w, e)}: {trial.frames_per_second:,.0f} frames/s "
-                  f"(start-up {startup:.1f} s, measured {took:.1f} s)", flush=True)
+                  f"(start-up {trial.startup_seconds:.1f} s, measured {trial.measured_seconds:.1f} s)", flush=True)
+    return trials, out_of_time, needed
 
-    trials.sort(key=lambda t: (t.workers, t.envs_per_worker))
-    skipped.sort()
-    best = max(trials, key=lambda t: t.frames_per_second)
+
+def _measure(build: Callable[[int, int, int], Any], workers: int, envs_per_worker: int, frames_per_batch: int,
+             span: float) -> tuple[Trial, float]:
+    """One split: its collector built, warmed up for one batch, and timed over whole batches
+    for at least ``span`` seconds. The trial, and the seconds it took beyond its measurement
+    (start-up, warm-up, shutdown)."""
+    began = time.perf_counter()
+    collector = build(workers, envs_per_worker, frames_per_batch)
+    with collector:
+        startup = time.perf_counter() - began
+        batches = iter(collector)
+        next(batches)  # warm-up: first calls, first resets, pages touched
+        start, frames = time.perf_counter(), 0
+        while True:
+            frames += next(batches).numel()
+            took = time.perf_counter() - start
+            if took >= span:
+                break
+    trial = Trial(workers, envs_per_worker, frames_per_batch, frames / took, startup, took, frames)
+    return trial, time.perf_counter() - began - took
+
+
+def _constructor(best: Trial, env_code: str, policy: Any, policy_device: Any) -> str:
+    """The collector of ``best``, as Python (``TuneResult.constructor``)."""
     fpb_code = f"frames_per_batch={best.frames_per_batch}"
     device_code = f", policy_device={str(policy_device)!r}" if policy_device is not None else ""
     policy_code = "None" if policy is None else "policy"
     if best.workers == 0:
-        constructor = (f"Collector([{env_code}] * {best.envs_per_worker}, {policy_code}, {fpb_code}, "
-                       f"total_frames=...{device_code})")
-    else:
-        constructor = (f"MultiSyncCollector([[{env_code}] * {best.envs_per_worker}] * {best.workers}, {policy_code}, "
-                       f"{fpb_code}, total_frames=...{device_code})")
-    command = None
-    if isinstance(env, str):
-        import json
-        import shlex
+        return (f"Collector([{env_code}] * {best.envs_per_worker}, {policy_code}, {fpb_code}, "
+                f"total_frames=...{device_code})")
+    return (f"MultiSyncCollector([[{env_code}] * {best.envs_per_worker}] * {best.workers}, {policy_code}, "
+            f"{fpb_code}, total_frames=...{device_code})")
 
-        command = f"aiocollect collect --env {shlex.quote(env)}"
-        if env_kwargs:
-            command += f" --env-kwargs {shlex.quote(json.dumps(env_kwargs))}"
-        command += f" --workers {best.workers} --envs-per-worker {best.envs_per_worker}"
-        if frames_per_batch is not None:
-            command += f" --frames-per-batch {frames_per_batch}"
-        if policy is not None:
-            command += " --policy POLICY"
-        command += " --frames FRAMES --out DIR"
-    return TuneResult(env_name, _policy_words(policy), cores, tuple(trials), tuple(skipped), best, constructor,
-                      command, seconds=seconds, seconds_to_measure_all=needed)
+
+def _command(env: Any, env_kwargs: dict, best: Trial, frames_per_batch: int | None, policy: Any) -> str | None:
+    """The ``aiocollect collect`` command of ``best``, for an env id (``None`` otherwise);
+    ``--policy POLICY`` stands for a policy (``aiocollect tune`` writes its own options)."""
+    if not isinstance(env, str):
+        return None
+    import json
+    import shlex
+
+    command = f"aiocollect collect --env {shlex.quote(env)}"
+    if env_kwargs:
+        command += f" --env-kwargs {shlex.quote(json.dumps(env_kwargs))}"
+    command += f" --workers {best.workers} --envs-per-worker {best.envs_per_worker}"
+    if frames_per_batch is not None:
+        command += f" --frames-per-batch {frames_per_batch}"
+    if policy is not None:
+        command += " --policy POLICY"
+    return command + " --frames FRAMES --out DIR"
