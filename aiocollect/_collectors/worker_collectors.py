@@ -25,6 +25,7 @@ from tensordict.nn import InteractionType
 
 from .._engine.scheduler import Scheduler
 from .._envs.keyed import KeyedActions, action_check, batch_entries, observation_keys
+from .._envs.objects import has_objects
 from .._envs.spaces import flatten_space
 from .._policies.in_workers import (
     SharedWeights,
@@ -179,6 +180,9 @@ class WorkerCollectorBase(DataCollectorBase):
             # whose checks and packing are the engine's; random actions too
             where, random_runs = "cannot", False
             why_here = "the env has several action keys (a TorchRL multi-agent env), checked and packed here"
+        elif has_objects(plan.observation_space):  # (non-tensor entries, or of a dynamic shape)
+            where = "cannot"
+            why_here = "the env has entries of no fixed shape, put back into the policy's input here"
         elif entries[3]:  # (a TorchRL env of batch [5, 2])
             where = "cannot"
             why_here = "the env has several batch dims, and the policy is called with them, here"

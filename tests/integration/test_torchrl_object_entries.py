@@ -200,3 +200,20 @@ def test_a_bad_object_bytes_variable_is_refused_naming_it(monkeypatch):
     monkeypatch.setenv("AIOCOLLECT_OBJECT_BYTES", "lots")
     with pytest.raises(ValueError, match="AIOCOLLECT_OBJECT_BYTES='lots'"):
         aiocollect.Collector(make_string_env(), None, frames_per_batch=10, total_frames=10)
+
+
+def test_a_policy_reading_an_entry_of_no_fixed_shape_acts_here_where_it_gets_it(monkeypatch):
+    # the workers' copies would see the pickled row, not the entry: the policy stays central,
+    # even where the switch asks for the workers, and refuses the workers when told to go there
+    monkeypatch.setenv("AIOCOLLECT_POLICY_IN_WORKERS", "1")
+    with aiocollect.MultiSyncCollector([EnvWithDynamicSpec], _mean_policy, frames_per_batch=10,
+                                       total_frames=10, cat_results="stack") as c:
+        assert c.policy_in_workers is False
+        (batch,) = list(c)
+    frames = batch[0]
+    for frame in frames.unbind(0):
+        expected = (frame["observation"].mean().clamp(-1, 1) / 10).expand(2)
+        assert torch.equal(frame["action"], expected)
+    with pytest.raises(ValueError, match="entries of no fixed shape"):
+        aiocollect.MultiSyncCollector([EnvWithDynamicSpec], _mean_policy, frames_per_batch=10, total_frames=10,
+                                      policy_placement="workers")
