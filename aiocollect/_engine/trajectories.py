@@ -14,7 +14,7 @@ from collections.abc import Iterable
 from typing import Any
 
 import torch
-from tensordict import TensorDict, TensorDictBase, pad
+from tensordict import LazyStackedTensorDict, TensorDict, TensorDictBase, pad
 
 
 def split_trajectories(
@@ -113,13 +113,23 @@ def _padded(trajs, mask_key) -> TensorDictBase:
     with ``mask_key`` marking the real frames."""
     longest = max((t.shape[0] for t in trajs), default=0)
     rows = []
+    lazy = any(isinstance(t, LazyStackedTensorDict) for t in trajs)
     for traj in trajs:
         traj = traj.copy()
         traj.set(mask_key, torch.ones(traj.shape, dtype=torch.bool, device=traj.device))
-        rows.append(pad(traj, [0, longest - traj.shape[0]]))
-    out = torch.stack(rows, 0)
+        rows.append(_pad_frames(traj, longest - traj.shape[0]) if lazy else pad(traj, [0, longest - traj.shape[0]]))
+    out = LazyStackedTensorDict.lazy_stack(rows, 0) if lazy else torch.stack(rows, 0)
     out.refine_names(None, "time")
     return out
+
+
+def _pad_frames(traj: TensorDictBase, count: int) -> TensorDictBase:
+    """A trajectory lazily stacked along time (an env's entries of a dynamic shape: each frame
+    its own shapes) with ``count`` frames of zeros after it, shaped as its last."""
+    if count == 0:
+        return traj
+    blank = traj[-1].clone().zero_()
+    return LazyStackedTensorDict.lazy_stack([*traj.unbind(0), *[blank.clone() for _ in range(count)]], 0)
 
 
 class TrajectoryAssembler:

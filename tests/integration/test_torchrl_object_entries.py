@@ -217,3 +217,22 @@ def test_a_policy_reading_an_entry_of_no_fixed_shape_acts_here_where_it_gets_it(
     with pytest.raises(ValueError, match="entries of no fixed shape"):
         aiocollect.MultiSyncCollector([EnvWithDynamicSpec], _mean_policy, frames_per_batch=10, total_frames=10,
                                       policy_placement="workers")
+
+
+def test_whole_trajectories_of_a_dynamic_entry_are_lazily_stacked_as_torchrls():
+    # trajs_per_batch: two whole episodes of 5 steps, [2, 5], each frame with its own shape
+    spec = EnvWithDynamicSpec().action_spec
+    got = {}
+    for cls in (TorchRLCollector, aiocollect.Collector):
+        c = cls(EnvWithDynamicSpec(), TorchRLRandomPolicy(spec), frames_per_batch=10, total_frames=20,
+                trajs_per_batch=2)
+        try:
+            got[cls] = next(iter(c))
+        finally:
+            c.shutdown()
+    theirs, ours = got[TorchRLCollector], got[aiocollect.Collector]
+    assert isinstance(ours, LazyStackedTensorDict) and ours.batch_size == theirs.batch_size == (2, 5)
+    for i in range(2):
+        for t in range(5):
+            for key in ("observation", ("next", "observation"), ("next", "done")):
+                assert torch.equal(ours[i, t][key], theirs[i, t][key]), (i, t, key)

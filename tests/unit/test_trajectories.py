@@ -324,3 +324,22 @@ def test_assembler_memory_count_goes_down_as_trajectories_end_or_are_cut():
     assert assembler._pending_bytes == one
     assembler.clear()
     assert assembler._pending_bytes == 0 and assembler.pending_frames == 0
+
+
+def test_trajectories_lazily_stacked_along_time_are_padded_frame_by_frame():
+    # an env's entry of a dynamic shape: each frame has its own shape, so a short trajectory
+    # gets frames of zeros shaped as its last, and the batch stays lazily stacked
+    from tensordict import LazyStackedTensorDict
+
+    from aiocollect._engine.trajectories import _padded
+
+    def traj(length, tid):
+        frames = [TensorDict({"obs": torch.full((t + 1,), float(t + 1)),
+                              ("collector", "traj_ids"): torch.tensor(tid)}, []) for t in range(length)]
+        return LazyStackedTensorDict.lazy_stack(frames, 0)
+
+    out = _padded([traj(3, 0), traj(1, 1)], ("collector", "mask"))
+    assert isinstance(out, LazyStackedTensorDict) and out.batch_size == (2, 3) and out.names == [None, "time"]
+    assert out["collector", "mask"].tolist() == [[True, True, True], [True, False, False]]
+    assert [out[0, t]["obs"].tolist() for t in range(3)] == [[1.0], [2.0, 2.0], [3.0, 3.0, 3.0]]
+    assert [out[1, t]["obs"].tolist() for t in range(3)] == [[1.0], [0.0], [0.0]]
