@@ -407,7 +407,18 @@ class Collector(DataCollectorBase):
 
         Returns:
             A TensorDict of zeros.
+
+        Raises:
+            NotImplementedError: the env has entries of no fixed shape (non-tensor entries, a
+                ``-1`` dim: ``_envs.objects``), which have no zeros to lay out; the message says
+                to zero a real batch instead.
         """
+        if self._object_entries:
+            raise NotImplementedError(
+                "fake_tensordict(): the env has entries of no fixed shape (non-tensor entries, or a -1 dim), "
+                "whose zeros have no shape to take; use a real batch's zeros instead: "
+                "next(iter(collector)).zero_()."
+            )
         if self._closed:
             raise self._closed_error()
         st, n, frames = self._scheduler.storage, self.num_envs, self._steps_per_batch

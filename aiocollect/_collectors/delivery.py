@@ -197,15 +197,15 @@ class Delivery:
         batch with ``return_same_td``."""
         if self._staging is not None:
             batch = self._staging.upload(batch)
-        if self._object_entries:  # (an env's entries with no fixed shape: _envs.objects)
-            batch = with_objects(batch)
         if self._compact_keys:  # compact_obs=True: no ("next", obs) copy of the next step's observation
             batch = batch.exclude(*self._compact_keys)
+        if self._object_entries:  # (an env's entries with no fixed shape: _envs.objects)
+            batch = with_objects(batch)
         if self._agent_groups:  # (heterogeneous agents: each group lazily stacked, as TorchRL's)
             batch = stack_agents(batch)
         if self.options.track_policy_version:
             with_torchrl_versions(batch)
-        if self._reuse_td:
+        if self._reuse_td and not self._object_entries:  # (their shapes and values are each batch's own)
             batch = self._reuse(batch)
         return batch
 

@@ -553,9 +553,10 @@ class TorchRLAccessors:
     ``None``); ``update_policy_weights_()`` does what they do."""
     _compact_keys: tuple = ()
     _object_entries = False
+    """Whether the envs have entries with no fixed shape (``_envs.objects``), unpickled into each
+    batch (which ``return_same_td`` then does not reuse: their shapes are each batch's own)."""
     _agent_groups = False
     """Whether the envs have heterogeneous agents (``_envs.agents``), their groups lazily stacked in each batch."""
-    """Whether the envs have entries with no fixed shape (``_envs.objects``), unpickled into each batch."""
     _hook_after_postproc = True
     """``post_collect_hook`` takes the batch delivered (``Collector``), not each worker's."""
 

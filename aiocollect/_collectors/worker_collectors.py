@@ -179,7 +179,8 @@ class WorkerCollectorBase(DataCollectorBase):
             # several action keys (a TorchRL multi-agent env): the policy acts here, batched,
             # whose checks and packing are the engine's; random actions too
             where, random_runs = "cannot", False
-            why_here = "the env has several action keys (a TorchRL multi-agent env), checked and packed here"
+            why_here = ("the env's actions are under keys of their own (a TorchRL multi-agent env, or "
+                        "heterogeneous agents), checked and packed here")
         elif has_objects(plan.observation_space):  # (non-tensor entries, or of a dynamic shape)
             where = "cannot"
             why_here = "the env has entries of no fixed shape, put back into the policy's input here"

@@ -14,7 +14,7 @@ from collections.abc import Iterable
 from typing import Any
 
 import torch
-from tensordict import LazyStackedTensorDict, TensorDict, TensorDictBase, pad
+from tensordict import LazyStackedTensorDict, NonTensorData, TensorDict, TensorDictBase, pad
 
 
 def split_trajectories(
@@ -123,12 +123,19 @@ def _padded(trajs, mask_key) -> TensorDictBase:
     return out
 
 
+def _non_tensor(cls: type) -> bool:
+    return issubclass(cls, NonTensorData)
+
+
 def _pad_frames(traj: TensorDictBase, count: int) -> TensorDictBase:
     """A trajectory lazily stacked along time (an env's entries of a dynamic shape: each frame
     its own shapes) with ``count`` frames of zeros after it, shaped as its last."""
     if count == 0:
         return traj
     blank = traj[-1].clone().zero_()
+    for key in blank.keys(include_nested=True, leaves_only=True, is_leaf=_non_tensor):
+        if _non_tensor(type(blank.get(key))):  # (zero_ leaves a string as it was: None, as pad() gives)
+            blank.set_non_tensor(key, None)
     return LazyStackedTensorDict.lazy_stack([*traj.unbind(0), *[blank.clone() for _ in range(count)]], 0)
 
 

@@ -143,10 +143,10 @@ def _observation_box(spec: Any, what: str) -> spaces.Box:
     """A ``Box`` with the spec's dtype and shape (its bounds if ``Bounded``, else its dtype's)."""
     if any(d < 0 for d in spec.shape):
         raise TypeError(
-            f"{what} has shape {list(spec.shape)}: a dynamic dim (-1), whose size changes from step to step "
-            "(or heterogeneous agents, lazily stacked), which aiocollect takes for observations only "
-            "(carried as objects, lazily stacked in the batches as TorchRL's are). "
-            "Pad the entry to a fixed size with a transform, or collect this env with TorchRL's collector."
+            f"{what} has shape {list(spec.shape)}: a dynamic dim (-1), whose size changes from step to step. "
+            "aiocollect takes such entries among the observations (carried as objects, lazily stacked in "
+            "the batches as TorchRL's are), not as actions or done flags or rewards. Give it a fixed size "
+            "with a transform, or collect this env with TorchRL's collector."
         )
     dtype, shape = _np_dtype(spec.dtype, what), tuple(spec.shape)
     if dtype.kind == "b":  # a flag (InitTracker's "is_init"): gymnasium wants plain bounds for bool
@@ -206,14 +206,18 @@ def _agent_specs(env: EnvBase, spec: Composite, group: tuple[str, ...]) -> list[
     return [agent[(0,) * nb] if nb else agent for agent in spec[group]._specs]
 
 
-def _agent_leaves(env: EnvBase, spec: Composite, where: str, what: str) -> dict[tuple[str, ...], spaces.Box]:
+def _agent_leaves(env: EnvBase, spec: Composite, where: str, what: str,
+                  objects: list) -> dict[tuple[str, ...], spaces.Box]:
     """The ``Box`` of each agent's own leaves in ``spec``'s stacked groups, under the engine's
-    keys for them (``agent_key``): each has a fixed shape."""
+    keys for them (``agent_key``): each has a fixed shape. An agent's non-tensor leaves and
+    those of a dynamic shape are added to ``objects`` instead, under the same keys."""
     leaves: dict[tuple[str, ...], spaces.Box] = {}
     for group in _stacked_groups(spec):
         for i, agent in enumerate(_agent_specs(env, spec, group)):
-            for leaf, box in _leaves(agent, where, f"{what} of agent {i} of {group!r}:").items():
+            own: list = []
+            for leaf, box in _leaves(agent, where, f"{what} of agent {i} of {group!r}:", own).items():
                 leaves[agent_key(group, i, leaf)] = box
+            objects.extend(agent_key(group, i, leaf) for leaf in own)
     return leaves
 
 
@@ -245,7 +249,7 @@ def observation_space(env: EnvBase, where: str, grouped: bool = False,
     """
     objects = [] if objects is None else objects
     leaves = _leaves(env.full_observation_spec_unbatched, where, "observation", objects)
-    leaves.update(_agent_leaves(env, env.full_observation_spec, where, "observation"))
+    leaves.update(_agent_leaves(env, env.full_observation_spec, where, "observation", objects))
     if objects:
         leaves[(OBJECTS,)] = objects_space(object_bytes())
     if not leaves:
@@ -472,11 +476,13 @@ class _Bridge:
                                               f"{where}: action spec {key!r} of agent {i}"))
         return keys, encoders
 
-    def _get(self, td: Any, path: tuple) -> Any:
-        """``td``'s entry at ``path``, an agent's own (``_envs.agents``) read from its agent."""
+    def _get(self, td: Any, path: tuple, batch_dims: int | None = None) -> Any:
+        """``td``'s entry at ``path``, an agent's own (``_envs.agents``) read from its agent;
+        ``batch_dims``: ``td``'s (the env's, by default)."""
         for j, part in enumerate(path):
             if part.startswith(AGENT):
-                agent = agent_td(td.get(path[:j]), int(part[len(AGENT):]), len(self.env_batch))
+                dims = len(self.env_batch) if batch_dims is None else batch_dims
+                agent = agent_td(td.get(path[:j]), int(part[len(AGENT):]), dims)
                 return agent.get(path[j + 1:], None)
         return td.get(path, None)
 
@@ -510,7 +516,7 @@ class _Bridge:
             sub = td[idx] if shape else td
             values = {}
             for path in self._objects:
-                value = sub.get(path, None)
+                value = self._get(sub, path, 0)
                 if value is None:
                     continue
                 key = path[0] if len(path) == 1 else path

@@ -20,6 +20,7 @@ with warnings.catch_warnings():
     torchrl = pytest.importorskip("torchrl")
     from tensordict import LazyStackedTensorDict, assert_allclose_td
     from torchrl.collectors import Collector as TorchRLCollector
+    from torchrl.data import NonTensor
     from torchrl.envs import InitTracker, TransformedEnv
     from torchrl.envs.utils import RandomPolicy as TorchRLRandomPolicy
     from torchrl.testing.mocking_classes import HeterogeneousCountingEnv, HeterogeneousCountingEnvPolicy
@@ -125,3 +126,41 @@ def test_random_actions_are_drawn_in_each_agents_own_space(name, random):
         assert action.abs().max() <= 1 and action.std() > 0
     # the env counted the agents' actions: a count rises while any agent's first action is nonzero
     assert (lazy[..., 0]["tensor_0"] > 0).any()
+
+
+class InstructedAgents(HeterogeneousCountingEnv):
+    """Each agent also sees a string of its own (a non-tensor entry inside the stacked group)."""
+
+    def get_agent_obs_spec(self, i):
+        spec = super().get_agent_obs_spec(i)
+        spec["instruction"] = NonTensor(shape=(), example_data="x")
+        return spec
+
+    def _reset(self, tensordict=None, **kwargs):
+        out = super()._reset(tensordict, **kwargs)
+        for i, agent in enumerate(out["lazy"].tensordicts):
+            agent.set_non_tensor("instruction", f"agent {i} reset")
+        return out
+
+    def _step(self, tensordict):
+        out = super()._step(tensordict)
+        for i, agent in enumerate(out["lazy"].tensordicts):
+            agent.set_non_tensor("instruction", f"agent {i} count {int(self.count.flatten()[0])}")
+        return out
+
+
+def test_an_agents_non_tensor_entry_is_kept_as_in_torchrl():
+    got = {}
+    for cls in (TorchRLCollector, aiocollect.Collector):
+        env = InstructedAgents(max_steps=3)
+        collector = cls(env, HeterogeneousCountingEnvPolicy(env.input_spec["full_action_spec"]),
+                        frames_per_batch=6, total_frames=6)
+        try:
+            got[cls] = next(iter(collector))
+        finally:
+            collector.shutdown()
+    theirs, ours = got[TorchRLCollector], got[aiocollect.Collector]
+    for group in ("lazy", ("next", "lazy")):
+        for i in range(3):
+            assert list(ours[group][..., i]["instruction"]) == list(theirs[group][..., i]["instruction"])
+    assert list(ours["lazy"][..., 2]["instruction"])[:2] == ["agent 2 reset", "agent 2 count 1"]

@@ -236,3 +236,47 @@ def test_whole_trajectories_of_a_dynamic_entry_are_lazily_stacked_as_torchrls():
         for t in range(5):
             for key in ("observation", ("next", "observation"), ("next", "done")):
                 assert torch.equal(ours[i, t][key], theirs[i, t][key]), (i, t, key)
+
+
+def test_return_same_td_gives_each_batch_its_own_entries_of_no_fixed_shape():
+    # their shapes and values are each batch's own: a new batch each time (TorchRL writes the
+    # strings of the first batch into every later one there)
+    with aiocollect.Collector(make_string_env(), _left, frames_per_batch=5, total_frames=15,
+                              return_same_td=True) as c:
+        batches = [(list(b["nt"]), b["step_count"].flatten().tolist()) for b in c]
+    for strings, counts in batches:  # (each batch's strings are its own frames')
+        assert strings == ["reset!" if n == 0 else f"a string! - {n}" for n in counts]
+    assert batches[1][0] != batches[0][0]
+    with aiocollect.Collector(EnvWithDynamicSpec(), _mean_policy, frames_per_batch=7, total_frames=21,
+                              return_same_td=True) as c:
+        shapes = [[tuple(b[t]["observation"].shape) for t in range(2)] for b in c]
+    assert shapes[1] != shapes[0]
+
+
+@pytest.mark.parametrize("make", [EnvWithDynamicSpec, make_string_env])
+def test_compact_obs_leaves_out_the_next_copy_of_an_entry_of_no_fixed_shape_as_torchrl(make):
+    policy = _mean_policy if make is EnvWithDynamicSpec else _left
+    keys = {}
+    for cls in (TorchRLCollector, aiocollect.Collector):
+        c = cls(make(), policy, frames_per_batch=5, total_frames=5, compact_obs=True)
+        try:
+            keys[cls] = sorted(next(iter(c))["next"].keys())
+        finally:
+            c.shutdown()
+    assert keys[aiocollect.Collector] == keys[TorchRLCollector] == ["done", "reward", "terminated", "truncated"]
+
+
+def test_fake_tensordict_of_an_env_with_entries_of_no_fixed_shape_says_to_zero_a_real_batch():
+    with aiocollect.Collector(make_string_env(), None, frames_per_batch=5, total_frames=5) as c, \
+            pytest.raises(NotImplementedError, match=r"no fixed shape.*zero_\(\)"):
+        c.fake_tensordict()
+
+
+def test_an_action_of_a_dynamic_shape_is_refused_naming_it():
+    class DynamicAction(EnvWithDynamicSpec):
+        def __init__(self):
+            super().__init__()
+            self.action_spec = torchrl.data.Unbounded(shape=(-1,))
+
+    with pytest.raises(TypeError, match=r"action spec 'action' has shape \[-1\].*not as actions"):
+        aiocollect.Collector(DynamicAction(), None, frames_per_batch=4, total_frames=4)
