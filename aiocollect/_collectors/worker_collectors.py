@@ -353,6 +353,10 @@ class WorkerCollectorBase(DataCollectorBase):
             return self._policy.random_runner
         return self._workers_runner or self._policy.runner
 
+    def _published(self) -> None:
+        if self._workers_runner is not None:  # (the workers load them at their next step)
+            self._workers_runner.sync()
+
     def _counters(self) -> tuple[int, int]:
         tl = self._scheduler.timelines
         return tl.env_steps, tl.completed_trajectories
