@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import math
 import threading
 import time
@@ -41,7 +42,6 @@ from tensordict import TensorDictBase
 
 from .._engine.profile import Profile
 from .._engine.staging import DeviceStaging
-from .._engine.storage import RolloutStorage
 from .._engine.trajectories import TrajectoryAssembler
 from .._envs.spaces import nest
 from .._errors import CollectorClosedError, CollectorFailedError
@@ -163,7 +163,7 @@ class DataCollectorBase(Faces, Consumers, Delivery, Background, TorchRLAccessors
         self._progress: ProgressBar | None = None
         self._returns = EpisodeReturns()
         self._staging: DeviceStaging | None = None
-        """Set by ``_stage_batches`` for a GPU storing device."""
+        """The pinned staging of a GPU storing device, built with the engine (``_collectors.assembly``)."""
         self._reuse_td = False
         """``return_same_td`` (``Collector``): each batch is written into the first one."""
         self._same_td: TensorDictBase | None = None
@@ -219,12 +219,20 @@ class DataCollectorBase(Faces, Consumers, Delivery, Background, TorchRLAccessors
     def _worker_statistics(self) -> tuple[WorkerStatistics, ...]:
         return ()
 
-    def _stage_batches(self, storage: RolloutStorage) -> None:
-        """With a GPU ``storing_device``, batches are built in pinned blocks and reach the
-        device in one non-blocking copy each (``_engine.staging``); call once the storage exists."""
-        device = self.storing_device
-        if device is not None and device.type != "cpu":
-            self._staging = storage.staging = DeviceStaging(device)
+    @contextlib.contextmanager
+    def _shut_down_on_error(self):
+        """Around the construction of parts: one that fails to build shuts the collector
+        down (releasing the envs, processes and memory built before it), then its error goes on."""
+        try:
+            yield
+        except BaseException:
+            self.shutdown()
+            raise
+
+    def _published(self) -> None:
+        """Called once new weights are published (``update_policy_weights_``, ``load_state_dict``),
+        in the caller's thread: a variant whose workers act with copies of the policy hands
+        them on at once."""
 
     def _tensordict(self, tensors: dict, shape: list[int]) -> TensorDictBase:
         """A batch's tensors (flat keys) as a TensorDict of ``shape``, last dim named ``"time"``
@@ -316,7 +324,9 @@ class DataCollectorBase(Faces, Consumers, Delivery, Background, TorchRLAccessors
         """
         self._check_usable()
         self._check_worker_ids(worker_ids)
-        return self._policy.publish(weights_given(policy_or_weights, weights, policy, model_id, weights_dict))
+        version = self._policy.publish(weights_given(policy_or_weights, weights, policy, model_id, weights_dict))
+        self._published()
+        return version
 
     async def update_policy_weights(self, policy_or_weights: Any = None, *, worker_ids: Any = None, weights: Any = None,
                                     policy: Any = None, model_id: str | None = None,
@@ -354,6 +364,7 @@ class DataCollectorBase(Faces, Consumers, Delivery, Background, TorchRLAccessors
             raise self._closed_error()
         try:
             self._policy.load_state_dict(state_dict, strict)
+            self._published()
         except (KeyError, ValueError, TypeError) as exc:  # named for load_state_dict, the call made
             error = policy_state_error(exc, type(self).__name__)
             if error is exc:

@@ -9,8 +9,9 @@ private storage of one batch:
 * coroutine envs each as a lane of their own (``_coroutines.lanes``), stepped as
   tasks on the collector's loop, with the scheduler's per-env rounds.
 
-This module builds the env group and the policy setup, validates the options, and turns
-each batch into a TensorDict. What the user sees is described in the class docstring.
+This module builds the env group, validates the options, has the engine built over it
+(``_collectors.assembly``), and turns each batch into a TensorDict. What the user sees is
+described in the class docstring.
 """
 
 from __future__ import annotations
@@ -25,22 +26,17 @@ from tensordict import TensorDictBase
 from tensordict.nn import InteractionType
 
 from .._coroutines.group import CoroutineGroup
-from .._coroutines.lanes import CoroutineEnvs
-from .._engine.scheduler import Scheduler
 from .._engine.storage import host_empty
 from .._engine.trajectories import split_trajectories
 from .._envs.agents import stack_agents
 from .._envs.build import check_create_env_fn, make_group
-from .._envs.keyed import batch_entries, observation_keys
+from .._envs.keyed import observation_keys
 from .._envs.object_batches import without_objects
 from .._errors import CollectorError, EnvError
-from .._policies.setup import PolicySetup
-from .._workers.inline_worker import InlineWorker
-from .._workers.shm import Layout, SharedArrays
+from .assembly import EnvShape, build_engine, lanes_here, policy_setup
 from .base import DataCollectorBase
 from .checks import grouped_env_options
 from .delivery import with_torchrl_versions, without_private_keys
-from .loop_thread import LoopThread
 from .options import env_seeds, fit_to_envs, next_seed, options_from, validate_batching
 from .torchrl_compat import (
     check_torchrl_keywords,
@@ -216,13 +212,7 @@ class Collector(DataCollectorBase):
         cudagraph_policy: Any = None,
         **torchrl_options: Any,
     ):
-        if sync is not None:
-            raise ValueError("sync: it chooses between the worker collectors that num_collectors=N builds; "
-                             "a Collector without num_collectors steps its envs in this process. Remove it.")
-        if start_timeout is not None:
-            raise ValueError(f"start_timeout={start_timeout!r}: it bounds the start of worker processes, and a "
-                             "Collector without num_collectors starts no worker process (its envs step in this "
-                             "process). Remove it, or pass num_collectors=N for N worker processes.")
+        _refuse_worker_arguments(sync, start_timeout)
         check_torchrl_keywords(type(self).__name__, torchrl_options)
         options = options_from(locals())
         policy, cuda_graphs = policy_from(locals(), options.policy_device)
@@ -235,13 +225,10 @@ class Collector(DataCollectorBase):
         self._resources.env_closers.append(group.close)
         self.group = group
         self._coroutine = isinstance(group, CoroutineGroup)
-        try:
+        with self._shut_down_on_error():
             batching = validate_batching(max_batch_size=max_batch_size, min_batch_size=min_batch_size,
                                          batch_timeout=batch_timeout, step_timeout=step_timeout,
                                          coroutine=self._coroutine, reset_when_done=options.reset_when_done)
-        except BaseException:
-            self.shutdown()
-            raise
         n = group.num_envs
         self.options = options = fit_to_envs(options, n, f"{n} envs", stacklevel=3)
         self.num_envs = n
@@ -250,63 +237,37 @@ class Collector(DataCollectorBase):
         self.env_device = options.env_device or torch.device(group.device or "cpu")
         self.storing_device = options.storing_device
         self.policy_device = options.policy_device
-
-        obs_keys = [leaf.key for leaf in group.obs_leaves]
-        entries = batch_entries(group.observation_space, options.truncates)  # (what its batches hold)
-        # the policy runs only while the user waits for a batch: act with the user's module
-        # itself, as TorchRL does, a change of it being a new policy version
-        try:
-            grouped_env_options(group.observation_space, options)
-            take_torchrl_keywords(self, torchrl_options, options, policy,
-                                  observation_keys(group.observation_space, obs_keys))
-            self._policy = PolicySetup(policy, group.action_space, obs_keys, device=self.policy_device,
-                                       exploration_type=options.exploration_type, share=True,
-                                       cuda_graphs=cuda_graphs, obs_leaves=group.obs_leaves,
-                                       env_batch=entries[3])
-        except BaseException:
-            self.shutdown()  # (a policy whose keys do not fit the envs: close the envs built)
-            raise
-        self._resources.closers.append(self._policy.close)
+        self._reuse_td = options.return_same_td
+        with self._shut_down_on_error():  # (a policy whose keys do not fit the envs: close the envs built)
+            self._build_engine(policy, cuda_graphs, batching, torchrl_options)
         self.policy = self._policy.policy
         """The policy the collector runs: the object given (a module is not copied: your
         optimiser steps reach the next policy call, each a new policy version), or a copy
         on ``policy_device`` that follows it when the module's tensors are elsewhere; a
         [`RandomPolicy`][aiocollect.RandomPolicy] for ``policy=None``."""
-        self._reuse_td = options.return_same_td
-        # the scheduler of the worker collectors, writing into a private (unshared) storage
-        # of one batch, over one worker that steps the group inline, or one lane per
-        # coroutine env
-        leaves = group.obs_leaves
-        check = group.check_action
-        layout = Layout.plan([(leaf.dtype, leaf.shape) for leaf in leaves], (check.dtype, check.shape), n, 1,
-                             columns=self._steps_per_batch, slots=1)
-        shared = SharedArrays(layout, -1)  # anonymous private memory: nobody else maps it
-        if self._coroutine:
-            # coroutine envs belong to one loop for their whole life: the collector's own
-            self._envs = CoroutineEnvs(group, shared, max_frames_per_traj=options.max_frames_per_traj,
-                                       step_timeout=batching.step_timeout)
-            workers = self._envs.lanes
-            self._persistent_loop = True
-            self._resources.loop = LoopThread()
-            self._resources.aclosers.append(self._envs.aclose)
-        else:
-            workers = [InlineWorker(group, shared, max_frames_per_traj=options.max_frames_per_traj,
-                                    reset_when_done=options.reset_when_done)]
-        self._scheduler = Scheduler(shared, workers, leaves, check,
-                                    entries=entries,
-                                    step_count=options.max_frames_per_traj is not None,
-                                    reset_when_done=options.reset_when_done,
-                                    batching=batching if self._coroutine else None)
-        self._timelines = self._scheduler.timelines
-        self._timelines.keep_cut = options.trajs_per_batch is not None
-        self._stage_batches(self._scheduler.storage)
-        try:  # (with cudagraph_policy: the policy's graphs, captured now)
-            self._policy.prepare([lane.num_envs for lane in self._scheduler.lanes], leaves)
-        except BaseException:
-            self.shutdown()
-            raise
         self._batch_start = 0
         """Env steps taken before the batch under way began (coroutine envs)."""
+
+    def _build_engine(self, policy: Any, cuda_graphs: int | None, batching: Any, torchrl_options: dict) -> None:
+        """The engine (``_collectors.assembly``): the scheduler of the worker collectors, writing
+        into a private storage of one batch, over one worker that steps the group inline, or one
+        lane per coroutine env."""
+        group, options, res = self.group, self.options, self._resources
+        envs = EnvShape.of_group(group, options)
+        grouped_env_options(group.observation_space, options)
+        take_torchrl_keywords(self, torchrl_options, options, policy,
+                              observation_keys(group.observation_space, envs.obs_keys))
+        # the policy runs only while the user waits for a batch: act with the user's module
+        # itself, as TorchRL does, a change of it being a new policy version
+        self._policy = policy_setup(res, policy, envs, options, cuda_graphs, share=True)
+        lanes, self._envs = lanes_here(res, group, envs, options, columns=self._steps_per_batch,
+                                       step_timeout=batching.step_timeout)
+        if self._coroutine:
+            self._persistent_loop = True  # (coroutine envs live on the collector's own loop)
+        engine = build_engine(res, self._policy, lanes, envs, options,
+                              batching=batching if self._coroutine else None)
+        self._scheduler, self._staging = engine.scheduler, engine.staging
+        self._timelines = engine.scheduler.timelines
 
     # ------------------------------------------------------------------ collection
 
@@ -581,6 +542,17 @@ class Collector(DataCollectorBase):
 
 
 SyncDataCollector = Collector
+
+
+def _refuse_worker_arguments(sync: Any, start_timeout: Any) -> None:
+    """``sync`` and ``start_timeout`` are for the worker collectors that ``num_collectors=N`` builds."""
+    if sync is not None:
+        raise ValueError("sync: it chooses between the worker collectors that num_collectors=N builds; "
+                         "a Collector without num_collectors steps its envs in this process. Remove it.")
+    if start_timeout is not None:
+        raise ValueError(f"start_timeout={start_timeout!r}: it bounds the start of worker processes, and a "
+                         "Collector without num_collectors starts no worker process (its envs step in this "
+                         "process). Remove it, or pass num_collectors=N for N worker processes.")
 
 
 _DISTRIBUTED = {"ray": ("aiocollect._distributed.ray_collector", "RayCollector"),

@@ -193,7 +193,7 @@ class Delivery:
 
     def _finish(self, batch: TensorDictBase) -> TensorDictBase:
         """A collected batch as it is handed out: on the storing device (one copy, see
-        ``_stage_batches``), with TorchRL's version keys if asked for, written into the first
+        ``_engine.staging``), with TorchRL's version keys if asked for, written into the first
         batch with ``return_same_td``."""
         if self._staging is not None:
             batch = self._staging.upload(batch)

@@ -1,7 +1,9 @@
 """What the multi-process collectors share: workers, the scheduler, the engine thread.
 
 A worker collector plans its workers (validation, pickling, spaces: all before any
-process starts), lays out the shared memory, starts the workers on its **engine loop**
+process starts), chooses where the policy acts, and has the engine built
+(``_collectors.assembly``, as a ``Collector`` does): it lays out the shared memory and
+starts the workers on its **engine loop**
 (a private uvloop thread that lives from construction to ``shutdown()``, because the
 worker processes and their sockets belong to it), and keeps its policy here, in the main
 process. Every step of every worker goes through that loop, whichever face the user
@@ -17,19 +19,15 @@ from __future__ import annotations
 import logging
 from collections import OrderedDict
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 from tensordict import TensorDictBase
 from tensordict.nn import InteractionType
 
-from .._engine.scheduler import Scheduler
-from .._envs.keyed import KeyedActions, action_check, batch_entries, observation_keys
+from .._envs.keyed import KeyedActions, batch_entries, observation_keys
 from .._envs.objects import has_objects
-from .._envs.spaces import flatten_space
 from .._policies.in_workers import (
-    SharedWeights,
-    WorkersRunner,
     cannot_act_in_workers,
     fields,
     measure,
@@ -40,14 +38,12 @@ from .._policies.in_workers import (
     scratch_copy,
 )
 from .._policies.random import RandomPolicy
-from .._policies.setup import PolicySetup, runs_on_gpu
+from .._policies.setup import runs_on_gpu
 from .._workers.plan import WorkerPlan, plan_workers
-from .._workers.pool import WorkerPool
 from .._workers.protocol import env_flag
-from .._workers.shm import Layout
+from .assembly import EnvShape, build_engine, lanes_in_workers, policy_setup
 from .base import DataCollectorBase
 from .checks import grouped_env_options
-from .loop_thread import LoopThread
 from .options import (
     START_TIMEOUT_S,
     CollectorOptions,
@@ -69,6 +65,17 @@ from .torchrl_compat import (
 )
 
 logger = logging.getLogger("aiocollect")
+
+
+class _Choice(NamedTuple):
+    """Where the policy may act, as planned before any process starts."""
+
+    where: str
+    """``placement``'s first answer (``"cannot"``: it acts here)."""
+    why_here: str | None
+    """Why it cannot act in the workers, where it cannot."""
+    random_runs: bool
+    """Random actions go in runs of steps (a random policy, ``reset_when_done``, no interruptor)."""
 
 
 class WorkerCollectorBase(DataCollectorBase):
@@ -159,34 +166,8 @@ class WorkerCollectorBase(DataCollectorBase):
         policy, cuda_graphs = policy_from(locals(), options.policy_device)
         if create_env_fn is None:
             raise TypeError("create_env_fn is required: a list with one env factory per worker.")
-        # random actions go in runs of steps (``_engine.scheduler``), with no policy call to
-        # overlap; so do the steps of a policy that runs in the workers (``_policies.in_workers``)
-        may_run = options.reset_when_done and options.interruptor is None
-        entries = self._entries(create_env_fn)
         compiled = cuda_graphs is not None or compile_policy not in (None, False)
-        where = placement(policy, num_workers=len(entries), policy_device=options.policy_device, compiled=compiled,
-                          runs=may_run, choice=worker_options.policy_placement) \
-            if isinstance(entries, (list, tuple)) else "cannot"
-        why_here = None if where != "cannot" else cannot_act_in_workers(
-            policy, policy_device=options.policy_device, compiled=compiled, runs=may_run) \
-            or "these workers' envs are not a list of entries the workers step"
-        random_runs = may_run and (policy is None or isinstance(policy, RandomPolicy))
-        # (parts, for a policy that may yet stay here; dropped below if it goes to the workers)
-        plan = plan_workers(entries, options.create_env_kwargs, policy_between_steps=not random_runs,
-                            gpu_policy=runs_on_gpu(policy, options.policy_device), single=self._one_entry)
-        entries = batch_entries(plan.observation_space, options.truncates)  # (what its batches hold)
-        if isinstance(plan.action_space, KeyedActions):
-            # several action keys (a TorchRL multi-agent env): the policy acts here, batched,
-            # whose checks and packing are the engine's; random actions too
-            where, random_runs = "cannot", False
-            why_here = ("the env's actions are under keys of their own (a TorchRL multi-agent env, or "
-                        "heterogeneous agents), checked and packed here")
-        elif has_objects(plan.observation_space):  # (non-tensor entries, or of a dynamic shape)
-            where = "cannot"
-            why_here = "the env has entries of no fixed shape, put back into the policy's input here"
-        elif entries[3]:  # (a TorchRL env of batch [5, 2])
-            where = "cannot"
-            why_here = "the env has several batch dims, and the policy is called with them, here"
+        plan, choice = self._plan_workers(create_env_fn, policy, options, worker_options, compiled)
         self._worker_frames = worker_frames
         """TorchRL's ``frames_per_batch`` list, one share per worker (``None``: an int was given)."""
         options = self._check_plan(plan, options, worker_options)
@@ -199,14 +180,11 @@ class WorkerCollectorBase(DataCollectorBase):
         step_timeout = validate_batching(max_batch_size=None, min_batch_size=None, batch_timeout=None,
                                          step_timeout=step_timeout, coroutine=True).step_timeout
         super().__init__(options)
-        obs_leaves = flatten_space(plan.observation_space, "observation", "observation_space")
-        try:
+        envs = EnvShape.of_plan(plan, options)
+        with self._shut_down_on_error():
             grouped_env_options(plan.observation_space, options)
             take_torchrl_keywords(self, torchrl_options, options, policy,
-                                  observation_keys(plan.observation_space, [leaf.key for leaf in obs_leaves]))
-        except BaseException:
-            self.shutdown()
-            raise
+                                  observation_keys(plan.observation_space, envs.obs_keys))
         self.worker_options = worker_options
         self._plan = plan
         self.num_workers = len(plan.workers)
@@ -216,24 +194,19 @@ class WorkerCollectorBase(DataCollectorBase):
         self.storing_device = options.storing_device
         self.policy_device = options.policy_device
         self.env_device = options.env_device or torch.device("cpu")
+        with self._shut_down_on_error():
+            self._build_engine(policy, cuda_graphs, envs, choice, step_timeout)
 
-        action = action_check(plan.action_space)
-        columns = max(self._steps_per_env(w.num_envs) for w in plan.workers)
-        self._policy = PolicySetup(policy, plan.action_space, [leaf.key for leaf in obs_leaves],
-                                   device=self.policy_device, exploration_type=options.exploration_type,
-                                   cuda_graphs=cuda_graphs, obs_leaves=obs_leaves,
-                                   env_batch=entries[3])
-        outputs, sent, costs, why_here = self._place(where, why_here, plan, obs_leaves, options, action)
-        if worker_options.policy_placement == "workers" and outputs is None:
-            self.shutdown()
+    def _build_engine(self, policy: Any, cuda_graphs: int | None, envs: EnvShape, choice: _Choice,
+                      step_timeout: float | None) -> None:
+        """The engine (``_collectors.assembly``), with the policy here or a copy in each worker."""
+        plan, options, res = self._plan, self.options, self._resources
+        self._policy = policy_setup(res, policy, envs, options, cuda_graphs, share=False)
+        outputs, sent, costs, why_here = self._place(choice.where, choice.why_here, plan, envs.obs_leaves, options,
+                                                     envs.action)
+        if self.worker_options.policy_placement == "workers" and outputs is None:
             raise ValueError(f"policy_placement='workers': the policy cannot act in the workers: {why_here}. "
                              "Use policy_placement='auto' (or 'central').")
-        runs = random_runs or outputs is not None
-        if runs:  # (no policy call between steps: nothing for parts to overlap)
-            plan = plan.without_parts()
-        extra = () if outputs is None else fields(outputs, self._policy.policy, 2, columns, plan.num_envs)
-        layout = Layout.plan([(leaf.dtype, leaf.shape) for leaf in obs_leaves], (action.dtype, action.shape),
-                             plan.num_envs, plan.num_lanes, columns=columns, extra=list(extra))
         self.policy_in_workers = outputs is not None
         """Whether each worker acts with its own copy of the policy (``_policies.in_workers``
         says when, and ``AIOCOLLECT_POLICY_IN_WORKERS`` decides): ``False``, the policy runs
@@ -246,40 +219,54 @@ class WorkerCollectorBase(DataCollectorBase):
         """The policy the collector runs: its own copy of the one given if that has weights
         (on ``policy_device``), the given object otherwise, a
         [`RandomPolicy`][aiocollect.RandomPolicy] for ``policy=None``."""
-        pool = WorkerPool(plan, layout, reset_when_done=options.reset_when_done,
-                          max_frames_per_traj=options.max_frames_per_traj, step_timeout=step_timeout,
-                          start_timeout=worker_options.start_timeout)
-        pool.policy = sent
-        self._pool = pool
-        res = self._resources
-        res.closers += [pool.kill_leftovers, self._policy.close]
-        try:
-            self._scheduler = Scheduler(pool.shared, pool.lanes, obs_leaves, action,
-                                        entries=entries,
-                                        step_count=options.max_frames_per_traj is not None,
-                                        reset_when_done=options.reset_when_done, spin_s=pool.spin_s,
-                                        runs=runs)
-            self._scheduler.timelines.keep_cut = options.trajs_per_batch is not None
-            self._workers_runner = None
-            if outputs is not None:
-                self._scheduler.storage.adopt(outputs, pool.shared.arrays)
-                self._workers_runner = WorkersRunner(self._policy.runner, SharedWeights(pool.shared.arrays),
-                                                     sent["keys"])
-                self._policy.after_publish = self._workers_runner.sync  # (the workers load them at their next step)
-            self._stage_batches(self._scheduler.storage)
-            self._worker_lanes = [[lane for lane in self._scheduler.lanes if lane.index == w.index]
-                                  for w in plan.workers]
-            """Each worker's lanes (the parts of its envs: ``_workers.plan``), by worker index."""
-            res.loop = LoopThread()
-            self._pool_task, _ = res.loop.portal.start_task(pool.run)
-            # (while the workers start:) a JAX policy on a GPU compiles for each round's row
-            # count; with cudagraph_policy, a torch policy is captured for each
-            self._policy.prepare([lane.num_envs for lane in self._scheduler.lanes], obs_leaves)
-        except BaseException:
-            self.shutdown()
-            raise
+        columns = max(self._steps_per_env(w.num_envs) for w in plan.workers)
+        runs = choice.random_runs or outputs is not None
+        if runs:  # (no policy call between steps: nothing for parts to overlap)
+            plan = plan.without_parts()
+        extra = () if outputs is None else fields(outputs, self._policy.policy, 2, columns, plan.num_envs)
+        layout = envs.layout(plan.num_envs, plan.num_lanes, columns=columns, extra=extra)
+        lanes, self._pool = lanes_in_workers(res, plan, layout, options, step_timeout=step_timeout,
+                                             start_timeout=self.worker_options.start_timeout, payload=sent)
+        engine = build_engine(res, self._policy, lanes, envs, options, runs=runs, outputs=outputs)
+        self._scheduler, self._staging, self._pool_task = engine.scheduler, engine.staging, engine.task
+        self._workers_runner = engine.workers_runner
+        self._worker_lanes = [[lane for lane in self._scheduler.lanes if lane.index == w.index]
+                              for w in plan.workers]
+        """Each worker's lanes (the parts of its envs: ``_workers.plan``), by worker index."""
 
     # ------------------------------------------------------------------ planning hooks
+
+    def _plan_workers(self, create_env_fn: Any, policy: Any, options: CollectorOptions,
+                      worker_options: WorkerOptions, compiled: bool) -> tuple[WorkerPlan, _Choice]:
+        """The workers' plan (validation, pickling, spaces: all before any process starts), and
+        where the policy may act (``_Choice``)."""
+        # random actions go in runs of steps (``_engine.scheduler``), with no policy call to
+        # overlap; so do the steps of a policy that runs in the workers (``_policies.in_workers``)
+        may_run = options.reset_when_done and options.interruptor is None
+        entries = self._entries(create_env_fn)
+        where = placement(policy, num_workers=len(entries), policy_device=options.policy_device, compiled=compiled,
+                          runs=may_run, choice=worker_options.policy_placement) \
+            if isinstance(entries, (list, tuple)) else "cannot"
+        why_here = None if where != "cannot" else cannot_act_in_workers(
+            policy, policy_device=options.policy_device, compiled=compiled, runs=may_run) \
+            or "these workers' envs are not a list of entries the workers step"
+        random_runs = may_run and (policy is None or isinstance(policy, RandomPolicy))
+        # (parts, for a policy that may yet stay here; dropped below if it goes to the workers)
+        plan = plan_workers(entries, options.create_env_kwargs, policy_between_steps=not random_runs,
+                            gpu_policy=runs_on_gpu(policy, options.policy_device), single=self._one_entry)
+        if isinstance(plan.action_space, KeyedActions):
+            # several action keys (a TorchRL multi-agent env): the policy acts here, batched,
+            # whose checks and packing are the engine's; random actions too
+            where, random_runs = "cannot", False
+            why_here = ("the env's actions are under keys of their own (a TorchRL multi-agent env, or "
+                        "heterogeneous agents), checked and packed here")
+        elif has_objects(plan.observation_space):  # (non-tensor entries, or of a dynamic shape)
+            where = "cannot"
+            why_here = "the env has entries of no fixed shape, put back into the policy's input here"
+        elif batch_entries(plan.observation_space, options.truncates)[3]:  # (a TorchRL env of batch [5, 2])
+            where = "cannot"
+            why_here = "the env has several batch dims, and the policy is called with them, here"
+        return plan, _Choice(where, why_here, random_runs)
 
     _one_entry = False
     """``create_env_fn`` is one worker's entry (``AsyncCollector``): errors name it as given."""
@@ -302,11 +289,8 @@ class WorkerCollectorBase(DataCollectorBase):
         scratch = scratch_copy(self._policy.policy)  # (what the probe and the timing call)
         if scratch is None:
             return None, None, None, "it cannot be copied (deepcopy failed)"
-        try:
-            outputs = probe(scratch, obs_leaves, options.exploration_type, action)
-        except BaseException:  # (a policy that does not take the observations: nothing started yet)
-            self.shutdown()
-            raise
+        # (a policy that does not take the observations raises here: nothing started yet)
+        outputs = probe(scratch, obs_leaves, options.exploration_type, action)
         if outputs is None:
             return None, None, None, ("its outputs cannot be laid out in shared memory (a recurrent state, a dtype "
                                       "numpy lacks, one call per env), or its call on zeros failed")
@@ -373,6 +357,10 @@ class WorkerCollectorBase(DataCollectorBase):
         if self._frames < opts.init_random_frames:
             return self._policy.random_runner
         return self._workers_runner or self._policy.runner
+
+    def _published(self) -> None:
+        if self._workers_runner is not None:  # (the workers load them at their next step)
+            self._workers_runner.sync()
 
     def _counters(self) -> tuple[int, int]:
         tl = self._scheduler.timelines

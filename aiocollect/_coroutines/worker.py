@@ -45,7 +45,7 @@ class CoroutineWorker(LaneWorker):
     process = None
     pid = None
 
-    def __init__(self, spec: WorkerSpec):
+    def __init__(self, spec: WorkerSpec, step_timeout: float | None = None):
         self.spec = spec
         self.index = spec.index
         self.lo, self.hi = spec.lo, spec.hi
@@ -59,7 +59,7 @@ class CoroutineWorker(LaneWorker):
         self._seen = 0
         self._task: asyncio.Task | None = None
         self._closed = False
-        self.step_timeout: float | None = None
+        self.step_timeout = step_timeout
 
     @property
     def alive(self) -> bool:

@@ -38,6 +38,46 @@ def _remote_collector(payload: bytes, sys_path: list[str], switches: dict[str, s
     return RemoteCollector(payload, sys_path, switches)  # (runs on the worker)
 
 
+def _one_port(master_port: int | None, tcp_port: int | None) -> int | None:
+    """``master_port``, or ``tcp_port``, TorchRL's name for the rendezvous port."""
+    if tcp_port is None:
+        return master_port
+    if master_port not in (None, tcp_port):
+        raise ValueError(f"tcp_port={tcp_port} and master_port={master_port}: they name the same "
+                         "port (tcp_port is TorchRL's name); give one.")
+    return tcp_port
+
+
+def _world_size(rpc: Any, worker_names: list[str] | None, num_collectors: int | None) -> int | None:
+    """``num_collectors``, checked against the world this process is in (or is about to launch):
+    joining one (``worker_names``) needs RPC initialised here, launching one needs it not to be."""
+    if worker_names is not None:
+        if not isinstance(worker_names, (list, tuple)) or not all(isinstance(n, str) for n in worker_names):
+            raise TypeError("worker_names must be a list of RPC worker names (str).")
+        if num_collectors not in (None, len(worker_names)):
+            raise ValueError(f"num_collectors={num_collectors} but {len(worker_names)} worker_names; one "
+                             "remote collector runs on each named worker.")
+        if not rpc.api._is_current_rpc_agent_set():
+            raise RuntimeError(
+                "worker_names: joining a world needs torch.distributed.rpc initialised in this process "
+                "first (rpc.init_rpc(...), as a torchrun launch script does); or leave worker_names out "
+                "to let RPCCollector launch its workers on this machine."
+            )
+        return len(worker_names)
+    if rpc.api._is_current_rpc_agent_set():
+        raise RuntimeError(
+            "torch.distributed.rpc is already initialised in this process: pass worker_names=[...] "
+            "to run the remote collectors on workers of that world."
+        )
+    if _launched_worlds:
+        raise RuntimeError(
+            "RPCCollector already launched an RPC world in this process, and torch.distributed.rpc "
+            "cannot be initialised twice in one process (a second init_rpc hangs): run one launched "
+            "RPCCollector per process, or start the world once yourself and pass worker_names."
+        )
+    return num_collectors
+
+
 class RPCCollector(RemoteCollectorsBase):
     """Runs aiocollect collectors on ``torch.distributed.rpc`` workers and offers them as one collector.
 
@@ -166,37 +206,10 @@ class RPCCollector(RemoteCollectorsBase):
                 raise ValueError(f"{name}={value!r}: give a positive, finite number of seconds (RPC's waits take "
                                  "no None).")
         options = remote_options(type(self).__name__, locals())
-        if tcp_port is not None:  # TorchRL's name for the rendezvous port
-            if master_port not in (None, tcp_port):
-                raise ValueError(f"tcp_port={tcp_port} and master_port={master_port}: they name the same "
-                                 "port (tcp_port is TorchRL's name); give one.")
-            master_port = tcp_port
+        master_port = _one_port(master_port, tcp_port)
         from torch.distributed import rpc
 
-        if worker_names is not None:
-            if not isinstance(worker_names, (list, tuple)) or not all(isinstance(n, str) for n in worker_names):
-                raise TypeError("worker_names must be a list of RPC worker names (str).")
-            if num_collectors not in (None, len(worker_names)):
-                raise ValueError(f"num_collectors={num_collectors} but {len(worker_names)} worker_names; one "
-                                 "remote collector runs on each named worker.")
-            num_collectors = len(worker_names)
-            if not rpc.api._is_current_rpc_agent_set():
-                raise RuntimeError(
-                    "worker_names: joining a world needs torch.distributed.rpc initialised in this process "
-                    "first (rpc.init_rpc(...), as a torchrun launch script does); or leave worker_names out "
-                    "to let RPCCollector launch its workers on this machine."
-                )
-        elif rpc.api._is_current_rpc_agent_set():
-            raise RuntimeError(
-                "torch.distributed.rpc is already initialised in this process: pass worker_names=[...] "
-                "to run the remote collectors on workers of that world."
-            )
-        elif _launched_worlds:
-            raise RuntimeError(
-                "RPCCollector already launched an RPC world in this process, and torch.distributed.rpc "
-                "cannot be initialised twice in one process (a second init_rpc hangs): run one launched "
-                "RPCCollector per process, or start the world once yourself and pass worker_names."
-            )
+        num_collectors = _world_size(rpc, worker_names, num_collectors)
         num_collectors, payloads = plan_remotes(locals(), options)
         super().__init__(options, policy, num_collectors, sync, update_after_each_batch)
         self._rpc = rpc

@@ -46,13 +46,11 @@ from typing import Any
 import anyio
 import numpy as np
 
-from .._envs.keyed import NO_ENTRIES
 from .._envs.spaces import ActionCheck
 from .._errors import EnvError
 from .._policies.runner import PolicyRunner
 from .._workers import protocol
 from .._workers.lane import LaneOwner, LaneWorker
-from .._workers.shm import SharedArrays
 from .lanes import READY, RESETTING, STEPPING, Lane, Sealed
 from .profile import Profile
 from .rounds import SLICE_S, Batching, RandomRuns, rounds_for
@@ -67,15 +65,16 @@ class Scheduler:
     """Drives lanes (process parts, coroutine workers and envs, or one inline group); see
     the module docstring."""
 
-    def __init__(self, shared: SharedArrays, workers: list[LaneWorker], obs_leaves, action_check: ActionCheck, *,
-                 step_count: bool, reset_when_done: bool, spin_s: float = 0.0, batching: Batching | None = None,
-                 runs: bool = False, entries: tuple = NO_ENTRIES):
-        self.storage = RolloutStorage(shared, obs_leaves, step_count=step_count, entries=entries)
+    def __init__(self, storage: RolloutStorage, timelines: Timelines, workers: list[LaneWorker],
+                 action_check: ActionCheck, *, spin_s: float = 0.0, batching: Batching | None = None,
+                 runs: bool = False):
+        self.storage = storage
         self.profile: Profile | None = None
         """Set by ``enable_profile()``: the policy calls and batches are timed (``_engine.profile``)."""
-        self.num_envs = self.storage.num_envs
-        self.timelines = Timelines(self.num_envs, reset_when_done=reset_when_done, count_steps=step_count)
-        self.reset_when_done = reset_when_done
+        self.num_envs = storage.num_envs
+        self.timelines = timelines
+        """The bookkeeping of the same rows as ``storage`` (``_engine.timelines``)."""
+        self.reset_when_done = timelines.reset_when_done
         self.runs = runs
         """Random actions go in runs of steps (``rounds.RandomRuns``). The collector
         decides: never where a batch must be cut after any step (an interruptor) or finished

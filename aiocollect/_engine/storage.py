@@ -163,10 +163,13 @@ NUMPY_DTYPES = frozenset((torch.bool, torch.uint8, torch.int8, torch.int16, torc
 
 class RolloutStorage:
     """See the module docstring. ``step_count``: keep ``step_count`` entries (TorchRL does
-    when ``max_frames_per_traj`` is set)."""
+    when ``max_frames_per_traj`` is set); ``staging``: build batches in its pinned blocks (a
+    GPU storing device); ``outputs``: the policy acts in the workers, which write these
+    outputs into ``shared`` (``adopt``)."""
 
     def __init__(self, shared: SharedArrays, obs_leaves: list[Leaf], *, step_count: bool,
-                 entries: tuple = NO_ENTRIES):
+                 entries: tuple = NO_ENTRIES, staging: DeviceStaging | None = None,
+                 outputs: list[tuple[NestedKey, np.dtype, tuple]] | None = None):
         layout = shared.layout
         self.next_only, self.engine_flags, self.group_shapes, self.env_batch = entries
         """What the env's batches hold besides observations (``_envs.keyed.batch_entries``):
@@ -196,8 +199,10 @@ class RolloutStorage:
         self._out_np: dict[NestedKey, np.ndarray | None] = {}
         self._batch_bytes = 0
         """What the last batches' fields took (``HostBlock``): the next one's block size."""
-        self.staging: DeviceStaging | None = None
-        """Set for a GPU storing device: batches are built in its pinned blocks."""
+        self.staging = staging
+        """For a GPU storing device: batches are built in its pinned blocks."""
+        if outputs is not None:
+            self.adopt(outputs, shared.arrays)
 
     def adopt(self, outputs: list[tuple[NestedKey, np.dtype, tuple]], arrays: dict[str, np.ndarray]) -> None:
         """The policy's outputs (``(key, dtype, per-env shape)`` each) and versions live in

@@ -43,7 +43,7 @@ class Timelines:
     """Per-env trajectory ids, step counts and pending resets of ``num_envs`` envs."""
 
     def __init__(self, num_envs: int, *, reset_when_done: bool, ids: IdPool | None = None,
-                 count_steps: bool = True):
+                 count_steps: bool = True, keep_cut: bool = False):
         self.num_envs = num_envs
         self.reset_when_done = reset_when_done
         self.count_steps = count_steps
@@ -62,7 +62,7 @@ class Timelines:
         self.renew = np.zeros(num_envs, dtype=bool)
         """Envs whose reset, when done, starts a new trajectory although no episode ended:
         the one under way is cut (see the module docstring)."""
-        self.keep_cut = False
+        self.keep_cut = keep_cut
         """Record the ids of cut trajectories for ``take_cut`` (``trajs_per_batch`` needs them)."""
         self.cut: deque[np.ndarray] = deque()
         """Ids of the trajectories cut by resets done since the last ``take_cut`` (a deque:

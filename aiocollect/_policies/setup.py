@@ -340,9 +340,6 @@ class PolicySetup:
                                    else getattr(action_space, "shape", None), action_keys=action_keys,
                                    env_batch=env_batch)
         self.random = self.policy if isinstance(self.policy, RandomPolicy) else RandomPolicy(action_space)
-        self.after_publish: Any = None
-        """Called in the publisher's thread after each publish: the policy in the workers
-        hands the weights on at once (``_policies.in_workers.WorkersRunner.sync``)."""
         # (with a real policy, random steps write every key it writes, zero-filled, as in
         # TorchRL, so that every batch of a replay buffer has one layout)
         self.random_runner = (
@@ -438,8 +435,6 @@ class PolicySetup:
         version = channel.publish(src)
         if isinstance(channel, FollowChannel):
             channel.try_apply()
-        if self.after_publish is not None:
-            self.after_publish()
         return version
 
     async def wait_applied(self, version: int) -> None:

@@ -235,21 +235,19 @@ class WorkerPool:
 
     def __init__(self, plan: WorkerPlan, layout: Layout, *, reset_when_done: bool,
                  max_frames_per_traj: int | None = None, step_timeout: float | None = None,
-                 start_timeout: float | None = None):
+                 start_timeout: float | None = None, policy: dict | None = None):
         self.plan = plan
         self.start_timeout = start_timeout
         """How long the workers may take, together, to start (``None``: no bound; the
         collectors pass their ``start_timeout``, 300 s by default)."""
         self.layout = layout
-        self.policy: dict | None = None
+        self.policy = policy
         """What each worker needs to run its own copy of the policy (``_policies.in_workers``:
         the pickled module, its outputs, seeds), or ``None``: actions come from the engine."""
         self.reset_when_done = reset_when_done
         self.max_frames_per_traj = max_frames_per_traj
-        self.workers = [CoroutineWorker(spec) if spec.coroutine else Worker(spec) for spec in plan.workers]
-        for worker in self.workers:
-            if isinstance(worker, CoroutineWorker):
-                worker.step_timeout = step_timeout
+        self.workers = [CoroutineWorker(spec, step_timeout) if spec.coroutine else Worker(spec)
+                        for spec in plan.workers]
         self.step_timeout = step_timeout
         """Coroutine workers time each env's call; process workers are watched by
         ``_workers.watchdog`` (``None``: neither)."""

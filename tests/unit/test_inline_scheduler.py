@@ -17,6 +17,8 @@ import torch
 from tensordict import TensorDict
 
 from aiocollect._engine.scheduler import Scheduler
+from aiocollect._engine.storage import RolloutStorage
+from aiocollect._engine.timelines import Timelines
 from aiocollect._envs.group import InProcessGroup
 from aiocollect._envs.spaces import nest
 from aiocollect._workers.inline_worker import InlineWorker
@@ -53,8 +55,10 @@ def make(*envs_or_lengths, max_frames_per_traj=None, reset_when_done=True) -> Sc
                          group.num_envs, 1, columns=COLUMNS, slots=1)
     shared = SharedArrays(layout, -1)
     worker = InlineWorker(group, shared, max_frames_per_traj=max_frames_per_traj, reset_when_done=reset_when_done)
-    return Scheduler(shared, [worker], group.obs_leaves, check, step_count=max_frames_per_traj is not None,
-                     reset_when_done=reset_when_done)
+    step_count = max_frames_per_traj is not None
+    storage = RolloutStorage(shared, group.obs_leaves, step_count=step_count)
+    timelines = Timelines(storage.num_envs, reset_when_done=reset_when_done, count_steps=step_count)
+    return Scheduler(storage, timelines, [worker], check)
 
 
 def envs(sched: Scheduler) -> list[StepEnv]:

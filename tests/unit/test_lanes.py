@@ -19,6 +19,8 @@ from aiocollect._coroutines.lanes import EnvLane
 from aiocollect._coroutines.worker import CoroutineWorker
 from aiocollect._engine.rounds import Batching, EnvQueueRounds, InlineRounds, RandomRuns, WorkerRounds
 from aiocollect._engine.scheduler import Scheduler
+from aiocollect._engine.storage import RolloutStorage
+from aiocollect._engine.timelines import Timelines
 from aiocollect._envs.group import InProcessGroup
 from aiocollect._workers.inline_worker import InlineWorker
 from aiocollect._workers.lane import LaneOwner, LaneWorker, ProcessLane, ProcessWorker
@@ -106,8 +108,9 @@ def test_a_process_reports_for_its_ports_and_the_others_for_themselves():
 
 def scheduler(workers, **kw) -> Scheduler:
     group = group_of(sum(w.num_envs for w in workers))
-    return Scheduler(shared_for(group), workers, group.obs_leaves, group.check_action, step_count=False,
-                     reset_when_done=True, **kw)
+    storage = RolloutStorage(shared_for(group), group.obs_leaves, step_count=False)
+    timelines = Timelines(storage.num_envs, reset_when_done=True, count_steps=False)
+    return Scheduler(storage, timelines, workers, group.check_action, **kw)
 
 
 def test_the_scheduler_picks_one_round_strategy_from_its_lanes():
