@@ -81,7 +81,8 @@ def wait_until(cond, timeout: float = 5.0) -> bool:
 def interrupt_script(script: str, preamble: int = 0) -> tuple[str, str, int]:
     """Run ``script`` in a fresh interpreter; once it prints "collecting" (after ``preamble``
     lines, which come back at the start of stdout), wait 0.5 s and send SIGINT (Ctrl-C).
-    Asserts it exits within 5 s; returns ``(stdout, stderr, returncode)``."""
+    Asserts it exits within 10 s (it takes well under one on a quiet machine; a loaded 2-core
+    machine has taken over 5); returns ``(stdout, stderr, returncode)``."""
     proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     first = "".join(proc.stdout.readline() for _ in range(preamble))
     assert proc.stdout.readline().strip() == "collecting"
@@ -89,5 +90,5 @@ def interrupt_script(script: str, preamble: int = 0) -> tuple[str, str, int]:
     t0 = time.monotonic()
     proc.send_signal(signal.SIGINT)
     out, err = proc.communicate(timeout=20)
-    assert time.monotonic() - t0 < 5, "Ctrl-C took too long"
+    assert time.monotonic() - t0 < 10, "Ctrl-C took too long"
     return first + out, err, proc.returncode
