@@ -12,7 +12,7 @@ from __future__ import annotations
 import argparse
 
 from .errors import UsageError, one_line
-from .user_code import search_current_directory
+from .user_code import import_module
 
 
 def env_kwargs(args: argparse.Namespace) -> dict:
@@ -65,14 +65,4 @@ def check_env(args: argparse.Namespace) -> None:
 
 def _import_env_module(args: argparse.Namespace, module: str) -> None:
     """The ``module`` of ``--env module:EnvId``, imported: its envs registered."""
-    import importlib
-
-    search_current_directory()
-    try:
-        importlib.import_module(module)
-    except ImportError as exc:
-        raise UsageError(f"--env {args.env!r}: cannot import {module!r} ({exc}); it is looked for in the "
-                         "current directory, on PYTHONPATH and among the installed packages") from None
-    except (Exception, SystemExit) as exc:  # noqa: BLE001 - the module's own error, in one line
-        raise UsageError(f"--env {args.env!r}: importing {module!r} raised {one_line(exc)}; fix the module "
-                         f"(python -c 'import {module}' shows the traceback)") from None
+    import_module(module, f"--env {args.env!r}")

@@ -27,22 +27,30 @@ def search_current_directory() -> None:
         sys.path.append(cwd)
 
 
+def import_module(module: str, what: str) -> Any:
+    """``module`` imported (the current directory searched too: ``search_current_directory``);
+    an import that fails or raises is a ``UsageError`` in one line, starting with ``what``
+    (the option and its value)."""
+    import importlib
+
+    search_current_directory()
+    try:
+        return importlib.import_module(module)
+    except ImportError as exc:
+        raise UsageError(f"{what}: cannot import {module!r} ({exc}); it is looked for in the current "
+                         "directory, on PYTHONPATH and among the installed packages") from None
+    except (Exception, SystemExit) as exc:  # noqa: BLE001 - the module's own error, in one line
+        raise UsageError(f"{what}: importing {module!r} raised {one_line(exc)}; fix the module "
+                         f"(python -c 'import {module}' shows the traceback)") from None
+
+
 def import_callable(flag: str, spec: str) -> Any:
     """The callable that ``module:name`` (``name`` may be dotted) names, imported as ``--env``'s module is."""
-    import importlib
 
     module, _, name = spec.partition(":")
     if not module or not name:
         raise UsageError(f"{flag} {spec!r}: give module:callable, e.g. my_policies:make_actor")
-    search_current_directory()
-    try:
-        target = importlib.import_module(module)
-    except ImportError as exc:
-        raise UsageError(f"{flag} {spec!r}: cannot import {module!r} ({exc}); it is looked for in the current "
-                         "directory, on PYTHONPATH and among the installed packages") from None
-    except (Exception, SystemExit) as exc:  # noqa: BLE001 - the module's own error, in one line
-        raise UsageError(f"{flag} {spec!r}: importing {module!r} raised {one_line(exc)}; fix the module "
-                         f"(python -c 'import {module}' shows the traceback)") from None
+    target = import_module(module, f"{flag} {spec!r}")
     for part in name.split("."):
         if not hasattr(target, part):
             raise UsageError(f"{flag} {spec!r}: {module!r} has no {name!r}; name a function or class of it "
