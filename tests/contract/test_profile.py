@@ -89,9 +89,11 @@ def trace_names(path) -> set:
 def test_a_profile_whose_collection_ends_before_num_rollouts_saves_its_trace_at_the_last_batch(variant, tmp_path):
     # issue 50 item 1: the trace was ended at shutdown, in another thread than the engine's
     # that began it (torch: "no active profiling session"), and the process died of SIGSEGV
+    # (4 batches, traced from the second: a collector that collects ahead may have stepped all of
+    # the second and third batches before its trace began: two finished batches wait at most)
     path = tmp_path / "trace.json"
-    with variant(CounterEnv, policy, frames_per_batch=FPB, total_frames=2 * FPB) as collector:
-        collector.enable_profile(save_path=path)  # num_rollouts=3: the collection ends first
+    with variant(CounterEnv, policy, frames_per_batch=FPB, total_frames=4 * FPB) as collector:
+        collector.enable_profile(save_path=path, num_rollouts=6)  # the collection ends first
         for _ in collector:
             pass
         assert path.is_file(), "the trace is saved as the last batch is delivered"
