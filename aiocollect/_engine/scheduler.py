@@ -287,15 +287,65 @@ class Scheduler:
         done = block[:, protocol.DONE].tolist()
         cmd = block[:, protocol.CMD].tolist()
         seen = self._seen
-        got = False
+        hits = []
         for lane in self._process_lanes:
             if lane.state is not READY:
                 line = lane.worker.line
                 if done[line] == cmd[line] >> 2:
                     seen[line] = done[line]
-                    self.take(lane)
-                    got = True
-        return got
+                    hits.append(lane)
+        if len(hits) > 1:
+            self._take_all(hits)
+        elif hits:
+            self.take(hits[0])
+        return bool(hits)
+
+    def _take_all(self, lanes: list[Lane]) -> None:
+        """``take`` each of ``lanes`` (in lane order), booking the steps of lanes side by
+        side at one slot and column in one ``Timelines.stepped`` over all their rows (it
+        hands out new trajectory ids in row order, as a call per lane would)."""
+        group: list[Lane] = []
+        for lane in lanes:
+            if lane.state is STEPPING and not lane.run and not lane.carry:
+                if group and (lane.lo != group[-1].hi or lane.t != group[0].t or lane.slot != group[0].slot):
+                    self._take_steps(group)
+                    group = []
+                group.append(lane)
+                continue
+            if group:
+                self._take_steps(group)
+                group = []
+            self.take(lane)
+        if group:
+            self._take_steps(group)
+
+    def _take_steps(self, lanes: list[Lane]) -> None:
+        """``take`` for lanes side by side, each done with one ``STEP`` at the same slot and
+        column (no run, nothing carried): their rows booked at once."""
+        if len(lanes) == 1:
+            self.take(lanes[0])
+            return
+        first = lanes[0]
+        s, t, lo, hi = first.slot, first.t, first.lo, lanes[-1].hi
+        tl = self.timelines
+        before = tl.completed_trajectories
+        terminated, truncated, next_count = self.storage.flags(s, t, lo, hi, cache=False)
+        tl.stepped(lo, hi, terminated, truncated, next_count)
+        ended = None
+        if tl.completed_trajectories != before:  # each lane's share of the episodes that ended
+            ended = np.add.reduceat(terminated | truncated, [lane.lo - lo for lane in lanes], dtype=np.int64).tolist()
+        self.busy -= len(lanes)
+        on_full = self._on_full
+        for i, lane in enumerate(lanes):
+            if ended is not None:
+                lane.completed_trajectories += ended[i]
+            lane.worker.env_steps += lane.num_envs
+            lane.t = t + 1
+            lane.state = READY
+            if lane.t >= lane.frames and on_full is not None:
+                on_full(lane)
+                self._delivered = True
+            self._ready(lane)
 
     def poke(self) -> None:
         """Run a round on the next loop pass (a reply arrived, or the collector released a slot)."""
