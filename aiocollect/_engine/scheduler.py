@@ -12,10 +12,12 @@ it). Per-env bookkeeping (trajectory ids, step counts, pending resets) is one
 ``Scheduler.pump()`` runs rounds until the caller's condition holds. Everything
 happens in the loop's callbacks, with no task switch per step:
 
-1. a lane's completion arrives (``on_reply``): the lane's rows are booked (``take``:
-   ``Timelines.stepped``, vectorised over the lane's envs; the worker wrote the
-   observations, rewards and flags itself, and already reset the envs that finished) and
-   its column moves on;
+1. a lane's completion arrives (``on_reply``; the workers' doorbells share one pipe, and
+   every process lane's completion is read from the control block at once,
+   ``_harvest_block``): the lane's rows are booked (``take``: ``Timelines.stepped``,
+   vectorised over the lane's envs, and over lanes side by side that completed together;
+   the worker wrote the observations, rewards and flags itself, and already reset the envs
+   that finished) and its column moves on;
 2. a round starts right away if no other lane is in flight, else on the next loop pass,
    so that completions landing together share a round;
 3. the round (``_engine.rounds``: one strategy per kind of lanes, chosen once) sends a
@@ -96,7 +98,7 @@ class Scheduler:
         their workers whether we spin (``_workers.protocol``)."""
         self._process_lanes = [lane for lane in self.lanes if not lane.worker.in_process]
         """The lanes in other processes (``ProcessLane``s), whose completions are read all at
-        once from the control block (``_done_in_block``); the others are asked one by one."""
+        once from the control block (``_harvest_block``); the others are asked one by one."""
         self._other_lanes = [lane for lane in self.lanes if lane.worker.in_process]
         self._seen = self._process_lanes[0].worker.seen if self._process_lanes else None
         self._pumping: tuple[Callable[[], PolicyRunner], Callable[[], bool]] | None = None
