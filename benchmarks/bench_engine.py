@@ -45,11 +45,19 @@ the best and the median, ratios use the best):
   and central) and random actions. With spinning on (the default where the engine has a
   core of its own) that includes the time the engine spins, yielding its core, while it
   waits for the workers; ``AIOCOLLECT_SPIN=0`` rows (full runs) show the work alone.
+* **C. Engine capacity, the policy central**: zero-cost envs (``ZeroEnv``: a ``(4,)`` observation
+  returned as it is, never done) and a zero-cost policy (``zero_policy``: zeros), so all that
+  is left is the engine; ``MultiSyncCollector`` with ``AIOCOLLECT_POLICY_IN_WORKERS=0``, the
+  main process's CPU per frame (as M), at 1 worker x 256 envs and 15 workers x 16, spinning
+  off (the work alone: on 2 cores this says what one engine core serves on 16).
+* **K. The hand-off, 1 worker x 32 CartPole envs, the policy central**: the zero-cost policy
+  and the MLP against the limit of one core stepping 32 envs (the engine has the other core).
 * **W. Memory of one worker process** (resident set, MiB) at the first W: random actions
   (the lean worker: no torch), the MLP in the workers (each imports torch), and TorchRL's.
 
 Goals (on 2 cores): E's aiocollect rows >= 0.6 of the SyncVectorEnv limit and >= 5x TorchRL; R and P
-collectors >= 0.7 and >= 0.8 of their limits; M with the MLP <= 1.5 us.
+collectors >= 0.7 and >= 0.8 of their limits; M with the MLP <= 1.5 us; C <= 0.3 us at 1 x 256 and
+<= 1.0 us at 15 x 16; K >= 0.85 of the limit with the zero-cost policy, >= 0.7 with the MLP.
 
     python benchmarks/bench_engine.py                # a few minutes on 2 cores
     python benchmarks/bench_engine.py --quick        # smoke run, about a minute
@@ -203,6 +211,42 @@ class MLP(torch.nn.Module):
 
     def forward(self, observation: torch.Tensor) -> torch.Tensor:
         return self.net(observation).argmax(-1)
+
+
+class ZeroEnv(gym.Env):
+    """An env that costs nothing to step (section C): its observation returned as it is, never done."""
+
+    observation_space = gym.spaces.Box(-1, 1, (4,), np.float32)
+    action_space = gym.spaces.Discrete(2)
+
+    def __init__(self):
+        self._obs = np.zeros(4, np.float32)
+
+    def reset(self, *, seed=None, options=None):
+        return self._obs, {}
+
+    def step(self, action):
+        return self._obs, 0.0, False, False, {}
+
+
+def zero_policy(observation: torch.Tensor) -> torch.Tensor:
+    """A policy that costs (nearly) nothing (sections C and K): action 0 for every env."""
+    return torch.zeros(len(observation), dtype=torch.int64)
+
+
+def capacity_row(workers: int, envs: int, batches: int) -> float:
+    """In a subprocess (``AIOCOLLECT_SPIN`` is read at construction): main-process CPU us/frame
+    of ``MultiSyncCollector`` over ``workers`` x ``envs`` ``ZeroEnv``s, ``zero_policy`` central."""
+    steps = max(16, 4096 // (workers * envs))
+    code = (f"import sys; sys.path.insert(0, {os.path.dirname(os.path.abspath(__file__))!r}); "
+            f"import bench_engine as b, torch; torch.set_num_threads(1); cpu = {{}}; "
+            f"b.aio('MultiSyncCollector', b.ZeroEnv, {workers}, {envs}, {steps}, {batches}, cpu, "
+            f"policy=b.zero_policy, in_workers='0'); print(cpu['us'])")
+    env = dict(os.environ, AIOCOLLECT_SPIN="0")
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+    if out.returncode:
+        raise RuntimeError(out.stderr[-2000:])
+    return float(out.stdout.strip().splitlines()[-1])
 
 
 def mlp_policy():
@@ -656,6 +700,15 @@ def rows_for(args) -> list[Row]:
                 rows.append(Row("M", f"{cls} {w}x{E_ENVS}, {label}, AIOCOLLECT_SPIN={spin}",
                                 lambda cls=cls, spin=spin, policy=policy, in_workers=in_workers:
                                 main_cpu_row(cls, w, e_steps, e_batches, spin, policy, in_workers), "us/frame"))
+    c_batches = 5 if quick else 40
+    for cw, ce in ((1, 256), (15, 16)):
+        rows.append(Row("C", f"MultiSync {cw}x{ce} ZeroEnv, zero-cost policy central, SPIN=0",
+                        lambda cw=cw, ce=ce: capacity_row(cw, ce, c_batches), "us/frame"))
+    rows.append(Row("K", "limit", lambda: limit(make_cartpole, 32, 1, limit_frames)))
+    for label, make_policy in (("zero-cost policy", lambda: zero_policy), ("MLP", mlp_policy)):
+        rows.append(Row("K", f"aiocollect MultiSync 1x32, {label} central",
+                        lambda make_policy=make_policy: aio("MultiSyncCollector", make_cartpole, 1, 32, e_steps,
+                                                            e_batches, policy=make_policy(), in_workers="0")))
     rows.append(Row("W", "aiocollect worker, MLP in the workers", lambda: worker_rss("mlp", w), "MiB"))
     if not quick:
         rows.append(Row("W", "aiocollect worker, random actions", lambda: worker_rss("random", w), "MiB"))
@@ -670,7 +723,9 @@ def report(rows: list[Row], args) -> dict:
               "W": "W. Resident memory of one worker process (the largest), MiB",
               "L": f"L. A policy that waits (as a GPU's call does), pixel env {max(1, cores() - 1)} workers x "
                    f"{P_ENVS} envs, workers in halves or whole",
-              "M": "M. Main-process CPU per frame (all its threads), CartPole"}
+              "M": "M. Main-process CPU per frame (all its threads), CartPole",
+              "C": "C. Engine capacity: main-process CPU per frame, zero-cost envs and policy, the policy central",
+              "K": "K. The hand-off: 1 worker x 32 CartPole envs, the policy central (limit: one core, 32 envs)"}
     results = []
     for section in dict.fromkeys(r.section for r in rows):
         w = section[1:]
@@ -724,7 +779,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=None, help="runs per row (default 3; 1 with --quick)")
     parser.add_argument("--workers", type=int, nargs="+", default=[2], help="worker counts of section E")
     parser.add_argument("--json", metavar="PATH", help="also write the results as JSON to PATH")
-    parser.add_argument("--sections", nargs="+", choices=list("ERVPLMW"), default=list("ERVPLMW"),
+    parser.add_argument("--sections", nargs="+", choices=list("ERVPLMCKW"), default=list("ERVPLMCKW"),
                         help="run only these sections (default: all)")
     args = parser.parse_args(argv)
     start_smoke(args)

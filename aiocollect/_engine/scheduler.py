@@ -12,10 +12,12 @@ it). Per-env bookkeeping (trajectory ids, step counts, pending resets) is one
 ``Scheduler.pump()`` runs rounds until the caller's condition holds. Everything
 happens in the loop's callbacks, with no task switch per step:
 
-1. a lane's completion arrives (``on_reply``): the lane's rows are booked (``take``:
-   ``Timelines.stepped``, vectorised over the lane's envs; the worker wrote the
-   observations, rewards and flags itself, and already reset the envs that finished) and
-   its column moves on;
+1. a lane's completion arrives (``on_reply``; the workers' doorbells share one pipe, and
+   every process lane's completion is read from the control block at once,
+   ``_harvest_block``): the lane's rows are booked (``take``: ``Timelines.stepped``,
+   vectorised over the lane's envs, and over lanes side by side that completed together;
+   the worker wrote the observations, rewards and flags itself, and already reset the envs
+   that finished) and its column moves on;
 2. a round starts right away if no other lane is in flight, else on the next loop pass,
    so that completions landing together share a round;
 3. the round (``_engine.rounds``: one strategy per kind of lanes, chosen once) sends a
@@ -69,6 +71,8 @@ class Scheduler:
                  action_check: ActionCheck, *, spin_s: float = 0.0, batching: Batching | None = None,
                  runs: bool = False):
         self.storage = storage
+        self._block = storage.control
+        """The control block: every process lane's line (``_workers.protocol``)."""
         self.profile: Profile | None = None
         """Set by ``enable_profile()``: the policy calls and batches are timed (``_engine.profile``)."""
         self.num_envs = storage.num_envs
@@ -91,6 +95,11 @@ class Scheduler:
         self._lines = [lane.worker.control for lane in self.lanes if not lane.worker.in_process]
         """The control lines of the lanes in other processes, where ``E_ASLEEP`` tells
         their workers whether we spin (``_workers.protocol``)."""
+        self._process_lanes = [lane for lane in self.lanes if not lane.worker.in_process]
+        """The lanes in other processes (``ProcessLane``s), whose completions are read all at
+        once from the control block (``_harvest_block``); the others are asked one by one."""
+        self._other_lanes = [lane for lane in self.lanes if lane.worker.in_process]
+        self._seen = self._process_lanes[0].worker.seen if self._process_lanes else None
         self._pumping: tuple[Callable[[], PolicyRunner], Callable[[], bool]] | None = None
         self._on_full: Callable[[Lane], None] | None = None
         self._waiter: asyncio.Future | None = None
@@ -261,11 +270,83 @@ class Scheduler:
         if there was one. (A completion whose doorbell was missed, see ``_workers.protocol``,
         is found by the next full look: a spin, or ``_recheck``.)"""
         got = False
-        for lane in self.lanes if lanes is None else lanes:
+        if lanes is None:
+            got = bool(self._process_lanes) and self._harvest_block()
+            lanes = self._other_lanes
+        for lane in lanes:
             if lane.state is not READY and lane.worker.completed():
                 self.take(lane)
                 got = True
         return got
+
+    def _harvest_block(self) -> bool:
+        """Take in the completed commands of every process lane, read from the control
+        block at once (two array reads, then integer compares): a lane in flight is done when
+        its ``DONE`` word says the sequence number its ``CMD`` word holds (``Port.seen`` then
+        records it as taken in, as ``Port.completed`` does)."""
+        block = self._block
+        done = block[:, protocol.DONE].tolist()
+        cmd = block[:, protocol.CMD].tolist()
+        seen = self._seen
+        hits = []
+        for lane in self._process_lanes:
+            if lane.state is not READY:
+                line = lane.worker.line
+                if done[line] == cmd[line] >> 2:
+                    seen[line] = done[line]
+                    hits.append(lane)
+        if len(hits) > 1:
+            self._take_all(hits)
+        elif hits:
+            self.take(hits[0])
+        return bool(hits)
+
+    def _take_all(self, lanes: list[Lane]) -> None:
+        """``take`` each of ``lanes`` (in lane order), booking the steps of lanes side by
+        side at one slot and column in one ``Timelines.stepped`` over all their rows (it
+        hands out new trajectory ids in row order, as a call per lane would)."""
+        group: list[Lane] = []
+        for lane in lanes:
+            if lane.state is STEPPING and not lane.run and not lane.carry:
+                if group and (lane.lo != group[-1].hi or lane.t != group[0].t or lane.slot != group[0].slot):
+                    self._take_steps(group)
+                    group = []
+                group.append(lane)
+                continue
+            if group:
+                self._take_steps(group)
+                group = []
+            self.take(lane)
+        if group:
+            self._take_steps(group)
+
+    def _take_steps(self, lanes: list[Lane]) -> None:
+        """``take`` for lanes side by side, each done with one ``STEP`` at the same slot and
+        column (no run, nothing carried): their rows booked at once."""
+        if len(lanes) == 1:
+            self.take(lanes[0])
+            return
+        first = lanes[0]
+        s, t, lo, hi = first.slot, first.t, first.lo, lanes[-1].hi
+        tl = self.timelines
+        before = tl.completed_trajectories
+        terminated, truncated, next_count = self.storage.flags(s, t, lo, hi, cache=False)
+        tl.stepped(lo, hi, terminated, truncated, next_count)
+        ended = None
+        if tl.completed_trajectories != before:  # each lane's share of the episodes that ended
+            ended = np.add.reduceat(terminated | truncated, [lane.lo - lo for lane in lanes], dtype=np.int64).tolist()
+        self.busy -= len(lanes)
+        on_full = self._on_full
+        for i, lane in enumerate(lanes):
+            if ended is not None:
+                lane.completed_trajectories += ended[i]
+            lane.worker.env_steps += lane.num_envs
+            lane.t = t + 1
+            lane.state = READY
+            if lane.t >= lane.frames and on_full is not None:
+                on_full(lane)
+                self._delivered = True
+            self._ready(lane)
 
     def poke(self) -> None:
         """Run a round on the next loop pass (a reply arrived, or the collector released a slot)."""

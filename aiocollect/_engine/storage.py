@@ -183,6 +183,8 @@ class RolloutStorage:
         self.slots, self.columns, self.num_envs = k, t, n
         self.keys = [leaf.key for leaf in obs_leaves]
         a = shared.arrays
+        self.control = shared.control
+        """The workers' control block (``_workers.protocol``), which the scheduler reads its lanes' completions from."""
         self.obs = shared.obs("obs")
         self.next_obs = shared.obs("next_obs")
         self._inputs: dict[tuple[int, int, int, int], dict[NestedKey, torch.Tensor]] = {}

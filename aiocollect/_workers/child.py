@@ -166,6 +166,8 @@ class _Worker:
         self.control = self.parts[0][0]
         """The first part's line: it also holds this process's ``W_ASLEEP``."""
         self.spin_s = setup["spin_s"]
+        self.bell = setup["bell"]
+        """The write end of the doorbell pipe all workers ring (``protocol.ring_fd``)."""
         self.policy = None
         """The worker's own copy of the policy (``_policies.in_workers``), if it has one."""
         self.acts: list = [None] * len(self.parts)
@@ -199,7 +201,7 @@ class _Worker:
         DONE, E_ASLEEP, SLOT, COL = protocol.DONE, protocol.E_ASLEEP, protocol.SLOT, protocol.COL
         POLICY = protocol.POLICY
         acts, policy = self.acts, self.policy
-        ring = protocol.ring
+        ring, bell = protocol.ring_fd, self.bell
         self._poll.register(sock, select.POLLIN)
         if not self.spin_s:
             self.control[protocol.W_ASLEEP] = 1  # never spinning: always ring
@@ -233,7 +235,7 @@ class _Worker:
                 continue
             ctl[DONE] = seq
             if ctl[E_ASLEEP]:
-                ring(sock)
+                ring(bell)
             j = j + 1 if j + 1 < count else 0
 
     def _posted(self, last: list[int], j: int) -> tuple[int, int] | None:

@@ -30,6 +30,7 @@ Linux they also get ``SIGKILL`` from ``PR_SET_PDEATHSIG``.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import signal
@@ -54,6 +55,19 @@ from .watchdog import overdue, read_stack, watch_steps
 logger = logging.getLogger("aiocollect")
 
 _PACKAGE_ROOT = str(Path(__file__).resolve().parents[2])
+
+
+class _Rang:
+    """The owner ``on_reply`` names for doorbells rung on the pool's pipe: no lane's in
+    particular (the scheduler then looks at them all), never failed."""
+
+    index = -1
+    pid = None
+    process = None
+    error = None
+
+
+RANG = _Rang()
 
 
 class Worker(ProcessWorker):
@@ -170,8 +184,12 @@ class Port(LaneWorker):
         self.env_steps = 0
         self.control: np.ndarray | None = None
         """This port's control line in shared memory (see ``_workers.protocol``)."""
-        self._posted = 0
-        self._seen = 0
+        self.line = -1
+        """Its row of the control block (``SharedArrays.control``)."""
+        self.seen: np.ndarray = np.zeros(1, np.int64)
+        """The pool's record of the last command taken in, per line of the control block
+        (this port's: ``seen[line]``); the scheduler reads every port's completion at once
+        from the block and this array (``_engine.scheduler``)."""
 
     @property
     def owner(self) -> Worker:
@@ -179,7 +197,10 @@ class Port(LaneWorker):
 
     @property
     def posted(self) -> int:
-        return self._posted
+        """The sequence number of the last command posted (the ``CMD`` word holds it)."""
+        return 0 if self.control is None else int(self.control[protocol.CMD]) >> 2
+
+    _posted = posted
 
     @property
     def error(self) -> WorkerError | None:
@@ -205,13 +226,13 @@ class Port(LaneWorker):
         """Ask for ``protocol.STEP_CODE``, ``RESET_CODE`` or ``RUN_CODE`` (``count`` steps)
         at ``slot``, ``col`` of the storage (``local``: with actions from the worker's own
         policy); ring if the worker sleeps."""
-        self._posted += 1
         ctl = self.control
+        seq = (int(ctl[protocol.CMD]) >> 2) + 1
         ctl[protocol.SLOT] = slot
         ctl[protocol.COL] = col
         ctl[protocol.COUNT] = count
         ctl[protocol.POLICY] = local
-        ctl[protocol.CMD] = self._posted * 4 + code  # last: the worker acts once it sees it
+        ctl[protocol.CMD] = seq * 4 + code  # last: the worker acts once it sees it
         self.worker.ring()
 
     def cut_run(self) -> None:
@@ -224,8 +245,10 @@ class Port(LaneWorker):
 
     def completed(self) -> bool:
         """The last posted command is done and was not reported yet (reports it once)."""
-        if self._seen != self._posted and self.control[protocol.DONE] == self._posted:
-            self._seen = self._posted
+        ctl, seen, line = self.control, self.seen, self.line
+        done = int(ctl[protocol.DONE])
+        if done != seen[line] and done == int(ctl[protocol.CMD]) >> 2:
+            seen[line] = done
             return True
         return False
 
@@ -263,11 +286,16 @@ class WorkerPool:
         self.lanes: list[LaneWorker] = [port for w in self.workers
                                          for port in (w.ports if isinstance(w, Worker) else [w])]
         """What the scheduler drives: every process worker's ports, every coroutine worker."""
-        for lane, line in zip(self.lanes, self.shared.control):  # (a coroutine worker's line: unused)
+        self.seen = np.zeros(len(self.lanes), np.int64)
+        """The last command taken in, per line (``Port.seen``)."""
+        for k, (lane, line) in enumerate(zip(self.lanes, self.shared.control)):  # (a coroutine worker's: unused)
             if isinstance(lane, Port):
-                lane.control = line
+                lane.control, lane.line, lane.seen = line, k, self.seen
             line[protocol.E_ASLEEP] = 1
             line[protocol.W_ASLEEP] = 1
+        self._bell: tuple[int, int] | None = None
+        """The doorbell pipe every worker rings (read end, write end; see ``_workers.protocol``),
+        open from ``run()`` until the workers are gone."""
         self._lines = {id(lane): k for k, lane in enumerate(self.lanes)}
         self.stop_timeout = 5.0
         self._since: dict[int, tuple[tuple[int, int], float]] = {}
@@ -284,6 +312,8 @@ class WorkerPool:
         if self._stopping:
             self._stop.set()
         try:
+            if self.processes:
+                self._open_bell()
             await self._start_all()
             os.close(self.shm_fd)
             self.shm_fd = -1
@@ -376,7 +406,7 @@ class WorkerPool:
             env = dict(os.environ)
             env["PYTHONPATH"] = os.pathsep.join([_PACKAGE_ROOT, *filter(None, [env.get("PYTHONPATH")])])
             worker.process = WorkerProcess(worker_command(child.fileno(), self.shm_fd, dump_w),
-                                           pass_fds=[child.fileno(), self.shm_fd, dump_w], env=env)
+                                           pass_fds=[child.fileno(), self.shm_fd, dump_w, self._bell[1]], env=env)
             worker.pid = worker.process.pid
         finally:
             child.close()
@@ -395,6 +425,7 @@ class WorkerPool:
             "reset_when_done": self.reset_when_done,
             "max_frames_per_traj": self.max_frames_per_traj,
             "spin_s": self.worker_spin_s,
+            "bell": self._bell[1],
             "policy": self.policy,
         }
         await loop.sock_sendall(parent, protocol.frame(setup))
@@ -405,6 +436,35 @@ class WorkerPool:
             raise EnvError.from_remote(spec.index, worker.pid, reply[1])
         worker.ready = True
         worker.start_reading()
+
+    def _open_bell(self) -> None:
+        """The doorbell pipe: every worker rings its write end (inherited, non-blocking:
+        ``protocol.ring_fd``); its read end wakes the engine loop once for all the
+        completions rung meanwhile (``_rang``)."""
+        read, write = os.pipe()
+        self._bell = (read, write)
+        os.set_blocking(read, False)
+        os.set_blocking(write, False)
+        asyncio.get_running_loop().add_reader(read, self._rang)
+
+    def _rang(self) -> None:
+        """Doorbells on the pipe: drain it, and report them once (``on_reply(RANG)``: the
+        scheduler then looks at every lane, in a few array operations)."""
+        try:
+            while len(os.read(self._bell[0], 65536)) == 65536:
+                pass
+        except BlockingIOError:
+            pass
+        self.processes[0].on_reply(RANG)
+
+    def _close_bell(self) -> None:
+        if self._bell is not None:
+            read, write = self._bell
+            self._bell = None
+            with contextlib.suppress(ValueError, RuntimeError):  # (the loop is gone: kill_leftovers)
+                asyncio.get_running_loop().remove_reader(read)
+            os.close(read)
+            os.close(write)
 
     async def _recv_frame(self, worker: Worker):
         loop = asyncio.get_running_loop()
@@ -502,6 +562,7 @@ class WorkerPool:
         if self.shm_fd >= 0:
             os.close(self.shm_fd)
             self.shm_fd = -1
+        self._close_bell()
 
 
 def _close_report(worker: Worker) -> str | None:

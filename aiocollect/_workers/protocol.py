@@ -71,8 +71,15 @@ for that reason. A doorbell could, in principle, be missed: the sleeper's flag w
 and the waker's check can pass each other in the processor's store buffer. So sleepers
 that spun also wake up on a timer and look again.
 
+**Doorbells to the engine** go to one pipe that every worker of a pool shares
+(``ring_fd``), not to each worker's socket: the engine wakes once, reads the pipe once, and
+reads which commands are done from the ``DONE`` and ``CMD`` words of every line at once
+(``Scheduler._harvest_block``), where a socket per worker cost a reader callback and a
+``recv`` per completion (15 workers x 16 envs on 2 cores: 1.08 system calls per worker and
+step in the engine instead of 2).
+
 On the socket, engine -> worker: doorbells, and ``CLOSE`` (close the envs and exit);
-worker -> engine: doorbells, and ``ERROR`` followed by a framed message describing an
+worker -> engine: ``ERROR`` followed by a framed message describing an
 exception (type, message, traceback text, env index); the failed command's ``DONE`` is
 never written; after ``CLOSE``, ``CLOSED`` followed by a framed text if some envs' ``close()``
 raised (the engine reads it once the worker exited, and logs it). Setup uses framed messages
@@ -159,6 +166,15 @@ def ring(sock: socket.socket) -> None:
     """
     try:
         sock.send(OK, socket.MSG_DONTWAIT)
+    except BlockingIOError:
+        pass
+
+
+def ring_fd(fd: int) -> None:
+    """``ring`` on a non-blocking pipe (the workers' doorbell to the engine): a full pipe
+    is harmless the same way. Raises ``BrokenPipeError`` if the engine is gone."""
+    try:
+        os.write(fd, OK)
     except BlockingIOError:
         pass
 
