@@ -102,6 +102,15 @@ def leak_check():
 
 
 @pytest.fixture(scope="session")
+def zygote():
+    """This test process's warm interpreter (``support.zygote``), started before the test (and
+    so before its leak check's snapshot: its socket and process are not the test's)."""
+    from support import zygote as warm
+
+    return warm.zygote()
+
+
+@pytest.fixture(scope="session")
 def _ray_session():
     """Stops the shared Ray instance at the end of the session if it is still up."""
     yield

@@ -260,6 +260,7 @@ CTRL_C = textwrap.dedent(
 )
 
 
+@pytest.mark.usefixtures("zygote")  # (interrupt_script forks the script from it)
 def test_ctrl_c_raises_keyboard_interrupt_and_leaves_nothing(variant):
     out, err, returncode = interrupt_script(CTRL_C.format(tests=TESTS, name=variant.name), preamble=1)
     assert "KeyboardInterrupt" in err and returncode != 0

@@ -15,7 +15,6 @@ import itertools
 import logging
 import os
 import signal
-import subprocess
 import sys
 import textwrap
 import threading
@@ -29,6 +28,7 @@ from tensordict.nn import TensorDictModule
 
 from aiocollect import Collector, CollectorBusyError, CollectorClosedError, EnvError
 from aiocollect._collectors.loop_thread import LoopThread
+from support import zygote as warm
 from support.checks import check_batch, rows
 from support.envs import BadObsEnv, CounterEnv, SlowCounterEnv
 from support.procs import wait_until
@@ -115,13 +115,14 @@ CTRL_C_AND_ON = textwrap.dedent(
 )
 
 
-def test_ctrl_c_mid_batch_then_carrying_on_breaks_no_trajectory(variant):
+def test_ctrl_c_mid_batch_then_carrying_on_breaks_no_trajectory(variant, zygote):
     # issue 17 item 3: Collector went on within a trajectory id from a later step (20 ->
     # 25) after a Ctrl-C; MultiSync lost a whole batch in 1 of 25 interrupts
+    # (the script runs as `python -c`, forked from the warm interpreter: support.zygote)
     import pickle
 
     script = CTRL_C_AND_ON.format(tests=TESTS, name=variant.name, seed=1)
-    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, timeout=120, cwd=TESTS)
+    proc = warm.run(script, timeout=120, cwd=TESTS, text=False)
     assert proc.returncode == 0, proc.stderr.decode()[-3000:]
     batches, delivered, counted = pickle.loads(proc.stdout)
     assert trajectory_breaks(batches) == []
@@ -331,13 +332,12 @@ CTRL_C_AT_START = textwrap.dedent(
 )
 
 
-def test_ctrl_c_while_the_loop_thread_starts_ends_the_program():
+def test_ctrl_c_while_the_loop_thread_starts_ends_the_program(zygote):
     # issue 17 item 9: an interrupt inside anyio's start_blocking_portal left a loop
     # nobody stopped, and the exit joined its thread: a hang until a second Ctrl-C
     # (3 in 4 of these runs before: 4 runs all pass by chance 1 time in 250)
     for seed in range(4):
-        proc = subprocess.run([sys.executable, "-c", CTRL_C_AT_START.format(seed=seed)],
-                              capture_output=True, text=True, timeout=30)
+        proc = warm.run(CTRL_C_AT_START.format(seed=seed), timeout=30)
         assert "KeyboardInterrupt" in proc.stderr, proc.stderr[-2000:]
 
 
@@ -682,11 +682,11 @@ CTRL_C_IN_SHUTDOWN = textwrap.dedent(
 )
 
 
-def test_ctrl_c_during_shutdown_then_shutdown_again_releases_everything(variant):
+def test_ctrl_c_during_shutdown_then_shutdown_again_releases_everything(variant, zygote):
     # an interrupted shutdown() used to leave its loop thread for good (its state said
     # stopped), and Thread.join interrupted by Ctrl-C can believe a running thread is gone
     script = CTRL_C_IN_SHUTDOWN.format(tests=TESTS, name=variant.name)
-    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120, cwd=TESTS)
+    proc = warm.run(script, timeout=120, cwd=TESTS)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert int(proc.stdout.split()[-1]) >= 1  # (an interrupt may come after shutdown has ended)
 

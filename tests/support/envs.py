@@ -415,3 +415,13 @@ class EchoBoxEnv(gym.Env):
         self.t += 1
         a = float(np.float32(action[0]))
         return np.array([self.t, a], np.float32), a, self.t >= 5, False, {}
+
+
+class FastThenSlow(CounterEnv):
+    """Quick steps (so that runs grow long), then 50 ms steps from the 220th on
+    (``variants/test_random_runs.py``)."""
+
+    def step(self, action):
+        if self.total_steps >= 220:
+            time.sleep(0.05)
+        return super().step(action)

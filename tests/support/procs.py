@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
-import sys
 import threading
 import time
 
@@ -79,11 +77,14 @@ def wait_until(cond, timeout: float = 5.0) -> bool:
 
 
 def interrupt_script(script: str, preamble: int = 0) -> tuple[str, str, int]:
-    """Run ``script`` in a fresh interpreter; once it prints "collecting" (after ``preamble``
-    lines, which come back at the start of stdout), wait 0.5 s and send SIGINT (Ctrl-C).
-    Asserts it exits within 10 s (it takes well under one on a quiet machine; a loaded 2-core
-    machine has taken over 5); returns ``(stdout, stderr, returncode)``."""
-    proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    """Run ``script`` as ``python -c`` would, forked from the warm interpreter of
+    ``support.zygote`` (the test takes the ``zygote`` fixture); once it prints "collecting"
+    (after ``preamble`` lines, which come back at the start of stdout), wait 0.5 s and send
+    SIGINT (Ctrl-C). Asserts it exits within 10 s (it takes well under one on a quiet machine;
+    a loaded 2-core machine has taken over 5); returns ``(stdout, stderr, returncode)``."""
+    from support import zygote
+
+    proc = zygote.popen(script)
     first = "".join(proc.stdout.readline() for _ in range(preamble))
     assert proc.stdout.readline().strip() == "collecting"
     time.sleep(0.5)

@@ -1,8 +1,12 @@
 """Driver processes forked from a warm interpreter, for the tests that need a process of their own.
 
 The RPC tests run each driver in a new process (torch's RPC can be initialised once per
-process), and a fresh ``python -c`` spends about 5 s of CPU importing torch, tensordict and
-aiocollect before it does anything: a third of those tests' CPU time on the 2-core CI machine.
+process), and so do the tests that send a script Ctrl-C (``support.procs.interrupt_script``, the
+contract's Ctrl-C cases in every variant): a fresh ``python -c`` spends about 5 s of CPU
+importing torch, tensordict and aiocollect before it does anything, a third of the RPC tests'
+CPU time on the 2-core CI machine and most of the Ctrl-C cases'. Where the start-up itself is
+under test (a worker's imports, the main guard, a fresh interpreter's exit with a profiler
+trace), the tests still start ``sys.executable``.
 The zygote is one interpreter, started once per test process, that imports them once and then
 only forks: each driver is a new process (RPC never initialised in it, its own pid and pipes,
 the modules already imported) that runs its script as ``python -c`` would: as ``__main__``,
@@ -18,11 +22,14 @@ What a driver cannot tell from a fresh interpreter: environment variables read a
 by the preloaded modules keep the zygote's values (the drivers here set none at that level),
 and its parent is the zygote.
 
-``popen(source, stdin=None, env=None)`` is ``subprocess.Popen([sys.executable, "-c", source],
-stdin=stdin, stdout=PIPE, stderr=PIPE, text=True, env=env)``, with what the tests use of a
-``Popen`` (``pid``, the three streams, ``poll``, ``wait``, ``kill``, ``send_signal``,
-``communicate``, ``returncode``); ``run(source, timeout)`` is ``subprocess.run(...,
-capture_output=True, text=True, timeout=timeout)``.
+``popen(source, stdin=None, env=None, cwd=None, text=True)`` is
+``subprocess.Popen([sys.executable, "-c", source], stdin=stdin, stdout=PIPE, stderr=PIPE,
+text=text, env=env, cwd=cwd)``, with what the tests use of a ``Popen`` (``pid``, the three
+streams, ``poll``, ``wait``, ``kill``, ``send_signal``, ``communicate``, ``returncode``);
+``run(source, timeout)`` is ``subprocess.run(..., capture_output=True, text=True,
+timeout=timeout)``. A test that checks for leaks takes the ``zygote`` fixture
+(``tests/conftest.py``), so that the zygote and its socket are there before the leak check
+looks.
 """
 
 from __future__ import annotations
@@ -42,11 +49,12 @@ TESTS = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 PRELOAD = (
     "torch", "torch.nn", "torch.distributed.rpc", "tensordict", "tensordict.nn", "cloudpickle", "gymnasium",
-    "aiocollect._distributed.rpc_collector", "aiocollect._envs.gym", "aiocollect._errors",
-    "support.checks", "support.envs",
+    "aiocollect", "aiocollect._distributed.rpc_collector", "aiocollect._envs.gym", "aiocollect._errors",
+    "support.checks", "support.envs", "support.variants",
 )
-"""What the RPC drivers import (``tests/`` is on ``sys.path`` only while the zygote imports
-them: a driver puts it there itself, as a fresh interpreter's script must)."""
+"""What the drivers import (the RPC drivers, the Ctrl-C scripts of ``support.procs.interrupt_script``
+and of the contract; ``tests/`` is on ``sys.path`` only while the zygote imports them: a driver
+puts it there itself, as a fresh interpreter's script must)."""
 
 _SERVER = r'''
 import json, os, select, socket, sys, traceback
@@ -193,10 +201,11 @@ def zygote() -> Zygote:
 
 
 class Driver:
-    """``subprocess.Popen([sys.executable, "-c", source], stdout=PIPE, stderr=PIPE, text=True,
-    stdin=stdin, env=env)``, forked from the zygote."""
+    """``subprocess.Popen([sys.executable, "-c", source], stdout=PIPE, stderr=PIPE, text=text,
+    stdin=stdin, env=env, cwd=cwd)``, forked from the zygote."""
 
-    def __init__(self, source: str, stdin=None, env: dict[str, str] | None = None):
+    def __init__(self, source: str, stdin=None, env: dict[str, str] | None = None, cwd: str | None = None,
+                 text: bool = True):
         self.args = [sys.executable, "-c", source]
         self.returncode: int | None = None
         self._readers: list[threading.Thread] | None = None
@@ -210,7 +219,8 @@ class Driver:
             raise ValueError("stdin: None, DEVNULL or PIPE")
         theirs = [in_r, out_w, err_w]
         try:
-            self.pid = zygote().fork(source, theirs, dict(os.environ if env is None else env), os.getcwd())
+            self.pid = zygote().fork(source, theirs, dict(os.environ if env is None else env),
+                                     os.getcwd() if cwd is None else os.fspath(cwd))
         except BaseException:
             for fd in (out_r, err_r, in_w):
                 if fd is not None:
@@ -219,10 +229,14 @@ class Driver:
         finally:
             for fd in theirs:
                 os.close(fd)
-        # the caller's streams, open until it closes them, as Popen(text=True) makes them
-        self.stdin = None if in_w is None else io.TextIOWrapper(open(in_w, "wb"), write_through=True)  # noqa: SIM115
-        self.stdout = open(out_r)  # noqa: SIM115
-        self.stderr = open(err_r)  # noqa: SIM115
+        # the caller's streams, open until it closes them, as Popen(text=text) makes them
+        self._empty = "" if text else b""
+        if in_w is None:
+            self.stdin = None
+        else:
+            self.stdin = io.TextIOWrapper(open(in_w, "wb"), write_through=True) if text else open(in_w, "wb", 0)  # noqa: SIM115
+        self.stdout = open(out_r, "r" if text else "rb")  # noqa: SIM115
+        self.stderr = open(err_r, "r" if text else "rb")  # noqa: SIM115
 
     def poll(self) -> int | None:
         if self.returncode is None:
@@ -255,8 +269,8 @@ class Driver:
         if self._readers is None:
             if self.stdin is not None:
                 self.stdin.close()
-            self._out: list[str] = []
-            self._err: list[str] = []
+            self._out: list = []
+            self._err: list = []
             self._readers = [threading.Thread(target=lambda s=s, into=into: into.append(s.read()), daemon=True)
                              for s, into in ((self.stdout, self._out), (self.stderr, self._err))]
             for reader in self._readers:
@@ -269,19 +283,21 @@ class Driver:
         self.wait(None if deadline is None else max(0.0, deadline - time.monotonic()))
         for stream in (self.stdout, self.stderr):
             stream.close()
-        return "".join(self._out), "".join(self._err)
+        return self._empty.join(self._out), self._empty.join(self._err)
 
 
-def popen(source: str, stdin=None, env: dict[str, str] | None = None) -> Driver:
-    """``subprocess.Popen([sys.executable, "-c", source], stdout=PIPE, stderr=PIPE, text=True, ...)``,
+def popen(source: str, stdin=None, env: dict[str, str] | None = None, cwd: str | None = None,
+          text: bool = True) -> Driver:
+    """``subprocess.Popen([sys.executable, "-c", source], stdout=PIPE, stderr=PIPE, text=text, ...)``,
     forked from this test process's zygote."""
-    return Driver(source, stdin=stdin, env=env)
+    return Driver(source, stdin=stdin, env=env, cwd=cwd, text=text)
 
 
-def run(source: str, timeout: float, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
-    """``subprocess.run([sys.executable, "-c", source], capture_output=True, text=True,
-    timeout=timeout)``, forked from this test process's zygote (killed past ``timeout``)."""
-    proc = Driver(source, env=env)
+def run(source: str, timeout: float, env: dict[str, str] | None = None, cwd: str | None = None,
+        text: bool = True) -> subprocess.CompletedProcess:
+    """``subprocess.run([sys.executable, "-c", source], capture_output=True, text=text,
+    timeout=timeout, cwd=cwd)``, forked from this test process's zygote (killed past ``timeout``)."""
+    proc = Driver(source, env=env, cwd=cwd, text=text)
     try:
         out, err = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:

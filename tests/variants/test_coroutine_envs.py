@@ -350,6 +350,7 @@ CTRL_C_SCRIPT = textwrap.dedent(
 )
 
 
+@pytest.mark.usefixtures("zygote")  # (interrupt_script forks the script from it)
 def test_ctrl_c_cancels_pending_steps_closes_envs_and_stops_the_loop():
     out, err, returncode = interrupt_script(CTRL_C_SCRIPT.format(tests=TESTS))
     words = out.split()

@@ -5,6 +5,7 @@ the same envs; shares a ``MultiSyncCollector`` cannot give refused before any pr
 
 from __future__ import annotations
 
+import functools
 import warnings
 
 import gymnasium as gym
@@ -16,8 +17,9 @@ from support.procs import children
 pytestmark = pytest.mark.usefixtures("leak_check")
 
 
-def cartpole():
-    return gym.make("CartPole-v1")
+cartpole = functools.partial(gym.make, "CartPole-v1")
+"""(A partial of gymnasium's function, not a function of this module: a worker would import
+this module to unpickle it, and torch with it, 2 to 3 s of CPU a worker; tests/README.md.)"""
 
 
 def _torchrl_shapes(name, shares, total):

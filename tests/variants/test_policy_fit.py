@@ -5,6 +5,8 @@ before any worker process starts (issue 52)."""
 
 from __future__ import annotations
 
+import functools
+
 import gymnasium as gym
 import pytest
 import torch
@@ -17,8 +19,9 @@ from support.procs import children
 pytestmark = pytest.mark.usefixtures("leak_check")
 
 
-def cartpole():
-    return gym.make("CartPole-v1")
+cartpole = functools.partial(gym.make, "CartPole-v1")
+"""(A partial of gymnasium's function, not a function of this module: a worker would import
+this module to unpickle it, and torch with it, 2 to 3 s of CPU a worker; tests/README.md.)"""
 
 
 def too_narrow():

@@ -21,7 +21,7 @@ import torch
 from aiocollect import MultiAsyncCollector, MultiSyncCollector, RandomPolicy
 from aiocollect._engine.timelines import Timelines
 from support.checks import check_batch, check_continuity, rows
-from support.envs import CounterEnv, SleepyEnv
+from support.envs import CounterEnv, FastThenSlow, SleepyEnv
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -109,15 +109,6 @@ def test_the_same_seed_gives_the_same_random_rollouts_whatever_the_timing(cls):
     again = run(3)
     assert torch.equal(actions, again[0]) and torch.equal(observations, again[1])
     assert not torch.equal(actions, run(4)[0])
-
-
-class FastThenSlow(CounterEnv):
-    """Quick steps (so that runs grow long), then 50 ms steps from the 220th on."""
-
-    def step(self, action):
-        if self.total_steps >= 220:
-            time.sleep(0.05)
-        return super().step(action)
 
 
 def test_a_run_longer_than_step_timeout_whose_steps_are_quick_is_no_hang():
