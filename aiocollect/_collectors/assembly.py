@@ -132,13 +132,14 @@ def lanes_here(resources: Resources, group: Any, envs: EnvShape, options: Collec
 
 def lanes_in_workers(resources: Resources, plan: WorkerPlan, layout: Layout, options: CollectorOptions, *,
                      step_timeout: float | None, start_timeout: float | None,
-                     payload: dict | None) -> tuple[Lanes, WorkerPool]:
+                     payload: dict | None, spin: bool | None = None) -> tuple[Lanes, WorkerPool]:
     """A worker collector's lanes: the parts of the workers of a ``WorkerPool`` (returned too),
     over the shared memory it lays out; ``payload``: what each worker needs to act with its
-    own copy of the policy (``_policies.in_workers``), or ``None``."""
+    own copy of the policy (``_policies.in_workers``), or ``None``; ``spin``: the ``spin``
+    keyword (``None``: the pool chooses)."""
     pool = WorkerPool(plan, layout, reset_when_done=options.reset_when_done,
                       max_frames_per_traj=options.max_frames_per_traj, step_timeout=step_timeout,
-                      start_timeout=start_timeout, policy=payload)
+                      start_timeout=start_timeout, policy=payload, spin=spin)
     resources.closers.append(pool.kill_leftovers)
     return Lanes(pool.shared, pool.lanes, spin_s=pool.spin_s, on_loop=True, run=pool.run), pool
 

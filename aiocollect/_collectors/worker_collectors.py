@@ -146,6 +146,8 @@ class WorkerCollectorBase(DataCollectorBase):
         num_sub_threads: int = 1,
         max_policy_lag: int | None = None,
         policy_placement: str = "auto",
+        spin: bool | None = None,
+        pipeline: bool | None = None,
         step_timeout: float | None = None,
         start_timeout: float | None = START_TIMEOUT_S,
         max_batch_size: int | None = None,
@@ -226,7 +228,12 @@ class WorkerCollectorBase(DataCollectorBase):
         extra = () if outputs is None else fields(outputs, self._policy.policy, 2, columns, plan.num_envs)
         layout = envs.layout(plan.num_envs, plan.num_lanes, columns=columns, extra=extra)
         lanes, self._pool = lanes_in_workers(res, plan, layout, options, step_timeout=step_timeout,
-                                             start_timeout=self.worker_options.start_timeout, payload=sent)
+                                             start_timeout=self.worker_options.start_timeout, payload=sent,
+                                             spin=self.worker_options.spin)
+        self.spin = lanes.spin_s > 0
+        """Whether the engine spins for the workers' replies (the ``spin`` keyword, or chosen)."""
+        self.pipeline = any(w.parts for w in plan.workers)
+        """Whether workers step their envs in two halves, in turn (the ``pipeline`` keyword, or chosen)."""
         engine = build_engine(res, self._policy, lanes, envs, options, runs=runs, outputs=outputs)
         self._scheduler, self._staging, self._pool_task = engine.scheduler, engine.staging, engine.task
         self._workers_runner = engine.workers_runner
@@ -253,7 +260,8 @@ class WorkerCollectorBase(DataCollectorBase):
         random_runs = may_run and (policy is None or isinstance(policy, RandomPolicy))
         # (parts, for a policy that may yet stay here; dropped below if it goes to the workers)
         plan = plan_workers(entries, options.create_env_kwargs, policy_between_steps=not random_runs,
-                            gpu_policy=runs_on_gpu(policy, options.policy_device), single=self._one_entry)
+                            gpu_policy=runs_on_gpu(policy, options.policy_device), single=self._one_entry,
+                            parts=worker_options.pipeline)
         if isinstance(plan.action_space, KeyedActions):
             # several action keys (a TorchRL multi-agent env): the policy acts here, batched,
             # whose checks and packing are the engine's; random actions too

@@ -258,7 +258,7 @@ class WorkerPool:
 
     def __init__(self, plan: WorkerPlan, layout: Layout, *, reset_when_done: bool,
                  max_frames_per_traj: int | None = None, step_timeout: float | None = None,
-                 start_timeout: float | None = None, policy: dict | None = None):
+                 start_timeout: float | None = None, policy: dict | None = None, spin: bool | None = None):
         self.plan = plan
         self.start_timeout = start_timeout
         """How long the workers may take, together, to start (``None``: no bound; the
@@ -277,9 +277,10 @@ class WorkerPool:
         self.shm_fd = create_segment(layout.size)
         self.shared = SharedArrays(layout, self.shm_fd)
         processes = sum(not spec.coroutine for spec in plan.workers)
-        self.spin_s = protocol.spin_budget(processes) if processes else 0.0
-        """How long the engine spins before blocking (0: never; see ``_workers.protocol``)."""
-        self.worker_spin_s = protocol.worker_spin_budget(processes)
+        self.spin_s = protocol.spin_budget(processes, spin) if processes else 0.0
+        """How long the engine spins before blocking (0: never; ``spin``: forced on or off;
+        see ``_workers.protocol``)."""
+        self.worker_spin_s = protocol.worker_spin_budget(processes, spin)
         """How long a worker spins before blocking."""
         self.processes = [w for w in self.workers if isinstance(w, Worker)]
         """The workers that are processes."""

@@ -114,27 +114,41 @@ WORKER_SPIN_S = 1e-3
 _LEN = struct.Struct("<I")
 
 
-def spin_budget(num_workers: int = 0) -> float:
-    """Seconds the engine spins before blocking: ``SPIN_S`` on x86-64 when it and the
-    ``num_workers`` workers each have a core (see the module docstring), else 0.
-    ``AIOCOLLECT_SPIN=0`` (or ``false``, ``no``, ``off``) turns it off, any other value on
-    (on at your own risk off x86-64)."""
-    forced = env_flag("AIOCOLLECT_SPIN")
+def spin_budget(num_workers: int = 0, forced: bool | None = None) -> float:
+    """Seconds the engine spins before blocking: ``SPIN_S``, or 0.
+
+    ``forced`` (the collectors' ``spin`` keyword), else ``AIOCOLLECT_SPIN`` (``0``, ``false``,
+    ``no``, ``off``: off; any other value: on, at your own risk off x86-64), else on x86-64
+    when the engine and the ``num_workers`` workers can each have a core that other programs
+    do not take (``free_cores``): spinning on a core another process wants slows both."""
+    if forced is None:
+        forced = env_flag("AIOCOLLECT_SPIN")
     if forced is not None:
         return SPIN_S if forced else 0.0
     if not _x86_64():
         return 0.0
-    return SPIN_S if num_workers + 1 <= usable_cores() else 0.0
+    return SPIN_S if num_workers + 1 <= free_cores() else 0.0
 
 
-def worker_spin_budget(num_workers: int = 0) -> float:
+def worker_spin_budget(num_workers: int = 0, forced: bool | None = None) -> float:
     """Seconds a worker spins before blocking: as the engine where the engine spins, or
-    where ``AIOCOLLECT_SPIN`` or the machine decides; otherwise (more processes than cores)
-    ``WORKER_SPIN_S``."""
-    engine = spin_budget(num_workers)
-    if engine or env_flag("AIOCOLLECT_SPIN") is not None or not _x86_64():
+    where ``forced``, ``AIOCOLLECT_SPIN`` or the machine decides; otherwise (more processes
+    than free cores) ``WORKER_SPIN_S``."""
+    engine = spin_budget(num_workers, forced)
+    if engine or forced is not None or env_flag("AIOCOLLECT_SPIN") is not None or not _x86_64():
         return engine
     return WORKER_SPIN_S
+
+
+def free_cores() -> float:
+    """The cores this process may run on, less what other programs took lately (the 1-minute
+    load average; half a core of slack, so that a quiet machine's background noise counts for
+    nothing)."""
+    try:
+        load = os.getloadavg()[0]
+    except OSError:  # (no load average on this system)
+        load = 0.0
+    return usable_cores() - load + 0.5
 
 
 def env_flag(name: str) -> bool | None:
