@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import asyncio
 import gc
 import os
+import signal
 import threading
 from pathlib import Path
 
@@ -37,8 +39,27 @@ def pytest_collection_finish(session):
     walks every object of the process: with torch, tensordict, JAX and TorchRL imported by the
     test modules, 0.2 s a test. Once the tests are collected, ``gc.freeze()`` sets the objects
     that exist then (modules, classes, the collected tests) aside for good, and a collection
-    walks only what was made since: what the tests made, collectors and their cycles included."""
+    walks only what was made since: what the tests made, collectors and their cycles included.
+
+    It also opens, before any test looks, the one pipe libuv keeps for the whole process
+    (its signal lock, made with the first uvloop loop, never closed): ``leak_check`` counts
+    pipes, and that one is no collector's."""
+    _open_libuvs_own_pipe()
     gc.freeze()
+
+
+def _open_libuvs_own_pipe() -> None:
+    try:
+        import uvloop
+    except ImportError:  # (no uvloop: asyncio's loop, no such pipe)
+        return
+    loop = uvloop.new_event_loop()
+    try:
+        loop.run_until_complete(asyncio.sleep(0))
+        loop.add_signal_handler(signal.SIGUSR2, lambda: None)  # (libuv's signal lock: made here)
+        loop.remove_signal_handler(signal.SIGUSR2)
+    finally:
+        loop.close()
 
 
 PLACEMENT = "AIOCOLLECT_POLICY_IN_WORKERS"

@@ -336,13 +336,14 @@ class Scheduler:
         if tl.completed_trajectories != before:  # each lane's share of the episodes that ended
             ended = np.add.reduceat(terminated | truncated, [lane.lo - lo for lane in lanes], dtype=np.int64).tolist()
         self.busy -= len(lanes)
-        on_full = self._on_full
-        for i, lane in enumerate(lanes):
+        for i, lane in enumerate(lanes):  # (every lane booked before any on_full, which may raise)
             if ended is not None:
                 lane.completed_trajectories += ended[i]
             lane.worker.env_steps += lane.num_envs
             lane.t = t + 1
             lane.state = READY
+        on_full = self._on_full
+        for lane in lanes:
             if lane.t >= lane.frames and on_full is not None:
                 on_full(lane)
                 self._delivered = True

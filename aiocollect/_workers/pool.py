@@ -16,12 +16,15 @@ Everything here runs on the collector's engine loop (its private uvloop thread):
   period ``SIGTERM``, then ``SIGKILL``; a worker whose envs' ``close()`` raised says which
   (``protocol.CLOSED``), and that is logged (``aiocollect`` logger, ``ERROR``).
 * a ``Worker`` is the engine's end of one worker process: its socket, with a reader
-  callback that turns doorbells and error reports into ``on_reply(worker)`` calls, and its
+  callback that turns error reports (and the end of the process) into ``on_reply(worker)``
+  calls, and its
   ``ports``, one per part of its envs (``_workers.plan``), each with its own control line
   (``_workers.protocol``): ``post(STEP_CODE)`` and ``completed()``. The scheduler drives
   ports as lanes (``WorkerPool.lanes``). A worker that died (its socket closed, or its
   process exited) is reported the same way, with ``worker.error`` set to the
-  [`WorkerError`][aiocollect.WorkerError] to raise.
+  [`WorkerError`][aiocollect.WorkerError] to raise. Workers ring the engine's doorbell on
+  one pipe they all share (``_open_bell``): the engine wakes once for all of them, and the
+  scheduler reads every port's completion from the control block (``on_reply(RANG)``).
 
 A dead main process takes its workers with it: their socket reads end-of-file, and on
 Linux they also get ``SIGKILL`` from ``PR_SET_PDEATHSIG``.
@@ -199,8 +202,6 @@ class Port(LaneWorker):
     def posted(self) -> int:
         """The sequence number of the last command posted (the ``CMD`` word holds it)."""
         return 0 if self.control is None else int(self.control[protocol.CMD]) >> 2
-
-    _posted = posted
 
     @property
     def error(self) -> WorkerError | None:

@@ -141,14 +141,32 @@ def worker_spin_budget(num_workers: int = 0, forced: bool | None = None) -> floa
 
 
 def free_cores() -> float:
-    """The cores this process may run on, less what other programs took lately (the 1-minute
-    load average; half a core of slack, so that a quiet machine's background noise counts for
-    nothing)."""
+    """The cores this process may run on, less what the machine runs besides (``busy_elsewhere``),
+    with half a core of slack so that a quiet machine's background noise counts for nothing."""
+    return usable_cores() - busy_elsewhere() + 0.5
+
+
+def busy_elsewhere() -> float:
+    """How many cores the machine keeps busy besides the thread asking: the lesser of the
+    1-minute load average, which also remembers this program's own recent work (a collector
+    just shut down, the previous benchmark row), and the tasks runnable right now, less the
+    one asking (``/proc/loadavg``; where there is none, the load average alone; with neither, 0)."""
     try:
         load = os.getloadavg()[0]
     except OSError:  # (no load average on this system)
-        load = 0.0
-    return usable_cores() - load + 0.5
+        return 0.0
+    now = runnable_now()
+    return load if now is None else min(load, max(now - 1, 0))
+
+
+def runnable_now() -> int | None:
+    """The tasks runnable on the machine at this instant, this one included (Linux's
+    ``/proc/loadavg``: its fourth field, ``runnable/total``), or ``None`` where unknown."""
+    try:
+        with open("/proc/loadavg") as f:
+            return int(f.read().split()[3].split("/")[0])
+    except (OSError, IndexError, ValueError):
+        return None
 
 
 def env_flag(name: str) -> bool | None:

@@ -300,8 +300,28 @@ def test_the_default_leaves_the_cores_other_programs_take(cores, workers, load, 
     monkeypatch.setattr(protocol.platform, "machine", lambda: "x86_64")
     monkeypatch.setattr(protocol, "usable_cores", lambda: cores)
     monkeypatch.setattr(protocol.os, "getloadavg", lambda: (load, 0.0, 0.0))
+    monkeypatch.setattr(protocol, "runnable_now", lambda: None)  # (the load average alone)
     assert protocol.spin_budget(workers) == engine
     assert protocol.worker_spin_budget(workers) == (engine or protocol.WORKER_SPIN_S)
+    monkeypatch.setattr(protocol, "runnable_now", lambda: 1 + round(load))  # (busy now as on average)
+    assert protocol.spin_budget(workers) == engine
+
+
+@pytest.mark.parametrize(("load", "now", "busy"), [
+    (3.0, 1, 0.0),  # (the load average remembers this program's own recent work: idle now)
+    (3.0, 2, 1.0),
+    (0.2, 9, 0.2),  # (a burst right now: the minute's average says it is not the rule)
+    (3.0, None, 3.0),  # (no /proc/loadavg: the average alone)
+])
+def test_what_the_machine_runs_besides_is_the_lesser_of_the_minute_and_the_instant(load, now, busy, monkeypatch):
+    monkeypatch.setattr(protocol.os, "getloadavg", lambda: (load, 0.0, 0.0))
+    monkeypatch.setattr(protocol, "runnable_now", lambda: now)
+    assert protocol.busy_elsewhere() == busy
+
+
+def test_the_runnable_tasks_are_read_off_this_machine():
+    now = protocol.runnable_now()
+    assert now is None or now >= 1  # (on Linux at least the thread asking)
 
 
 def test_a_machine_with_no_load_average_counts_as_quiet(monkeypatch):

@@ -51,7 +51,9 @@ def test_the_spin_keyword_decides_and_the_variable_is_the_fallback(monkeypatch, 
 def test_the_default_spins_only_on_cores_no_other_program_takes(monkeypatch):
     monkeypatch.delenv("AIOCOLLECT_SPIN", raising=False)
     monkeypatch.setattr(protocol, "_x86_64", lambda: True)
-    monkeypatch.setattr(protocol.os, "getloadavg", lambda: (64.0, 64.0, 64.0))  # (a machine busy elsewhere)
+    monkeypatch.setattr(protocol, "usable_cores", lambda: 2)
+    monkeypatch.setattr(protocol.os, "getloadavg", lambda: (64.0, 64.0, 64.0))  # (a machine busy elsewhere,
+    monkeypatch.setattr(protocol, "runnable_now", lambda: 65)  # on average and right now)
     with aiocollect.MultiAsyncCollector(entries(), policy(), frames_per_batch=16, total_frames=16) as collector:
         assert collector.spin is False
         assert collector._pool.worker_spin_s == protocol.WORKER_SPIN_S

@@ -29,7 +29,7 @@ WORKERS = [[CounterEnv] * 3] * 2
 
 
 def commands_posted(collector) -> int:
-    return sum(lane.worker._posted for lane in collector._scheduler.lanes)
+    return sum(lane.worker.posted for lane in collector._scheduler.lanes)
 
 
 @pytest.mark.parametrize("cls", [MultiSyncCollector, MultiAsyncCollector])
