@@ -47,7 +47,7 @@ __version__ = "0.1.0"
 # public name -> private module that defines it
 _EXPORTS = {
     "AsyncCollector": "._collectors.async_collector",
-    "AsyncEnv": "._coroutines.env",
+    "AsyncEnv": "._envs.async_env",
     "Collector": "._collectors.collector",
     "CollectorBusyError": "._errors",
     "CollectorClosedError": "._errors",
@@ -72,7 +72,7 @@ _EXPORTS = {
     "StartTimeoutError": "._errors",
     "StepTimeoutError": "._errors",
     "SyncDataCollector": "._collectors.collector",
-    "ThreadEnv": "._coroutines.group",
+    "ThreadEnv": "._envs.coroutine_group",
     "WorkerError": "._errors",
     "WorkerStatistics": "._collectors.statistics",
     "aSyncDataCollector": "._collectors.async_collector",
@@ -110,12 +110,12 @@ if _typing.TYPE_CHECKING:  # static tools see ordinary imports
     from ._collectors.options import CollectorOptions as CollectorOptions
     from ._collectors.statistics import CollectorStatistics as CollectorStatistics
     from ._collectors.statistics import WorkerStatistics as WorkerStatistics
-    from ._coroutines.env import AsyncEnv as AsyncEnv
-    from ._coroutines.group import ThreadEnv as ThreadEnv
     from ._distributed.ray_collector import RayCollector as RayCollector
     from ._distributed.rpc_collector import RPCCollector as RPCCollector
     from ._engine.profile import ProfileReport as ProfileReport
     from ._engine.trajectories import split_trajectories as split_trajectories
+    from ._envs.async_env import AsyncEnv as AsyncEnv
+    from ._envs.coroutine_group import ThreadEnv as ThreadEnv
     from ._envs.gym import GymEnv as GymEnv
     from ._errors import CollectorBusyError as CollectorBusyError
     from ._errors import CollectorClosedError as CollectorClosedError

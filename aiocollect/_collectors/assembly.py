@@ -32,16 +32,16 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
-from .._coroutines.group import CoroutineGroup
-from .._coroutines.lanes import CoroutineEnvs
 from .._engine.scheduler import Scheduler
 from .._engine.staging import DeviceStaging
 from .._engine.storage import RolloutStorage
 from .._engine.timelines import Timelines
+from .._envs.coroutine_group import CoroutineGroup
 from .._envs.keyed import action_check, batch_entries
 from .._envs.spaces import ActionCheck, Leaf, flatten_space
 from .._policies.in_workers import SharedWeights, WorkersRunner
 from .._policies.setup import PolicySetup
+from .._workers.coroutine_lanes import CoroutineEnvs
 from .._workers.inline_worker import InlineWorker
 from .._workers.lane import LaneWorker
 from .._workers.plan import WorkerPlan

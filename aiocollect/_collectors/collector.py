@@ -6,7 +6,7 @@ private storage of one batch:
 * gymnasium envs (and vector envs) over one ``InlineWorker`` (``_workers.inline_worker``)
   that steps the group right here, through the scheduler's synchronous fast path
   (``run_inline``);
-* coroutine envs each as a lane of their own (``_coroutines.lanes``), stepped as
+* coroutine envs each as a lane of their own (``_workers.coroutine_lanes``), stepped as
   tasks on the collector's loop, with the scheduler's per-env rounds.
 
 This module builds the env group, validates the options, has the engine built over it
@@ -25,11 +25,11 @@ import torch
 from tensordict import TensorDictBase
 from tensordict.nn import InteractionType
 
-from .._coroutines.group import CoroutineGroup
 from .._engine.storage import host_empty
 from .._engine.trajectories import split_trajectories
 from .._envs.agents import stack_agents
 from .._envs.build import check_create_env_fn, make_group
+from .._envs.coroutine_group import CoroutineGroup
 from .._envs.keyed import observation_keys
 from .._envs.object_batches import without_objects
 from .._errors import CollectorError, EnvError

@@ -469,7 +469,7 @@ def envs_as_given(group: Any, batched: bool) -> Any:
 
 
 def _unwrapped(env: Any) -> Any:
-    coroutine = sys.modules.get("aiocollect._coroutines.group")
+    coroutine = sys.modules.get("aiocollect._envs.coroutine_group")
     if coroutine is not None and type(env) is coroutine.SyncEnvAdapter:
         env = env.env
     adapters = sys.modules.get("aiocollect._envs.torchrl_env")  # (loaded only once a TorchRL env was given)

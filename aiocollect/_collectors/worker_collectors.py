@@ -97,7 +97,7 @@ class WorkerCollectorBase(DataCollectorBase):
     ``WorkerOptions`` (``max_policy_lag``:
     [`MultiAsyncCollector`][aiocollect.MultiAsyncCollector] only). Entries that build coroutine envs
     ([`AsyncEnv`][aiocollect.AsyncEnv]) run on the engine loop instead of in a process
-    (``_coroutines.worker``). ``step_timeout`` applies to every worker: a coroutine
+    (``_workers.coroutine_worker``). ``step_timeout`` applies to every worker: a coroutine
     env's call that takes longer is cancelled, and a worker process whose step or reset
     takes longer is killed (``_workers.watchdog``); either way the collector raises a
     [`StepTimeoutError`][aiocollect.StepTimeoutError]. ``start_timeout`` (default 300 s;

@@ -3,7 +3,7 @@
 ``make_group`` takes any of the forms a collector accepts (a gymnasium env, its id, its
 factory, a list of factories, a ``VectorEnv``, a TorchRL env or its factory, coroutine envs)
 and returns the group that steps them: an ``InProcessGroup`` or a ``VectorEnvGroup``
-(``_envs.group``), or a ``CoroutineGroup`` (``_coroutines.group``) when an env is a
+(``_envs.group``), or a ``CoroutineGroup`` (``_envs.coroutine_group``) when an env is a
 coroutine env. ``check_create_env_fn`` refuses a form that cannot work before anything is
 built; every env built is checked (spaces set, the gymnasium API) with errors that name the
 factory (``create_env_fn[2]``).
@@ -16,8 +16,8 @@ from typing import Any
 import gymnasium as gym
 from gymnasium.vector import VectorEnv
 
-from .._coroutines.env import is_async_env
-from .._coroutines.group import CoroutineGroup, as_coroutine_env
+from .async_env import is_async_env
+from .coroutine_group import CoroutineGroup, as_coroutine_env
 from .group import EnvCloseError, InProcessGroup, VectorEnvGroup, _GroupBase, check_same_spaces, close_each
 from .gym import GymEnv
 

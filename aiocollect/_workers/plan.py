@@ -24,6 +24,7 @@ import gymnasium as gym
 from gymnasium.vector import VectorEnv
 
 from .._envs.build import check_not_torchrl, is_torchrl_env, make_group
+from .._envs.coroutine_group import CoroutineGroup
 from .._envs.group import InProcessGroup
 from .protocol import env_flag, usable_cores
 
@@ -160,8 +161,6 @@ def _close_probe(where: str, entry: Any, group: Any) -> None:
     envs too, on a loop of their own). An env whose ``close()`` raises still runs in its
     worker (which reports such errors at shutdown): warn, naming the factory and each env
     that failed, instead of failing the constructor."""
-    from .._coroutines.group import CoroutineGroup
-
     try:
         if isinstance(group, CoroutineGroup):
             group.close_unstarted()
@@ -204,8 +203,6 @@ def plan_workers(create_env_fn: Any, create_env_kwargs: dict | None, *,
         _check_entry(_where(i, single), entry)
     pickled = [_pickle(_where(i, single), entry) for i, entry in enumerate(create_env_fn)]
     kwargs = dict(create_env_kwargs or {})
-
-    from .._coroutines.group import CoroutineGroup
 
     probed: dict[int, tuple[gym.Space, gym.Space, int, bool, bool, bool]] = {}
     specs, first, lo = [], None, 0

@@ -46,9 +46,9 @@ import anyio
 import anyio.abc
 import numpy as np
 
-from .._coroutines.worker import CoroutineWorker
 from .._errors import EnvError, StartTimeoutError, WorkerError, policy_error_from_worker
 from . import protocol
+from .coroutine_worker import CoroutineWorker
 from .lane import LaneWorker, ProcessWorker, no_reply
 from .plan import WorkerPlan, WorkerSpec
 from .process import WorkerProcess, worker_command

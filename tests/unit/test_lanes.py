@@ -15,13 +15,13 @@ import pathlib
 import pytest
 
 import aiocollect
-from aiocollect._coroutines.lanes import EnvLane
-from aiocollect._coroutines.worker import CoroutineWorker
 from aiocollect._engine.rounds import Batching, EnvQueueRounds, InlineRounds, RandomRuns, WorkerRounds
 from aiocollect._engine.scheduler import Scheduler
 from aiocollect._engine.storage import RolloutStorage
 from aiocollect._engine.timelines import Timelines
 from aiocollect._envs.group import InProcessGroup
+from aiocollect._workers.coroutine_lanes import EnvLane
+from aiocollect._workers.coroutine_worker import CoroutineWorker
 from aiocollect._workers.inline_worker import InlineWorker
 from aiocollect._workers.lane import LaneOwner, LaneWorker, ProcessLane, ProcessWorker
 from aiocollect._workers.plan import WorkerSpec

@@ -28,11 +28,11 @@ from collections.abc import Callable
 
 import numpy as np
 
+from .._envs.coroutine_group import CoroutineGroup, timed
 from .._errors import WorkerError, env_failure
-from .._workers import protocol
-from .._workers.lane import LaneOwner, LaneWorker, no_reply
-from .._workers.shm import SharedArrays
-from .group import CoroutineGroup, timed
+from . import protocol
+from .lane import LaneOwner, LaneWorker, no_reply
+from .shm import SharedArrays
 
 
 class EnvLane(LaneWorker):

@@ -2,11 +2,17 @@
 
 A coroutine env waits rather than computes: a simulator or game server behind a socket, a
 web API, a tool an agent calls, a robot. Hundreds of them share one event loop, and the
-scheduler steps each one as soon as its action is ready (``_coroutines.lanes``).
+scheduler steps each one as soon as its action is ready (``_workers.coroutine_lanes``).
 
 The protocol, [`AsyncEnv`][aiocollect.AsyncEnv], is gymnasium's with ``async``; its class
 docstring says what users see. ``is_async_env`` recognises one, ``check_async_env``
 checks that it is complete.
+
+Coroutine envs in the other layers: ``_envs.coroutine_group`` (``CoroutineGroup``, whose
+envs step one at a time; gymnasium envs in it step inline or in a thread, ``ThreadEnv``),
+``_workers.coroutine_lanes`` (a ``Collector``'s coroutine envs, each a lane of the
+scheduler) and ``_workers.coroutine_worker`` (an entry of coroutine envs in a worker
+collector's ``create_env_fn``, stepped on the engine loop beside the worker processes).
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 Unlike the other groups, whose envs all step together, each env of a coroutine group is
 stepped on its own (``await group.step_one(i, action)``) as soon as its action is ready;
-``_coroutines.lanes`` and the scheduler drive them. The result arrays are those of every group
+``_workers.coroutine_lanes`` and the scheduler drive them. The result arrays are those of every group
 (``obs``, ``reward``, ``terminated``, ``truncated``, one row per env); ``step_one`` fills
 row ``i``.
 
@@ -22,7 +22,9 @@ from typing import Any
 import anyio
 import gymnasium as gym
 
-from .._envs.group import (
+from .._errors import StepTimeoutError
+from .async_env import AsyncEnv, check_async_env, is_async_env
+from .group import (
     EnvCloseError,
     _blame,
     _GroupBase,
@@ -32,8 +34,6 @@ from .._envs.group import (
     scalar,
     step_result,
 )
-from .._errors import StepTimeoutError
-from .env import AsyncEnv, check_async_env, is_async_env
 
 logger = logging.getLogger("aiocollect")
 

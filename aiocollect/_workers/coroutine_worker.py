@@ -27,13 +27,13 @@ from typing import Any
 import cloudpickle
 
 from .._envs.build import make_group
+from .._envs.coroutine_group import CoroutineGroup, timed
 from .._errors import WorkerError, env_failure
-from .._workers import protocol
-from .._workers.lane import LaneOwner, LaneWorker, no_reply
-from .._workers.plan import WorkerSpec
-from .._workers.rows import WorkerRows
-from .._workers.shm import SharedArrays
-from .group import CoroutineGroup, timed
+from . import protocol
+from .lane import LaneOwner, LaneWorker, no_reply
+from .plan import WorkerSpec
+from .rows import WorkerRows
+from .shm import SharedArrays
 
 
 class CoroutineWorker(LaneWorker):
