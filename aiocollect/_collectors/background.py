@@ -20,6 +20,7 @@ from .._errors import CollectorBusyError, CollectorError
 from .delivery import DONE
 from .loop_thread import LoopThread
 from .options import validate_timeout
+from .parts import CollectorParts
 
 logger = logging.getLogger("aiocollect")
 
@@ -28,10 +29,12 @@ BACKGROUND = contextvars.ContextVar("aiocollect_background", default=False)
 
 
 
-class Background:
+class Background(CollectorParts):
     """``DataCollectorBase``'s background collection (``start``, ``pause``, ``is_running``,
     ``async_shutdown``). Uses the collector's ``_background`` future, ``_pause_requested`` and
     ``_parked`` events, ``_resources`` and ``_next_batch``."""
+
+    _background: concurrent.futures.Future | None
 
     def start(self) -> None:
         """Collect in the background into ``replay_buffer`` until ``async_shutdown()``.

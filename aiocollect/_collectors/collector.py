@@ -25,6 +25,7 @@ import torch
 from tensordict import TensorDictBase
 from tensordict.nn import InteractionType
 
+from .._engine.scheduler import Scheduler
 from .._engine.storage import host_empty
 from .._engine.trajectories import split_trajectories
 from .._envs.agents import stack_agents
@@ -33,6 +34,7 @@ from .._envs.coroutine_group import CoroutineGroup
 from .._envs.keyed import observation_keys
 from .._envs.object_batches import without_objects
 from .._errors import CollectorError, EnvError
+from .._policies.setup import PolicySetup
 from .assembly import EnvShape, build_engine, lanes_here, policy_setup
 from .base import DataCollectorBase
 from .checks import grouped_env_options
@@ -137,6 +139,11 @@ class Collector(DataCollectorBase):
 
         >>> collector = Collector([lambda: GymEnv("Pendulum-v1")] * 8, policy, frames_per_batch=400)
     """
+
+    _scheduler: Scheduler
+    """Its engine (``_engine.scheduler``), built by ``__init__``: a local collector always has one."""
+    _policy: PolicySetup
+    """Its policy, set up by ``__init__``."""
 
     def __new__(cls, create_env_fn: Any = None, policy: Any = None, *, num_collectors: int | None = None,
                 sync: bool | None = None, backend: str | None = None, backend_options: dict | None = None,

@@ -29,6 +29,7 @@ from tensordict import TensorDictBase
 from .._errors import CollectorBusyError
 from .background import BACKGROUND
 from .loop_thread import LoopThread
+from .parts import CollectorParts
 
 logger = logging.getLogger("aiocollect")
 
@@ -81,10 +82,12 @@ _TAKEOVER_TIMEOUT_S = 20.0
 (its collection on the loop thread unwinds within ``loop_thread._UNWIND_TIMEOUT_S``)."""
 
 
-class Consumers:
+class Consumers(CollectorParts):
     """``DataCollectorBase``'s guard around ``_collect()``. Uses the collector's ``_busy``
     (the ``Consumer`` collecting now), ``_kept``, ``_left_pending``, ``_failed``,
     ``_collect_seconds`` and ``_resources``."""
+
+    _busy: Consumer | None
 
     async def _guarded_collect(self) -> tuple[TensorDictBase, int]:
         """``_collect()``, one at a time, marking the collector failed if it raises.

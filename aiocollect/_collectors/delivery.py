@@ -17,6 +17,7 @@ from tensordict import TensorDict, TensorDictBase
 from .._engine.trajectories import split_trajectories
 from .._envs.agents import stack_agents
 from .._envs.object_batches import with_objects
+from .parts import CollectorParts
 from .progress import ProgressBar, flat_numpy
 
 DONE = object()
@@ -137,7 +138,7 @@ def _private(key: Any) -> bool:
     return key.startswith("_") if isinstance(key, str) else any(k.startswith("_") for k in key)
 
 
-class Delivery:
+class Delivery(CollectorParts):
     """``DataCollectorBase``'s path from ``_collect()`` to the user. Uses the collector's
     ``options``, counters (``_frames``, ``_batches``, ``_max_lag``), ``_returns``,
     ``_progress``, ``_profile``, ``_staging``, ``_assembler``, ``_policy`` and ``_guarded_collect``."""

@@ -34,12 +34,13 @@ from .._errors import CollectorBusyError, CollectorError
 from .consumers import OVER, Consumer
 from .delivery import DONE, NOTHING
 from .loop_thread import LoopThread
+from .parts import CollectorParts
 
 ASYNC_CODE = inspect.CO_COROUTINE | inspect.CO_ASYNC_GENERATOR | inspect.CO_ITERABLE_COROUTINE
 """The flags of the code of an ``async def`` (a coroutine or an async generator)."""
 
 
-class Faces:
+class Faces(CollectorParts):
     """``DataCollectorBase``'s sync and async faces. Uses the collector's ``_resources``,
     ``_undelivered``, ``_staging``, ``_policy``, ``_closed`` and the other parts' methods
     (``_next_batch``, ``_guarded_collect``, ``_finish``, ``is_running``)."""

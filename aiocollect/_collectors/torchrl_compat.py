@@ -54,6 +54,7 @@ from .._errors import CollectorError
 from .._policies.random import SpecRandomPolicy
 from .._policies.setup import check_policy, cuda_graphs_for
 from .options import CollectorOptions, as_int, options_of
+from .parts import CollectorParts
 
 
 @dataclass(frozen=True)
@@ -517,7 +518,7 @@ class ProfileConfig:
     on_trace_ready: Callable[[Any], None] | None
 
 
-class TorchRLAccessors:
+class TorchRLAccessors(CollectorParts):
     """``DataCollectorBase``'s TorchRL accessors. Uses the collector's ``options``,
     ``_policy``, ``_versions`` and ``update_policy_weights_``."""
 

@@ -25,6 +25,7 @@ import torch
 from tensordict import TensorDictBase
 from tensordict.nn import InteractionType
 
+from .._engine.scheduler import Scheduler
 from .._envs.keyed import KeyedActions, batch_entries, observation_keys
 from .._envs.objects import has_objects
 from .._policies.in_workers import (
@@ -38,7 +39,7 @@ from .._policies.in_workers import (
     scratch_copy,
 )
 from .._policies.random import RandomPolicy
-from .._policies.setup import runs_on_gpu
+from .._policies.setup import PolicySetup, runs_on_gpu
 from .._workers.plan import WorkerPlan, plan_workers
 from .._workers.protocol import env_flag
 from .assembly import EnvShape, build_engine, lanes_in_workers, policy_setup
@@ -109,6 +110,10 @@ class WorkerCollectorBase(DataCollectorBase):
     """
 
     _persistent_loop = True
+    _scheduler: Scheduler
+    """Its engine (``_engine.scheduler``), built by ``__init__``: a local collector always has one."""
+    _policy: PolicySetup
+    """Its policy, set up by ``__init__``."""
     _hook_after_postproc = False  # (TorchRL's workers call post_collect_hook with their own batches)
 
     def __init__(
