@@ -49,10 +49,10 @@ import numpy as np
 from .._errors import EnvError, StartTimeoutError, WorkerError, policy_error_from_worker
 from . import protocol
 from .coroutine_worker import CoroutineWorker
-from .lane import LaneWorker, ProcessWorker, no_reply
+from .lane import LaneOwner, LaneWorker, ProcessWorker, no_reply
 from .plan import WorkerPlan, WorkerSpec
 from .process import WorkerProcess, worker_command
-from .shm import Layout, SharedArrays, create_segment
+from .shm import CONTROL_WORDS, Layout, SharedArrays, create_segment
 from .watchdog import overdue, read_stack, watch_steps
 
 logger = logging.getLogger("aiocollect")
@@ -60,7 +60,7 @@ logger = logging.getLogger("aiocollect")
 _PACKAGE_ROOT = str(Path(__file__).resolve().parents[2])
 
 
-class _Rang:
+class _Rang(LaneOwner):
     """The owner ``on_reply`` names for doorbells rung on the pool's pipe: no lane's in
     particular (the scheduler then looks at them all), never failed."""
 
@@ -89,9 +89,10 @@ class Worker(ProcessWorker):
         self.dump_fd = -1
         """The read end of the pipe the process writes its stacks to (``_workers.watchdog``)."""
         self.error: WorkerError | None = None
-        self.on_reply: Callable[[Worker], None] = no_reply
+        self.on_reply: Callable[[LaneOwner], None] = no_reply
         """Called from the reader callback when a doorbell or an error arrives."""
-        self.ports = [Port(self, lo, hi) for lo, hi in spec.lanes]
+        # (ignore: ProcessLane's error, process and pid are settable there, read-only on a Port; see Port)
+        self.ports: list[Port] = [Port(self, lo, hi) for lo, hi in spec.lanes]  # type: ignore[assignment]
         """One per part of its envs (``WorkerSpec.parts``): the lanes the scheduler drives."""
         self._inbox = bytearray()
         self._reading = False
@@ -105,7 +106,7 @@ class Worker(ProcessWorker):
         return sum(port.env_steps for port in self.ports)
 
     @property
-    def control(self) -> np.ndarray | None:
+    def control(self) -> np.ndarray:
         """The first port's control line, which also holds the process's ``W_ASLEEP``."""
         return self.ports[0].control
 
@@ -113,23 +114,33 @@ class Worker(ProcessWorker):
         """Wake the worker if it sleeps (see ``_workers.protocol``)."""
         if self.control[protocol.W_ASLEEP]:
             try:
-                protocol.ring(self.sock)
+                protocol.ring(self._socket())
             except OSError:  # it died (EPIPE) before its socket's EOF reached us
                 self.fail(WorkerError.died(self.index, self.pid, self._exitcode()))
 
+    def _socket(self) -> socket.socket:
+        """Its socket, for the calls made once the worker was started."""
+        assert self.sock is not None, f"worker {self.index} was not started"
+        return self.sock
+
+    def _process(self) -> WorkerProcess:
+        """Its process, for the calls made once the worker was started."""
+        assert self.process is not None, f"worker {self.index} was not started"
+        return self.process
+
     # the reader callback: bytes from the worker -> on_reply(self)
     def start_reading(self) -> None:
-        asyncio.get_running_loop().add_reader(self.sock.fileno(), self._readable)
+        asyncio.get_running_loop().add_reader(self._socket().fileno(), self._readable)
         self._reading = True
 
     def stop_reading(self) -> None:
         if self._reading:
             self._reading = False
-            asyncio.get_running_loop().remove_reader(self.sock.fileno())
+            asyncio.get_running_loop().remove_reader(self._socket().fileno())
 
     def _readable(self) -> None:
         try:
-            data = self.sock.recv(65536)
+            data = self._socket().recv(65536)
         except BlockingIOError:
             return
         except OSError:
@@ -152,8 +163,9 @@ class Worker(ProcessWorker):
             if parsed is None:
                 break  # the rest of the error report is on its way
             info, start = parsed
-            self.fail(policy_error_from_worker(self.index, self.pid, info) if info.get("policy")
-                      else EnvError.from_remote(self.index, self.pid, info))
+            # (ignore: the policy's own exception, of any type; lane.py's LaneOwner.error says WorkerError)
+            self.fail(policy_error_from_worker(self.index, self.pid, info)  # type: ignore[arg-type]
+                      if info.get("policy") else EnvError.from_remote(self.index, self.pid, info))
         del inbox[:start]
         self.on_reply(self)
 
@@ -185,8 +197,9 @@ class Port(LaneWorker):
         self.lo, self.hi = lo, hi
         self.num_envs = hi - lo
         self.env_steps = 0
-        self.control: np.ndarray | None = None
-        """This port's control line in shared memory (see ``_workers.protocol``)."""
+        self.control: np.ndarray = np.zeros(CONTROL_WORDS, np.int64)
+        """This port's control line in shared memory (see ``_workers.protocol``), given by the
+        pool once its shared memory exists (a line of zeros until then: nothing posted)."""
         self.line = -1
         """Its row of the control block (``SharedArrays.control``)."""
         self.seen: np.ndarray = np.zeros(1, np.int64)
@@ -201,26 +214,28 @@ class Port(LaneWorker):
     @property
     def posted(self) -> int:
         """The sequence number of the last command posted (the ``CMD`` word holds it)."""
-        return 0 if self.control is None else int(self.control[protocol.CMD]) >> 2
+        return int(self.control[protocol.CMD]) >> 2
 
+    # (the ignores: LaneOwner declares error, process and pid as attributes, which a reader
+    # of them, as the scheduler and the watchdog are, does not need; a port reads its worker's)
     @property
-    def error(self) -> WorkerError | None:
+    def error(self) -> WorkerError | None:  # type: ignore[override]
         return self.worker.error
 
     @property
-    def process(self) -> WorkerProcess | None:
+    def process(self) -> WorkerProcess | None:  # type: ignore[override]
         return self.worker.process
 
     @property
-    def pid(self) -> int | None:
+    def pid(self) -> int | None:  # type: ignore[override]
         return self.worker.pid
 
     @property
-    def on_reply(self) -> Callable[[Worker], None]:
+    def on_reply(self) -> Callable[[LaneOwner], None]:
         return self.worker.on_reply
 
     @on_reply.setter
-    def on_reply(self, callback: Callable[[Worker], None]) -> None:
+    def on_reply(self, callback: Callable[[LaneOwner], None]) -> None:
         self.worker.on_reply = callback
 
     def post(self, code: int, slot: int, col: int, count: int = 1, local: int = 0) -> None:
@@ -270,7 +285,9 @@ class WorkerPool:
         the pickled module, its outputs, seeds), or ``None``: actions come from the engine."""
         self.reset_when_done = reset_when_done
         self.max_frames_per_traj = max_frames_per_traj
-        self.workers = [CoroutineWorker(spec, step_timeout) if spec.coroutine else Worker(spec)
+        # (ignore: lane.py's LaneWorker.steps_done and cut_run, bodies that raise, read as abstract)
+        self.workers: list[Worker | CoroutineWorker] = [CoroutineWorker(spec, step_timeout)  # type: ignore[abstract]
+                                                          if spec.coroutine else Worker(spec)
                         for spec in plan.workers]
         self.step_timeout = step_timeout
         """Coroutine workers time each env's call; process workers are watched by
@@ -371,6 +388,7 @@ class WorkerPool:
     async def _start_timed_out(self) -> StartTimeoutError:
         """The error for the workers not up after ``start_timeout``, which are killed here
         (after their Python stacks are read, all at once: ``watchdog.read_stack``)."""
+        assert self.start_timeout is not None  # (no bound: never timed out)
         late = [w for w in self.processes if not w.ready]
         stacks: dict[int, str] = {}
 
@@ -399,6 +417,7 @@ class WorkerPool:
         if isinstance(worker, CoroutineWorker):
             worker.build(self.shared, self.plan.create_env_kwargs, self.reset_when_done, self.max_frames_per_traj)
             return
+        assert self._bell is not None  # (run() opens it when there are processes)
         parent, child = socket.socketpair()
         dump_r, dump_w = os.pipe()
         try:
@@ -452,6 +471,7 @@ class WorkerPool:
     def _rang(self) -> None:
         """Doorbells on the pipe: drain it, and report them once (``on_reply(RANG)``: the
         scheduler then looks at every lane, in a few array operations)."""
+        assert self._bell is not None  # (read while it is open)
         try:
             while len(os.read(self._bell[0], 65536)) == 65536:
                 pass
@@ -475,17 +495,19 @@ class WorkerPool:
             parsed = protocol.parse_frame(buf, 0)
             if parsed is not None:
                 return parsed[0]
-            data = await loop.sock_recv(worker.sock, 65536)
+            data = await loop.sock_recv(worker._socket(), 65536)
             if not data:
+                process = worker._process()
                 with anyio.move_on_after(2):
-                    await worker.process.wait()
-                raise WorkerError.died(worker.index, worker.pid, worker.process.returncode)
+                    await process.wait()
+                raise WorkerError.died(worker.index, worker.pid, process.returncode)
             buf += data
 
     async def _watch(self, worker: Worker) -> None:
-        await worker.process.wait()
+        process = worker._process()
+        await process.wait()
         if not self._stopping:
-            worker.fail(WorkerError.died(worker.index, worker.pid, worker.process.returncode))
+            worker.fail(WorkerError.died(worker.index, worker.pid, process.returncode))
 
     async def _stop_all(self) -> None:
         """``CLOSE``, then ``SIGTERM``, then ``SIGKILL``: each step bounded in time."""
@@ -494,50 +516,51 @@ class WorkerPool:
         if coroutine:
             with anyio.move_on_after(self.stop_timeout):
                 async with anyio.create_task_group() as tg:
-                    for w in coroutine:
-                        tg.start_soon(w.aclose)
-        live = [w for w in self.processes if w.process is not None]
-        for w in live:
+                    for cw in coroutine:
+                        tg.start_soon(cw.aclose)
+        live = [(w, w.process) for w in self.processes if w.process is not None]
+        for w, process in live:
             w.stop_reading()
-            if w.process.returncode is None and self.step_timeout is not None and w.error is None \
+            if process.returncode is None and self.step_timeout is not None and w.error is None \
                     and overdue(w, self._since, self.step_timeout):
                 # hung as well (the watchdog's next look would say so): no CLOSE can reach it
                 logger.warning("aiocollect: worker %s is hung too (a command over step_timeout): SIGKILL", w.index)
                 try:
-                    w.process.send_signal(signal.SIGKILL)  # (the waits below see it go)
+                    process.send_signal(signal.SIGKILL)  # (the waits below see it go)
                 except ProcessLookupError:
                     pass
                 continue
-            if w.process.returncode is None:
+            if process.returncode is None:
+                sock = w._socket()
                 try:
                     if w.ready:
                         for port in w.ports:  # a run of steps reads no socket till it ends: end it
                             port.cut_run()    # after the step under way (the envs may have slowed)
                         try:
-                            w.sock.send(protocol.CLOSE)
+                            sock.send(protocol.CLOSE)
                         except BlockingIOError:
                             pass  # a buffer full of stale doorbells (see protocol.ring): the end-of-file
                         # below arrives after them, and ends the worker as CLOSE does (its envs closed)
-                        w.sock.shutdown(socket.SHUT_WR)
+                        sock.shutdown(socket.SHUT_WR)
                     else:  # still starting (another failed): end-of-file ends its setup
-                        w.sock.shutdown(socket.SHUT_RDWR)
+                        sock.shutdown(socket.SHUT_RDWR)
                 except OSError:
                     pass
         for sig, grace in ((None, self.stop_timeout), (signal.SIGTERM, 1.0), (signal.SIGKILL, 5.0)):
-            running = [w for w in live if w.process.poll() is None]
+            running = [(w, process) for w, process in live if process.poll() is None]
             if not running:
                 break
             if sig is not None:
-                logger.warning("aiocollect: sending %s to worker(s) %s", sig.name, [w.index for w in running])
-                for w in running:
+                logger.warning("aiocollect: sending %s to worker(s) %s", sig.name, [w.index for w, _ in running])
+                for _, process in running:
                     try:
-                        w.process.send_signal(sig)
+                        process.send_signal(sig)
                     except ProcessLookupError:
                         pass
             with anyio.move_on_after(grace):
-                for w in running:
-                    await w.process.wait()
-        for w in live:
+                for _, process in running:
+                    await process.wait()
+        for w, _ in live:
             report = _close_report(w) if w.ready else None
             if report:
                 logger.error("aiocollect: worker %s (pid %s), closing its envs at shutdown: %s", w.index, w.pid, report)
@@ -574,7 +597,7 @@ def _close_report(worker: Worker) -> str | None:
     buf = bytearray(worker._inbox)
     while True:
         try:
-            data = worker.sock.recv(65536)
+            data = worker._socket().recv(65536)
         except OSError:  # (BlockingIOError: nothing more)
             break
         if not data:

@@ -35,6 +35,7 @@ from __future__ import annotations
 import os
 import signal
 import time
+from collections.abc import Callable, Sequence
 
 import anyio
 
@@ -53,7 +54,7 @@ def period(step_timeout: float) -> float:
     return min(max(step_timeout / 4, 0.05), 0.5)
 
 
-async def watch_steps(workers: list[ProcessWorker], step_timeout: float, stopping,
+async def watch_steps(workers: Sequence[ProcessWorker], step_timeout: float, stopping: Callable[[], bool],
                       since: dict[int, tuple[tuple[int, int], float]] | None = None) -> None:
     """Fail and kill any worker whose command stays outstanding over ``step_timeout``
     (until cancelled; ``stopping()`` true: the pool is stopping its workers, leave them).
@@ -94,7 +95,8 @@ def _late(port: ProcessLane, since: dict[int, tuple[tuple[int, int], float]], no
     return now - seen[1] > step_timeout
 
 
-async def _kill_hung(worker: ProcessWorker, port: ProcessLane, step_timeout: float, stopping) -> None:
+async def _kill_hung(worker: ProcessWorker, port: ProcessLane, step_timeout: float,
+                     stopping: Callable[[], bool]) -> None:
     stopped = process_state(worker.pid) in ("T", "t")
     stack = "" if stopped else await read_stack(worker)
     if worker.error is not None or stopping():
@@ -105,6 +107,8 @@ async def _kill_hung(worker: ProcessWorker, port: ProcessLane, step_timeout: flo
     worker.fail(StepTimeoutError.hung(worker=worker.index, pid=worker.pid, envs=(port.lo, port.hi), env=env,
                                       call=call, timeout=step_timeout, stopped=stopped, stack=stack,
                                       policy=policy))
+    if worker.process is None:  # (never: the workers watched were started)
+        return
     try:
         worker.process.send_signal(signal.SIGKILL)
     except ProcessLookupError:
@@ -124,7 +128,7 @@ async def read_stack(worker: ProcessWorker) -> str:
     """Ask ``worker`` for its threads' Python stacks (``SIGUSR1``) and read them from its
     dump pipe: "" if it does not answer within ``STACK_READ_S``."""
     fd = worker.dump_fd
-    if fd < 0:
+    if fd < 0 or worker.process is None:
         return ""
     try:
         worker.process.send_signal(signal.SIGUSR1)
