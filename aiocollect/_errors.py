@@ -31,8 +31,22 @@ from __future__ import annotations
 
 import pickle
 import signal
+import sys
 import traceback
 from typing import Any
+
+
+def add_note(exc: BaseException, note: str) -> None:
+    """``exc.add_note(note)`` where Python has it (3.11+). On 3.10 the note is kept in
+    ``__notes__`` as 3.11 keeps it, which 3.10's tracebacks do not print (an exception whose
+    attributes cannot be set keeps none)."""
+    if sys.version_info >= (3, 11):
+        exc.add_note(note)
+        return
+    try:
+        exc.__notes__ = [*getattr(exc, "__notes__", ()), note]  # type: ignore[attr-defined]
+    except AttributeError:
+        pass
 
 
 class CollectorError(RuntimeError):
@@ -114,7 +128,7 @@ def policy_error_from_worker(worker: int, pid: int | None, info: dict) -> BaseEx
     if error is None:
         return WorkerError(f"{where[0].upper()}{where[1:-1]}: {info['type']}: {info['message']}\n\n{trace}",
                            worker=worker, pid=pid, remote_type=info["type"], remote_traceback=info["traceback"])
-    error.add_note(f"{where}\n\n{trace}")
+    add_note(error, f"{where}\n\n{trace}")
     env = error.env if isinstance(error, PolicyError) else None  # (a PolicyError named its env in the worker)
     for name, value in (("worker", worker), ("pid", pid), ("env", env), ("remote_type", info["type"]),
                         ("remote_traceback", info["traceback"]), ("exitcode", None)):
@@ -558,7 +572,7 @@ def _portable(cause: BaseException | None) -> BaseException | None:
     return cause
 
 
-def _rebuild(cls: type, message: str, state: dict, cause: BaseException | None = None) -> Any:
+def _rebuild(cls: type[CollectorError], message: str, state: dict, cause: BaseException | None = None) -> Any:
     err = cls.__new__(cls)
     RuntimeError.__init__(err, message)
     err.__dict__.update(state)

@@ -32,7 +32,7 @@ from typing import Any
 import cloudpickle
 import torch
 
-from .._errors import CollectorError, pickled_exception, unpickled_exception
+from .._errors import CollectorError, add_note, pickled_exception, unpickled_exception
 from .._errors import RemoteCollectorError as RemoteCollectorError
 
 
@@ -92,7 +92,7 @@ class RemoteFailure:
     def exception(self) -> BaseException:
         """The remote exception (a ``CollectorError`` with its text if it could not travel)."""
         exc = unpickled_exception(self.data) or CollectorError(self.text)
-        exc.add_note(f"remote traceback:\n{self.traceback}")
+        add_note(exc, f"remote traceback:\n{self.traceback}")
         return exc
 
 

@@ -48,6 +48,7 @@ from .._collectors.options import (
 )
 from .._collectors.statistics import WorkerStatistics
 from .._collectors.torchrl_compat import DISTRIBUTED_KEYWORDS, check_torchrl_keywords, weights_given
+from .._errors import add_note
 from .remote import RemoteCollectorError, RemoteFailure, portable_weights, resolve_collector_class
 
 _RESERVED = ("create_env_fn", "policy", "policy_factory", "frames_per_batch", "total_frames", "replay_buffer")
@@ -219,7 +220,7 @@ class RemoteCollectorsBase(DataCollectorBase):
         pid = self._pid(index)
         cause = getattr(exc, "cause", None)  # Ray: the remote exception, its traceback left in exc's text
         if cause is not None and cause is not exc:
-            cause.add_note(f"remote traceback:\n{exc}")
+            add_note(cause, f"remote traceback:\n{exc}")
         return RemoteCollectorError.wrap(index, self._where(index), pid, cause or exc)
 
     async def _fetch(self, index: int, handle: Any) -> Any:

@@ -192,7 +192,7 @@ def make_group(create_env_fn: Any, create_env_kwargs: dict | None,
     """
     kwargs = dict(create_env_kwargs or {})
     if isinstance(create_env_fn, (list, tuple)):
-        envs = []
+        envs: list[Any] = []
         try:
             for i, item in enumerate(create_env_fn):
                 env = _build_one(item, kwargs, f"{where}[{i}]")

@@ -32,6 +32,7 @@ import gymnasium as gym
 import numpy as np
 from gymnasium.vector import AutoresetMode, SyncVectorEnv, VectorEnv
 
+from .._errors import add_note
 from .keyed import action_check
 from .spaces import Leaf, NestedKey, ObsWriter, flatten_space
 
@@ -62,6 +63,18 @@ class _GroupBase:
         an ``ObsWriter`` over ``obs`` made earlier (callers that rebind every step keep one)."""
         self.obs, self.reward, self.terminated, self.truncated = obs, reward, terminated, truncated
         self._writer = writer if writer is not None else ObsWriter(self.obs_leaves, obs)
+
+    def step_now(self, action: np.ndarray) -> None:
+        """Step every env with its row of ``action``, writing the results into the arrays."""
+        raise NotImplementedError(f"{type(self).__name__} steps its envs one at a time")
+
+    def reset_now(self, idx: np.ndarray, seeds: Sequence[int | None] | None = None) -> None:
+        """Reset the envs ``idx`` (with ``seeds``, one per env of the group), writing their observations."""
+        raise NotImplementedError(f"{type(self).__name__} resets its envs one at a time")
+
+    def close(self) -> None:
+        """Close every env of the group."""
+        raise NotImplementedError
 
     async def step(self, action: np.ndarray) -> None:
         self.step_now(action)
@@ -99,7 +112,7 @@ def check_step_types(reward: Any, terminated: Any, truncated: Any) -> None:
                             "True or False.")
 
 
-def step_result(out: Any) -> tuple:
+def step_result(out: Any) -> Sequence[Any]:
     """``env.step()``'s return value, if it is gymnasium's five parts; else an error that
     says so (the old gym API returned four: ``obs, reward, done, info``)."""
     if isinstance(out, (tuple, list)) and len(out) == 5:
@@ -111,7 +124,7 @@ def step_result(out: Any) -> tuple:
     )
 
 
-def reset_result(out: Any) -> tuple:
+def reset_result(out: Any) -> Sequence[Any]:
     """``env.reset()``'s return value, if it is gymnasium's ``(obs, info)``; else an error
     that says so (the old gym API returned the observation alone)."""
     if isinstance(out, (tuple, list)) and len(out) == 2:
@@ -146,11 +159,11 @@ def _blame(exc: BaseException, i: int | None) -> None:
     """
     if not hasattr(exc, "env_index"):
         try:
-            exc.env_index = i
+            exc.env_index = i  # type: ignore[attr-defined]  # (the mark the collectors read, on any exception)
         except AttributeError:  # exceptions with __slots__
             return
         if i is not None:
-            exc.add_note(f"(raised by env {i} of the group)")
+            add_note(exc, f"(raised by env {i} of the group)")
 
 
 # --------------------------------------------------------------------------- closing
@@ -236,7 +249,7 @@ class InProcessGroup(_GroupBase):
         except BaseException as exc:  # (a SystemExit or KeyboardInterrupt an env raises is its error too)
             tb = exc.__traceback__
             if isinstance(exc, (TypeError, ValueError)) and tb is not None and tb.tb_next is None:
-                exc.add_note(_LATE_TYPES)  # raised right here: storing what step() returned failed
+                add_note(exc, _LATE_TYPES)  # raised right here: storing what step() returned failed
             _blame(exc, self.first + i)
             raise
 
@@ -334,8 +347,8 @@ class VectorEnvGroup(_GroupBase):
             done = np.logical_or(terminated, truncated)
             if done.any():
                 final = info["final_obs"]
-                for i in np.flatnonzero(done):
-                    self._pending[int(i)] = _row(obs, i)
+                for i in np.flatnonzero(done).tolist():
+                    self._pending[i] = _row(obs, i)
                     self._writer.write_one(i, final[i])
 
     def _in_order(self, ids: Any, obs: Any, *rest: Any) -> tuple:
@@ -367,7 +380,8 @@ class VectorEnvGroup(_GroupBase):
             self._pending.pop(int(i), None)
         mask = np.zeros(self.num_envs, dtype=bool)
         mask[idx] = True
-        seed = None if seeds is None else list(seeds)
+        # (one seed per env: gymnasium's vector envs take a list, though VectorEnv.reset says int)
+        seed: Any = None if seeds is None else list(seeds)
         if mask.all():
             try:
                 obs, info = self.venv.reset(seed=seed)

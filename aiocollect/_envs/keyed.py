@@ -182,7 +182,7 @@ class EnvEntries(spaces.Dict):
     __hash__ = None  # type: ignore[assignment]
 
 
-NO_ENTRIES = (frozenset(), ENGINE_FLAGS, {}, ())
+NO_ENTRIES: tuple[frozenset, tuple[str, ...], dict, tuple[int, ...]] = (frozenset(), ENGINE_FLAGS, {}, ())
 """``batch_entries`` of a gymnasium env: no entry but its observations, every engine flag, no group."""
 
 

@@ -180,7 +180,7 @@ class ObsWriter:
         array = None if value is None else np.asarray(value)
         if array is None or array.dtype == object or array.size != int(np.prod(shape, dtype=np.int64)) \
                 or (array.dtype.kind not in "biuf" and leaf.dtype.kind in "biuf"):
-            got = "None" if value is None else f"{type(value).__name__} {_describe(array)}"
+            got = "None" if array is None else f"{type(value).__name__} {_describe(array)}"
             raise ValueError(
                 f"observation {leaf.key!r}: the env returned {got}, expected {leaf.dtype} of shape "
                 f"{list(shape)} for {leaf.space}; return an observation of the env's observation_space."
@@ -285,7 +285,9 @@ class ActionCheck:
                 "space with a gymnasium wrapper."
             )
         dtype, shape = leaf[0].dtype, leaf[0].shape
-        low = high = one_hot = None
+        low: Any = None
+        high: Any = None
+        one_hot: int | None = None
         parts: tuple[int, ...] = ()
         if isinstance(space, spaces.Discrete):
             low, high, one_hot = int(space.start), int(space.start + space.n - 1), int(space.n)

@@ -295,7 +295,9 @@ class ActionEncoder:
     in that space (a numpy array, batched or not) to the tensor the env expects."""
 
     def __init__(self, spec: Any, device: Any, what: str):
-        self.dtype, self.device, self.one_hot, self.parts = spec.dtype, device, 0, ()
+        self.dtype, self.device, self.one_hot = spec.dtype, device, 0
+        self.parts: tuple[int, ...] = ()
+        self.space: spaces.Space
         shape = tuple(spec.shape)
         if isinstance(spec, MultiOneHot):  # one-hot parts side by side: a MultiDiscrete action
             self.parts = tuple(int(n) for n in spec.nvec)
@@ -444,9 +446,12 @@ class _Bridge:
         self._flat = isinstance(self.observation_space, spaces.Box)
         action_keys, self.encoders = self._actions(env, where)
         self._action_keys = action_keys
+        self.encode: ActionEncoder | None
+        self.keyed: KeyedActions | None
+        self.action_space: spaces.Space
         if action_keys == ["action"]:
             self.encode, self.keyed = self.encoders[0], None
-            self.action_space = self.encode.space
+            self.action_space = self.encoders[0].space
         else:  # several action keys, or one nested: each under its own key (``_envs.keyed``)
             self.encode = None
             self.keyed = self.action_space = KeyedActions(action_keys, [e.space for e in self.encoders])
@@ -511,7 +516,11 @@ class _Bridge:
     def _object_rows(self, td: Any) -> np.ndarray:
         """The ``OBJECTS`` row of each env: its values of the entries with no fixed shape."""
         shape = self.env_batch
-        rows = np.zeros((*shape, self.observation_space[OBJECTS].shape[0]), np.uint8)
+        space = self.observation_space
+        assert isinstance(space, spaces.Dict)  # (entries carried as objects: a Dict of observations)
+        objects = space[OBJECTS]
+        assert isinstance(objects, spaces.Box)  # (their bytes: _envs.objects)
+        rows = np.zeros((*shape, objects.shape[0]), np.uint8)
         for idx in np.ndindex(*shape):
             sub = td[idx] if shape else td
             values = {}
@@ -548,10 +557,10 @@ class _Bridge:
         return self._obs(self._td)
 
     def _set_actions(self, td: Any, action: np.ndarray) -> None:
-        if self.keyed is None:
+        if self.keyed is None:  # (one action key: its encoder is ``encode``)
             if len(self.env_batch) > 1:
                 action = action.reshape(*self.env_batch, *action.shape[1:])
-            td.set("action", self.encode(action))
+            td.set("action", self.encoders[0](action))
             return
         for key, encoder, part in zip(self._action_keys, self.encoders,
                                       self.keyed.unpack(action.reshape(*self.env_batch, -1))):
@@ -634,6 +643,7 @@ class TorchRLVectorEnv(VectorEnv):
 
     def __init__(self, env: EnvBase, where: str = "env"):
         self._bridge = _Bridge(env, where)
+        assert self._bridge.num_envs is not None  # (from_torchrl: an env of batch [] is a TorchRLEnv)
         self.num_envs = self._bridge.num_envs
         self.single_observation_space = self._bridge.observation_space
         self.single_action_space = self._bridge.action_space

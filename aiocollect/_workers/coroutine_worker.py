@@ -106,8 +106,13 @@ class CoroutineWorker(LaneWorker):
         self._done = self._posted
         self.on_reply(self)
 
+    def _built(self) -> CoroutineGroup:
+        """Its group, for the commands, which ``build()`` came before."""
+        assert self.group is not None, f"worker {self.index} was not built"
+        return self.group
+
     async def _step(self, s: int, t: int) -> None:
-        group, rows = self.group, self.rows
+        group, rows = self._built(), self.rows
         action = rows.action[t]
         rows.bind(group, s, t, True)
         await asyncio.gather(*(self._timed(partial(group.step_one, i, action[i]), i, "step")
@@ -120,10 +125,10 @@ class CoroutineWorker(LaneWorker):
             rows.were_reset(finished)
 
     async def _reset(self, s: int, t: int) -> None:
-        rows = self.rows
+        group, rows = self._built(), self.rows
         idx, seeds = rows.resets()
-        rows.bind(self.group, s, t, False)
-        await asyncio.gather(*(self._timed(partial(self.group.reset_one, int(i), None if seeds is None else seeds[i]),
+        rows.bind(group, s, t, False)
+        await asyncio.gather(*(self._timed(partial(group.reset_one, int(i), None if seeds is None else seeds[i]),
                                            int(i), "reset") for i in idx))
         rows.were_reset(idx)
 
@@ -131,10 +136,10 @@ class CoroutineWorker(LaneWorker):
         # The env's coroutine is created here, in the gathered task, not by the caller: a task
         # cancelled before it starts would otherwise leave it never awaited (a RuntimeWarning).
         try:
-            await timed(call(), self.step_timeout, self.group.envs[i], i, what)
+            await timed(call(), self.step_timeout, self._built().envs[i], i, what)
         except Exception as exc:
             if getattr(exc, "env_index", None) is None:
-                exc.env_index = i
+                exc.env_index = i  # type: ignore[attr-defined]  # (the mark the collectors read, on any exception)
             raise
 
     async def aclose(self) -> None:

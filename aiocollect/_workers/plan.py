@@ -233,6 +233,7 @@ def plan_workers(create_env_fn: Any, create_env_kwargs: dict | None, *,
         asked = parts if parts is not None else env_flag("AIOCOLLECT_PIPELINE")
         least = 1 if asked else MIN_PART  # (asked for: any worker of 2 envs or more is split)
         specs = [replace(w, parts=_halves(w.lo, w.num_envs, least)) if ok else w for w, ok in zip(specs, separable)]
+    assert first is not None  # (create_env_fn is not empty)
     return WorkerPlan(tuple(specs), first[0], first[1], kwargs)
 
 

@@ -77,12 +77,12 @@ class WorkerProcess:
 
     async def wait(self) -> int:
         """Wait until the process exits; its exit status."""
-        while self.poll() is None:
+        while (code := self.poll()) is None:
             if self._pidfd >= 0 and not self._exited.is_set():
                 await self._exited.wait()
             else:
                 await asyncio.sleep(_POLL_S)
-        return self.returncode
+        return code
 
     def send_signal(self, sig: int) -> None:
         """Send ``sig``; ``ProcessLookupError`` if the process is gone."""

@@ -47,6 +47,7 @@ from __future__ import annotations
 
 import mmap
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -84,7 +85,7 @@ class Layout:
     @classmethod
     def plan(cls, obs: list[tuple[np.dtype, tuple[int, ...]]], action: tuple[np.dtype, tuple[int, ...]],
              num_envs: int, num_lanes: int, columns: int = 1, slots: int = 2,
-             extra: list[tuple[str, np.dtype, tuple[int, ...]]] = ()) -> Layout:
+             extra: Sequence[tuple[str, np.dtype, tuple[int, ...]]] = ()) -> Layout:
         """``obs``: (dtype, per-env shape) of each observation leaf; ``action`` likewise;
         ``columns``: steps per env of the longest batch; ``slots``: batches held at once;
         ``extra``: more fields, ``(name, dtype, full shape)`` each."""
