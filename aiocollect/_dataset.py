@@ -220,7 +220,8 @@ class PartialSave:
         frames stay in the partial directory."""
         shape, self._data = self.shape, None
         files, dirs, _ = _walk(self.path)
-        listing = {path: {"size": stat.st_size} for path, stat in files.items() if path != MARKER}
+        listing: dict[str, dict[str, int | str]] = {path: {"size": stat.st_size} for path, stat in files.items()
+                                                    if path != MARKER}
         for path, listed in listing.items():
             if path.rsplit("/", 1)[-1] == "meta.json":
                 listed["sha256"] = _sha256(self.path / path)

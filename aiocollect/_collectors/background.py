@@ -95,8 +95,10 @@ class Background(CollectorParts):
 
     def _raise_background_error(self) -> None:
         bg = self._background
-        if bg is not None and bg.done() and not bg.cancelled() and bg.exception() is not None:
-            raise bg.exception()
+        if bg is not None and bg.done() and not bg.cancelled():
+            error = bg.exception()
+            if error is not None:
+                raise error
 
     def is_running(self) -> bool:
         """Whether background collection ([`start()`][aiocollect.DataCollectorBase.start]) is going on.

@@ -324,7 +324,8 @@ class DataCollectorBase(Faces, Consumers, Delivery, Background, TorchRLAccessors
         """
         self._check_usable()
         self._check_worker_ids(worker_ids)
-        version = self._policy.publish(weights_given(policy_or_weights, weights, policy, model_id, weights_dict))
+        given = weights_given(policy_or_weights, weights, policy, model_id, weights_dict)
+        version = self._local_policy().publish(given)
         self._published()
         return version
 
@@ -351,7 +352,7 @@ class DataCollectorBase(Faces, Consumers, Delivery, Background, TorchRLAccessors
         """
         version = self.update_policy_weights_(policy_or_weights, worker_ids=worker_ids, weights=weights, policy=policy,
                                               model_id=model_id, weights_dict=weights_dict)
-        await self._policy.wait_applied(version)
+        await self._local_policy().wait_applied(version)
         return version
 
     def _checked_and_weights_loaded(self, state_dict: dict, strict: bool) -> Checkpoint:
@@ -363,7 +364,7 @@ class DataCollectorBase(Faces, Consumers, Delivery, Background, TorchRLAccessors
         if self._closed:
             raise self._closed_error()
         try:
-            self._policy.load_state_dict(state_dict, strict)
+            self._local_policy().load_state_dict(state_dict, strict)
             self._published()
         except (KeyError, ValueError, TypeError) as exc:  # named for load_state_dict, the call made
             error = policy_state_error(exc, type(self).__name__)
@@ -372,6 +373,11 @@ class DataCollectorBase(Faces, Consumers, Delivery, Background, TorchRLAccessors
             raise error from None
         return saved
 
+
+    def _local_policy(self) -> PolicySetup:
+        """The policy of a local collector (the distributed ones override what calls this)."""
+        assert self._policy is not None, "set by the variant's constructor"
+        return self._policy
 
     def _closed_error(self) -> CollectorClosedError:
         return CollectorClosedError(f"{type(self).__name__} is shut down; create a new collector.")

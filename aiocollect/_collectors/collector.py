@@ -281,7 +281,8 @@ class Collector(DataCollectorBase):
     async def _collect(self) -> tuple[TensorDictBase, int]:
         loop = self._resources.loop
         try:
-            if self._coroutine and not loop.in_this_thread():
+            # (coroutine envs live on the collector's own loop, from the constructor to shutdown)
+            if self._coroutine and loop is not None and not loop.in_this_thread():
                 # the async face, from the user's loop: collect on the envs' loop
                 return await self._across(loop, self._collect_here)
             return await self._collect_here()
@@ -336,7 +337,8 @@ class Collector(DataCollectorBase):
 
     async def _collect_coroutines(self, runner) -> list:
         """Each env takes its steps at its own pace; an env that has them waits for the others."""
-        opts, sched = self.options, self._scheduler
+        opts, sched, envs = self.options, self._scheduler, self._envs
+        assert envs is not None  # (coroutine envs)
         lanes, tl = sched.lanes, sched.timelines
         self._begin()
         full = [sum(lane.full for lane in lanes)]
@@ -356,7 +358,7 @@ class Collector(DataCollectorBase):
             if full[0] < n:  # interrupted: let the steps under way land
                 await sched.settle()
         except BaseException:
-            sched.abandon([lanes[env.lo] for env in self._envs.cancel()])  # they restart from a reset
+            sched.abandon([lanes[env.lo] for env in envs.cancel()])  # they restart from a reset
             raise
         return [sched.seal(lane, opts.set_truncated) for lane in lanes]
 

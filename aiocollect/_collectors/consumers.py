@@ -57,7 +57,8 @@ class Consumer:
             task = asyncio.current_task()
         except RuntimeError:  # not on an asyncio loop (trio): never taken over
             task = None
-        self.task = None if task is None else weakref.ref(task)
+        self.task: weakref.ref[asyncio.Task] | None = None if task is None else weakref.ref(task)
+        self.run: weakref.ref | None
         try:
             self.run = weakref.ref(_loop_run())
         except TypeError:  # no hook, or one that cannot be referenced weakly
@@ -172,7 +173,7 @@ class Consumers(CollectorParts):
         except RuntimeError:
             here = None
         loop = None if task is None else task.get_loop()
-        if task is None or here is None or (loop is here and holder.in_this_run()) or (
+        if task is None or loop is None or here is None or (loop is here and holder.in_this_run()) or (
                 loop is not here and loop.is_running()):
             raise CollectorBusyError(
                 f"{type(self).__name__} is already collecting a batch: a collector yields one batch "
@@ -236,4 +237,5 @@ class Consumers(CollectorParts):
         if claim is not None and self._busy is not claim:  # taken over meanwhile: the batch is the new caller's
             raise asyncio.CancelledError(OVER)
         kept, self._kept = self._kept, None
+        assert kept is not None  # (keep() set it)
         return kept

@@ -223,10 +223,11 @@ class Delivery(CollectorParts):
         buffer: write those that ended in one collection); ``DONE`` once ``total_frames``
         are collected (trajectories still incomplete then are never delivered, as in TorchRL).
         ``postproc`` applies to each collected batch before assembly, as in TorchRL."""
-        opts, assembler = self.options, self._assembler
+        opts, assembler, count = self.options, self._assembler, self.options.trajs_per_batch
+        assert count is not None  # (the delivery of trajs_per_batch only)
         while True:
-            if opts.replay_buffer is None and assembler.ready >= opts.trajs_per_batch:
-                return assembler.take(opts.trajs_per_batch, opts.traj_format)
+            if opts.replay_buffer is None and assembler.ready >= count:
+                return assembler.take(count, opts.traj_format)
             batch = await self._next_raw()
             if batch is DONE:
                 return DONE

@@ -311,7 +311,8 @@ class AsyncBatches:
 
     async def __anext__(self) -> Any:
         here = Consumer()
-        if here.same_task(self._last) and not self._last.in_this_run():
+        last = self._last
+        if last is not None and here.same_task(last) and not last.in_this_run():
             raise asyncio.CancelledError(OVER)
         self._last = here
         collector = self._collector

@@ -72,7 +72,7 @@ class LoopThread:
         try:
             self._thread.start()
             self.portal: BlockingPortal = self._ready.result()
-            self.ident: int = self._thread.ident
+            self.ident: int | None = self._thread.ident  # (set: the thread started)
         except BaseException:
             # Plain stores first: no interrupt lands between entering this handler and
             # them (no call), so the loop stops once up even if a second Ctrl-C then cuts

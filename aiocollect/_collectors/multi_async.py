@@ -270,6 +270,8 @@ async def _run_pump(ref: weakref.ref) -> None:
     task alive, and a strong reference would keep an abandoned collector (and its worker
     processes) alive with it, out of reach of garbage collection and its cleanup."""
     collector = ref()
+    if collector is None:  # (gone before its pump began)
+        return
     sched = collector._scheduler
     runner, on_full = weakref.WeakMethod(collector._runner), weakref.WeakMethod(collector._on_full)
     for lanes in collector._worker_lanes:

@@ -154,7 +154,7 @@ class MultiSyncCollector(WorkerCollectorBase):
                 "or concatenate with cat_results=0."
             )
         ndim = 2 if plan.workers[0].batched else 1
-        if cat != "stack" and not -ndim <= cat < ndim:
+        if isinstance(cat, int) and not -ndim <= cat < ndim:  # (else "stack")
             raise ValueError(
                 f"cat_results={cat}: each worker's batch has {ndim} dim(s) "
                 f"({'[envs, time]' if ndim == 2 else '[time]'}); use a dim in {-ndim}..{ndim - 1} or 'stack'."
@@ -292,7 +292,7 @@ class MultiSyncCollector(WorkerCollectorBase):
             parts.append(_filled(part) if self._mask else part)
             lo = spec.hi
         self._part_sizes = ([p.shape[-1] for p in parts], -1)
-        out = torch.cat(parts, cat)
+        out: TensorDictBase = torch.cat(parts, cat)
         if self._mask:
             out = _filled(out)
         out.refine_names(*([None] * (out.ndim - 1)), "time")

@@ -375,6 +375,8 @@ def next_seed(seed: int, num_envs: int, static_seed: bool) -> int:
     ``seed`` itself with ``static_seed`` (TorchRL's: the seed is not incremented).
     """
     first = as_int(seed)  # (a plain int for a numpy seed, as env_seeds gives)
+    if first is None:  # (never: env_seeds checked it)
+        raise TypeError(f"seed must be an integer, got {seed!r}")
     return first if static_seed else first + num_envs
 
 
@@ -438,7 +440,8 @@ def validate_batching(*, max_batch_size: Any, min_batch_size: Any, batch_timeout
             "the argument(s)."
         )
     envs = {name: _batch_size(name, given.get(name)) for name in ("max_batch_size", "min_batch_size")}
-    if None not in envs.values() and envs["min_batch_size"] > envs["max_batch_size"]:
+    least, most = envs["min_batch_size"], envs["max_batch_size"]
+    if least is not None and most is not None and least > most:
         raise ValueError(f"min_batch_size={min_batch_size} is larger than max_batch_size={max_batch_size}.")
     seconds = {name: _timeout_knob(name, given.get(name)) for name in ("batch_timeout", "step_timeout")}
     defaults = Batching()

@@ -42,7 +42,9 @@ class EpisodeReturns:
         collector's mark, not an episode's end (the episode goes on in the next batch), unless
         it terminated there (an episode an env truncated on that very step stays open, and is
         forgotten, rather than reported short)."""
-        ids = batch.get(("collector", "traj_ids"), None) if batch is not None else None
+        if batch is None:
+            return
+        ids = batch.get(("collector", "traj_ids"), None)
         if ids is None or batch.get(("next", "done"), None) is None or batch.get(("next", "reward"), None) is None:
             return  # (a multi-agent env's batch: rewards and flags per group, no one return per episode)
         # numpy, not torch: torch's indexing kernels run on its OpenMP threads, whose

@@ -293,6 +293,7 @@ def collector_backend(backend: Any, num_collectors: Any, sync: Any, backend_opti
     without ``num_collectors``), ``"process"`` (``"multiprocessing"``; ``None`` with
     ``num_collectors``: a worker collector), ``"ray"``, ``"rpc"``; checked as TorchRL checks
     it (``num_collectors`` and ``sync`` for ``"direct"``, ``backend_options``)."""
+    kind: str | None
     if backend is None:
         kind = "direct" if num_collectors is None else "process"
     else:
@@ -350,9 +351,10 @@ def per_worker_frames(frames_per_batch: Any, create_env_fn: Any) -> tuple[Any, t
         raise ValueError(f"frames_per_batch={list(frames_per_batch)!r}: a list gives one value per worker, and "
                          f"there are {workers} worker(s); give {workers} values, or one int for the whole batch.")
     entries = [as_int(v) for v in frames_per_batch]
-    if any(v is None or v < 1 for v in entries):
+    shares = [v for v in entries if v is not None and v >= 1]
+    if len(shares) != len(entries):
         raise ValueError(f"frames_per_batch={list(frames_per_batch)!r}: each worker's share is a positive int.")
-    return sum(entries), tuple(entries)
+    return sum(shares), tuple(shares)
 
 
 class _BothPolicies(TypeError, ValueError):
@@ -814,6 +816,7 @@ class TorchRLAccessors(CollectorParts):
         A trace begun on the collector's loop thread is ended there before that thread ends
         (``LoopThread.at_exit``): torch's profiler ends a trace only in the thread it began in."""
         prof = self._profile
+        assert prof is not None  # (enable_profile() set it before it scheduled this)
         prof.trace_step(prof.batches)
         loop = self._resources.loop
         if prof.tracing and loop is not None and loop.in_this_thread() and self._end_trace not in loop.at_exit:

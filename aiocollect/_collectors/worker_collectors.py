@@ -343,6 +343,7 @@ class WorkerCollectorBase(DataCollectorBase):
         loop = self._resources.loop
         if loop is None:
             self._check_usable()
+        assert loop is not None  # (_check_usable raised: the loop goes with shutdown only)
         if loop.in_this_thread():
             return await self._collect_or_stop()
         # the async face, called from the user's loop: collect on the engine loop

@@ -46,6 +46,7 @@ def _loopback_node(enabled: bool) -> Iterator[None]:
     there: this turns it on for the ``ray.init`` call (the flag is read when Ray is
     imported, so it is set on Ray's constants module), and Ray's processes then listen on
     127.0.0.1 only."""
+    constants: Any
     try:
         constants = importlib.import_module("ray._private.ray_constants")
     except ImportError:  # another Ray layout: its own defaults
@@ -251,7 +252,8 @@ class RayCollector(RemoteCollectorsBase):
         if not all(isinstance(c, dict) for c in configs):
             raise TypeError("remote_configs must be a dict of ray.remote options (or a list of them).")
         super().__init__(options, policy, num_collectors, sync, update_after_each_batch)
-        self._ray, self._actors, self._started_ray = ray, [], False
+        self._ray, self._started_ray = ray, False
+        self._actors: list[Any] = []
         self._init_config, self._configs, self._start_timeout = ray_init_config, configs, start_timeout
         self._start(payloads)
 
@@ -296,6 +298,7 @@ class RayCollector(RemoteCollectorsBase):
                 error = self._error(i, exc)
                 raise error from error.__cause__
         if pending:
+            assert timeout is not None  # (ray.wait without a timeout leaves none pending)
             late = [i for i, ref in enumerate(refs) if ref not in ready]
             raise StartTimeoutError.remote(
                 timeout=timeout, started=[i for i in range(len(refs)) if i not in late], pending=late,

@@ -28,6 +28,7 @@ from __future__ import annotations
 import asyncio
 from collections import OrderedDict
 from collections.abc import Callable, Mapping
+from functools import partial
 from typing import Any
 
 import cloudpickle
@@ -244,7 +245,7 @@ class RemoteCollectorsBase(DataCollectorBase):
                 self.update_policy_weights_()
             arrived = await asyncio.gather(*(self._fetch(i, self._ask(i)) for i in range(self.num_collectors)))
             batches = [self._arrived(i, result) for i, result in enumerate(arrived)]
-            batch = torch.stack(batches) if batches[0] is not None else None
+            batch: TensorDictBase | None = torch.stack(batches) if batches[0] is not None else None
             if batch is not None:
                 for i, part in enumerate(batches):
                     self._remote_steps[i] += _valid_frames(part)
@@ -319,7 +320,7 @@ class RemoteCollectorsBase(DataCollectorBase):
         for i in ids:
             self._sent[i] = version
             handle = self._submit(i, "load_weights", shared, version, wait)
-            self._on_done(handle, lambda exc, i=i, v=version: self._ack(i, v, exc))
+            self._on_done(handle, partial(self._ack, i, version))
             handles.append((i, handle))
         return version, handles
 
@@ -475,7 +476,7 @@ class RemoteCollectorsBase(DataCollectorBase):
                 state["policy_state_dict"] = portable_weights(state["policy_state_dict"])  # (on CPU)
             handle = self._submit(i, "load_state_dict", state, version, strict)
             if "policy_state_dict" in state:
-                self._on_done(handle, lambda exc, i=i, v=version: self._ack(i, v, exc))
+                self._on_done(handle, partial(self._ack, i, version))
             calls.append((i, handle))
 
         async def wait_all():

@@ -100,6 +100,7 @@ def _rendezvous(url: str, **kwargs):
     query = dict(parse_qsl(parsed.query))
     rank, world_size = int(query["rank"]), int(query["world_size"])
     fd = int(query["fd"]) if "fd" in query else None
+    assert parsed.hostname is not None and parsed.port is not None  # (our own URL: host and port in it)
     store = TCPStore(parsed.hostname, parsed.port, world_size, is_master=fd is not None,
                      timeout=timedelta(seconds=float(query["timeout"])), master_listen_fd=fd)
     yield store, rank, world_size

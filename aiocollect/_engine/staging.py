@@ -183,11 +183,12 @@ class DeviceStaging:
         if not self.cuda:
             dev = torch.empty(block.used, dtype=torch.uint8, device=self.device)
             return dev.copy_(block.host[: block.used])
-        consumer = torch.cuda.current_stream(self.device)
-        with torch.cuda.stream(self._copies):
+        consumer, copies = torch.cuda.current_stream(self.device), self._copies
+        assert copies is not None  # (made with a CUDA device)
+        with torch.cuda.stream(copies):
             dev = torch.empty(block.used, dtype=torch.uint8, device=self.device)
             dev.copy_(block.host[: block.used], non_blocking=True)
-            block.event = self._copies.record_event()
+            block.event = copies.record_event()
         consumer.wait_event(block.event)
         dev.record_stream(consumer)
         return dev

@@ -118,7 +118,7 @@ def _padded(trajs, mask_key) -> TensorDictBase:
         traj = traj.copy()
         traj.set(mask_key, torch.ones(traj.shape, dtype=torch.bool, device=traj.device))
         rows.append(_pad_frames(traj, longest - traj.shape[0]) if lazy else pad(traj, [0, longest - traj.shape[0]]))
-    out = LazyStackedTensorDict.lazy_stack(rows, 0) if lazy else torch.stack(rows, 0)
+    out: TensorDictBase = LazyStackedTensorDict.lazy_stack(rows, 0) if lazy else torch.stack(rows, 0)
     out.refine_names(None, "time")
     return out
 
@@ -200,7 +200,8 @@ class TrajectoryAssembler:
         complete = list(self._complete)
         if not complete:
             return None
-        return {"lengths": [int(t.shape[0]) for t in complete], "frames": torch.cat(complete, 0).to_dict()}
+        frames: TensorDictBase = torch.cat(complete, 0)
+        return {"lengths": [int(t.shape[0]) for t in complete], "frames": frames.to_dict()}
 
     @staticmethod
     def read_state(state: Any) -> list[TensorDictBase]:
@@ -273,7 +274,7 @@ class TrajectoryAssembler:
         """The first ``count`` complete trajectories (at most), as one ``traj_format`` batch."""
         trajs, self._complete = self._complete[:count], self._complete[count:]
         if traj_format == "cat":
-            out = torch.cat(trajs, 0) if len(trajs) > 1 else trajs[0].clone()
+            out: TensorDictBase = torch.cat(trajs, 0) if len(trajs) > 1 else trajs[0].clone()
             out.refine_names("time")
             return out
         return _padded(trajs, ("collector", "mask"))
