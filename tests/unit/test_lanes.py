@@ -17,7 +17,7 @@ import pytest
 import aiocollect
 from aiocollect._coroutines.lanes import EnvLane
 from aiocollect._coroutines.worker import CoroutineWorker
-from aiocollect._engine.rounds import Batching, EnvQueueRounds, InlineRounds, RandomRuns, WorkerRounds
+from aiocollect._engine.rounds import Batching, EnvQueueRounds, InlineRounds, RunRounds, WorkerRounds
 from aiocollect._engine.scheduler import Scheduler
 from aiocollect._engine.storage import RolloutStorage
 from aiocollect._engine.timelines import Timelines
@@ -119,7 +119,7 @@ def test_the_scheduler_picks_one_round_strategy_from_its_lanes():
     assert type(scheduler([inline]).rounds) is InlineRounds
     ports = Worker(spec()).ports
     assert type(scheduler(ports).rounds) is WorkerRounds
-    assert type(scheduler(ports, runs=True).rounds) is RandomRuns
+    assert type(scheduler(ports, runs=True).rounds) is RunRounds
     lanes = [EnvLane(None, i) for i in range(3)]
     assert type(scheduler(lanes, batching=Batching()).rounds) is EnvQueueRounds
     with pytest.raises(ValueError, match="one env each"):
