@@ -10,7 +10,7 @@ from typing import Any
 import torch
 
 from .weights import CopyChannel, TorchWeights
-from .weights_board import WeightsBoard
+from .weights_board import WeightsBoard, weight_tensors
 
 
 class BoardChannel(CopyChannel):
@@ -31,10 +31,11 @@ class BoardChannel(CopyChannel):
         sources = self.torch_weights.sources(weights)  # (checked against the policy's names and shapes)
         with self.lock:  # (no call of the policy here meanwhile, nor a checkpoint's read)
             shapes = [tuple(a.shape) for a in self.board.arrays]
-            if [tuple(t.shape) for t in sources] != shapes:
+            now = [tuple(t.shape) for t in weight_tensors(module)]
+            if now != shapes:  # (its tensors are no longer the board's views: the workers' copies cannot follow)
                 raise RuntimeError(
-                    f"policy: its weights are now of shapes {[list(t.shape) for t in sources]}, the workers' "
-                    f"copies {[list(x) for x in shapes]}: a policy whose weights change shape or number "
+                    f"policy: its weights are now of shapes {[list(x) for x in now]}, the workers' copies "
+                    f"{[list(x) for x in shapes]}: a policy whose weights change shape or number "
                     "(a submodule replaced...) needs a new collector.")
             with self._swap:
                 self.latest += 1

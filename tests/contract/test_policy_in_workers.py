@@ -561,6 +561,28 @@ def test_a_ctrl_c_while_new_weights_are_copied_to_the_workers_neither_hangs_nor_
         assert check_versions(next(it)) == {2}
 
 
+def test_an_update_is_in_effect_at_once_and_the_policy_keeps_it_past_shutdown(placement):
+    """With the policy in the workers, an update is copied once, into the shared weights that
+    the collector's own copy acts with: ``collector.policy`` and its checkpoint hold the new
+    weights as the call returns, and still after ``shutdown()``, which hands the rollout
+    storage's memory back but not the weights'."""
+    c = build(MultiSyncCollector, CounterEnv, two_heads(0), frames_per_batch=8, total_frames=-1)
+    with c:
+        assert c.policy_in_workers is (placement == "in_workers")
+        it = iter(c)
+        next(it)
+        new = two_heads(1)
+        assert c.update_policy_weights_(new) == 1
+        if placement == "in_workers":  # (central: loaded before the next call)
+            assert torch.equal(c.policy.module.linear.weight, new.module.linear.weight)
+        assert torch.equal(c.state_dict()["policy_state_dict"]["module.linear.weight"], new.module.linear.weight)
+        frames = torch.cat([flat(next(it)) for _ in range(3)])
+        frames = frames[frames["collector", "policy_version"] == 1]
+        assert len(frames) and torch.equal(frames["logits"], new.module(frames["observation"])[0])
+    assert torch.equal(c.policy.module.linear.weight, new.module.linear.weight)
+    assert torch.equal(c.policy.module.linear.bias, new.module.linear.bias)
+
+
 class DropoutHead(nn.Module):
     """Logits through a dropout layer: in train mode no logit is what eval mode gives."""
 
