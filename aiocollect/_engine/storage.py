@@ -254,7 +254,7 @@ class RolloutStorage:
         if self.step_count is not None:
             self.step_count[s, t, lo:hi] = step_count[lo:hi]
         whole = start == 0 and stop == len(action if action is not None else next(iter(out.values())))
-        self.outputs.write((s, t, slice(lo, hi)), out, action, None if whole else slice(start, stop))
+        self.outputs.write_block(s, t, lo, hi, out, action, None if whole else slice(start, stop))
 
     def write_run(self, s: int, t: int, lo: int, hi: int, action: np.ndarray, version: int,
                   stored: np.ndarray | None = None) -> None:

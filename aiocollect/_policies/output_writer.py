@@ -28,7 +28,7 @@ import numpy as np
 import torch
 
 from .._envs.spaces import NestedKey
-from .outputs import dtype_changed, host_array, shape_changed
+from .outputs import check_outputs, dtype_changed, host_array, shape_changed
 
 
 @dataclass(frozen=True)
@@ -83,6 +83,8 @@ class OutputWriter:
         """Each output's field as a tensor."""
         self.arrays: dict[NestedKey, np.ndarray | None] = {}
         """The same fields as numpy arrays (``None``: a dtype numpy lacks, the tensor only)."""
+        self._blocks: dict[tuple[int, int, int, int], dict[NestedKey, Any]] = {}
+        """Per block of rows at a column (``write_block``): each field's view there, made once."""
 
     def adopt(self, outputs: list[tuple[NestedKey, np.dtype, tuple]], arrays: dict[str, np.ndarray]) -> None:
         """The outputs (``(key, dtype, per-env shape)`` each, the probe's) live in the fields
@@ -108,32 +110,65 @@ class OutputWriter:
         self.arrays[key] = dst
         return dst
 
-    def write(self, at: tuple, out: dict[NestedKey, Any], action: np.ndarray | None = None,
-              part: slice | None = None) -> None:
-        """Store ``out`` (one call's outputs) at index ``at`` of every field: ``(s, t, lo:hi)``,
-        or ``(s, cols, rows)`` with index arrays (row ``j`` of each value to env ``rows[j]``).
+    def write(self, at: tuple, out: dict[NestedKey, Any], action: np.ndarray | None = None) -> None:
+        """Store ``out`` (one call's outputs) at ``(s, cols, rows)`` of every field, index
+        arrays: row ``j`` of each value to env ``rows[j]`` at its column ``cols[j]``.
         ``action``: the ``"action"`` as checked (``env_actions``), stored instead of
-        ``out["action"]``; ``part``: the rows of each value to store (``None``: all)."""
+        ``out["action"]``."""
         for key, value in out.items():
             dst = self.field(key, value)
-            if key == "action" and action is not None:
-                value = action if part is None else action[part]
-            elif part is not None:
-                if isinstance(value, torch.Tensor) and value.device.type != "cpu":
-                    value = host_array(value[part])  # (copy only these rows over)
-                else:
-                    value = host_view(value)[part] if dst is not None else value[part]
-            spec = self.specs[key]
-            if tuple(value.shape[1:]) != spec.shape:
-                raise shape_changed(key, tuple(value.shape[1:]), spec.shape)  # (numpy would broadcast a 1)
+            value = self._value(key, value, dst is not None, action, None, None, out)
             if dst is None:  # a dtype numpy lacks: its torch field
-                dst_t, value = self.tensors[key], torch.as_tensor(value)
-                if value.dtype != dst_t.dtype and (error := dtype_changed(key, value.dtype, dst_t.dtype)):
-                    raise error
-                # (index_put takes only its own dtype: a checked action is float32)
-                dst_t[_torch_index(at)] = value.to("cpu", dst_t.dtype)
-                continue
-            value = host_view(value)
-            if value.dtype != dst.dtype and (error := dtype_changed(key, value.dtype, dst.dtype)):
+                self.tensors[key][_torch_index(at)] = value  # (index_put takes only its own dtype)
+            else:
+                dst[at] = value
+
+    def write_block(self, s: int, t: int, lo: int, hi: int, out: dict[NestedKey, Any],
+                    action: np.ndarray | None = None, part: slice | None = None, rows: int | None = None) -> None:
+        """Store ``out`` (one call's outputs) at column ``t`` of slot ``s``, envs ``lo:hi``,
+        through views made once per block. ``action``: as for ``write``; ``part``: the rows of
+        each value to store (``None``: all); ``rows``: the rows each value must have (checked
+        where the caller did not check them: ``check_outputs``' message)."""
+        views = self._blocks.get((s, t, lo, hi))
+        if views is None:
+            views = self._blocks[(s, t, lo, hi)] = {}
+        for key, value in out.items():
+            dst = views.get(key)
+            if dst is None:
+                field = self.field(key, value)
+                dst = views[key] = (self.tensors[key] if field is None else field)[s, t, lo:hi]
+            dst[...] = self._value(key, value, isinstance(dst, np.ndarray), action, part, rows, out)
+
+    def _value(self, key: NestedKey, value: Any, numpy: bool, action: np.ndarray | None, part: slice | None,
+               rows: int | None, out: dict[NestedKey, Any]) -> Any:
+        """``value`` (output ``key`` of ``out``) as its field takes it (a numpy array; a
+        tensor of the field's dtype where ``numpy`` is false), checked (see the module docstring)."""
+        if key == "action" and action is not None:
+            value = action if part is None else action[part]
+        elif part is not None and isinstance(value, torch.Tensor) and value.device.type != "cpu":
+            value = host_array(value[part])  # (copy only these rows over)
+        elif numpy:
+            try:
+                value = host_view(value)
+            except Exception:
+                if rows is not None:
+                    check_outputs(out, rows)  # (not a tensor, no data: its message)
+                raise
+            value = value if part is None else value[part]
+        elif part is not None:
+            value = value[part]
+        if rows is not None and value.shape[:1] != (rows,):
+            check_outputs(out, rows)
+        spec = self.specs[key]
+        if tuple(value.shape[1:]) != spec.shape:
+            raise shape_changed(key, tuple(value.shape[1:]), spec.shape)  # (numpy would broadcast a 1)
+        if not numpy:  # a dtype numpy lacks: its torch field's
+            value = torch.as_tensor(value)
+            first = self.tensors[key].dtype
+            if value.dtype != first and (error := dtype_changed(key, value.dtype, first)):
                 raise error
-            dst[at] = value
+            return value.to("cpu", first)
+        value = host_view(value)
+        if value.dtype != self.arrays[key].dtype and (error := dtype_changed(key, value.dtype, self.arrays[key].dtype)):
+            raise error
+        return value

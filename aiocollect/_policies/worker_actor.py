@@ -30,13 +30,6 @@ from .outputs import check_outputs, module_outputs
 from .weights_board import SEQ, WeightsBoard, weight_tensors
 
 
-def _fits(value: Any, n: int) -> bool:
-    """``value`` is an array or a strided CPU tensor with ``n`` rows: written as it is."""
-    if isinstance(value, torch.Tensor):
-        return value.layout is torch.strided and value.device.type == "cpu" and value.shape[:1] == (n,)
-    return isinstance(value, np.ndarray) and value.shape[:1] == (n,)
-
-
 class WorkerActor:
     """A worker's copy of the policy (``_workers.child``): ``act`` writes one step's actions
     and outputs for one part of its envs, as the engine's central call would."""
@@ -58,12 +51,13 @@ class WorkerActor:
         direct_calls(self.policy)  # (a private copy: its submodules skip __call__'s empty checks)
         self.obs_keys = obs_keys
         self._columns: dict[tuple, tuple] = {}
-        """Per part, slot and column (``_column``): the policy's input tensors, the index of
-        its rows and the version's part, made once."""
+        """Per part, slot and column (``_column``): the policy's input tensors and the
+        version's part, made once (the writer keeps its outputs' views likewise)."""
         self.check = ActionCheck.for_space(action_space)
         self.worker, self.first = worker, first
         """This worker's index, and the row of its env 0 (errors name an env as the engine does)."""
         self.keys = tuple(setup["keys"])
+        self._acts = "action" in self.keys
         self.writer = OutputWriter(*arrays["version"].shape)
         self.writer.adopt([(key, arrays[f"out{i}"].dtype, arrays[f"out{i}"].shape[3:])
                            for i, key in enumerate(self.keys)], arrays)
@@ -121,7 +115,7 @@ class WorkerActor:
             got = self.board.read(self.tensors, self.seen, self.modules)
             if got is not None:
                 self.seen, self.version = got
-        inputs, at, version = self._columns.get((lo, s, t)) or self._column(obs, s, t, lo, hi)
+        inputs, version = self._columns.get((lo, s, t)) or self._column(obs, s, t, lo, hi)
         out = self._call(inputs)
         if self._interaction_unset and "tensordict" in sys.modules:
             # this call imported tensordict (a policy that imports it in its forward): it read no
@@ -132,22 +126,28 @@ class WorkerActor:
             raise KeyError(f"policy: wrote {list(out)!r} at this step but {list(self.keys)!r} at its first call; "
                            "a policy must write the same keys at every step.")
         n = hi - lo
-        if not all(_fits(value, n) for value in out.values()):
-            check_outputs(out, n)  # (the engine's message for a value that is not a tensor, or a row count)
         stored = None
-        if "action" in out:
+        if self._acts:
+            value = out["action"]
             try:
-                stored, to_env = env_actions(self.check, host_view(out["action"]), n)
+                value = host_view(value)
+                fits = value.shape[:1] == (n,)
+            except Exception:  # noqa: BLE001 - not a tensor, no data: the engine's message, next
+                fits = False
+            if not fits:
+                check_outputs(out, n)
+            try:
+                stored, to_env = env_actions(self.check, value, n)
             except NonFiniteAction as exc:  # (the engine's error, naming the env as it does)
                 raise PolicyError.not_finite(exc.value, worker=self.worker, env=lo + exc.row - self.first,
                                              pid=os.getpid()) from None
             action[...] = to_env
-        self.writer.write(at, out, stored)
+        self.writer.write_block(s, t, lo, hi, out, stored, rows=n)
         version[...] = self.version
 
     def _column(self, obs: list[np.ndarray], s: int, t: int, lo: int, hi: int) -> tuple:
-        """``(inputs, index, version part)`` of column ``t`` of slot ``s``, rows ``lo:hi``."""
+        """``(inputs, version part)`` of column ``t`` of slot ``s``, rows ``lo:hi``."""
         column = ({key: torch.from_numpy(x[s, t]) for key, x in zip(self.obs_keys, obs)},
-                  (s, t, slice(lo, hi)), self.version_field[s, t, lo:hi])
+                  self.version_field[s, t, lo:hi])
         self._columns[(lo, s, t)] = column
         return column
