@@ -72,7 +72,7 @@ _TESTS = Path(__file__).resolve().parent
 
 @pytest.fixture(autouse=True)
 def _policy_placement(request, monkeypatch):
-    """Where a torch policy runs (``_policies.in_workers``) is chosen from the machine's cores
+    """Where a torch policy runs (``_policies.actor``) is chosen from the machine's cores
     and, with cores to spare, from the policy's measured cost. A test that does not choose gets the main process
     everywhere, so that a run tests the same paths on any machine; the policy in the workers
     has its own contract file (``contract/test_policy_in_workers.py``, each case in both

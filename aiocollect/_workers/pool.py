@@ -190,6 +190,8 @@ class Port(LaneWorker):
     takes_runs = True
     """Takes ``RUN`` commands (steps in a row: see ``_workers.protocol``)."""
     synchronous = False
+    acts_locally = False
+    """Its worker acts with its own copy of the policy (set by the pool that gives it one)."""
 
     def __init__(self, worker: Worker, lo: int, hi: int):
         self.worker = worker
@@ -238,7 +240,7 @@ class Port(LaneWorker):
     def on_reply(self, callback: Callable[[LaneOwner], None]) -> None:
         self.worker.on_reply = callback
 
-    def post(self, code: int, slot: int, col: int, count: int = 1, local: int = 0) -> None:
+    def post(self, code: int, slot: int, col: int, count: int = 1, local: bool = False) -> None:
         """Ask for ``protocol.STEP_CODE``, ``RESET_CODE`` or ``RUN_CODE`` (``count`` steps)
         at ``slot``, ``col`` of the storage (``local``: with actions from the worker's own
         policy); ring if the worker sleeps."""
@@ -247,7 +249,7 @@ class Port(LaneWorker):
         ctl[protocol.SLOT] = slot
         ctl[protocol.COL] = col
         ctl[protocol.COUNT] = count
-        ctl[protocol.POLICY] = local
+        ctl[protocol.POLICY] = 1 if local else 0
         ctl[protocol.CMD] = seq * 4 + code  # last: the worker acts once it sees it
         self.worker.ring()
 
@@ -281,7 +283,7 @@ class WorkerPool:
         collectors pass their ``start_timeout``, 300 s by default)."""
         self.layout = layout
         self.policy = policy
-        """What each worker needs to run its own copy of the policy (``_policies.in_workers``:
+        """What each worker needs to run its own copy of the policy (``_policies.actor.payload``:
         the pickled module, its outputs, seeds), or ``None``: actions come from the engine."""
         self.reset_when_done = reset_when_done
         self.max_frames_per_traj = max_frames_per_traj
@@ -310,6 +312,7 @@ class WorkerPool:
         for k, (lane, line) in enumerate(zip(self.lanes, self.shared.control)):  # (a coroutine worker's: unused)
             if isinstance(lane, Port):
                 lane.control, lane.line, lane.seen = line, k, self.seen
+                lane.acts_locally = policy is not None
             line[protocol.E_ASLEEP] = 1
             line[protocol.W_ASLEEP] = 1
         self._bell: tuple[int, int] | None = None
@@ -452,7 +455,7 @@ class WorkerPool:
         await loop.sock_sendall(parent, protocol.frame(setup))
         reply = await self._recv_frame(worker)
         if reply[0] == "error":
-            if reply[1].get("policy"):  # its copy of the policy could not be built (``_policies.in_workers``)
+            if reply[1].get("policy"):  # its copy of the policy could not be built (``_policies.worker_actor``)
                 raise policy_error_from_worker(spec.index, worker.pid, reply[1])
             raise EnvError.from_remote(spec.index, worker.pid, reply[1])
         worker.ready = True

@@ -24,7 +24,7 @@ word           meaning
 ``W_ASLEEP``   the worker is (about to be) blocked on its socket: wake it with a byte
 ``E_ASLEEP``   the engine is (about to be) blocked in its event loop: wake it with a byte
 ``POLICY``     written by the engine before ``CMD``: 1 if the worker computes each step's actions
-               with its own copy of the policy (``_policies.in_workers``), 0 if they are in
+               with its own copy of the policy (``_policies.actor``), 0 if they are in
                shared memory
 ``ACTING``     written by the worker: 1 while its copy of the policy computes a step's actions,
                0 otherwise (the step watchdog reads it to tell a hung policy from a hung env)

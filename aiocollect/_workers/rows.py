@@ -3,7 +3,7 @@ does to them besides stepping (step counts, ``max_frames_per_traj``, carrying th
 observations over to the next column).
 
 Process workers (``_workers.child``), the in-process envs of a ``Collector``
-(``_workers.inline_worker``) and coroutine entries (``_coroutines.worker``) all use
+(``_workers.inline_worker``) and coroutine entries (``_workers.coroutine_worker``) all use
 it, so a step leaves the storage the same way whoever took it. ``step``/``reset`` (and
 ``run``, steps in a row, for process workers) are the whole commands for a group that steps
 synchronously; a coroutine entry awaits its envs

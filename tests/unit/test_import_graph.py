@@ -85,8 +85,8 @@ def test_no_import_circle():
 LAYERS = (
     ("_errors",),  # the error tree: imports nothing of aiocollect
     ("_envs",),  # env groups of every kind (gymnasium, VectorEnv, TorchRL, coroutine envs), spaces, layouts
-    ("_workers",),  # where envs step, as lanes: worker processes, the inline worker, coroutine lanes
-    ("_policies",),  # running a policy: runners, weights, the random policy, JAX policies
+    ("_policies",),  # running a policy: runners, actors, weights, the random policy, JAX policies
+    ("_workers",),  # where envs step, as lanes: worker processes (a policy's copy in them), coroutine lanes
     ("_engine",),  # the scheduler and its rounds, storage, timelines over the lanes and the policy
     ("_collectors",),  # the variants, assembled from everything below
     ("_distributed", "_tune", "_dataset", "jax"),  # built on collectors (or policies); independent of each other
@@ -97,16 +97,11 @@ LAYERS = (
 own package and the packages of lower layers; packages that share a layer do not import
 each other. The package face (``aiocollect``) stands above them all (imported by none)."""
 
-KNOWN_CIRCLES = {
-    # The two package circles left, in the policy/actor area another branch rewrites (issue 53
-    # item 5): the worker process hosts a policy copy (_workers -> _policies), and the policy
-    # in the workers reads the storage's dtypes (_policies -> _engine). Empty this when that
-    # branch removes them (test_known_circles_still_exist fails until then).
-    ("aiocollect._workers.child", "aiocollect._policies.in_workers"),
-    ("aiocollect._policies.in_workers", "aiocollect._engine.storage"),
-}
-"""Imports against ``LAYERS`` that stand today, named one by one (importer, imported): the
-test refuses any other."""
+KNOWN_CIRCLES: set[tuple[str, str]] = set()
+"""Imports against ``LAYERS`` allowed for a while, named one by one (importer, imported), each
+with a comment saying why and until when; the test refuses any other, and an entry whose
+import is gone (``test_known_circles_still_exist``). Empty: the last two (``_workers`` <->
+``_policies``, ``_policies`` <-> ``_engine``) went with issue 53's actor rewrite."""
 
 RANK = {name: level for level, names in enumerate(LAYERS) for name in names}
 

@@ -1,6 +1,6 @@
 """Random actions in runs of steps (``policy=None``): a worker process is given several
 columns at once, with every step's actions drawn in advance, and the engine books the
-whole run when it completes (``rounds.RandomRuns._post_runs``, ``Timelines.ran``).
+whole run when it completes (``rounds.RunRounds._post_runs``, ``runner.DrawnRuns``, ``Timelines.ran``).
 
 The contract suite runs every collector with ``policy=None`` already; these tests pin
 what is particular to runs: that they happen, that a run leaves the batches exactly as
