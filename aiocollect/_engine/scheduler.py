@@ -43,7 +43,7 @@ import contextlib
 import os
 import time
 from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import anyio
 import numpy as np
@@ -51,7 +51,7 @@ import numpy as np
 from .._envs.spaces import ActionCheck
 from .._errors import EnvError
 from .._workers import protocol
-from .._workers.lane import LaneOwner, LaneWorker
+from .._workers.lane import LaneOwner, LaneWorker, ProcessLane
 from .lanes import READY, RESETTING, STEPPING, Lane, Sealed
 from .profile import Profile
 from .rounds import SLICE_S, Batching, rounds_for
@@ -95,14 +95,16 @@ class Scheduler:
         its doorbell says that one of them completed, so only those are looked at."""
         for lane in self.lanes:
             self._lanes_of.setdefault(id(lane.worker.owner), []).append(lane)
-        self._lines = [lane.worker.control for lane in self.lanes if not lane.worker.in_process]
+        ports = [(lane, cast(ProcessLane, lane.worker)) for lane in self.lanes if not lane.worker.in_process]
+        self._lines = [port.control for _, port in ports]
         """The control lines of the lanes in other processes, where ``E_ASLEEP`` tells
         their workers whether we spin (``_workers.protocol``)."""
-        self._process_lanes = [lane for lane in self.lanes if not lane.worker.in_process]
-        """The lanes in other processes (``ProcessLane``s), whose completions are read all at
-        once from the control block (``_harvest_block``); the others are asked one by one."""
+        self._process_lanes = [(lane, port.line) for lane, port in ports]
+        """The lanes in other processes (``ProcessLane``s) and their rows of the control block,
+        where their completions are read all at once (``_harvest_block``); the others are asked
+        one by one."""
         self._other_lanes = [lane for lane in self.lanes if lane.worker.in_process]
-        self._seen = self._process_lanes[0].worker.seen if self._process_lanes else None
+        self._seen = ports[0][1].seen if ports else np.zeros(0, np.int64)
         self._pumping: tuple[Callable[[], Actor], Callable[[], bool]] | None = None
         self._on_full: Callable[[Lane], None] | None = None
         self._waiter: asyncio.Future | None = None
@@ -291,12 +293,10 @@ class Scheduler:
         cmd = block[:, protocol.CMD].tolist()
         seen = self._seen
         hits = []
-        for lane in self._process_lanes:
-            if lane.state is not READY:
-                line = lane.worker.line
-                if done[line] == cmd[line] >> 2:
-                    seen[line] = done[line]
-                    hits.append(lane)
+        for lane, line in self._process_lanes:
+            if lane.state is not READY and done[line] == cmd[line] >> 2:
+                seen[line] = done[line]
+                hits.append(lane)
         if len(hits) > 1:
             self._take_all(hits)
         elif hits:
@@ -500,6 +500,7 @@ class Scheduler:
 
     async def _raise(self, owner: LaneOwner) -> None:
         error = owner.error
+        assert error is not None  # (a failed owner)
         if error.remote_type is None and error.exitcode is None and owner.process is not None:
             with anyio.move_on_after(2):  # name the signal that killed it, if it was one
                 await owner.process.wait()
@@ -532,7 +533,7 @@ class Scheduler:
                 self._on_full(lane)
                 self._delivered = True
         else:
-            self.timelines.resets_done(lane.lo, lane._resetting)
+            self.timelines.resets_done(lane.lo, cast(np.ndarray, lane._resetting))
             lane.state = READY
         self._ready(lane)
 
@@ -574,4 +575,10 @@ class Scheduler:
             if lane.run:
                 lane.worker.cut_run()
         if not self.idle():
-            await self.pump(lambda: None, self.idle)
+            await self.pump(_no_actor, self.idle)
+
+
+def _no_actor() -> Actor:
+    """The actor of a pump whose rounds find no lane to act for (every lane held: ``settle``):
+    ``None``, never called."""
+    return cast("Actor", None)

@@ -266,7 +266,9 @@ class RolloutStorage:
         stop = t + len(action)
         self.action[t:stop, lo:hi] = action
         stored = action if stored is None else stored
-        self.outputs.field("action", stored[0])[s, t:stop, lo:hi] = stored
+        field = self.outputs.field("action", stored[0])
+        assert field is not None  # (an action numpy has the dtype of: drawn in the workers)
+        field[s, t:stop, lo:hi] = stored
         self.policy_version[s, t:stop, lo:hi] = version
 
     def ran(self, s: int, t: int, lo: int, hi: int, ids: np.ndarray, counts: np.ndarray) -> None:
@@ -274,7 +276,7 @@ class RolloutStorage:
         (``Timelines.ran``'s, ``[steps + 1, envs]``)."""
         stop = t + len(ids) - 1
         self.traj_ids[s, t:stop, lo:hi] = ids[:-1]
-        if self.step_count is not None:
+        if self.step_count is not None and self.next_step_count is not None:
             self.step_count[s, t:stop, lo:hi] = counts[:-1]
             np.add(counts[:-1], 1, out=self.next_step_count[s, t:stop, lo:hi])
 
@@ -282,7 +284,7 @@ class RolloutStorage:
         """The policy outputs among ``keys`` that the next step starts from: ``("next", k)``
         for an observation ``k`` (a recurrent state, which an env's ``TensorDictPrimer``
         keys), as ``(index of k, output key)``. See ``carry``."""
-        pairs = []
+        pairs: list[tuple[int, NestedKey]] = []
         for key in keys:
             if isinstance(key, tuple) and len(key) > 1 and key[0] == "next":
                 root = key[1] if len(key) == 2 else key[1:]
@@ -332,12 +334,13 @@ class RolloutStorage:
         rows = slice(lo, hi)
         for x in self.obs:
             x[s, : filled + 1 - count, rows] = x[s, count : filled + 1, rows].copy()
-        fields = [*self.next_obs, self.reward, self.terminated, self.truncated, self.traj_ids,
-                  self.policy_version, *(x for x in (self.step_count, self.next_step_count) if x is not None)]
+        fields: list[np.ndarray | torch.Tensor] = [
+            *self.next_obs, self.reward, self.terminated, self.truncated, self.traj_ids, self.policy_version,
+            *(x for x in (self.step_count, self.next_step_count) if x is not None)]
         fields += [x if x is not None else self._out_t[k] for k, x in self._out_np.items()]
-        for x in fields:
-            part = x[s, count:filled, rows]
-            x[s, : filled - count, rows] = part.clone() if isinstance(part, torch.Tensor) else part.copy()
+        for f in fields:
+            part = f[s, count:filled, rows]
+            f[s, : filled - count, rows] = part.clone() if isinstance(part, torch.Tensor) else part.copy()
 
     def batch(self, s: int, lo: int, hi: int, frames: int, valid: np.ndarray, keys: tuple,
               start_flags: np.ndarray | None, mask: bool, empty: Any = None,
@@ -373,8 +376,8 @@ class RolloutStorage:
             out[key] = take(x)
             out[("next", key)] = take(nx)
         for key in keys:
-            x = self._out_np[key]
-            out[key] = take(self._out_t[key] if x is None else x)
+            arr = self._out_np[key]
+            out[key] = take(self._out_t[key] if arr is None else arr)
         (terminated, term), (truncated, trunc) = copy(self.terminated), copy(self.truncated)
         reward, reward_np = copy(self.reward)
         check_values(reward_np, term, trunc, valid, lo)
@@ -403,7 +406,7 @@ class RolloutStorage:
             del out[key]
         out[("collector", "traj_ids")] = take(self.traj_ids)
         out[("collector", "policy_version")] = take(self.policy_version)
-        if self.step_count is not None:
+        if self.step_count is not None and self.next_step_count is not None:
             out["step_count"] = take(self.step_count).unsqueeze(-1)
             out[("next", "step_count")] = take(self.next_step_count).unsqueeze(-1)
         short = valid < frames

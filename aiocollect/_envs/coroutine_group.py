@@ -200,5 +200,5 @@ class CoroutineGroup(_GroupBase):
         if failures:
             raise EnvCloseError(failures, len(self.envs))
 
-    def close(self) -> None:
+    def close(self, catch: type[BaseException] = Exception) -> None:
         """Coroutine envs are closed by ``aclose()``, on their loop."""

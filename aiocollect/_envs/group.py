@@ -72,8 +72,9 @@ class _GroupBase:
         """Reset the envs ``idx`` (with ``seeds``, one per env of the group), writing their observations."""
         raise NotImplementedError(f"{type(self).__name__} resets its envs one at a time")
 
-    def close(self) -> None:
-        """Close every env of the group."""
+    def close(self, catch: type[BaseException] = Exception) -> None:
+        """Close every env of the group, whatever the others' ``close()`` raised (of the
+        ``catch`` kind: ``EnvCloseError`` names them all at the end)."""
         raise NotImplementedError
 
     async def step(self, action: np.ndarray) -> None:

@@ -20,9 +20,11 @@ class ArrayPolicy:
 
     in_keys: list
     out_keys: list
-    accelerated: bool = False
-    """Whether its calls run on an accelerator (a GPU): the worker collectors then split
-    workers in parts more readily, to hide each call's wait (``_workers.plan.pipeline``)."""
+    @property
+    def accelerated(self) -> bool:
+        """Whether its calls run on an accelerator (a GPU): the worker collectors then split
+        workers in parts more readily, to hide each call's wait (``_workers.plan.pipeline``)."""
+        return False
 
     def __call__(self, *arrays: np.ndarray) -> tuple[np.ndarray, ...]:
         raise NotImplementedError

@@ -58,7 +58,7 @@ def _may_skip(sub: torch.nn.Module, tensordict_base: type | None) -> bool:
     )
 
 
-def _direct(cls: type) -> type:
+def _direct(cls: type[torch.nn.Module]) -> type:
     direct = _classes.get(cls)
     if direct is None:
         direct = _classes[cls] = type(cls.__name__, (cls,), {

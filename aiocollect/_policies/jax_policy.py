@@ -214,7 +214,7 @@ class JaxPolicy(ArrayPolicy):
         if isinstance(weights, JaxPolicy):
             weights = weights.params
         new, old = jax.tree.structure(weights), jax.tree.structure(self.params)
-        if new != old:
+        if new != old:  # type: ignore[operator]  # (jax's PyTreeDef compares; its stub does not say so)
             raise ValueError(
                 f"update_policy_weights_: the params pytree has structure {new}, the policy's "
                 f"is {old}; pass params of the same model."

@@ -97,9 +97,8 @@ class OutputWriter:
     def field(self, key: NestedKey, value: Any) -> np.ndarray | None:
         """The field of output ``key``, laid out from ``value`` (one call's, a row per env)
         if it has none yet."""
-        dst = self.arrays.get(key, False)
-        if dst is not False:
-            return dst
+        if key in self.arrays:
+            return self.arrays[key]
         spec = self.specs[key] = OutputSpec.of(value)
         tensor = torch.zeros((*self.size, *spec.shape), dtype=spec.dtype)
         self.tensors[key] = tensor
@@ -169,6 +168,8 @@ class OutputWriter:
                 raise error
             return value.to("cpu", first)
         value = host_view(value)
-        if value.dtype != self.arrays[key].dtype and (error := dtype_changed(key, value.dtype, self.arrays[key].dtype)):
+        field = self.arrays[key]
+        assert field is not None  # (numpy has the dtype: the field is an array)
+        if value.dtype != field.dtype and (error := dtype_changed(key, value.dtype, field.dtype)):
             raise error
         return value

@@ -9,11 +9,12 @@ its own generator: ``RandomPolicy(space, seed=0)`` replays the same actions.
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import numpy as np
 import torch
 from gymnasium import spaces
-from tensordict import TensorDictBase
+from tensordict import NestedKey, TensorDictBase
 from tensordict.nn import TensorDictModuleBase
 
 from .._envs.keyed import KeyedActions, action_check
@@ -51,7 +52,7 @@ class RandomPolicy(TensorDictModuleBase):
     def __init__(self, action_space: spaces.Space, seed: int | None = None):
         super().__init__()
         self.action_space = action_space
-        self.in_keys = []
+        self.in_keys: list[NestedKey] = []
         self._keyed = action_space if isinstance(action_space, KeyedActions) else None
         """The env's action keys and their spaces, for an env with several (``_envs.keyed``)."""
         self.out_keys = list(self._keyed.keys) if self._keyed is not None else ["action"]
@@ -259,7 +260,7 @@ class _Draws:
         return np.stack(flat).reshape(size)
 
 
-def _stacked(spec: object) -> bool:
+def _stacked(spec: Any) -> bool:
     """Whether a TorchRL spec holds a lazily stacked group (agents of different shapes)."""
     keys = getattr(spec, "keys", None)
     return keys is not None and any(type(spec[k]).__name__.startswith("Stacked") for k in keys(True))
@@ -292,7 +293,7 @@ class SpecRandomPolicy(TensorDictModuleBase):
         for _ in range(len(spec.shape) - (0 if composite else event_ndim)):
             spec = spec[0]
         self.spec, self.composite, self.action_key = spec, composite, action_key
-        self.in_keys = []
+        self.in_keys: list[NestedKey] = []
         self.out_keys = list(spec.keys(True, True)) if composite else [action_key]
 
     @classmethod
@@ -304,7 +305,7 @@ class SpecRandomPolicy(TensorDictModuleBase):
         if spec is None or _stacked(spec):  # (heterogeneous agents: each agent's own space, _envs.agents)
             return RandomPolicy(action_space)
         one_hot = "OneHot" in type(spec).__name__
-        return cls(spec, policy.action_key, 1 if one_hot else len(action_space.shape))
+        return cls(spec, policy.action_key, 1 if one_hot else len(action_space.shape or ()))
 
     def forward(self, tensordict: TensorDictBase) -> TensorDictBase:
         draw = self.spec.rand(tensordict.batch_size)

@@ -49,7 +49,7 @@ from __future__ import annotations
 import inspect
 import math
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import torch
@@ -112,7 +112,7 @@ def plain_inputs(fn: Callable, obs_keys: list[NestedKey]) -> list[NestedKey] | N
     names = {k for k in obs_keys if isinstance(k, str)}
     named = [p for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY, p.POSITIONAL_ONLY)]
     required = [p.name for p in named if p.default is p.empty]
-    matched = [p.name for p in named if p.name in names]
+    matched: list[NestedKey] = [p.name for p in named if p.name in names]
     if matched:
         if all(name in names for name in required) \
                 and not any(p.kind is p.KEYWORD_ONLY for p in named if p.name in matched):
@@ -277,10 +277,10 @@ class PolicyRunner:
         if graphs is not None:  # ``cudagraph_policy`` (``_policies.graphs``)
             out = graphs.replay(obs, num_envs)
             if out is not None:
-                return outputs_from(device, out)
+                return outputs_from(cast(torch.device, device), out)
             capture = graphs.due(num_envs)
         if remote:
-            obs = inputs_to(device, obs)
+            obs = inputs_to(cast(torch.device, device), obs)
         # ``no_grad`` and ``set_interaction_type`` as plain calls: built and entered as
         # context managers on every step they cost more than a small policy's forward
         grad = torch.is_grad_enabled()
@@ -289,11 +289,11 @@ class PolicyRunner:
         mode = self._mode
         mode.__enter__()
         try:
-            out = graphs.capture(self._dispatch, obs, num_envs) if capture else self._dispatch(obs)
+            out = cast("CudaGraphs", graphs).capture(self._dispatch, obs, num_envs) if capture else self._dispatch(obs)
         finally:
             mode.__exit__(None, None, None)
             _set_grad_enabled(grad)  # (also if the policy switched grad mode itself)
-        return outputs_from(device, out) if remote else out
+        return outputs_from(cast(torch.device, device), out) if remote else out
 
     def call_bare(self, obs: dict[NestedKey, torch.Tensor]) -> dict[NestedKey, Any]:
         """The policy's outputs for ``obs`` with none of a call's setup (grad mode,
@@ -454,6 +454,7 @@ class PolicyRunner:
     def _call_plain(self, obs: dict[NestedKey, torch.Tensor]) -> dict[NestedKey, Any]:
         keys = self.obs_keys if self._inputs is None else self._inputs
         result = self.policy(*[obs[k] for k in keys])
+        out: dict[NestedKey, Any]
         if isinstance(result, tuple):  # TorchRL's out keys for a tuple: "action", "output1", ...
             out = {("action" if i == 0 else f"output{i}"): _tensor(v) for i, v in enumerate(result)}
             if not out:

@@ -203,7 +203,7 @@ def check_policy_keys(policy: Any, obs_keys: list, obs_leaves: list | None, devi
         raise out_keys_error(out_keys, action_keys=action_keys)
     missing = [k for k in in_keys or () if k not in obs_keys]
     if missing and isinstance(policy, ArrayPolicy):
-        raise in_keys_error(in_keys, missing, obs_keys, called=False)
+        raise in_keys_error(in_keys or [], missing, obs_keys, called=False)
     if isinstance(policy, ArrayPolicy) or obs_leaves is None \
             or not (missing or (out_keys is not None and any(k not in out_keys for k in action_keys))):
         return
@@ -211,7 +211,7 @@ def check_policy_keys(policy: Any, obs_keys: list, obs_leaves: list | None, devi
         result = _probe(policy, obs_leaves, device, exploration_type)
     except Exception as exc:
         if missing:
-            raise in_keys_error(in_keys, missing, obs_keys, called=True) from exc
+            raise in_keys_error(in_keys or [], missing, obs_keys, called=True) from exc
         return  # (a call on zeros failed: the first call on real observations will say what is wrong)
     if out_keys is not None and isinstance(result, TensorDictBase) \
             and any(k not in result.keys(True, True) for k in action_keys):
@@ -335,8 +335,9 @@ class PolicySetup:
         graphs = None
         if cuda_graphs is not None and device is not None and device.type == "cuda":
             # (the user's own module may have its tensors swapped: watched; the collector's copy is not)
-            module = self.policy if isinstance(self.policy, torch.nn.Module) else None
-            graphs = CudaGraphs(device, cuda_graphs, module=module, watch=module is not None and module is policy)
+            captured = self.policy if isinstance(self.policy, torch.nn.Module) else None
+            graphs = CudaGraphs(device, cuda_graphs, module=captured,
+                                watch=captured is not None and captured is policy)
         self.runner = PolicyRunner(self.policy, obs_keys, device=device, exploration_type=exploration_type,
                                    weights=self.weights, stream=stream, graphs=graphs,
                                    action_shape=None if len(action_keys) > 1 or action_keys != ("action",)
@@ -355,6 +356,7 @@ class PolicySetup:
         weights are published into ``board``, copied once, and the policy here acts with the
         board's views (``BoardChannel``). Before collecting, with nothing published yet."""
         old = self.weights
+        assert old is not None  # (a torch module: has_weights)
         source = self.user_policy if self.user_policy is not self.policy else None
         channel = BoardChannel(self._torch_weights, source, board)
         if old.latest:
@@ -376,8 +378,7 @@ class PolicySetup:
         lane's)."""
         if self.runner.graphs is not None:
             # (past ROUND_SIZES_MAX counts: a full round's and each lane's, the likeliest)
-            rows = round_sizes(lane_sizes) or sorted({sum(lane_sizes), *lane_sizes})
-            self._prepare_graphs(rows, obs_leaves)
+            self._prepare_graphs(round_sizes(lane_sizes) or sorted({sum(lane_sizes), *lane_sizes}), obs_leaves)
             return
         policy = self.policy
         if not (isinstance(policy, ArrayPolicy) and policy.accelerated):
@@ -394,13 +395,14 @@ class PolicySetup:
         that fails says so before anything is collected, ``torch.compile`` compiles here, and no
         capture runs while the user trains in another thread (before torch's per-capture RNG
         state, pytorch#176752, a trainer's CUDA random draw during a capture raised)."""
-        runner = self.runner
+        runner, graphs = self.runner, self.runner.graphs
+        assert graphs is not None  # (cudagraph_policy)
         for count in rows:
-            if runner.graphs.full:
+            if graphs.full:
                 return
             obs = {leaf.key: torch.from_numpy(np.zeros((count, *leaf.shape), dtype=leaf.dtype))
                    for leaf in obs_leaves}
-            for _ in range(runner.graphs.warmup + 1):
+            for _ in range(graphs.warmup + 1):
                 runner(obs, count)
 
     def follow_caller(self) -> None:
@@ -463,16 +465,17 @@ class PolicySetup:
             await anyio.sleep(0.0005)  # a policy call is under way: it applies them first
 
     def state_dict(self) -> dict | None:
-        if not self.has_weights:
+        weights = self.weights
+        if weights is None:
             return None
-        with self.weights.lock:
-            self.weights.apply_pending()
+        with weights.lock:
+            weights.apply_pending()
             if isinstance(self.policy, ArrayPolicy):
                 return self.policy.snapshot(self.policy.weights)
             stream = self.runner.stream
             if stream is not None:  # the load above was queued on the policy's stream
                 torch.cuda.current_stream(stream.device).wait_stream(stream)
-            fence = self.weights.fence
+            fence = weights.fence
             if fence is not None:  # a load queued on another thread's stream (left for the next call too)
                 torch.cuda.current_stream(fence[0]).wait_event(fence[1])
             return {k: v.detach().clone() for k, v in tensor_state(self.policy).items()}

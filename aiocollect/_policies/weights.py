@@ -74,14 +74,14 @@ class WeightsChannel:
         self._snapshot, self._load = snapshot, load
         self._recycle = recycle or (lambda snap: None)
         self._swap = threading.Lock()  # guards _pending and latest; held for a few bytecodes
-        self.lock = threading.Lock()
+        self.lock: threading.Lock | _CallLock = threading.Lock()
         """Held by whoever calls the policy or loads weights into it."""
         self._pending: tuple[int, Any] | None = None
         self.latest = 0
         """The newest version published."""
         self.version = 0
         """The version in effect: the one the next policy call uses (after ``apply_pending()``)."""
-        self.fence: tuple[torch.device, Any] | None = None
+        self.fence: tuple[torch.device | None, Any] | None = None
         """``(GPU, CUDA event)`` that the stream of the next policy call on that GPU must wait
         for, or ``None``: set where weights reach the policy on a stream it may not run on
         (``FollowChannel``); the runner takes it under ``lock``."""
@@ -200,7 +200,7 @@ class TorchWeights:
         self.stream: Any = None
         """The CUDA stream the policy runs on, if it has its own (``PolicyRunner``): loads are
         queued there, ordered with the policy's calls whichever thread loads."""
-        self._free: list[list[torch.Tensor]] = []
+        self._free: list[_Snapshot] = []
         self._lock = threading.Lock()
         self._bind()
 
@@ -242,7 +242,7 @@ class TorchWeights:
                 f"update_policy_weights_: the weights do not fit the collector's policy; {misfit}. Pass a module "
                 "of the same structure, TensorDict.from_module(module), or its state_dict()."
             )
-            error.misfit = misfit  # what load_state_dict says of a checkpoint's weights (policy_state_error)
+            error.misfit = misfit  # type: ignore[attr-defined]  # what load_state_dict says of a checkpoint's weights (policy_state_error)
             raise error
         out = []
         for name, param in zip(names, params):
@@ -262,10 +262,10 @@ class TorchWeights:
             out.append(src)  # no .detach(): every torch call lets the engine thread take the GIL
         return out
 
-    def snapshot(self, weights: Any) -> list[torch.Tensor]:
+    def snapshot(self, weights: Any) -> _Snapshot:
         sources = self.sources(weights)
         _, _, params, targets, lazy = self._view
-        buf = None
+        buf: _Snapshot | None = None
         if not lazy:
             with self._lock:
                 buf = self._free.pop() if self._free else None
@@ -319,7 +319,7 @@ class TorchWeights:
             if stream is not None and isinstance(snap, _Snapshot):
                 snap.loaded = stream.record_event()
 
-    def recycle(self, snap: list[torch.Tensor]) -> None:
+    def recycle(self, snap: _Snapshot) -> None:
         targets = self._view[3]
         if any(a.shape != b.shape for a, b in zip(snap, targets)):
             return  # taken while the policy was lazy
@@ -481,14 +481,14 @@ class FollowChannel(WeightsChannel):
             self._recycle(snap)
         self.version = version
 
-    def _take(self, weights: Any) -> tuple[int, list[torch.Tensor] | None, Any]:
+    def _take(self, weights: Any) -> tuple[int, _Snapshot | None, Any]:
         at = self.watch.now()  # what the source held when these weights were sent
         buf = None if self.shared and weights is self._weights.module else self._weights.snapshot(weights)
         # on a GPU: where the caller's stream stood (its writes to a shared module before the publish)
         taken = None if self._gpu is None else torch.cuda.current_stream(self._gpu).record_event()
         return at, buf, taken
 
-    def _put(self, snap: tuple[int, list[torch.Tensor] | None, Any]) -> None:
+    def _put(self, snap: tuple[int, _Snapshot | None, Any]) -> None:
         at, buf, taken = snap
         gpu = self._gpu
         if taken is not None:
@@ -503,7 +503,7 @@ class FollowChannel(WeightsChannel):
         if gpu is not None:  # the next policy call, on whichever stream, comes after this
             self._fence_after(torch.cuda.current_stream(gpu))
 
-    def _give_back(self, snap: tuple[int, list[torch.Tensor] | None, Any]) -> None:
+    def _give_back(self, snap: tuple[int, _Snapshot | None, Any]) -> None:
         if snap[1] is not None:
             self._weights.recycle(snap[1])
 
@@ -564,7 +564,7 @@ class CopyChannel(WeightsChannel):
         if self.latest:  # the user publishes updates
             self._watch = None
             return
-        if not self._watch.changed():
+        if self._watch is None or not self._watch.changed():
             return
         now = time.monotonic()
         if self._since is None:

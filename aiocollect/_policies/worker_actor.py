@@ -73,7 +73,7 @@ class WorkerActor:
             raise RuntimeError(f"policy: this worker's copy has weights of shapes {got}, "
                                f"shared memory {[list(x) for x in shapes]}.")
         self.seen, self.version = 0, 0
-        self._clock = memoryview(self.board.clock)
+        self._clock = self.board.clock.data
         """The weights' clock, read as Python ints (no numpy scalar made at each step)."""
 
     def _caller(self, setup: dict, obs_keys: list) -> Any:
@@ -103,7 +103,7 @@ class WorkerActor:
             self._act(obs, action, s, t, lo, hi)
         except BaseException as exc:
             try:
-                exc._aiocollect_policy = True  # (the engine raises it as the policy's: ``_errors``)
+                exc._aiocollect_policy = True  # type: ignore[attr-defined]  # (a mark: the engine raises it as the policy's)
             except AttributeError:
                 pass
             raise

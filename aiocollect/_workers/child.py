@@ -49,6 +49,7 @@ import signal
 import socket
 import sys
 import time
+from typing import cast
 
 
 def _die_with_parent() -> None:
@@ -135,6 +136,7 @@ class _Worker:
         import cloudpickle
 
         from .._envs.build import make_group
+        from .._envs.group import InProcessGroup
         from .protocol import CMD
         from .rows import WorkerRows
         from .shm import SharedArrays
@@ -154,7 +156,8 @@ class _Worker:
         if hi - lo != g.num_envs:
             raise ValueError(f"this worker built {g.num_envs} envs, the collector planned {hi - lo}.")
         self.shared = SharedArrays(setup["layout"], shm_fd)
-        groups = g.split([(a - lo, b - lo) for _, a, b in parts]) if len(parts) > 1 else [g]
+        # (parts: envs stepped one by one, an ``InProcessGroup``: ``_workers.plan``)
+        groups = cast(InProcessGroup, g).split([(a - lo, b - lo) for _, a, b in parts]) if len(parts) > 1 else [g]
         keys = [leaf.key for leaf in g.obs_leaves]
         self.parts = [
             (self.shared.control[line], group,
@@ -180,7 +183,7 @@ class _Worker:
                                                     worker=setup["index"], first=lo)
             except BaseException as exc:  # (its class not importable here...): the policy's error, not an env's
                 with contextlib.suppress(AttributeError):
-                    exc._aiocollect_policy = True
+                    exc._aiocollect_policy = True  # type: ignore[attr-defined]  # (a mark: the policy's error)
                 raise
             self.acts = [_acting(policy, ctl, rows, a, b) for (ctl, _, rows), (_, a, b) in zip(self.parts, parts)]
         self._inbox = bytearray(64)

@@ -123,6 +123,10 @@ class ProcessLane(LaneWorker, Protocol):
     """A lane whose envs step in a worker process, commanded over a control line."""
 
     control: np.ndarray
+    line: int
+    """Its row of the control block (``SharedArrays.control``)."""
+    seen: np.ndarray
+    """The last command taken in, per row of the control block (the pool's, shared by its ports)."""
     """Its line of the control block in shared memory (``_workers.protocol``): the command,
     its slot and column, and what the worker says back (``DONE``, ``AT``); the engine's
     ``E_ASLEEP`` flag too."""
