@@ -99,6 +99,7 @@ KILLED = textwrap.dedent(
 )
 
 
+@pytest.mark.usefixtures("worker_start")
 def test_workers_of_a_killed_main_process_exit_quietly():
     """The workers share the main process's stderr: it stays empty, and reads end-of-file
     once every worker is gone. (Six workers, busy: each meets the reset of its control
@@ -135,6 +136,7 @@ FROM_CWD = textwrap.dedent(
 )
 
 
+@pytest.mark.usefixtures("worker_start")
 def test_workers_do_not_import_modules_from_the_current_directory(tmp_path):
     """``python script.py`` started from a directory holding a ``traceback.py``: the main process
     does not have that directory on its path, and neither may its workers."""
