@@ -30,17 +30,21 @@ import), and a worker's parent is the launcher. That is why it is a switch, off 
 ``tests/conftest.py`` turns it on for the suite's collectors, except where the workers'
 start-up is what a test is about.
 
-``shutdown()`` stops the launcher (also at exit); the next worker starts a new one. A
-forked copy of the main process never uses its parent's launcher.
+``shutdown()`` stops the launcher; the next worker starts a new one. Otherwise it exits with
+the main process, when the process's fds close: after every ``atexit`` hook and finalizer, so
+that a collector shut down at exit (its ``weakref.finalize``) still finds its workers; an
+``atexit`` hook of its own would run before the finalizers registered earlier. A forked copy
+of the main process never uses its parent's launcher.
 """
 
 from __future__ import annotations
 
-import atexit
+import contextlib
 import json
 import os
+import select
+import signal
 import socket
-import subprocess
 import sys
 import threading
 from pathlib import Path
@@ -66,6 +70,7 @@ BOOTSTRAP = (
 
 _PACKAGE_ROOT = str(Path(__file__).resolve().parents[2])
 _STARTUP_S = 120.0
+_CONTROL_FD = 3
 
 
 def enabled() -> bool:
@@ -83,12 +88,22 @@ class Launcher:
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join([_PACKAGE_ROOT, *filter(None, [env.get("PYTHONPATH")])])
-        with theirs:
-            self.process = subprocess.Popen(
-                [sys.executable, "-c", BOOTSTRAP, str(theirs.fileno())], pass_fds=[theirs.fileno()],
-                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, env=env, start_new_session=True)
-        self.pid = self.process.pid
-        self._control = ours
+        null = os.open(os.devnull, os.O_RDWR)
+        try:
+            if theirs.fileno() == _CONTROL_FD:  # (a dup2 onto itself would leave it close-on-exec)
+                theirs = socket.socket(fileno=os.dup(theirs.detach()))
+            # no Popen: nothing that warns at interpreter exit about a process still running,
+            # as the launcher is, by design (it exits when this process's fds close)
+            self.pid = os.posix_spawn(
+                sys.executable, [sys.executable, "-c", BOOTSTRAP, str(_CONTROL_FD)], env,
+                file_actions=[(os.POSIX_SPAWN_DUP2, null, 0), (os.POSIX_SPAWN_DUP2, null, 1),
+                              (os.POSIX_SPAWN_DUP2, theirs.fileno(), _CONTROL_FD)],
+                setsid=True, setsigmask=(), setsigdef=(signal.SIGPIPE, signal.SIGXFSZ))
+        finally:
+            os.close(null)
+            theirs.close()
+        self._pidfd = os.pidfd_open(self.pid)
+        self._fd = ours.detach()  # (a raw fd: no socket object to warn at exit that it is open)
         self._lock = threading.Lock()
         self._torch = False
         try:
@@ -98,7 +113,7 @@ class Launcher:
             raise
 
     def alive(self) -> bool:
-        return self.process.poll() is None
+        return self._fd >= 0 and not select.select([self._pidfd], [], [], 0)[0]
 
     def fork(self, args: list[str], pass_fds: list[int], env: dict[str, str], *,
              torch: bool = False) -> tuple[int, int]:
@@ -107,8 +122,8 @@ class Launcher:
         std = [fd for fd in (1, 2) if _is_open(fd)]
         request = {"op": "fork", "args": args, "fds": pass_fds, "std": std, "env": env, "cwd": os.getcwd(),
                    "imports": list(TORCH) if torch and not self._torch else []}
-        with self._lock:
-            socket.send_fds(self._control, [json.dumps(request).encode()], [*std, *pass_fds])
+        with self._lock, self._socket(60.0) as control:
+            socket.send_fds(control, [json.dumps(request).encode()], [*std, *pass_fds])
             reply, fds = self._receive(_STARTUP_S if request["imports"] else 60.0)
         if torch:
             self._torch = True
@@ -119,17 +134,29 @@ class Launcher:
         while it runs. ``-9`` if the launcher is gone (its workers died with it)."""
         with self._lock:
             try:
-                self._control.sendall(json.dumps({"op": "code", "pid": pid}).encode())
+                with self._socket(30.0) as control:
+                    control.sendall(json.dumps({"op": "code", "pid": pid}).encode())
                 reply, _ = self._receive(30.0)
             except (OSError, RuntimeError):
                 return -9
         return reply["code"]
 
+    @contextlib.contextmanager
+    def _socket(self, timeout: float):
+        if self._fd < 0:
+            raise RuntimeError("aiocollect's worker launcher was shut down")
+        control = socket.socket(fileno=self._fd)
+        try:
+            control.settimeout(timeout)
+            yield control
+        finally:
+            control.detach()
+
     def _receive(self, timeout: float) -> tuple[dict, list[int]]:
-        self._control.settimeout(timeout)
-        data, fds, _, _ = socket.recv_fds(self._control, 1 << 16, 1)
+        with self._socket(timeout) as control:
+            data, fds, _, _ = socket.recv_fds(control, 1 << 16, 1)
         if not data:
-            raise RuntimeError(f"aiocollect's worker launcher exited (code {self.process.wait()})")
+            raise RuntimeError("aiocollect's worker launcher exited")
         reply = json.loads(data)
         if "error" in reply:
             for fd in fds:
@@ -139,12 +166,15 @@ class Launcher:
 
     def close(self) -> None:
         """Stop the launcher (it kills any worker still running) and reap it."""
-        self._control.close()  # end-of-file: the launcher exits
-        try:
-            self.process.wait(10)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-            self.process.wait()
+        if self._fd >= 0:
+            os.close(self._fd)  # end-of-file: the launcher exits
+            self._fd = -1
+        if self._pidfd >= 0:
+            if not select.select([self._pidfd], [], [], 10.0)[0]:
+                signal.pidfd_send_signal(self._pidfd, signal.SIGKILL)
+            os.waitpid(self.pid, 0)
+            os.close(self._pidfd)
+            self._pidfd = -1
 
 
 _launcher: Launcher | None = None
@@ -178,8 +208,6 @@ def shutdown() -> None:
         _launcher = None
 
 
-atexit.register(shutdown)
-
 
 def _is_open(fd: int) -> bool:
     try:
@@ -197,8 +225,6 @@ def serve(control_fd: int) -> None:
     exits, until the control socket reads end-of-file; never returns (a forked worker runs
     ``child.run`` from here)."""
     import gc
-    import select
-    import signal
     import traceback
 
     control = socket.socket(fileno=control_fd)
@@ -284,8 +310,6 @@ def serve(control_fd: int) -> None:
 def _become_worker(request: dict, fds: list[int]) -> None:
     """In the forked worker: the fds, streams, directory, environment and signals a fresh
     worker would have, then the worker's life (``child.run``, which never returns)."""
-    import signal
-
     try:
         signal.set_wakeup_fd(-1)
         signal.signal(signal.SIGCHLD, signal.SIG_DFL)
