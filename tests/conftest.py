@@ -41,6 +41,14 @@ def pytest_collection_finish(session):
     gc.freeze()
 
 
+def pytest_sessionfinish(session):
+    """Stops this test process's warm launcher (``_warm_start``), if one runs: it would
+    otherwise exit only with the process, and its workers' CPU time would not be counted."""
+    from aiocollect._workers import launcher
+
+    launcher.shutdown()
+
+
 PLACEMENT = "AIOCOLLECT_POLICY_IN_WORKERS"
 _PLACED_OUTSIDE = PLACEMENT in os.environ
 """The run was started with a placement of its own (``AIOCOLLECT_POLICY_IN_WORKERS=1 pytest``:
