@@ -227,6 +227,12 @@ def serve(control_fd: int) -> None:
     import gc
     import traceback
 
+    for name in os.listdir("/proc/self/fd"):  # (posix_spawn passes every inheritable fd: keep none)
+        if int(name) not in (0, 1, 2, control_fd):
+            try:
+                os.close(int(name))
+            except OSError:
+                pass
     control = socket.socket(fileno=control_fd)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     try:
