@@ -103,7 +103,7 @@ class WorkerError(CollectorError):
 
 def policy_error_from_worker(worker: int, pid: int | None, info: dict) -> BaseException:
     """The error for the copy of the policy that raised in worker process ``worker`` (the
-    policy runs in the workers: ``_policies.in_workers``): the policy's own exception, as
+    policy runs in the workers: ``_policies.actor``): the policy's own exception, as
     central inference raises it, with a note naming the worker and its traceback there; a
     ``WorkerError`` saying the same if it does not unpickle here. Either carries the
     ``WorkerError`` attributes (``worker``, ``pid``, ``remote_type``...)."""

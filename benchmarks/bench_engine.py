@@ -11,7 +11,7 @@ the best and the median, ratios use the best):
   the 16 envs in a gymnasium ``SyncVectorEnv`` (what the goals below were first set against;
   the bare loop is about 1.3x faster, so "vs limit" is the stricter ratio). Rows: aiocollect ``MultiSyncCollector``
   and ``MultiAsyncCollector`` as a user gets them (with as many workers as cores, each
-  worker runs its own copy of the policy: ``_policies.in_workers``), the same with the
+  worker runs its own copy of the policy: ``_policies.actor``), the same with the
   policy in the main process, batched over the workers (``AIOCOLLECT_POLICY_IN_WORKERS=0``,
   "central"), and TorchRL's ``MultiSyncCollector`` (each worker a
   ``GymWrapper(SyncVectorEnv(16))`` running the same MLP on its own envs: TorchRL's design).

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import asyncio
 import gc
 import os
+import signal
 import threading
 from pathlib import Path
 
@@ -37,8 +39,27 @@ def pytest_collection_finish(session):
     walks every object of the process: with torch, tensordict, JAX and TorchRL imported by the
     test modules, 0.2 s a test. Once the tests are collected, ``gc.freeze()`` sets the objects
     that exist then (modules, classes, the collected tests) aside for good, and a collection
-    walks only what was made since: what the tests made, collectors and their cycles included."""
+    walks only what was made since: what the tests made, collectors and their cycles included.
+
+    It also opens, before any test looks, the one pipe libuv keeps for the whole process
+    (its signal lock, made with the first uvloop loop, never closed): ``leak_check`` counts
+    pipes, and that one is no collector's."""
+    _open_libuvs_own_pipe()
     gc.freeze()
+
+
+def _open_libuvs_own_pipe() -> None:
+    try:
+        import uvloop
+    except ImportError:  # (no uvloop: asyncio's loop, no such pipe)
+        return
+    loop = uvloop.new_event_loop()
+    try:
+        loop.run_until_complete(asyncio.sleep(0))
+        loop.add_signal_handler(signal.SIGUSR2, lambda: None)  # (libuv's signal lock: made here)
+        loop.remove_signal_handler(signal.SIGUSR2)
+    finally:
+        loop.close()
 
 
 def pytest_sessionfinish(session):
@@ -59,7 +80,7 @@ _TESTS = Path(__file__).resolve().parent
 
 @pytest.fixture(autouse=True)
 def _policy_placement(request, monkeypatch):
-    """Where a torch policy runs (``_policies.in_workers``) is chosen from the machine's cores
+    """Where a torch policy runs (``_policies.actor``) is chosen from the machine's cores
     and, with cores to spare, from the policy's measured cost. A test that does not choose gets the main process
     everywhere, so that a run tests the same paths on any machine; the policy in the workers
     has its own contract file (``contract/test_policy_in_workers.py``, each case in both

@@ -18,7 +18,7 @@ part that fails to build leaves nothing behind once the collector shuts down:
    a GPU ``storing_device``, and the outputs that workers acting with copies of the policy
    write), the timelines of its rows (which keep the ids of trajectories a reset cuts when
    ``trajs_per_batch`` must drop them), the scheduler over lanes, storage and timelines, and
-   the runner that hands new weights to the workers' copies; then the lanes start (the
+   the local actor whose weights the workers' copies load (``_policies.actor``); then the lanes start (the
    engine loop, and a pool's processes on it) and, while they start, the policy is prepared
    for every row count a round can have (compiled or captured).
 
@@ -40,8 +40,9 @@ from .._engine.storage import RolloutStorage
 from .._engine.timelines import Timelines
 from .._envs.keyed import action_check, batch_entries
 from .._envs.spaces import ActionCheck, Leaf, flatten_space
-from .._policies.in_workers import SharedWeights, WorkersRunner
+from .._policies.actor import LocalActor
 from .._policies.setup import PolicySetup
+from .._policies.weights_board import WeightsBoard
 from .._workers.inline_worker import InlineWorker
 from .._workers.lane import LaneWorker
 from .._workers.plan import WorkerPlan
@@ -80,12 +81,14 @@ class EnvShape:
     def obs_keys(self) -> list:
         return [leaf.key for leaf in self.obs_leaves]
 
-    def layout(self, num_envs: int, num_lanes: int, *, columns: int, slots: int = 2, extra: Any = ()) -> Layout:
+    def layout(self, num_envs: int, num_lanes: int, *, columns: int, slots: int = 2, extra: Any = (),
+               kept: Any = ()) -> Layout:
         """Step 2: the storage's memory for ``num_envs`` envs in ``num_lanes`` lanes, ``columns``
-        steps per env and ``slots`` batches at once; ``extra``: more fields (``Layout.plan``)."""
+        steps per env and ``slots`` batches at once; ``extra``: more fields, ``kept``: more still,
+        kept past shutdown (``Layout.plan``)."""
         return Layout.plan([(leaf.dtype, leaf.shape) for leaf in self.obs_leaves],
                            (self.action.dtype, self.action.shape), num_envs, num_lanes, columns=columns,
-                           slots=slots, extra=list(extra))
+                           slots=slots, extra=list(extra), kept=list(kept))
 
 
 def policy_setup(resources: Resources, policy: Any, envs: EnvShape, options: CollectorOptions,
@@ -132,13 +135,14 @@ def lanes_here(resources: Resources, group: Any, envs: EnvShape, options: Collec
 
 def lanes_in_workers(resources: Resources, plan: WorkerPlan, layout: Layout, options: CollectorOptions, *,
                      step_timeout: float | None, start_timeout: float | None,
-                     payload: dict | None) -> tuple[Lanes, WorkerPool]:
+                     payload: dict | None, spin: bool | None = None) -> tuple[Lanes, WorkerPool]:
     """A worker collector's lanes: the parts of the workers of a ``WorkerPool`` (returned too),
     over the shared memory it lays out; ``payload``: what each worker needs to act with its
-    own copy of the policy (``_policies.in_workers``), or ``None``."""
+    own copy of the policy (``_policies.actor``), or ``None``; ``spin``: the ``spin``
+    keyword (``None``: the pool chooses)."""
     pool = WorkerPool(plan, layout, reset_when_done=options.reset_when_done,
                       max_frames_per_traj=options.max_frames_per_traj, step_timeout=step_timeout,
-                      start_timeout=start_timeout, policy=payload)
+                      start_timeout=start_timeout, policy=payload, spin=spin)
     resources.closers.append(pool.kill_leftovers)
     return Lanes(pool.shared, pool.lanes, spin_s=pool.spin_s, on_loop=True, run=pool.run), pool
 
@@ -151,8 +155,8 @@ class Engine:
     scheduler: Scheduler
     staging: DeviceStaging | None
     """The pinned staging of a GPU ``storing_device`` (``_engine.staging``), or ``None``."""
-    workers_runner: WorkersRunner | None
-    """The runner while the workers act with copies of the policy (it hands them new weights)."""
+    local_actor: LocalActor | None
+    """The actor while the workers act with copies of the policy (``_policies.actor``), or ``None``."""
     task: Any
     """The lanes' ``run`` on the engine loop (a future), or ``None``."""
 
@@ -173,10 +177,10 @@ def build_engine(resources: Resources, policy: PolicySetup, lanes: Lanes, envs: 
                           keep_cut=options.trajs_per_batch is not None)
     scheduler = Scheduler(storage, timelines, lanes.workers, envs.action, spin_s=lanes.spin_s,
                           batching=batching, runs=runs)
-    workers_runner = None
-    if outputs is not None:  # (new weights: the workers load them at their next step)
-        workers_runner = WorkersRunner(policy.runner, SharedWeights(lanes.shared.arrays),
-                                       tuple(key for key, _, _ in outputs))
+    local_actor = None
+    if outputs is not None:  # (published into the board, whose views the policy here acts with)
+        channel = policy.publish_through(WeightsBoard(lanes.shared.arrays))
+        local_actor = LocalActor(policy.runner, channel, tuple(key for key, _, _ in outputs))
     task = None
     if lanes.on_loop:  # (they belong to one loop for their whole life: the collector's own)
         resources.loop = LoopThread()
@@ -185,4 +189,4 @@ def build_engine(resources: Resources, policy: PolicySetup, lanes: Lanes, envs: 
     # (while the workers start:) a JAX policy on a GPU compiles for each round's row count;
     # with cudagraph_policy, a torch policy is captured for each
     policy.prepare([lane.num_envs for lane in scheduler.lanes], envs.obs_leaves)
-    return Engine(policy, scheduler, staging, workers_runner, task)
+    return Engine(policy, scheduler, staging, local_actor, task)

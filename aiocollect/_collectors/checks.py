@@ -166,6 +166,13 @@ def flag_or_none(name: str, value: Any) -> bool:
     return False if value is None else flag(name, value)
 
 
+def auto_flag(name: str, value: Any) -> bool | None:
+    """``True``, ``False``, or ``None``: the collector chooses (the option's docstring says how)."""
+    if value is None or isinstance(value, bool):
+        return value
+    raise TypeError(f"{name} must be True, False or None (chosen for this machine), got {value!r}")
+
+
 def device(name: str, value: Any) -> torch.device | None:
     if isinstance(value, (list, tuple)):
         return _one_device(name, value)

@@ -203,6 +203,29 @@ class WorkerOptions:
     process starts, for a policy the workers cannot run, naming why); ``"auto"``, chosen as the
     collector is built (``AIOCOLLECT_POLICY_IN_WORKERS=0``/``1`` forces it, as a fallback).
     ``collector.policy_in_workers`` says where it acts."""
+    spin: bool | None = field(default=None, metadata=option(checks.auto_flag))
+    """Whether the engine and the workers busy-wait for each other (about 100 us each,
+    yielding the core between looks) before they sleep in the kernel: a step's hand-off
+    then takes microseconds instead of a wake-up, at the price of the CPU spun. ``None``:
+    on x86-64, when this process and every worker can each have a core that the machine
+    does not keep busy besides (the cores this process may use, less the lesser of the
+    1-minute load average and the tasks runnable right now, as the collector is built),
+    both spin, else only the workers, for up to 1 ms; elsewhere nobody spins. ``True``:
+    both spin; ``False``: nobody spins. ``AIOCOLLECT_SPIN=0``/``1`` forces it where the
+    keyword is ``None``. ``collector.spin`` says whether the engine spins for its workers'
+    steps (with random actions or the policy in the workers, steps go in runs, which the
+    engine does not spin for)."""
+    pipeline: bool | None = field(default=None, metadata=option(checks.auto_flag))
+    """Whether each worker steps its envs in two halves, in turn, so that the policy call
+    for one half (made here) overlaps the other half's steps, at the price of twice the
+    policy calls. Only where the actions come from here between steps: not for a policy in
+    the workers, nor for random actions, which workers take in runs of steps (unless an
+    ``interruptor`` or ``reset_when_done=False`` keeps them step by step); and for workers
+    whose envs are stepped one by one. ``None``: for
+    workers of 8 envs or more, when the engine has cores to spare (a CPU policy: two cores
+    per worker process; a GPU policy: one core for the engine); ``True``: for workers of 2
+    envs or more. ``AIOCOLLECT_PIPELINE=0``/``1`` forces it where the keyword is ``None``.
+    ``collector.pipeline`` says whether any worker steps in halves."""
     num_threads: int | None = field(default=None, compare=False, metadata=option(checks.threads))
     """TorchRL's keyword, checked (a positive number, or ``None``) but without effect: a worker
     runs torch only for its copy of the policy (``policy_in_workers``), and then on one thread.

@@ -27,18 +27,11 @@ from tensordict.nn import InteractionType
 
 from .._envs.keyed import KeyedActions, batch_entries, observation_keys
 from .._envs.objects import has_objects
-from .._policies.in_workers import (
-    cannot_act_in_workers,
-    fields,
-    measure,
-    own_state_changes,
-    payload,
-    placement,
-    probe,
-    scratch_copy,
-)
+from .._policies.actor import payload, shared_fields
+from .._policies.probe import own_state_changes, probe, scratch_copy
 from .._policies.random import RandomPolicy
 from .._policies.setup import runs_on_gpu
+from .._policies.weights_board import board_fields
 from .._workers.plan import WorkerPlan, plan_workers
 from .._workers.protocol import env_flag
 from .assembly import EnvShape, build_engine, lanes_in_workers, policy_setup
@@ -55,6 +48,7 @@ from .options import (
     validate_timeout,
     worker_indices,
 )
+from .placement import cannot_act_in_workers, measure, placement
 from .statistics import WorkerStatistics
 from .torchrl_compat import (
     check_torchrl_keywords,
@@ -146,6 +140,8 @@ class WorkerCollectorBase(DataCollectorBase):
         num_sub_threads: int = 1,
         max_policy_lag: int | None = None,
         policy_placement: str = "auto",
+        spin: bool | None = None,
+        pipeline: bool | None = None,
         step_timeout: float | None = None,
         start_timeout: float | None = START_TIMEOUT_S,
         max_batch_size: int | None = None,
@@ -208,11 +204,11 @@ class WorkerCollectorBase(DataCollectorBase):
             raise ValueError(f"policy_placement='workers': the policy cannot act in the workers: {why_here}. "
                              "Use policy_placement='auto' (or 'central').")
         self.policy_in_workers = outputs is not None
-        """Whether each worker acts with its own copy of the policy (``_policies.in_workers``
+        """Whether each worker acts with its own copy of the policy (``_policies.actor``
         says when, and ``AIOCOLLECT_POLICY_IN_WORKERS`` decides): ``False``, the policy runs
         here, batched over the workers."""
         self.placement_costs = costs
-        """What the choice of where the policy runs measured (``_policies.in_workers.Costs``:
+        """What the choice of where the policy runs measured (``_policies.costs.Costs``:
         ``print()`` it), or ``None`` where nothing was measured (the choice forced, no core left
         for the engine, or a policy the workers cannot run)."""
         self.policy = self._policy.policy
@@ -223,13 +219,19 @@ class WorkerCollectorBase(DataCollectorBase):
         runs = choice.random_runs or outputs is not None
         if runs:  # (no policy call between steps: nothing for parts to overlap)
             plan = plan.without_parts()
-        extra = () if outputs is None else fields(outputs, self._policy.policy, 2, columns, plan.num_envs)
-        layout = envs.layout(plan.num_envs, plan.num_lanes, columns=columns, extra=extra)
+        extra = () if outputs is None else shared_fields(outputs, 2, columns, plan.num_envs)
+        kept = () if outputs is None else board_fields(self._policy.policy)
+        layout = envs.layout(plan.num_envs, plan.num_lanes, columns=columns, extra=extra, kept=kept)
         lanes, self._pool = lanes_in_workers(res, plan, layout, options, step_timeout=step_timeout,
-                                             start_timeout=self.worker_options.start_timeout, payload=sent)
+                                             start_timeout=self.worker_options.start_timeout, payload=sent,
+                                             spin=self.worker_options.spin)
+        self.spin = lanes.spin_s > 0
+        """Whether the engine spins for the workers' replies (the ``spin`` keyword, or chosen)."""
+        self.pipeline = any(w.parts for w in plan.workers)
+        """Whether workers step their envs in two halves, in turn (the ``pipeline`` keyword, or chosen)."""
         engine = build_engine(res, self._policy, lanes, envs, options, runs=runs, outputs=outputs)
         self._scheduler, self._staging, self._pool_task = engine.scheduler, engine.staging, engine.task
-        self._workers_runner = engine.workers_runner
+        self._local_actor = engine.local_actor
         self._worker_lanes = [[lane for lane in self._scheduler.lanes if lane.index == w.index]
                               for w in plan.workers]
         """Each worker's lanes (the parts of its envs: ``_workers.plan``), by worker index."""
@@ -241,7 +243,7 @@ class WorkerCollectorBase(DataCollectorBase):
         """The workers' plan (validation, pickling, spaces: all before any process starts), and
         where the policy may act (``_Choice``)."""
         # random actions go in runs of steps (``_engine.scheduler``), with no policy call to
-        # overlap; so do the steps of a policy that runs in the workers (``_policies.in_workers``)
+        # overlap; so do the steps of a policy that runs in the workers (``_policies.actor``)
         may_run = options.reset_when_done and options.interruptor is None
         entries = self._entries(create_env_fn)
         where = placement(policy, num_workers=len(entries), policy_device=options.policy_device, compiled=compiled,
@@ -253,7 +255,8 @@ class WorkerCollectorBase(DataCollectorBase):
         random_runs = may_run and (policy is None or isinstance(policy, RandomPolicy))
         # (parts, for a policy that may yet stay here; dropped below if it goes to the workers)
         plan = plan_workers(entries, options.create_env_kwargs, policy_between_steps=not random_runs,
-                            gpu_policy=runs_on_gpu(policy, options.policy_device), single=self._one_entry)
+                            gpu_policy=runs_on_gpu(policy, options.policy_device), single=self._one_entry,
+                            parts=worker_options.pipeline)
         if isinstance(plan.action_space, KeyedActions):
             # several action keys (a TorchRL multi-agent env): the policy acts here, batched,
             # whose checks and packing are the engine's; random actions too
@@ -356,11 +359,7 @@ class WorkerCollectorBase(DataCollectorBase):
         opts = self.options
         if self._frames < opts.init_random_frames:
             return self._policy.random_runner
-        return self._workers_runner or self._policy.runner
-
-    def _published(self) -> None:
-        if self._workers_runner is not None:  # (the workers load them at their next step)
-            self._workers_runner.sync()
+        return self._local_actor or self._policy.runner
 
     def _counters(self) -> tuple[int, int]:
         tl = self._scheduler.timelines

@@ -40,6 +40,7 @@ class EnvLane(LaneWorker):
 
     in_process = True
     takes_runs = False
+    acts_locally = False
     synchronous = False
     process = None
 
@@ -54,7 +55,7 @@ class EnvLane(LaneWorker):
         self.task: asyncio.Task | None = None
         self.done = False
 
-    def post(self, code: int, slot: int, col: int, count: int = 1) -> None:
+    def post(self, code: int, slot: int, col: int, count: int = 1, local: bool = False) -> None:
         self.done = False
         self.task = asyncio.get_running_loop().create_task(self.envs.run(self, code, slot, col))
 

@@ -41,6 +41,7 @@ class CoroutineWorker(LaneWorker):
 
     in_process = True
     takes_runs = False
+    acts_locally = False
     synchronous = False
     process = None
     pid = None
@@ -77,7 +78,7 @@ class CoroutineWorker(LaneWorker):
 
     # ------------------------------------------------------------------ the worker interface
 
-    def post(self, code: int, slot: int, col: int, count: int = 1) -> None:
+    def post(self, code: int, slot: int, col: int, count: int = 1, local: bool = False) -> None:
         self._posted += 1
         self._task = asyncio.get_running_loop().create_task(self._run(code, slot, col))
 

@@ -98,7 +98,7 @@ class RemoteFailure:
 
 def switches() -> dict[str, str]:
     """This process's ``AIOCOLLECT_*`` environment variables, for ``RemoteCollector``: the
-    engine's switches (``_collectors``, ``_policies.in_workers``), read as a collector is built."""
+    engine's switches (``_collectors``, ``_policies.actor``), read as a collector is built."""
     return {name: value for name, value in os.environ.items() if name.startswith("AIOCOLLECT_")}
 
 

@@ -59,14 +59,14 @@ class Lane:
         """In the queue of ready lanes (per-env rounds only: ``rounds.EnvQueueRounds``)."""
         self._resetting: np.ndarray | None = None
         self.runs = worker.takes_runs
-        """Its worker takes runs of random steps (``rounds.RandomRuns``)."""
+        """Its worker takes runs of steps (``rounds.RunRounds``)."""
         self.run = 0
         """The steps of the run under way (0: none)."""
         self.run_steps = 1
-        """How many steps the next run may take (``rounds.RUN_S`` at the last runs' pace)."""
+        """How many steps the next run may take (the run's ``span_s`` at the last runs' pace)."""
         self.run_posted = 0.0
-        self.run_local = False
-        """The run under way takes its actions from the workers' own policy (``rounds.POLICY_RUN_S``)."""
+        self.run_span = 0.0
+        """About how long the run under way was meant to last (``_policies.actor.Runs.span_s``)."""
 
     @property
     def full(self) -> bool:

@@ -10,17 +10,18 @@ own, chosen once when the scheduler is built (``rounds_for``), each readable alo
   scanned at each round. The policy reads a *view* of the storage when the ready lanes sit
   side by side at the same column, as in a lockstep round (``_act_block``), and a
   concatenation otherwise (``_act_apart``).
-* ``RandomRuns``: the same, but with ``policy=None`` (a ``RandomPolicy``, whose actions do
-  not depend on the observations), or with the policy in the workers
-  (``_policies.in_workers``: each worker acts with its own copy, the engine's runner is of
-  kind ``"workers"``), a round needs no policy call: each ready lane whose worker
-  ``takes_runs`` (a process's port) is given a *run* instead, a command for up to ``RUN_S``
-  worth of steps (``_workers.protocol``), with every step's actions drawn at once from the
-  lane's own stream (``RandomPolicy.sample_steps``). The worker steps on with no round
-  trip, and the run is booked as a whole when it completes (``Timelines.ran``): the main
-  process does a few array operations per run, not per step. (The collector decides when
-  runs are allowed: never where a batch must be cut after any step, an interruptor, or
-  where finished envs wait for a reset, no ``reset_when_done``.)
+* ``RunRounds``: the same, but where the actor offers ``runs`` (``_policies.actor``: a
+  random policy, whose actions do not depend on the observations, or the policy in the
+  workers, each worker acting with its own copy), a round needs no policy call: each ready
+  lane that ``takes_runs`` (a process's port) is given a *run* instead, a command for about
+  ``runs.span_s`` worth of steps (``_workers.protocol``), whose actions are either written
+  here at once (``Runs.fill``: random actions, every step's drawn from the lane's own stream)
+  or computed by the worker's copy at each step (``Runs.local``, for lanes that
+  ``acts_locally``). The worker steps on with no round trip, and the run is booked as a whole
+  when it completes (``book_run``, ``Timelines.ran``): the main process does a few array
+  operations per run, not per step. (The collector decides when runs are allowed: never
+  where a batch must be cut after any step, an interruptor, or where finished envs wait for
+  a reset, no ``reset_when_done``.)
 * ``InlineRounds``: a ``Collector``'s in-process envs, one ``synchronous`` lane
   (``_workers.inline_worker``) that carries a command out inside ``post``: ``run`` (the
   scheduler's ``run_inline``) runs round after round with no callback at all, and gives the
@@ -32,9 +33,12 @@ own, chosen once when the scheduler is built (``rounds_for``), each readable alo
   ``max_batch_size``/``min_batch_size``/``batch_timeout``), gathers their observations with
   one fancy index per field and writes their outputs the same way.
 
-The interface (``Rounds``) is three calls: ``round(runner)`` posts the ready lanes their
+The interface (``Rounds``) is four calls: ``round(actor)`` posts the ready lanes their
 commands, ``ready(lane)`` says a lane may want a step (its batch began, a command of it was
-taken in or abandoned), and ``run(runner, until)`` is the fast path, ``InlineRounds``' only.
+taken in or abandoned), ``book_run(lane)`` books a completed run (``RunRounds``' only), and
+``run(actor, until)`` is the fast path, ``InlineRounds``' only. The scheduler asks the
+strategy, never its type; what an actor does (calls here, runs, checked actions) it declares
+(``_policies.actor.Actor``), and the strategies ask it, never its kind.
 What the strategies share is there too: the policy call and its checks (``_infer``), and
 posting the steps (``_post_steps``). The bookkeeping of completions, resets, batches and
 the event loop stays with the scheduler (what a strategy uses of it: ``Engine``).
@@ -55,27 +59,20 @@ import numpy as np
 from .._envs.keyed import KeyedActionCheck
 from .._envs.spaces import NonFiniteAction
 from .._errors import PolicyError
+from .._policies.output_writer import env_actions
 from .._policies.outputs import check_outputs, host_array, note_policy_inputs
-from .._policies.runner import PolicyRunner
 from .._workers import protocol
 from .lanes import READY, STEPPING, Lane
 
 if TYPE_CHECKING:
     from .._envs.spaces import ActionCheck
+    from .._policies.actor import Actor, Runs
     from .profile import Profile
     from .storage import RolloutStorage
     from .timelines import Timelines
 
 SLICE_S = 0.001
 """Longest stretch of rounds run without a break before the loop gets a turn."""
-RUN_S = 0.016
-"""About how long a run of steps lasts (sized from the lane's last runs): long enough that
-booking it costs little per frame, short enough that what the collector asks next (a new
-batch, a reset, ``CLOSE``) waits little."""
-POLICY_RUN_S = 0.064
-"""The same for runs with the policy in the workers (``_policies.in_workers``), whose steps
-cost more to book per run than random ones save; new weights do not wait for a run to end
-(the workers load them at their next step)."""
 
 
 @dataclass(frozen=True)
@@ -130,7 +127,7 @@ def rounds_for(sched: Engine, batching: Batching | None, runs: bool) -> Rounds:
     lanes = sched.lanes
     if len(lanes) == 1 and lanes[0].worker.synchronous:
         return InlineRounds(sched)
-    return RandomRuns(sched) if runs else WorkerRounds(sched)
+    return RunRounds(sched) if runs else WorkerRounds(sched)
 
 
 class Rounds:
@@ -144,21 +141,26 @@ class Rounds:
         self.sched = sched
         self.storage, self.timelines, self.lanes = sched.storage, sched.timelines, sched.lanes
 
-    def round(self, runner: PolicyRunner) -> None:
+    def round(self, runner: Actor) -> None:
         """Post the ready lanes their commands: resets, or steps with the actions of one
         call of ``runner`` (or runs of steps)."""
         raise NotImplementedError
+
+    def book_run(self, lane: Lane) -> int:
+        """Book ``lane``'s completed run of steps; returns the steps it took. Only a strategy
+        that posts runs (``RunRounds``) has any to book."""
+        raise NotImplementedError(f"{type(self).__name__} posts no runs")
 
     def ready(self, lane: Lane) -> None:
         """``lane`` may be ready for its next step: its batch began, a command of it was
         taken in, or one was abandoned. (Strategies that scan the lanes need not know.)"""
 
-    async def run(self, runner: Callable[[], PolicyRunner], until: Callable[[], bool]) -> None:
+    async def run(self, runner: Callable[[], Actor], until: Callable[[], bool]) -> None:
         """Rounds until ``until()``, with no event-loop callback (``Scheduler.run_inline``)."""
         kinds = sorted({type(lane.worker).__name__ for lane in self.lanes})
         raise ValueError(f"run_inline drives one inline lane, not {len(self.lanes)} ({', '.join(kinds)})")
 
-    def _infer(self, ready: list[Lane], runner: PolicyRunner, obs,
+    def _infer(self, ready: list[Lane], runner: Actor, obs,
                n: int) -> tuple[dict, np.ndarray | None, np.ndarray]:
         """One policy call on the observations ``obs`` of the ``ready`` lanes (``n`` envs):
         the outputs (checked), the ``"action"`` the batch stores (``None``: the outputs hold
@@ -184,15 +186,14 @@ class Rounds:
         if not isinstance(action, np.ndarray):
             action = host_array(action)  # (bfloat16 as float32 for the check: the batch keeps the bfloat16)
         to_env = action  # what the envs are given; ``action``: what the batch stores
-        if runner.kind != "random" or runner.policy.one_hot:  # (a one-hot env's draws: rows, as a policy's)
+        if runner.checks_actions:
             try:
-                checked = check(action, n)
+                checked, to_env = env_actions(check, action, n)
             except NonFiniteAction as exc:
                 raise self._not_finite(ready, exc) from None
             if checked is not action:  # converted (booleans for a discrete space): store that
                 out = {**out, "action": checked}
                 action = checked
-            to_env = check.env_action(action)  # one-hot rows: their indices
         self._book_keys(ready, out)
         return out, action, to_env
 
@@ -229,7 +230,7 @@ class Rounds:
 class WorkerRounds(Rounds):
     """Rounds over every ready lane, found by a scan (the parts of worker processes)."""
 
-    def round(self, runner: PolicyRunner) -> None:
+    def round(self, runner: Actor) -> None:
         ready = self._ready_lanes()
         if ready:
             self._act(ready, runner)
@@ -243,7 +244,7 @@ class WorkerRounds(Rounds):
             ready = [lane for lane in ready if not (tl.wants_reset(lane.lo, lane.hi) and post_reset(lane))]
         return ready
 
-    def _act(self, ready: list[Lane], runner: PolicyRunner) -> None:
+    def _act(self, ready: list[Lane], runner: Actor) -> None:
         s, t = ready[0].slot, ready[0].t
         if all(lane.slot == s and lane.t == t and (i == 0 or ready[i - 1].hi == lane.lo)
                for i, lane in enumerate(ready)):
@@ -251,7 +252,7 @@ class WorkerRounds(Rounds):
         else:
             self._act_apart(ready, runner)
 
-    def _act_block(self, ready: list[Lane], runner: PolicyRunner) -> None:
+    def _act_block(self, ready: list[Lane], runner: Actor) -> None:
         """Lanes side by side at one slot and column: the policy reads a view of the storage,
         and its outputs are written as one block of rows."""
         st, tl = self.storage, self.timelines
@@ -262,12 +263,12 @@ class WorkerRounds(Rounds):
         st.action[t, lo:hi] = to_env
         self._post_steps(ready)
 
-    def _act_apart(self, ready: list[Lane], runner: PolicyRunner) -> None:
+    def _act_apart(self, ready: list[Lane], runner: Actor) -> None:
         """Lanes at different columns (or slots, or not adjacent): their observations are
         concatenated, and the outputs written lane by lane."""
         st, tl = self.storage, self.timelines
         obs = st.policy_inputs([(lane.slot, lane.t, lane.lo, lane.hi) for lane in ready],
-                               aligned=runner.kind == "array")  # (a JAX policy reads it in place)
+                               aligned=runner.aligned_inputs)  # (a JAX policy reads it in place)
         out, action, to_env = self._infer(ready, runner, obs, sum(lane.num_envs for lane in ready))
         version = runner.version
         start = 0
@@ -278,48 +279,39 @@ class WorkerRounds(Rounds):
         self._post_steps(ready)
 
 
-class RandomRuns(WorkerRounds):
-    """``WorkerRounds`` where random actions go in runs of steps; see the module docstring."""
+class RunRounds(WorkerRounds):
+    """``WorkerRounds`` where the actor's actions go in runs of steps; see the module docstring."""
 
-    def round(self, runner: PolicyRunner) -> None:
+    def round(self, runner: Actor) -> None:
         ready = self._ready_lanes()
-        if ready and runner.kind in ("random", "workers"):
-            ready = self._post_runs(ready, runner)
+        if ready and runner.runs is not None:
+            ready = self._post_runs(ready, runner.runs)
         if ready:
             self._act(ready, runner)
 
-    def _post_runs(self, ready: list[Lane], runner: PolicyRunner) -> list[Lane]:
-        """Give each of the ``ready`` lanes that takes runs a run of steps: with random
-        actions (``runner``'s ``RandomPolicy``), or with the actions of the workers' own
-        copies of the policy (``runner.kind == "workers"``: ``_policies.in_workers``, whose
-        weights are published first); returns the others."""
-        st, random = self.storage, runner.policy
-        local = runner.kind == "workers"
-        if local:
-            runner.sync()
-        elif runner.weights is not None:
-            runner.version = runner.weights.version
+    def _post_runs(self, ready: list[Lane], runs: Runs) -> list[Lane]:
+        """Give each of the ``ready`` lanes that takes runs (and acts locally, for ``local``
+        runs) a run of steps; returns the others, for a call here."""
+        runs.begin()
         rest = []
-        now = time.perf_counter()
+        now, local, storage = time.perf_counter(), runs.local, self.storage
         for lane in ready:
-            if not lane.runs:
+            if not lane.runs or (local and not lane.worker.acts_locally):
                 rest.append(lane)
                 continue
             left = lane.frames - lane.t
             k = left if 2 * left <= 3 * lane.run_steps else lane.run_steps  # (no short run at the end)
             if lane.keys is None:
-                lane.keys, lane.carry = (runner.keys if local else ("action",)), []
-            if not local:
-                drawn = random.sample_steps(lane.lo, k, lane.num_envs)  # (the envs' indices)
-                st.write_run(lane.slot, lane.t, lane.lo, lane.hi, drawn, runner.version, random.encode(drawn))
-            lane.run, lane.run_posted, lane.run_local, lane.state = k, now, local, STEPPING
+                lane.keys, lane.carry = runs.keys, []
+            runs.fill(storage, lane, k)
+            lane.run, lane.run_posted, lane.run_span, lane.state = k, now, runs.span_s, STEPPING
             self.sched.busy += 1
             lane.worker.post(protocol.RUN_CODE, lane.slot, lane.t, k, local)
         return rest
 
     def book_run(self, lane: Lane) -> int:
         """A completed run: the ids and step counts of all its steps at once, and the size
-        of the lane's next run (``RUN_S`` at this one's pace, growing at most twofold).
+        of the lane's next run (its ``span_s`` at this one's pace, growing at most twofold).
         Returns the steps it took."""
         s, t, lo, hi = lane.slot, lane.t, lane.lo, lane.hi
         k = lane.worker.steps_done()  # all of the run, unless settle() cut it short
@@ -327,8 +319,7 @@ class RandomRuns(WorkerRounds):
         ids, counts = self.timelines.ran(lo, hi, st.terminated[s, cols, lo:hi], st.truncated[s, cols, lo:hi])
         st.ran(s, t, lo, hi, ids, counts)
         per_step = (time.perf_counter() - lane.run_posted) / k
-        span = POLICY_RUN_S if lane.run_local else RUN_S
-        lane.run_steps = max(1, min(int(span / per_step) if per_step > 0 else k, 2 * max(k, lane.run_steps)))
+        lane.run_steps = max(1, min(int(lane.run_span / per_step) if per_step > 0 else k, 2 * max(k, lane.run_steps)))
         lane.run = 0
         return k
 
@@ -336,7 +327,7 @@ class RandomRuns(WorkerRounds):
 class InlineRounds(WorkerRounds):
     """One ``synchronous`` lane (a ``Collector``'s in-process envs): ``run`` is the fast path."""
 
-    async def run(self, runner: Callable[[], PolicyRunner], until: Callable[[], bool]) -> None:
+    async def run(self, runner: Callable[[], Actor], until: Callable[[], bool]) -> None:
         """Round after round in this one loop, with no callback, no search for ready lanes
         and no harvest; the event loop gets a turn about every ``SLICE_S`` (so that
         collection stays cancellable). A command an exception cut short counts as undone
@@ -383,7 +374,7 @@ class EnvQueueRounds(Rounds):
             lane.queued = True
             self.queue.append(lane)
 
-    def round(self, runner: PolicyRunner) -> None:
+    def round(self, runner: Actor) -> None:
         queue, tl = self.queue, self.timelines
         keep = []
         for lane in queue:  # drop what is no longer ready (held between batches, or full)
@@ -422,7 +413,7 @@ class EnvQueueRounds(Rounds):
         self._timer = None
         self.sched.poke()
 
-    def _act(self, ready: list[Lane], runner: PolicyRunner) -> None:
+    def _act(self, ready: list[Lane], runner: Actor) -> None:
         """One-env lanes, one slot, each at its own column: one fancy index per field."""
         st, tl = self.storage, self.timelines
         n = len(ready)

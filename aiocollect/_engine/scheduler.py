@@ -43,21 +43,23 @@ import contextlib
 import os
 import time
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import anyio
 import numpy as np
 
 from .._envs.spaces import ActionCheck
 from .._errors import EnvError
-from .._policies.runner import PolicyRunner
 from .._workers import protocol
 from .._workers.lane import LaneOwner, LaneWorker
 from .lanes import READY, RESETTING, STEPPING, Lane, Sealed
 from .profile import Profile
-from .rounds import SLICE_S, Batching, RandomRuns, rounds_for
+from .rounds import SLICE_S, Batching, rounds_for
 from .storage import RolloutStorage, StoredValueError, concat, host_empty
 from .timelines import Timelines
+
+if TYPE_CHECKING:
+    from .._policies.actor import Actor
 
 _RECHECK_S = 0.002
 """After spinning: how soon to look again for a completion whose doorbell was missed."""
@@ -80,9 +82,10 @@ class Scheduler:
         """The bookkeeping of the same rows as ``storage`` (``_engine.timelines``)."""
         self.reset_when_done = timelines.reset_when_done
         self.runs = runs
-        """Random actions go in runs of steps (``rounds.RandomRuns``). The collector
-        decides: never where a batch must be cut after any step (an interruptor) or finished
-        envs wait for a reset (no ``reset_when_done``)."""
+        """Actions go in runs of steps where the actor offers them (``rounds.RunRounds``): random
+        ones, or the workers' own policy's. The collector decides: never where a batch must be
+        cut after any step (an interruptor) or finished envs wait for a reset (no
+        ``reset_when_done``)."""
         self.check_action = action_check
         self.lanes = [Lane(w) for w in workers]
         for worker in workers:
@@ -100,7 +103,7 @@ class Scheduler:
         once from the control block (``_harvest_block``); the others are asked one by one."""
         self._other_lanes = [lane for lane in self.lanes if lane.worker.in_process]
         self._seen = self._process_lanes[0].worker.seen if self._process_lanes else None
-        self._pumping: tuple[Callable[[], PolicyRunner], Callable[[], bool]] | None = None
+        self._pumping: tuple[Callable[[], Actor], Callable[[], bool]] | None = None
         self._on_full: Callable[[Lane], None] | None = None
         self._waiter: asyncio.Future | None = None
         self._advance_soon = False
@@ -123,7 +126,6 @@ class Scheduler:
         """The round strategy (``_engine.rounds``)."""
         self._round = self.rounds.round
         self._ready = self.rounds.ready
-        self._runs = self.rounds if isinstance(self.rounds, RandomRuns) else None
         self._cache_flags = self.rounds.cache_flags
 
     @property
@@ -336,13 +338,14 @@ class Scheduler:
         if tl.completed_trajectories != before:  # each lane's share of the episodes that ended
             ended = np.add.reduceat(terminated | truncated, [lane.lo - lo for lane in lanes], dtype=np.int64).tolist()
         self.busy -= len(lanes)
-        on_full = self._on_full
-        for i, lane in enumerate(lanes):
+        for i, lane in enumerate(lanes):  # (every lane booked before any on_full, which may raise)
             if ended is not None:
                 lane.completed_trajectories += ended[i]
             lane.worker.env_steps += lane.num_envs
             lane.t = t + 1
             lane.state = READY
+        on_full = self._on_full
+        for lane in lanes:
             if lane.t >= lane.frames and on_full is not None:
                 on_full(lane)
                 self._delivered = True
@@ -374,7 +377,7 @@ class Scheduler:
             self._error = exc
             self._wake()
 
-    def _spin_rounds(self, runner: Callable[[], PolicyRunner], until: Callable[[], bool]) -> None:
+    def _spin_rounds(self, runner: Callable[[], Actor], until: Callable[[], bool]) -> None:
         clock, spin_s, yield_ = time.perf_counter, self.spin_s, os.sched_yield
         give_back = clock() + SLICE_S  # let the loop run its other callbacks now and then
         self._delivered = False
@@ -388,7 +391,7 @@ class Scheduler:
                 if self.idle():
                     return  # every slot is held or full: the collector pokes us later
                 if all(lane.run or not lane.in_flight for lane in self.lanes):
-                    return  # runs only: each lasts about RUN_S, far longer than a spin
+                    return  # runs only: each lasts about its span_s, far longer than a spin
                 end = clock() + spin_s
                 while not self._harvest():
                     if clock() > end:
@@ -441,7 +444,7 @@ class Scheduler:
         """No worker is stepping or resetting."""
         return self.busy == 0
 
-    async def pump(self, runner: Callable[[], PolicyRunner], until: Callable[[], bool],
+    async def pump(self, runner: Callable[[], Actor], until: Callable[[], bool],
                    on_full: Callable[[Lane], None] | None = None) -> None:
         """Run rounds until ``until()``; ``on_full(lane)`` when a lane's batch is complete.
 
@@ -471,7 +474,7 @@ class Scheduler:
         finally:
             self._pumping, self._on_full, self._loop = None, None, None
 
-    async def run_inline(self, runner: Callable[[], PolicyRunner], until: Callable[[], bool]) -> None:
+    async def run_inline(self, runner: Callable[[], Actor], until: Callable[[], bool]) -> None:
         """``pump()``'s synchronous fast path, for one lane whose worker steps inside
         ``post`` (``_workers.inline_worker``; ``Collector``): see ``rounds.InlineRounds.run``.
         A command an exception cut short counts as undone: those envs are reset before
@@ -516,7 +519,7 @@ class Scheduler:
             before = tl.completed_trajectories
             steps = 1
             if lane.run:
-                steps = self._runs.book_run(lane)
+                steps = self.rounds.book_run(lane)
             else:
                 tl.stepped(lo, hi, *self.storage.flags(lane.slot, t, lo, hi, cache=self._cache_flags))
                 if lane.carry:

@@ -16,7 +16,6 @@ Workers write observations, rewards and flags into the shared storage
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -24,31 +23,10 @@ import torch
 
 from .._envs.keyed import ENGINE_FLAGS, NO_ENTRIES
 from .._envs.spaces import Leaf, NestedKey
-from .._policies.outputs import dtype_changed, host_array, shape_changed
+from .._policies.output_writer import OutputSpec, OutputWriter
+from .._policies.outputs import NUMPY_DTYPES
 from .._workers.shm import SharedArrays
 from .staging import DeviceStaging
-
-
-@dataclass(frozen=True)
-class OutputSpec:
-    """Per-env shape and dtype of one policy output."""
-
-    shape: tuple[int, ...]
-    dtype: torch.dtype
-
-    @classmethod
-    def of(cls, value: Any) -> OutputSpec:
-        if isinstance(value, np.ndarray):  # possibly read-only (a JAX output): no tensor
-            return cls(tuple(value.shape[1:]), torch.from_numpy(np.empty(0, value.dtype)).dtype)
-        t = torch.as_tensor(value)
-        return cls(tuple(t.shape[1:]), t.dtype)
-
-
-def _as_numpy(t: torch.Tensor) -> np.ndarray | None:
-    try:
-        return t.numpy()
-    except TypeError:  # dtypes numpy lacks (bfloat16...)
-        return None
 
 
 class StoredValueError(ValueError):
@@ -156,11 +134,6 @@ def _concat_plain(arrays: list[np.ndarray]) -> torch.Tensor:
     return torch.from_numpy(np.concatenate(arrays))
 
 
-NUMPY_DTYPES = frozenset((torch.bool, torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64,
-                          torch.float16, torch.float32, torch.float64))
-"""The torch dtypes numpy has (so numpy, and shared memory, can hold them)."""
-
-
 class RolloutStorage:
     """See the module docstring. ``step_count``: keep ``step_count`` entries (TorchRL does
     when ``max_frames_per_traj`` is set); ``staging``: build batches in its pinned blocks (a
@@ -196,9 +169,12 @@ class RolloutStorage:
         self.policy_version = np.full((k, t, n), -1, dtype=np.int64)
         self.step_count = np.zeros((k, t, n), dtype=np.int64) if step_count else None
         self.next_step_count = np.zeros((k, t, n), dtype=np.int64) if step_count else None
-        self.specs: dict[NestedKey, OutputSpec] = {}
-        self._out_t: dict[NestedKey, torch.Tensor] = {}
-        self._out_np: dict[NestedKey, np.ndarray | None] = {}
+        self.outputs = OutputWriter(k, t, n)
+        """The policy's outputs (``_policies.output_writer``): checked and written as a worker
+        acting with its own copy writes them."""
+        self.specs: dict[NestedKey, OutputSpec] = self.outputs.specs
+        self._out_t = self.outputs.tensors
+        self._out_np = self.outputs.arrays
         self._batch_bytes = 0
         """What the last batches' fields took (``HostBlock``): the next one's block size."""
         self.staging = staging
@@ -209,11 +185,8 @@ class RolloutStorage:
     def adopt(self, outputs: list[tuple[NestedKey, np.dtype, tuple]], arrays: dict[str, np.ndarray]) -> None:
         """The policy's outputs (``(key, dtype, per-env shape)`` each) and versions live in
         the shared fields ``out{i}`` and ``version`` of ``arrays``: the policy runs in the
-        workers (``_policies.in_workers``), which write them."""
-        for i, (key, _, shape) in enumerate(outputs):
-            x = arrays[f"out{i}"]
-            self._out_np[key], self._out_t[key] = x, torch.from_numpy(x)
-            self.specs[key] = OutputSpec(tuple(shape), self._out_t[key].dtype)
+        workers (``_policies.actor``), which write them."""
+        self.outputs.adopt(outputs, arrays)
         self.policy_version = arrays["version"]
         self.policy_version.fill(-1)
 
@@ -268,26 +241,7 @@ class RolloutStorage:
         self.traj_ids[s, cols, rows] = traj_ids[rows]
         if self.step_count is not None:
             self.step_count[s, cols, rows] = step_count[rows]
-        for key, value in out.items():
-            dst = self._out_np.get(key, False)
-            if dst is False:
-                dst = self._allocate(key, value)
-            if key == "action" and action is not None:
-                value = action  # (as checked: what the batch stores)
-            if value.shape[1:] != self.specs[key].shape:
-                raise shape_changed(key, value.shape[1:], self.specs[key].shape)  # (numpy would broadcast a 1)
-            if dst is None:  # a dtype numpy lacks
-                dst_t, value = self._out_t[key], torch.as_tensor(value)
-                if value.dtype != dst_t.dtype and (error := dtype_changed(key, value.dtype, dst_t.dtype)):
-                    raise error
-                # (index_put takes only its own dtype: a checked action is float32)
-                dst_t[s, torch.from_numpy(cols), torch.from_numpy(rows)] = value.to("cpu", dst_t.dtype)
-                continue
-            if not isinstance(value, np.ndarray):
-                value = host_array(value)
-            if value.dtype != dst.dtype and (error := dtype_changed(key, value.dtype, dst.dtype)):
-                raise error
-            dst[s, cols, rows] = value
+        self.outputs.write((s, cols, rows), out, action)
 
     def write(self, s: int, t: int, lo: int, hi: int, out: dict[NestedKey, Any], start: int, version: int,
               traj_ids: np.ndarray, step_count: np.ndarray, action: np.ndarray | None = None) -> None:
@@ -300,29 +254,7 @@ class RolloutStorage:
         if self.step_count is not None:
             self.step_count[s, t, lo:hi] = step_count[lo:hi]
         whole = start == 0 and stop == len(action if action is not None else next(iter(out.values())))
-        for key, value in out.items():
-            dst = self._out_np.get(key, False)
-            if dst is False:
-                dst = self._allocate(key, value)
-            if key == "action" and action is not None:
-                value = action  # (as checked: what the batch stores)
-            if value.shape[1:] != self.specs[key].shape:
-                raise shape_changed(key, value.shape[1:], self.specs[key].shape)  # (numpy would broadcast a 1)
-            if dst is None:  # a dtype numpy lacks
-                dst_t, value = self._out_t[key], torch.as_tensor(value if whole else value[start:stop])
-                if value.dtype != dst_t.dtype and (error := dtype_changed(key, value.dtype, dst_t.dtype)):
-                    raise error
-                dst_t[s, t, lo:hi] = value
-                continue
-            rows = whole  # (value holds just these rows)
-            if not isinstance(value, np.ndarray):
-                if not whole and value.device.type != "cpu":
-                    value, rows = host_array(value[start:stop]), True  # copy only these rows over
-                else:
-                    value = host_array(value)  # a view (slicing a tensor costs more than an array)
-            if value.dtype != dst.dtype and (error := dtype_changed(key, value.dtype, dst.dtype)):
-                raise error
-            dst[s, t, lo:hi] = value if rows else value[start:stop]
+        self.outputs.write_block(s, t, lo, hi, out, action, None if whole else slice(start, stop))
 
     def write_run(self, s: int, t: int, lo: int, hi: int, action: np.ndarray, version: int,
                   stored: np.ndarray | None = None) -> None:
@@ -334,10 +266,7 @@ class RolloutStorage:
         stop = t + len(action)
         self.action[t:stop, lo:hi] = action
         stored = action if stored is None else stored
-        dst = self._out_np.get("action", False)
-        if dst is False:
-            dst = self._allocate("action", stored[0])
-        dst[s, t:stop, lo:hi] = stored
+        self.outputs.field("action", stored[0])[s, t:stop, lo:hi] = stored
         self.policy_version[s, t:stop, lo:hi] = version
 
     def ran(self, s: int, t: int, lo: int, hi: int, ids: np.ndarray, counts: np.ndarray) -> None:
@@ -384,16 +313,7 @@ class RolloutStorage:
     def reserve(self, out: dict[NestedKey, Any]) -> None:
         """Allocate the policy outputs ``out`` (a call's, one row per env) that have no field yet."""
         for key, value in out.items():
-            if key not in self._out_np:
-                self._allocate(key, value)
-
-    def _allocate(self, key: NestedKey, value: Any) -> np.ndarray | None:
-        spec = OutputSpec.of(value)
-        self.specs[key] = spec
-        tensor = torch.zeros((self.slots, self.columns, self.num_envs, *spec.shape), dtype=spec.dtype)
-        self._out_t[key] = tensor
-        self._out_np[key] = _as_numpy(tensor)
-        return self._out_np[key]
+            self.outputs.field(key, value)
 
     def check_outputs(self, out: dict[NestedKey, Any], keys: tuple) -> None:
         """The policy wrote the same keys, shapes and dtypes as on the batch's first step."""

@@ -231,7 +231,7 @@ class NonFiniteAction(ValueError):
     """A float action with NaN or infinite values (``ActionCheck``): ``row``, the first row
     of the policy call that has one, ``value``, that row's action as text. Whoever called the
     policy raises it as a [`PolicyError`][aiocollect.PolicyError] naming the env and its
-    worker (``_engine.rounds``, ``_policies.in_workers``)."""
+    worker (``_engine.rounds``, ``_policies.actor``)."""
 
     def __init__(self, action: np.ndarray):
         bad = ~np.isfinite(action.reshape(len(action), -1)).all(axis=1)

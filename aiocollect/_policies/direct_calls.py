@@ -4,7 +4,7 @@ Each ``module(x)`` goes through ``nn.Module.__call__``, which checks for hooks (
 module's and the global ones), for a compiled call and for JIT tracing before it calls
 ``forward``. With none of those, it ends in ``forward(x)``: the same result, but the
 checks cost a few microseconds per submodule on a small machine (4-8 us here), and a small
-MLP is four or five submodules. A worker's copy of the policy (``_policies.in_workers``)
+MLP is four or five submodules. A worker's copy of the policy (``_policies.actor``)
 acts on 16 CartPole envs in about the time those envs take to step, so that overhead was
 about half of its call.
 

@@ -2,7 +2,7 @@
 ``out_keys``, and the check every output passes at a lane's first call.
 
 Kept apart from ``_policies.runner`` so that a worker acting with its own copy of a plain
-module (``_policies.in_workers``) maps and checks its outputs exactly as the engine does,
+module (``_policies.worker_actor``) maps and checks its outputs exactly as the engine does,
 without importing tensordict (a second or more of each worker's start on a small machine).
 """
 
@@ -14,6 +14,10 @@ from typing import Any
 
 import numpy as np
 import torch
+
+NUMPY_DTYPES = frozenset((torch.bool, torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64,
+                          torch.float16, torch.float32, torch.float64))
+"""The torch dtypes numpy has (so numpy, and shared memory, can hold them)."""
 
 
 def module_outputs(result: Any, out_keys: list) -> dict:

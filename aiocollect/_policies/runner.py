@@ -206,6 +206,14 @@ class PolicyRunner:
             self.kind = "callable"
             self._inputs = plain_inputs(policy, obs_keys)
             """The observation keys it is called with by name, or ``None``: all, in order."""
+        self.runs: DrawnRuns | None = DrawnRuns(self) if self.kind == "random" else None
+        """Random actions go in runs of steps, drawn here in advance (``DrawnRuns``; the
+        ``Runs`` of ``_policies.actor``); ``None``: one call per step."""
+        self.checks_actions = self.kind != "random" or policy.one_hot
+        """Its actions are checked before the envs get them: a random policy's draws are valid
+        by construction, but for one-hot rows (turned into the envs' indices by the check)."""
+        self.aligned_inputs = self.kind == "array"
+        """It reads its inputs in place from 64-byte aligned memory (XLA: a JAX policy)."""
         self.action_shape = action_shape
         """One env's action shape (the action space's), if known: an action of that shape from
         a call over one env is one env's action without the batch dimension (``per_env``)."""
@@ -221,6 +229,12 @@ class PolicyRunner:
     def exploration_type(self) -> InteractionType:
         """The interaction type set around each policy call (fixed at construction)."""
         return self._mode.type
+
+    @property
+    def plain_module(self) -> bool:
+        """It calls a plain ``TensorDictModule``'s module directly (a worker's copy may be
+        sent that module alone: ``_policies.actor.payload``)."""
+        return self.kind == "module"
 
     @property
     def out_keys(self) -> list[NestedKey] | None:
@@ -284,7 +298,7 @@ class PolicyRunner:
     def call_bare(self, obs: dict[NestedKey, torch.Tensor]) -> dict[NestedKey, Any]:
         """The policy's outputs for ``obs`` with none of a call's setup (grad mode,
         interaction type, weights, devices): for a caller that set those once for good, a
-        worker's own copy of the policy (``_policies.in_workers``)."""
+        worker's own copy of the policy (``_policies.worker_actor``)."""
         return self._dispatch(obs)
 
     def _dispatch(self, obs: dict[NestedKey, torch.Tensor]) -> dict[NestedKey, Any]:
@@ -464,6 +478,39 @@ def _tensor(value: Any) -> Any:
     )
 
 
+RUN_S = 0.016
+"""About how long a run of random steps lasts (sized from the lane's last runs): long enough
+that booking it costs little per frame, short enough that what the collector asks next (a
+new batch, a reset, ``CLOSE``) waits little."""
+
+
+class DrawnRuns:
+    """A random policy's runs of steps (the ``Runs`` of ``_policies.actor``): every step's
+    actions drawn here at once from the lane's own stream (``RandomPolicy.sample_steps``) and
+    written before the run is posted; the worker steps on with no round trip."""
+
+    local = False
+    span_s = RUN_S
+    keys = ("action",)
+
+    def __init__(self, runner: PolicyRunner):
+        self.runner = runner
+
+    def begin(self) -> None:
+        """The version in effect (a random policy's weights, if any, are a version's all the same)."""
+        runner = self.runner
+        if runner.weights is not None:
+            runner.version = runner.weights.version
+
+    def fill(self, storage: Any, lane: Any, steps: int) -> None:
+        """Draw ``lane``'s next ``steps`` steps and write them into ``storage``
+        (``RolloutStorage.write_run``: the envs' actions, and the stored ones in the
+        policy's encoding)."""
+        random = self.runner.policy
+        drawn = random.sample_steps(lane.lo, steps, lane.num_envs)  # (the envs' indices)
+        storage.write_run(lane.slot, lane.t, lane.lo, lane.hi, drawn, self.runner.version, random.encode(drawn))
+
+
 class RandomActions:
     """The ``init_random_frames`` runner: random actions, in the layout of the policy's batches.
 
@@ -486,9 +533,11 @@ class RandomActions:
     def __init__(self, runner: PolicyRunner, random: RandomPolicy):
         self.runner = runner
         self.random = random
-        self.kind = runner.kind
-        """The policy's: the random action is checked (and a one-hot one turned into
-        indices for the envs) as the policy's would be."""
+        self.runs = None
+        self.checks_actions = True
+        """The random action is checked (and a one-hot one turned into indices for the envs)
+        as the policy's would be."""
+        self.aligned_inputs = runner.aligned_inputs
         self._probe: dict[NestedKey, Any] | None = None
         """The policy's outputs at its one call."""
         self._zeros: dict[int, dict[NestedKey, Any]] = {}

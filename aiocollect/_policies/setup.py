@@ -52,10 +52,12 @@ from .._envs.keyed import KeyedActions
 from .._envs.spaces import nest
 from .._errors import PolicyKeyError
 from .array import ArrayPolicy
+from .board_channel import BoardChannel
 from .graphs import CudaGraphs, cudagraph_warmup
 from .random import RandomPolicy, SpecRandomPolicy, is_torchrl_random
 from .runner import PolicyRunner, RandomActions
 from .weights import CopyChannel, FollowChannel, TorchWeights, WeightsChannel, tensor_state
+from .weights_board import WeightsBoard
 
 logger = logging.getLogger("aiocollect")
 
@@ -329,6 +331,7 @@ class PolicySetup:
                 self.weights = FollowChannel(weights, policy)
             else:
                 self.weights = CopyChannel(weights, policy if self.policy is not policy else None)
+            self._torch_weights = weights
         graphs = None
         if cuda_graphs is not None and device is not None and device.type == "cuda":
             # (the user's own module may have its tensors swapped: watched; the collector's copy is not)
@@ -346,6 +349,18 @@ class PolicySetup:
             PolicyRunner(self.random, obs_keys, device=None, exploration_type=exploration_type, weights=self.weights)
             if self.random is self.policy else RandomActions(self.runner, self.random)
         )
+
+    def publish_through(self, board: WeightsBoard) -> BoardChannel:
+        """The workers act with copies of the policy (``_policies.actor``): from now on its
+        weights are published into ``board``, copied once, and the policy here acts with the
+        board's views (``BoardChannel``). Before collecting, with nothing published yet."""
+        old = self.weights
+        source = self.user_policy if self.user_policy is not self.policy else None
+        channel = BoardChannel(self._torch_weights, source, board)
+        if old.latest:
+            raise RuntimeError("publish_through: weights were published already")
+        self.weights = self.runner.weights = channel
+        return channel
 
     @property
     def has_weights(self) -> bool:

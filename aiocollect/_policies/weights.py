@@ -152,7 +152,7 @@ def tensor_state(module: torch.nn.Module) -> dict[str, torch.Tensor]:
     buffers, the weights that updates and checkpoints carry. A module's *extra state*
     (``get_extra_state``, any picklable object) is not versioned weights: updates leave it as
     it is, as TorchRL's (``TensorDict.from_module``) do, and a policy that has some stays in
-    the main process (``_policies.in_workers.placement``)."""
+    the main process (``_collectors.placement``)."""
     return {k: v for k, v in module.state_dict(keep_vars=True).items() if isinstance(v, torch.Tensor)}
 
 

@@ -3,7 +3,7 @@
 Started by the pool as ``python -c BOOTSTRAP SOCK_FD SHM_FD DUMP_FD`` (``_workers.process``:
 the bootstrap keeps the current directory off ``sys.path``, then calls ``run``). It does
 not import torch (``import aiocollect`` is lazy): it needs gymnasium, numpy, cloudpickle and
-the user's env code; a worker given its own copy of the policy (``_policies.in_workers``)
+the user's env code; a worker given its own copy of the policy (``_policies.worker_actor``)
 imports torch for it. Nothing of the user's ``__main__`` module is re-imported; env
 factories arrive pickled by value with cloudpickle.
 
@@ -169,13 +169,13 @@ class _Worker:
         self.bell = setup["bell"]
         """The write end of the doorbell pipe all workers ring (``protocol.ring_fd``)."""
         self.policy = None
-        """The worker's own copy of the policy (``_policies.in_workers``), if it has one."""
+        """The worker's own copy of the policy (``_policies.worker_actor``), if it has one."""
         self.acts: list = [None] * len(self.parts)
         if setup.get("policy") is not None:
-            from .._policies.in_workers import WorkerPolicy
+            from .._policies.worker_actor import WorkerActor  # (torch: only for a worker given the policy)
 
             try:
-                policy = self.policy = WorkerPolicy(setup["policy"], self.shared.arrays, action_space, keys,
+                policy = self.policy = WorkerActor(setup["policy"], self.shared.arrays, action_space, keys,
                                                     setup["policy"]["seeds"][setup["index"]],
                                                     worker=setup["index"], first=lo)
             except BaseException as exc:  # (its class not importable here...): the policy's error, not an env's

@@ -31,6 +31,7 @@ class InlineWorker(LaneWorker):
 
     in_process = True
     takes_runs = False
+    acts_locally = False
     synchronous = True
     process = None
     error = None
@@ -49,7 +50,7 @@ class InlineWorker(LaneWorker):
                                max_frames_per_traj=max_frames_per_traj, reset_when_done=reset_when_done)
         self._done = False
 
-    def post(self, code: int, slot: int, col: int, count: int = 1) -> None:
+    def post(self, code: int, slot: int, col: int, count: int = 1, local: bool = False) -> None:
         """Carry out the command now (see the module docstring)."""
         if code == protocol.STEP_CODE:
             self.rows.step(self.group, slot, col)

@@ -8,14 +8,16 @@ their observations, rewards and flags there themselves, so nothing else crosses.
 of lane implement the protocol, each declaring it (``class Port(LaneWorker)``):
 
 * ``pool.Port``: a part of a worker process's envs, commanded over its control line in
-  shared memory (a ``ProcessLane``). Not ``in_process``; ``takes_runs``; its process
-  reports for it (``owner``: the ``pool.Worker``, whose one doorbell serves all its parts).
+  shared memory (a ``ProcessLane``). Not ``in_process``; ``takes_runs``; ``acts_locally``
+  when its worker was given a copy of the policy; its process reports for it (``owner``: the
+  ``pool.Worker``, whose one doorbell serves all its parts).
 * ``CoroutineWorker``: a worker entry of coroutine envs, run as tasks on the engine loop.
 * ``EnvLane``: one coroutine env of a ``Collector`` (``_coroutines.lanes``), a lane of one row.
 * ``InlineWorker``: a ``Collector``'s envs, stepped right inside ``post`` (``synchronous``).
 
-The capabilities are declared, never probed: the scheduler gives runs of random steps to
-lanes that ``takes_runs``, runs ``run_inline`` (no callbacks at all) over a lane that is
+The capabilities are declared, never probed: the scheduler gives runs of steps to lanes
+that ``takes_runs`` (runs acted by the worker's own copy of the policy only to lanes that
+``acts_locally``), runs ``run_inline`` (no callbacks at all) over a lane that is
 ``synchronous``, and flags on the control line of each lane that is not ``in_process`` (a
 ``ProcessLane``) whether it spins or sleeps (``E_ASLEEP``), so that its worker knows when
 to ring. A fifth kind of lane implements every member below and says which capabilities
@@ -84,6 +86,9 @@ class LaneWorker(LaneOwner, Protocol):
     synchronous: bool
     """A command is carried out before ``post`` returns (``completed()`` is then true), so
     ``Scheduler.run_inline`` can drive it round after round with no callback."""
+    acts_locally: bool
+    """Its envs' worker acts with its own copy of the policy: it takes ``local`` runs
+    (``post(RUN_CODE, ..., local=True)``; ``_policies.actor``)."""
 
     @property
     def owner(self) -> LaneOwner:
@@ -91,10 +96,12 @@ class LaneWorker(LaneOwner, Protocol):
         process whose doorbell reports for several lanes."""
         return self
 
-    def post(self, code: int, slot: int, col: int, count: int = 1) -> None:
+    def post(self, code: int, slot: int, col: int, count: int = 1, local: bool = False) -> None:
         """Start ``protocol.STEP_CODE`` or ``RESET_CODE`` (or ``RUN_CODE``: ``count`` steps,
         ``takes_runs`` lanes only) at ``slot``, column ``col`` of the storage. The actions
-        (and for a reset the seeds and which envs) are in the storage already."""
+        (and for a reset the seeds and which envs) are in the storage already, unless
+        ``local``: then the worker's own copy of the policy computes each step's actions
+        (``acts_locally`` lanes only)."""
         ...
 
     def completed(self) -> bool:

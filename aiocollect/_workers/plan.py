@@ -179,7 +179,8 @@ def _close_probe(where: str, entry: Any, group: Any) -> None:
 
 
 def plan_workers(create_env_fn: Any, create_env_kwargs: dict | None, *,
-                 policy_between_steps: bool = True, gpu_policy: bool = False, single: bool = False) -> WorkerPlan:
+                 policy_between_steps: bool = True, gpu_policy: bool = False, single: bool = False,
+                 parts: bool | None = None) -> WorkerPlan:
     """Validate ``create_env_fn`` and lay the workers out; see the module docstring.
 
     ``single``: ``create_env_fn`` is ``[the user's argument]``, one worker's entry
@@ -189,6 +190,7 @@ def plan_workers(create_env_fn: Any, create_env_kwargs: dict | None, *,
     ``policy_between_steps``: the policy runs between steps (``False`` for random actions,
     which workers take in runs of steps: then no worker is split in parts, as no policy
     call is there to overlap). ``gpu_policy``: it runs on a GPU (see ``pipeline``).
+    ``parts``: the collectors' ``pipeline`` keyword (``None``: ``pipeline`` chooses).
     """
     if isinstance(create_env_fn, (str, gym.Env, VectorEnv)) or not isinstance(create_env_fn, (list, tuple)):
         raise TypeError(
@@ -230,8 +232,9 @@ def plan_workers(create_env_fn: Any, create_env_kwargs: dict | None, *,
         specs.append(WorkerSpec(i, pickled[i], n, batched, lo, lo + n, coroutine))
         separable.append(separable_here)
         lo += n
-    if policy_between_steps and pipeline(sum(not w.coroutine for w in specs), gpu_policy):
-        least = 1 if env_flag("AIOCOLLECT_PIPELINE") else MIN_PART
+    if policy_between_steps and pipeline(sum(not w.coroutine for w in specs), gpu_policy, forced=parts):
+        asked = parts if parts is not None else env_flag("AIOCOLLECT_PIPELINE")
+        least = 1 if asked else MIN_PART  # (asked for: any worker of 2 envs or more is split)
         specs = [replace(w, parts=_halves(w.lo, w.num_envs, least)) if ok else w for w, ok in zip(specs, separable)]
     return WorkerPlan(tuple(specs), first[0], first[1], kwargs)
 
@@ -247,7 +250,7 @@ def _halves(lo: int, n: int, least: int = MIN_PART) -> tuple[tuple[int, int], ..
     return ((lo, mid), (mid, lo + n))
 
 
-def pipeline(processes: int, gpu_policy: bool = False, cores: int | None = None) -> bool:
+def pipeline(processes: int, gpu_policy: bool = False, cores: int | None = None, forced: bool | None = None) -> bool:
     """Whether process workers step their envs in two parts, in turn (see ``WorkerSpec.parts``;
     a worker needs ``2 * MIN_PART`` envs or more to be split).
 
@@ -264,9 +267,11 @@ def pipeline(processes: int, gpu_policy: bool = False, cores: int | None = None)
       cores``. On the 2-core VM, 1 worker x 8 pixel envs (1.6 ms a step) with a policy
       whose call waits 0.5 ms collects at 0.87 of the envs' limit in parts, 0.58-0.61 without.
 
-    ``AIOCOLLECT_PIPELINE=0``/``1`` forces it off/on (for any worker with at least 2 envs).
+    ``forced`` (the collectors' ``pipeline`` keyword), else ``AIOCOLLECT_PIPELINE=0``/``1``,
+    forces it off/on (on: for any worker with at least 2 envs).
     """
-    forced = env_flag("AIOCOLLECT_PIPELINE")
+    if forced is None:
+        forced = env_flag("AIOCOLLECT_PIPELINE")
     if forced is not None:
         return forced
     cores = usable_cores() if cores is None else cores

@@ -16,12 +16,15 @@ Everything here runs on the collector's engine loop (its private uvloop thread):
   period ``SIGTERM``, then ``SIGKILL``; a worker whose envs' ``close()`` raised says which
   (``protocol.CLOSED``), and that is logged (``aiocollect`` logger, ``ERROR``).
 * a ``Worker`` is the engine's end of one worker process: its socket, with a reader
-  callback that turns doorbells and error reports into ``on_reply(worker)`` calls, and its
+  callback that turns error reports (and the end of the process) into ``on_reply(worker)``
+  calls, and its
   ``ports``, one per part of its envs (``_workers.plan``), each with its own control line
   (``_workers.protocol``): ``post(STEP_CODE)`` and ``completed()``. The scheduler drives
   ports as lanes (``WorkerPool.lanes``). A worker that died (its socket closed, or its
   process exited) is reported the same way, with ``worker.error`` set to the
-  [`WorkerError`][aiocollect.WorkerError] to raise.
+  [`WorkerError`][aiocollect.WorkerError] to raise. Workers ring the engine's doorbell on
+  one pipe they all share (``_open_bell``): the engine wakes once for all of them, and the
+  scheduler reads every port's completion from the control block (``on_reply(RANG)``).
 
 A dead main process takes its workers with it: their socket reads end-of-file, and on
 Linux they also get ``SIGKILL`` from ``PR_SET_PDEATHSIG``.
@@ -175,6 +178,8 @@ class Port(LaneWorker):
     takes_runs = True
     """Takes ``RUN`` commands (steps in a row: see ``_workers.protocol``)."""
     synchronous = False
+    acts_locally = False
+    """Its worker acts with its own copy of the policy (set by the pool that gives it one)."""
 
     def __init__(self, worker: Worker, lo: int, hi: int):
         self.worker = worker
@@ -200,8 +205,6 @@ class Port(LaneWorker):
         """The sequence number of the last command posted (the ``CMD`` word holds it)."""
         return 0 if self.control is None else int(self.control[protocol.CMD]) >> 2
 
-    _posted = posted
-
     @property
     def error(self) -> WorkerError | None:
         return self.worker.error
@@ -222,7 +225,7 @@ class Port(LaneWorker):
     def on_reply(self, callback: Callable[[Worker], None]) -> None:
         self.worker.on_reply = callback
 
-    def post(self, code: int, slot: int, col: int, count: int = 1, local: int = 0) -> None:
+    def post(self, code: int, slot: int, col: int, count: int = 1, local: bool = False) -> None:
         """Ask for ``protocol.STEP_CODE``, ``RESET_CODE`` or ``RUN_CODE`` (``count`` steps)
         at ``slot``, ``col`` of the storage (``local``: with actions from the worker's own
         policy); ring if the worker sleeps."""
@@ -231,7 +234,7 @@ class Port(LaneWorker):
         ctl[protocol.SLOT] = slot
         ctl[protocol.COL] = col
         ctl[protocol.COUNT] = count
-        ctl[protocol.POLICY] = local
+        ctl[protocol.POLICY] = 1 if local else 0
         ctl[protocol.CMD] = seq * 4 + code  # last: the worker acts once it sees it
         self.worker.ring()
 
@@ -258,14 +261,14 @@ class WorkerPool:
 
     def __init__(self, plan: WorkerPlan, layout: Layout, *, reset_when_done: bool,
                  max_frames_per_traj: int | None = None, step_timeout: float | None = None,
-                 start_timeout: float | None = None, policy: dict | None = None):
+                 start_timeout: float | None = None, policy: dict | None = None, spin: bool | None = None):
         self.plan = plan
         self.start_timeout = start_timeout
         """How long the workers may take, together, to start (``None``: no bound; the
         collectors pass their ``start_timeout``, 300 s by default)."""
         self.layout = layout
         self.policy = policy
-        """What each worker needs to run its own copy of the policy (``_policies.in_workers``:
+        """What each worker needs to run its own copy of the policy (``_policies.actor.payload``:
         the pickled module, its outputs, seeds), or ``None``: actions come from the engine."""
         self.reset_when_done = reset_when_done
         self.max_frames_per_traj = max_frames_per_traj
@@ -277,9 +280,10 @@ class WorkerPool:
         self.shm_fd = create_segment(layout.size)
         self.shared = SharedArrays(layout, self.shm_fd)
         processes = sum(not spec.coroutine for spec in plan.workers)
-        self.spin_s = protocol.spin_budget(processes) if processes else 0.0
-        """How long the engine spins before blocking (0: never; see ``_workers.protocol``)."""
-        self.worker_spin_s = protocol.worker_spin_budget(processes)
+        self.spin_s = protocol.spin_budget(processes, spin) if processes else 0.0
+        """How long the engine spins before blocking (0: never; ``spin``: forced on or off;
+        see ``_workers.protocol``)."""
+        self.worker_spin_s = protocol.worker_spin_budget(processes, spin)
         """How long a worker spins before blocking."""
         self.processes = [w for w in self.workers if isinstance(w, Worker)]
         """The workers that are processes."""
@@ -291,6 +295,7 @@ class WorkerPool:
         for k, (lane, line) in enumerate(zip(self.lanes, self.shared.control)):  # (a coroutine worker's: unused)
             if isinstance(lane, Port):
                 lane.control, lane.line, lane.seen = line, k, self.seen
+                lane.acts_locally = policy is not None
             line[protocol.E_ASLEEP] = 1
             line[protocol.W_ASLEEP] = 1
         self._bell: tuple[int, int] | None = None
@@ -432,7 +437,7 @@ class WorkerPool:
         await loop.sock_sendall(parent, protocol.frame(setup))
         reply = await self._recv_frame(worker)
         if reply[0] == "error":
-            if reply[1].get("policy"):  # its copy of the policy could not be built (``_policies.in_workers``)
+            if reply[1].get("policy"):  # its copy of the policy could not be built (``_policies.worker_actor``)
                 raise policy_error_from_worker(spec.index, worker.pid, reply[1])
             raise EnvError.from_remote(spec.index, worker.pid, reply[1])
         worker.ready = True

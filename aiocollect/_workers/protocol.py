@@ -24,7 +24,7 @@ word           meaning
 ``W_ASLEEP``   the worker is (about to be) blocked on its socket: wake it with a byte
 ``E_ASLEEP``   the engine is (about to be) blocked in its event loop: wake it with a byte
 ``POLICY``     written by the engine before ``CMD``: 1 if the worker computes each step's actions
-               with its own copy of the policy (``_policies.in_workers``), 0 if they are in
+               with its own copy of the policy (``_policies.actor``), 0 if they are in
                shared memory
 ``ACTING``     written by the worker: 1 while its copy of the policy computes a step's actions,
                0 otherwise (the step watchdog reads it to tell a hung policy from a hung env)
@@ -114,27 +114,59 @@ WORKER_SPIN_S = 1e-3
 _LEN = struct.Struct("<I")
 
 
-def spin_budget(num_workers: int = 0) -> float:
-    """Seconds the engine spins before blocking: ``SPIN_S`` on x86-64 when it and the
-    ``num_workers`` workers each have a core (see the module docstring), else 0.
-    ``AIOCOLLECT_SPIN=0`` (or ``false``, ``no``, ``off``) turns it off, any other value on
-    (on at your own risk off x86-64)."""
-    forced = env_flag("AIOCOLLECT_SPIN")
+def spin_budget(num_workers: int = 0, forced: bool | None = None) -> float:
+    """Seconds the engine spins before blocking: ``SPIN_S``, or 0.
+
+    ``forced`` (the collectors' ``spin`` keyword), else ``AIOCOLLECT_SPIN`` (``0``, ``false``,
+    ``no``, ``off``: off; any other value: on, at your own risk off x86-64), else on x86-64
+    when the engine and the ``num_workers`` workers can each have a core that other programs
+    do not take (``free_cores``): spinning on a core another process wants slows both."""
+    if forced is None:
+        forced = env_flag("AIOCOLLECT_SPIN")
     if forced is not None:
         return SPIN_S if forced else 0.0
     if not _x86_64():
         return 0.0
-    return SPIN_S if num_workers + 1 <= usable_cores() else 0.0
+    return SPIN_S if num_workers + 1 <= free_cores() else 0.0
 
 
-def worker_spin_budget(num_workers: int = 0) -> float:
+def worker_spin_budget(num_workers: int = 0, forced: bool | None = None) -> float:
     """Seconds a worker spins before blocking: as the engine where the engine spins, or
-    where ``AIOCOLLECT_SPIN`` or the machine decides; otherwise (more processes than cores)
-    ``WORKER_SPIN_S``."""
-    engine = spin_budget(num_workers)
-    if engine or env_flag("AIOCOLLECT_SPIN") is not None or not _x86_64():
+    where ``forced``, ``AIOCOLLECT_SPIN`` or the machine decides; otherwise (more processes
+    than free cores) ``WORKER_SPIN_S``."""
+    engine = spin_budget(num_workers, forced)
+    if engine or forced is not None or env_flag("AIOCOLLECT_SPIN") is not None or not _x86_64():
         return engine
     return WORKER_SPIN_S
+
+
+def free_cores() -> float:
+    """The cores this process may run on, less what the machine runs besides (``busy_elsewhere``),
+    with half a core of slack so that a quiet machine's background noise counts for nothing."""
+    return usable_cores() - busy_elsewhere() + 0.5
+
+
+def busy_elsewhere() -> float:
+    """How many cores the machine keeps busy besides the thread asking: the lesser of the
+    1-minute load average, which also remembers this program's own recent work (a collector
+    just shut down, the previous benchmark row), and the tasks runnable right now, less the
+    one asking (``/proc/loadavg``; where there is none, the load average alone; with neither, 0)."""
+    try:
+        load = os.getloadavg()[0]
+    except OSError:  # (no load average on this system)
+        return 0.0
+    now = runnable_now()
+    return load if now is None else min(load, max(now - 1, 0))
+
+
+def runnable_now() -> int | None:
+    """The tasks runnable on the machine at this instant, this one included (Linux's
+    ``/proc/loadavg``: its fourth field, ``runnable/total``), or ``None`` where unknown."""
+    try:
+        with open("/proc/loadavg") as f:
+            return int(f.read().split()[3].split("/")[0])
+    except (OSError, IndexError, ValueError):
+        return None
 
 
 def env_flag(name: str) -> bool | None:

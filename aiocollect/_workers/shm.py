@@ -27,9 +27,11 @@ field               meaning
 ``seed_set``
 ==================  ==========================================================================
 
-With the policy in the workers (``_policies.in_workers``), fields the collector adds
+With the policy in the workers (``_policies.actor``), fields the collector adds
 (``extra``) follow: the policy's outputs ``out{i}`` (``[K, T, N, ...]``, as the main
-process stores them), each step's ``version``, and the weights the workers load.
+process stores them) and each step's ``version``; then the fields *kept* past shutdown
+(``kept``: the weights the workers load, whose memory the collector's own copy of the policy
+uses, ``_policies.weights_board``), which ``release`` leaves alone.
 
 After the fields comes the *control block*: one 128-byte line of ``int64`` per lane (a
 worker, or a part of a worker's envs: ``_workers.plan``; not per env), through which
@@ -80,14 +82,18 @@ class Layout:
     """``(lanes, CONTROL_WORDS)`` int64: each lane's control line."""
     slots: int = 2
     columns: int = 1
+    kept_from: int = -1
+    """Where the fields kept past ``SharedArrays.release`` begin (-1: none is kept)."""
 
     @classmethod
     def plan(cls, obs: list[tuple[np.dtype, tuple[int, ...]]], action: tuple[np.dtype, tuple[int, ...]],
              num_envs: int, num_lanes: int, columns: int = 1, slots: int = 2,
-             extra: list[tuple[str, np.dtype, tuple[int, ...]]] = ()) -> Layout:
+             extra: list[tuple[str, np.dtype, tuple[int, ...]]] = (),
+             kept: list[tuple[str, np.dtype, tuple[int, ...]]] = ()) -> Layout:
         """``obs``: (dtype, per-env shape) of each observation leaf; ``action`` likewise;
         ``columns``: steps per env of the longest batch; ``slots``: batches held at once;
-        ``extra``: more fields, ``(name, dtype, full shape)`` each."""
+        ``extra``: more fields, ``(name, dtype, full shape)`` each; ``kept``: more still, whose
+        memory ``SharedArrays.release`` keeps."""
         k, t, n = slots, columns, num_envs
         specs: list[tuple[str, np.dtype, tuple[int, ...]]] = []
         for i, (dtype, shape) in enumerate(obs):
@@ -103,13 +109,15 @@ class Layout:
             ("seed_set", np.dtype(bool), (n,)),
             *extra,
         ]
-        fields, offset = [], 0
-        for name, dtype, shape in specs:
+        fields, offset, kept_from = [], 0, -1
+        for i, (name, dtype, shape) in enumerate([*specs, *kept]):
+            if i == len(specs) and kept:
+                kept_from = offset
             field = Field(name, np.dtype(dtype).str, shape, offset)
             fields.append(field)
             offset += -(-max(field.nbytes, 1) // _ALIGN) * _ALIGN
         control = Field("control", np.dtype(np.int64).str, (num_lanes, CONTROL_WORDS), offset)
-        layout = cls(tuple(fields), offset + control.nbytes, len(obs), control, k, t)
+        layout = cls(tuple(fields), offset + control.nbytes, len(obs), control, k, t, kept_from)
         layout.check_fits()
         return layout
 
@@ -195,11 +203,15 @@ class SharedArrays:
         """Give the segment's memory back now, once no worker uses it (``shutdown()``): a
         collector object kept after its shutdown would otherwise hold its whole rollout
         storage until it is garbage-collected. The mapping stays (views of it may still
-        exist) and reads zeros; Linux only (``MADV_REMOVE``), elsewhere a no-op."""
+        exist) and reads zeros, but for the pages of the fields laid out as ``kept`` (from
+        ``Layout.kept_from`` on); Linux only (``MADV_REMOVE``), elsewhere a no-op."""
         advice = getattr(mmap, "MADV_REMOVE", None)
         if advice is not None and not self._map.closed:
+            kept = self.layout.kept_from
+            end = self.layout.size if kept < 0 else kept // mmap.PAGESIZE * mmap.PAGESIZE
             try:
-                self._map.madvise(advice)
+                if end:
+                    self._map.madvise(advice, 0, end)
             except OSError:  # a file system without hole punching: the memory goes with the object
                 pass
 

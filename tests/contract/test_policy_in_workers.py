@@ -1,4 +1,4 @@
-"""The policy in the workers (``_policies.in_workers``): each worker acts with its own copy of
+"""The policy in the workers (``_policies.actor``): each worker acts with its own copy of
 the policy, and the batches are what central inference gives: every output the policy writes,
 the version that computed each frame, new weights whole, seeds, errors and no leaks.
 
@@ -17,8 +17,9 @@ import torch.nn as nn
 from tensordict.nn import TensorDictModule
 
 from aiocollect import AsyncCollector, MultiAsyncCollector, MultiSyncCollector, StepTimeoutError
-from aiocollect._policies import in_workers as placement_module
-from aiocollect._policies.in_workers import placement as where_it_runs
+from aiocollect._collectors import placement as placement_module
+from aiocollect._collectors.placement import placement as where_it_runs
+from aiocollect._policies import weights_board
 from aiocollect._workers.protocol import usable_cores
 from support.envs import TAG, CounterEnv, HangingStepEnv, IntObsEnv, TaggedCounter
 from support.plain_modules import ArgmaxMLP, HangsAtStep
@@ -382,7 +383,7 @@ def test_a_worker_split_in_halves_for_the_policy_here_steps_whole_once_the_polic
     frame is the policy's. (The measured costs are set here: which place wins is the
     previous test's.)"""
     from aiocollect._collectors import worker_collectors
-    from aiocollect._policies.in_workers import Costs
+    from aiocollect._policies.costs import Costs
 
     monkeypatch.delenv("AIOCOLLECT_POLICY_IN_WORKERS", raising=False)
     monkeypatch.setenv("AIOCOLLECT_PIPELINE", "1")
@@ -464,7 +465,8 @@ def test_weights_shared_memory_cannot_hold_keep_the_policy_here_and_the_probe_ch
     from tensordict.nn import InteractionType
 
     from aiocollect._envs.spaces import ActionCheck, flatten_space
-    from aiocollect._policies.in_workers import measure, probe, scratch_copy
+    from aiocollect._policies.costs import measure
+    from aiocollect._policies.probe import probe, scratch_copy
 
     bf16 = TensorDictModule(nn.Linear(3, 3).to(torch.bfloat16), in_keys=["observation"], out_keys=["action"])
     assert where_it_runs(bf16, num_workers=8, policy_device=None, compiled=False, runs=True) == "cannot"
@@ -540,7 +542,7 @@ def test_a_ctrl_c_while_new_weights_are_copied_to_the_workers_neither_hangs_nor_
         assert c.policy_in_workers
         it = iter(c)
         assert check_versions(next(it)) == {0}
-        array, calls = placement_module._array, []
+        array, calls = weights_board._array, []
 
         def interrupted(tensor):
             calls.append(1)
@@ -548,16 +550,38 @@ def test_a_ctrl_c_while_new_weights_are_copied_to_the_workers_neither_hangs_nor_
                 raise KeyboardInterrupt
             return array(tensor)
 
-        monkeypatch.setattr(placement_module, "_array", interrupted)
+        monkeypatch.setattr(weights_board, "_array", interrupted)
         with pytest.raises(KeyboardInterrupt):
             c.update_policy_weights_(linear(1.0))
-        monkeypatch.setattr(placement_module, "_array", array)
+        monkeypatch.setattr(weights_board, "_array", array)
         seen = set()
         for _ in range(3):
             seen |= check_versions(next(it))  # (a hang here is the bug: the suite's timeout names it)
         assert seen == {1}
         c.update_policy_weights_(linear(2.0))  # (the word is even again: the next copy is seen)
         assert check_versions(next(it)) == {2}
+
+
+def test_an_update_is_in_effect_at_once_and_the_policy_keeps_it_past_shutdown(placement):
+    """With the policy in the workers, an update is copied once, into the shared weights that
+    the collector's own copy acts with: ``collector.policy`` and its checkpoint hold the new
+    weights as the call returns, and still after ``shutdown()``, which hands the rollout
+    storage's memory back but not the weights'."""
+    c = build(MultiSyncCollector, CounterEnv, two_heads(0), frames_per_batch=8, total_frames=-1)
+    with c:
+        assert c.policy_in_workers is (placement == "in_workers")
+        it = iter(c)
+        next(it)
+        new = two_heads(1)
+        assert c.update_policy_weights_(new) == 1
+        if placement == "in_workers":  # (central: loaded before the next call)
+            assert torch.equal(c.policy.module.linear.weight, new.module.linear.weight)
+        assert torch.equal(c.state_dict()["policy_state_dict"]["module.linear.weight"], new.module.linear.weight)
+        frames = torch.cat([flat(next(it)) for _ in range(3)])
+        frames = frames[frames["collector", "policy_version"] == 1]
+        assert len(frames) and torch.equal(frames["logits"], new.module(frames["observation"])[0])
+    assert torch.equal(c.policy.module.linear.weight, new.module.linear.weight)
+    assert torch.equal(c.policy.module.linear.bias, new.module.linear.bias)
 
 
 class DropoutHead(nn.Module):

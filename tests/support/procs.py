@@ -59,18 +59,19 @@ def aiocollect_threads() -> set[str]:
 
 def snapshot() -> tuple[set[int], set[str], set[str]]:
     """What this process holds that a collector could leak: its worker processes, its
-    aiocollect threads, its shared-memory fds (aiocollect's segments are memfds) and sockets.
+    aiocollect threads, its shared-memory fds (aiocollect's segments are memfds), sockets
+    and pipes (the workers' doorbell pipe, their stack-dump pipes).
 
     Only this process and its children are looked at, so other programs on the machine
     (another test run, a TorchRL job making /dev/shm segments) cannot fail a test."""
-    fds = {f for f in open_fds() if "memfd:aiocollect" in f or f.startswith("socket:")}
+    fds = {f for f in open_fds() if "memfd:aiocollect" in f or f.startswith(("socket:", "pipe:"))}
     return children(), aiocollect_threads(), fds
 
 
 def leftovers(before: tuple[set[int], set[str], set[str]]) -> dict[str, set]:
     """What ``snapshot()`` finds now that it did not find in ``before``; empty if nothing leaked."""
     now = snapshot()
-    names = ("worker processes", "threads", "shared-memory fds and sockets")
+    names = ("worker processes", "threads", "shared-memory fds, sockets and pipes")
     return {name: new - old for name, new, old in zip(names, now, before) if new - old}
 
 

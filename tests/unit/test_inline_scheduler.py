@@ -29,9 +29,12 @@ COLUMNS = 8
 
 
 class Scripted:
-    """A policy runner that plays ``actions[k]`` at its ``k``-th call, with version ``k``."""
+    """An actor (``_policies.actor.Actor``) that plays ``actions[k]`` at its ``k``-th call, with
+    version ``k``, here (no runs), its actions checked as a policy's."""
 
-    kind = "scripted"
+    runs = None
+    checks_actions = True
+    aligned_inputs = False
 
     def __init__(self, actions):
         self.actions, self.calls = actions, 0

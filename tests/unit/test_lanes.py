@@ -3,29 +3,34 @@
 Every kind of lane declares the protocol and its capabilities (never probed by the
 scheduler), the scheduler picks one round strategy from its lanes, and the scheduler and
 the step watchdog depend on the protocol, not on the pool that implements it. (What the
-strategies do is the contract suite's business, and ``test_inline_scheduler.py``'s.)
+strategies do is the contract suite's business, and ``test_inline_scheduler.py``'s.) Whether a
+lane acts with its worker's own copy of the policy is a capability too (``acts_locally``), and
+the rounds ask the actor what it does, never its kind.
 """
 
 from __future__ import annotations
 
 import ast
 import asyncio
+import inspect
 import pathlib
 
+import numpy as np
 import pytest
+from gymnasium import spaces
 
 import aiocollect
 from aiocollect._coroutines.lanes import EnvLane
 from aiocollect._coroutines.worker import CoroutineWorker
-from aiocollect._engine.rounds import Batching, EnvQueueRounds, InlineRounds, RandomRuns, WorkerRounds
+from aiocollect._engine.rounds import Batching, EnvQueueRounds, InlineRounds, RunRounds, WorkerRounds
 from aiocollect._engine.scheduler import Scheduler
 from aiocollect._engine.storage import RolloutStorage
 from aiocollect._engine.timelines import Timelines
 from aiocollect._envs.group import InProcessGroup
 from aiocollect._workers.inline_worker import InlineWorker
 from aiocollect._workers.lane import LaneOwner, LaneWorker, ProcessLane, ProcessWorker
-from aiocollect._workers.plan import WorkerSpec
-from aiocollect._workers.pool import Port, Worker
+from aiocollect._workers.plan import WorkerPlan, WorkerSpec
+from aiocollect._workers.pool import Port, Worker, WorkerPool
 from aiocollect._workers.shm import Layout, SharedArrays
 from support.envs import StepEnv
 
@@ -58,12 +63,13 @@ def one_of_each() -> dict[type, LaneWorker]:
     }
 
 
-# (in_process, takes_runs, synchronous) of each kind
+# (in_process, takes_runs, synchronous, acts_locally) of each kind (a port acts locally once
+# its pool gives its worker a copy of the policy: ``test_a_port_acts_locally_when_its_worker_has_the_policy``)
 CAPABILITIES = {
-    Port: (False, True, False),
-    CoroutineWorker: (True, False, False),
-    EnvLane: (True, False, False),
-    InlineWorker: (True, False, True),
+    Port: (False, True, False, False),
+    CoroutineWorker: (True, False, False, False),
+    EnvLane: (True, False, False, False),
+    InlineWorker: (True, False, True, False),
 }
 
 
@@ -72,7 +78,8 @@ def test_every_kind_of_lane_declares_the_protocol_and_its_capabilities(kind):
     lane = one_of_each()[kind]
     assert LaneWorker in kind.__mro__  # declared, not merely shaped alike
     assert isinstance(lane, LaneWorker) and isinstance(lane.owner, LaneOwner)
-    assert (lane.in_process, lane.takes_runs, lane.synchronous) == CAPABILITIES[kind]
+    assert (lane.in_process, lane.takes_runs, lane.synchronous, lane.acts_locally) == CAPABILITIES[kind]
+    assert "local" in inspect.signature(lane.post).parameters  # (what RunRounds passes: the protocol's)
     assert lane.num_envs == lane.hi - lane.lo and lane.env_steps == 0 and lane.error is None
     # what the scheduler once probed for is gone: capabilities say it
     for stub in ("runs", "sock", "alive") if kind is not CoroutineWorker else ("runs", "sock"):
@@ -119,13 +126,34 @@ def test_the_scheduler_picks_one_round_strategy_from_its_lanes():
     assert type(scheduler([inline]).rounds) is InlineRounds
     ports = Worker(spec()).ports
     assert type(scheduler(ports).rounds) is WorkerRounds
-    assert type(scheduler(ports, runs=True).rounds) is RandomRuns
+    assert type(scheduler(ports, runs=True).rounds) is RunRounds
     lanes = [EnvLane(None, i) for i in range(3)]
     assert type(scheduler(lanes, batching=Batching()).rounds) is EnvQueueRounds
     with pytest.raises(ValueError, match="one env each"):
         scheduler([EnvLane(None, 1)], batching=Batching())
     with pytest.raises(ValueError, match="run_inline drives one inline lane, not 2"):
         asyncio.run(scheduler(ports).run_inline(lambda: None, lambda: False))
+    with pytest.raises(NotImplementedError, match="WorkerRounds posts no runs"):
+        scheduler(ports).rounds.book_run(scheduler(ports).lanes[0])
+
+
+def test_a_port_acts_locally_when_its_worker_has_the_policy():
+    plan = WorkerPlan((spec(parts=((0, 4),)),), spaces.Box(-1, 1, (3,)), spaces.Discrete(2), {})
+    layout = Layout.plan([(np.dtype(np.float32), (3,))], (np.dtype(np.int64), ()), 4, 1)
+    for policy in (None, {"policy": b""}):
+        pool = WorkerPool(plan, layout, reset_when_done=True, policy=policy)
+        try:
+            assert [lane.acts_locally for lane in pool.lanes] == [policy is not None]
+        finally:
+            pool.kill_leftovers()
+
+
+@pytest.mark.parametrize("module", ["_engine/scheduler.py", "_engine/rounds.py"])
+def test_the_rounds_ask_the_actor_and_the_scheduler_asks_the_strategy(module):
+    """What an actor, a lane or a strategy does is declared (``_policies.actor``): no kind
+    strings, no ``isinstance`` of a strategy."""
+    source = (ROOT / module).read_text()
+    assert ".kind" not in source and "isinstance(self.rounds" not in source
 
 
 def test_per_env_rounds_queue_the_lanes_in_the_order_they_became_ready():

@@ -126,6 +126,18 @@ def test_aiocollect_pipeline_forces_parts_on_or_off(value, on, monkeypatch):
     assert plan.num_lanes == (16 if on else 8)
 
 
+@pytest.mark.parametrize(("parts", "env"), [(True, "0"), (False, "1"), (True, None), (False, None)])
+def test_the_pipeline_keyword_overrides_the_variable_and_the_machine(parts, env, monkeypatch):
+    if env is None:
+        monkeypatch.delenv("AIOCOLLECT_PIPELINE", raising=False)
+    else:
+        monkeypatch.setenv("AIOCOLLECT_PIPELINE", env)
+    monkeypatch.setattr(plan_module, "usable_cores", lambda: 1 if parts else 64)  # (the machine says otherwise)
+    plan = plan_workers([[Recorder()] * 4] * 3, None, parts=parts)
+    assert all(w.parts == (((w.lo, w.lo + 2), (w.lo + 2, w.hi)) if parts else ()) for w in plan.workers)
+    assert plan_workers([[Recorder()] * 4] * 3, None, parts=True, policy_between_steps=False).num_lanes == 3
+
+
 @pytest.mark.parametrize(("cores", "processes", "on"), [(2, 1, True), (2, 2, False), (16, 8, True), (16, 9, False)])
 def test_by_default_workers_pipeline_when_the_engine_has_cores_to_spare(cores, processes, on, monkeypatch):
     monkeypatch.delenv("AIOCOLLECT_PIPELINE", raising=False)

@@ -246,8 +246,15 @@ def test_control_words_are_distinct_and_fit_in_the_control_line_and_codes_in_two
 # --------------------------------------------------------------------------- spin_budget
 
 
+@pytest.fixture
+def quiet(monkeypatch):
+    """A machine whose other programs take no core (the 1-minute load average 0): the
+    default spins only by the cores, whatever this machine's load is now."""
+    monkeypatch.setattr(protocol.os, "getloadavg", lambda: (0.0, 0.0, 0.0))
+
+
 @pytest.mark.parametrize("machine", ["x86_64", "AMD64", "amd64"])
-def test_spin_budget_spins_by_default_on_x86_64(machine, monkeypatch):
+def test_spin_budget_spins_by_default_on_x86_64(machine, monkeypatch, quiet):
     monkeypatch.delenv("AIOCOLLECT_SPIN", raising=False)
     monkeypatch.setattr(protocol.platform, "machine", lambda: machine)
     assert protocol.spin_budget() == protocol.SPIN_S
@@ -267,7 +274,7 @@ def test_spin_budget_never_spins_by_default_off_x86_64(machine, monkeypatch):
     (16, 15, protocol.SPIN_S, protocol.SPIN_S),
     (16, 31, 0.0, protocol.WORKER_SPIN_S),
 ])
-def test_with_more_processes_than_cores_only_the_workers_spin(cores, workers, engine, worker, monkeypatch):
+def test_with_more_processes_than_cores_only_the_workers_spin(cores, workers, engine, worker, monkeypatch, quiet):
     monkeypatch.delenv("AIOCOLLECT_SPIN", raising=False)
     monkeypatch.setattr(protocol.platform, "machine", lambda: "x86_64")
     monkeypatch.setattr(protocol, "usable_cores", lambda: cores)
@@ -279,6 +286,65 @@ def test_with_more_processes_than_cores_only_the_workers_spin(cores, workers, en
         assert (protocol.spin_budget(workers), protocol.worker_spin_budget(workers)) == (0.0, 0.0)
     monkeypatch.setenv("AIOCOLLECT_SPIN", "1")
     assert (protocol.spin_budget(workers), protocol.worker_spin_budget(workers)) == (protocol.SPIN_S,) * 2
+
+
+@pytest.mark.parametrize(("cores", "workers", "load", "engine"), [
+    (2, 1, 0.4, protocol.SPIN_S),  # (background noise: half a core of slack)
+    (2, 1, 0.7, 0.0),  # (another program takes most of a core: the engine's or the worker's)
+    (16, 15, 0.3, protocol.SPIN_S),
+    (16, 8, 6.0, protocol.SPIN_S),
+    (16, 8, 8.0, 0.0),
+])
+def test_the_default_leaves_the_cores_other_programs_take(cores, workers, load, engine, monkeypatch):
+    monkeypatch.delenv("AIOCOLLECT_SPIN", raising=False)
+    monkeypatch.setattr(protocol.platform, "machine", lambda: "x86_64")
+    monkeypatch.setattr(protocol, "usable_cores", lambda: cores)
+    monkeypatch.setattr(protocol.os, "getloadavg", lambda: (load, 0.0, 0.0))
+    monkeypatch.setattr(protocol, "runnable_now", lambda: None)  # (the load average alone)
+    assert protocol.spin_budget(workers) == engine
+    assert protocol.worker_spin_budget(workers) == (engine or protocol.WORKER_SPIN_S)
+    monkeypatch.setattr(protocol, "runnable_now", lambda: 1 + round(load))  # (busy now as on average)
+    assert protocol.spin_budget(workers) == engine
+
+
+@pytest.mark.parametrize(("load", "now", "busy"), [
+    (3.0, 1, 0.0),  # (the load average remembers this program's own recent work: idle now)
+    (3.0, 2, 1.0),
+    (0.2, 9, 0.2),  # (a burst right now: the minute's average says it is not the rule)
+    (3.0, None, 3.0),  # (no /proc/loadavg: the average alone)
+])
+def test_what_the_machine_runs_besides_is_the_lesser_of_the_minute_and_the_instant(load, now, busy, monkeypatch):
+    monkeypatch.setattr(protocol.os, "getloadavg", lambda: (load, 0.0, 0.0))
+    monkeypatch.setattr(protocol, "runnable_now", lambda: now)
+    assert protocol.busy_elsewhere() == busy
+
+
+def test_the_runnable_tasks_are_read_off_this_machine():
+    now = protocol.runnable_now()
+    assert now is None or now >= 1  # (on Linux at least the thread asking)
+
+
+def test_a_machine_with_no_load_average_counts_as_quiet(monkeypatch):
+    def no_load():
+        raise OSError("no load average")
+    monkeypatch.delenv("AIOCOLLECT_SPIN", raising=False)
+    monkeypatch.setattr(protocol.platform, "machine", lambda: "x86_64")
+    monkeypatch.setattr(protocol, "usable_cores", lambda: 2)
+    monkeypatch.setattr(protocol.os, "getloadavg", no_load)
+    assert protocol.spin_budget(1) == protocol.SPIN_S
+
+
+@pytest.mark.parametrize("env", [None, "0", "1"])
+def test_the_spin_keyword_overrides_the_variable_and_the_machine(env, monkeypatch):
+    if env is None:
+        monkeypatch.delenv("AIOCOLLECT_SPIN", raising=False)
+    else:
+        monkeypatch.setenv("AIOCOLLECT_SPIN", env)
+    for machine, load in (("arm64", 0.0), ("x86_64", 9.0)):
+        monkeypatch.setattr(protocol.platform, "machine", lambda m=machine: m)
+        monkeypatch.setattr(protocol.os, "getloadavg", lambda v=load: (v, v, v))
+        assert (protocol.spin_budget(4, True), protocol.worker_spin_budget(4, True)) == (protocol.SPIN_S,) * 2
+        assert (protocol.spin_budget(4, False), protocol.worker_spin_budget(4, False)) == (0.0, 0.0)
 
 
 @pytest.mark.parametrize(("value", "expected"), [

@@ -1,6 +1,6 @@
 """Random actions in runs of steps (``policy=None``): a worker process is given several
 columns at once, with every step's actions drawn in advance, and the engine books the
-whole run when it completes (``rounds.RandomRuns._post_runs``, ``Timelines.ran``).
+whole run when it completes (``rounds.RunRounds._post_runs``, ``runner.DrawnRuns``, ``Timelines.ran``).
 
 The contract suite runs every collector with ``policy=None`` already; these tests pin
 what is particular to runs: that they happen, that a run leaves the batches exactly as
@@ -29,7 +29,7 @@ WORKERS = [[CounterEnv] * 3] * 2
 
 
 def commands_posted(collector) -> int:
-    return sum(lane.worker._posted for lane in collector._scheduler.lanes)
+    return sum(lane.worker.posted for lane in collector._scheduler.lanes)
 
 
 @pytest.mark.parametrize("cls", [MultiSyncCollector, MultiAsyncCollector])

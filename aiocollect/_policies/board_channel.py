@@ -1,0 +1,48 @@
+"""The publish side of the weights' board: a weights channel that copies each update once.
+
+``_policies.weights_board`` says how the board works; ``_policies.actor`` gives the tour.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from .weights import CopyChannel, TorchWeights
+from .weights_board import WeightsBoard, weight_tensors
+
+
+class BoardChannel(CopyChannel):
+    """The weights channel of a collector whose workers act with copies of its policy: the
+    publish side of the board (see the module docstring). Nothing is ever pending: a publish
+    copies the weights into the board, where the collector's own copy reads them, and is in
+    effect at once."""
+
+    def __init__(self, weights: TorchWeights, source: torch.nn.Module | None, board: WeightsBoard):
+        super().__init__(weights, source)
+        self.torch_weights = weights
+        self.board = board
+        board.share(weights.module)
+        weights._bind()  # (its targets are the board's views now)
+
+    def publish(self, weights: Any) -> int:
+        module = self.torch_weights.module
+        sources = self.torch_weights.sources(weights)  # (checked against the policy's names and shapes)
+        with self.lock:  # (no call of the policy here meanwhile, nor a checkpoint's read)
+            shapes = [tuple(a.shape) for a in self.board.arrays]
+            now = [tuple(t.shape) for t in weight_tensors(module)]
+            if now != shapes:  # (its tensors are no longer the board's views: the workers' copies cannot follow)
+                raise RuntimeError(
+                    f"policy: its weights are now of shapes {[list(x) for x in now]}, the workers' copies "
+                    f"{[list(x) for x in shapes]}: a policy whose weights change shape or number "
+                    "(a submodule replaced...) needs a new collector.")
+            with self._swap:
+                self.latest += 1
+                version = self.latest
+            try:
+                self.board.write(sources, [m.training for m in module.modules()], version)
+            finally:  # (a Ctrl-C in the copy lets it finish first: then it is published)
+                if self.board.version == version:
+                    self.version = version
+        return version
