@@ -58,7 +58,7 @@ PRELOAD = ("numpy", "gymnasium", "cloudpickle", "aiocollect._workers.child", "ai
            "aiocollect._workers.shm", "aiocollect._envs.group", "aiocollect._errors")
 """What every worker imports: the launcher imports it once, at its start."""
 
-TORCH = ("torch", "tensordict", "tensordict.nn", "aiocollect._policies.in_workers")
+TORCH = ("torch", "tensordict", "tensordict.nn")
 """What a worker with its own copy of the policy imports: the launcher imports it at the first
 such worker (``launch(..., torch=True)``)."""
 
