@@ -227,12 +227,7 @@ def serve(control_fd: int) -> None:
     import gc
     import traceback
 
-    for name in os.listdir("/proc/self/fd"):  # (posix_spawn passes every inheritable fd: keep none)
-        if int(name) not in (0, 1, 2, control_fd):
-            try:
-                os.close(int(name))
-            except OSError:
-                pass
+    _close_all_but(0, 1, 2, control_fd)  # (posix_spawn passes every inheritable fd: keep none)
     control = socket.socket(fileno=control_fd)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     try:
@@ -330,13 +325,7 @@ def _become_worker(request: dict, fds: list[int]) -> None:
         os.close(null)
         for fd, target in zip(moved, targets):
             os.dup2(fd, target, inheritable=True)
-        keep = {0, 1, 2, *targets}
-        for name in os.listdir("/proc/self/fd"):
-            if int(name) not in keep:
-                try:
-                    os.close(int(name))
-                except OSError:
-                    pass
+        _close_all_but(0, 1, 2, *targets)
         os.chdir(request["cwd"])
         os.environ.clear()
         os.environ.update(request["env"])
@@ -348,6 +337,16 @@ def _become_worker(request: dict, fds: list[int]) -> None:
     from . import child
 
     child.run(sys.argv)
+
+
+def _close_all_but(*keep: int) -> None:
+    """Close every fd of this process but ``keep``."""
+    for name in os.listdir("/proc/self/fd"):
+        if int(name) not in keep:
+            try:
+                os.close(int(name))
+            except OSError:
+                pass
 
 
 def _dup_above(fd: int, low: int) -> int:
