@@ -62,6 +62,14 @@ def _open_libuvs_own_pipe() -> None:
         loop.close()
 
 
+def pytest_sessionfinish(session):
+    """Stops this test process's warm launcher (``_warm_start``), if one runs: it would
+    otherwise exit only with the process, and its workers' CPU time would not be counted."""
+    from aiocollect._workers import launcher
+
+    launcher.shutdown()
+
+
 PLACEMENT = "AIOCOLLECT_POLICY_IN_WORKERS"
 _PLACED_OUTSIDE = PLACEMENT in os.environ
 """The run was started with a placement of its own (``AIOCOLLECT_POLICY_IN_WORKERS=1 pytest``:
@@ -90,6 +98,35 @@ def _policy_placement(request, monkeypatch):
     monkeypatch.setenv(PLACEMENT, "0")
 
 
+WARM_START = "AIOCOLLECT_WARM_START"
+_WARM_OUTSIDE = WARM_START in os.environ
+
+
+@pytest.fixture(autouse=True)
+def _warm_start(request, monkeypatch):
+    """Worker processes start from the warm launcher (``aiocollect._workers.launcher``): forked
+    from an interpreter that imported the worker, and torch for the workers with a copy of the
+    policy, once per test process, instead of a fresh interpreter per worker (0.15 s of CPU each,
+    1.5 s with torch: most of what ``contract/`` and ``variants/`` spent). The fresh start,
+    which users get by default, stays under test: the contract's ``MultiSync-process`` variant,
+    every test marked ``cold_start`` (where the start-up itself is what it is about), and the
+    users' programs (``artifacts/``, ``torchrl_corpus/``, ``gpu/``: subprocesses that do not
+    inherit the switch), and a run started with ``AIOCOLLECT_WARM_START`` set is left as it is.
+    The launcher is started here, before ``leak_check`` takes its snapshot: its process and
+    socket are the test process's, not the test's (``support.procs.children`` counts the workers
+    it forked)."""
+    if _WARM_OUTSIDE or request.node.get_closest_marker("cold_start"):
+        return
+    if request.node.path.resolve().relative_to(_TESTS).parts[0] in _USERS_PROGRAMS:
+        return
+    if "variant" in request.fixturenames and not getattr(request.getfixturevalue("variant"), "warm", True):
+        return  # (the contract's variants; ``variant`` is a plain parameter in some files)
+    from aiocollect._workers import launcher
+
+    launcher.launcher()
+    monkeypatch.setenv(WARM_START, "1")
+
+
 @pytest.fixture
 def no_thread_leak():
     """Fails the test if an aiocollect loop thread outlives it."""
@@ -110,8 +147,17 @@ def spin_mode(request, monkeypatch):
     return request.param
 
 
+@pytest.fixture(params=["fresh", "warm"])
+def worker_start(request, monkeypatch):
+    """Run a test both ways worker processes start: as fresh interpreters (the default), and
+    forked from the warm launcher (``AIOCOLLECT_WARM_START=1``, which a script run by the test
+    inherits), for what the start or the death of the main process must keep either way."""
+    monkeypatch.setenv(WARM_START, "1" if request.param == "warm" else "0")
+    return request.param
+
+
 @pytest.fixture
-def leak_check():
+def leak_check(_warm_start):
     """Nothing a collector created outlives the test: no worker process, no aiocollect thread,
     no shared-memory fd or socket (``support.procs.leftovers``). Only this process and its
     children are looked at, never all of /dev/shm, so other programs cannot fail a test.

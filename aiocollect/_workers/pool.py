@@ -430,7 +430,8 @@ class WorkerPool:
             env = dict(os.environ)
             env["PYTHONPATH"] = os.pathsep.join([_PACKAGE_ROOT, *filter(None, [env.get("PYTHONPATH")])])
             worker.process = WorkerProcess(worker_command(child.fileno(), self.shm_fd, dump_w),
-                                           pass_fds=[child.fileno(), self.shm_fd, dump_w, self._bell[1]], env=env)
+                                           pass_fds=[child.fileno(), self.shm_fd, dump_w, self._bell[1]], env=env,
+                                           torch=self.policy is not None)
             worker.pid = worker.process.pid
         finally:
             child.close()

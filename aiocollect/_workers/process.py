@@ -19,6 +19,10 @@ from its setup message (which has the current directory if, and only if, the mai
 had it). ``-P`` (Python >= 3.11) would do the same for the first step only, and ``-I``
 would also drop ``PYTHONPATH``, through which the worker finds aiocollect.
 
+**Warm start.** With ``AIOCOLLECT_WARM_START=1``, a worker is instead forked from a launcher
+that imported the worker once (``_workers.launcher``, which says what it keeps of a fresh
+interpreter): its pidfd comes from the launcher and its exit status too; the rest is as above.
+
 Everything but ``kill_now`` runs on the engine loop that started the process.
 """
 
@@ -26,9 +30,12 @@ from __future__ import annotations
 
 import asyncio
 import os
+import select
 import signal
 import subprocess
 import sys
+
+from . import launcher
 
 BOOTSTRAP = (
     "import sys; sys.path[:1] = [p for p in sys.path[:1] if p]; "
@@ -53,26 +60,37 @@ class WorkerProcess:
         args: the command line (``worker_command``).
         pass_fds: file descriptors the process inherits (its socket, shared memory...).
         env: its environment variables.
+        torch: it will import torch (its own copy of the policy): a warm launcher imports
+            torch before it forks it.
     """
 
-    def __init__(self, args: list[str], *, pass_fds: list[int], env: dict[str, str]):
-        # A session of its own: the terminal's Ctrl-C (sent to the whole foreground process
-        # group) reaches only the main process, which handles it, and never a worker still
-        # starting up (which would print a KeyboardInterrupt traceback of its imports).
-        self._popen = subprocess.Popen(args, pass_fds=pass_fds, stdin=subprocess.DEVNULL, env=env,
-                                       start_new_session=True)
-        self.pid = self._popen.pid
+    def __init__(self, args: list[str], *, pass_fds: list[int], env: dict[str, str], torch: bool = False):
+        self._popen: subprocess.Popen | None = None
+        self._launcher: launcher.Launcher | None = None
+        if launcher.enabled():
+            self._launcher = launcher.launcher()
+            self.pid, self._pidfd = self._launcher.fork(args[3:], pass_fds, env, torch=torch)
+        else:
+            # A session of its own: the terminal's Ctrl-C (sent to the whole foreground process
+            # group) reaches only the main process, which handles it, and never a worker still
+            # starting up (which would print a KeyboardInterrupt traceback of its imports).
+            self._popen = subprocess.Popen(args, pass_fds=pass_fds, stdin=subprocess.DEVNULL, env=env,
+                                           start_new_session=True)
+            self.pid = self._popen.pid
+            self._pidfd = _pidfd_open(self.pid)
         self.returncode: int | None = None
         self._loop = asyncio.get_running_loop()
         self._exited = asyncio.Event()
-        self._pidfd = _pidfd_open(self.pid)
         if self._pidfd >= 0:
             self._loop.add_reader(self._pidfd, self._on_exit)
 
     def poll(self) -> int | None:
         """The exit status if the process has exited (reaping it), else ``None``."""
         if self.returncode is None:
-            self.returncode = self._popen.poll()
+            if self._popen is not None:
+                self.returncode = self._popen.poll()
+            elif self._pidfd >= 0 and select.select([self._pidfd], [], [], 0)[0]:
+                self.returncode = self._launcher.returncode(self.pid)
         return self.returncode
 
     async def wait(self) -> int:
@@ -105,11 +123,19 @@ class WorkerProcess:
         """From any thread, once the engine loop is gone: ``SIGKILL`` and reap the process
         if it still runs, and forget it."""
         if self.poll() is None:
-            try:
-                os.kill(self.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-            self.returncode = self._popen.wait()
+            if self._popen is None:
+                try:
+                    signal.pidfd_send_signal(self._pidfd, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+                select.select([self._pidfd], [], [])
+                self.poll()
+            else:
+                try:
+                    os.kill(self.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+                self.returncode = self._popen.wait()
         if self._pidfd >= 0:
             os.close(self._pidfd)  # (its loop is gone, and its reader with it)
             self._pidfd = -1

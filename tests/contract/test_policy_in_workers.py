@@ -405,6 +405,7 @@ def _maps(pid: int, library: str) -> bool:
         return library in f.read()
 
 
+@pytest.mark.cold_start  # (a warm launcher has imported torch once for all its workers)
 @pytest.mark.parametrize("policy_kind", ["mlp", "random", "plain"])
 def test_only_workers_given_the_policy_import_torch(policy_kind, in_workers):
     """The lean worker loads no torch; one with the policy does, and tensordict only where

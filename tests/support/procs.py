@@ -9,8 +9,13 @@ import time
 
 
 def children() -> set[int]:
-    """Pids of this process's live (non-zombie) env workers."""
+    """Pids of this process's live (non-zombie) env workers: its children that run a worker,
+    and every process its warm launcher forked (``aiocollect._workers.launcher``)."""
+    from aiocollect._workers import launcher
+
     me, out = os.getpid(), set()
+    warm = launcher.current()
+    forked_by = warm.pid if warm is not None else None
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
             continue
@@ -19,7 +24,9 @@ def children() -> set[int]:
                 fields = f.read().rsplit(")", 1)[1].split()
         except OSError:
             continue
-        if int(fields[1]) == me and fields[0] != "Z" and _is_worker(entry):
+        if fields[0] == "Z":
+            continue
+        if (int(fields[1]) == me and _is_worker(entry)) or int(fields[1]) == forked_by:
             out.add(int(entry))
     return out
 

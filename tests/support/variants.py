@@ -36,6 +36,11 @@ class Variant:
     machine with no core left for the engine), not in the main process, unless the test or the
     run sets the placement itself. (``MultiAsync-process``: so the whole contract holds in
     both places on any machine.)"""
+    warm: bool = True
+    """Its worker processes are forked from the warm launcher (``AIOCOLLECT_WARM_START``, set by
+    ``tests/conftest.py``'s ``_warm_start``), not started as fresh interpreters, unless the run
+    sets the switch itself. (``MultiSync-process`` starts them fresh, as users get them by
+    default: so the whole contract holds both ways.)"""
 
     def __repr__(self) -> str:
         return self.name
@@ -95,7 +100,7 @@ VARIANTS = [
     Variant("Collector-inline", Collector, "inline", 4, 1, list),
     Variant("Collector-vector", Collector, "vector", 4, 1, lambda fns: (lambda: gym.vector.SyncVectorEnv(fns))),
     Variant("Collector-coroutine", Collector, "coroutine", 4, 1, list),
-    Variant("MultiSync-process", MultiSyncCollector, "process", 4, 2, _chunks(2)),
+    Variant("MultiSync-process", MultiSyncCollector, "process", 4, 2, _chunks(2), warm=False),
     Variant("MultiSync-coroutine", MultiSyncCollector, "coroutine", 4, 2, _chunks(2)),
     Variant("MultiAsync-process", MultiAsyncCollector, "process", 4, 2, _chunks(2), in_workers=True),
     Variant("AsyncCollector-process", AsyncCollector, "process", 2, 1, list),

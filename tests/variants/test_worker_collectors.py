@@ -210,6 +210,7 @@ def test_set_seed_counts_envs_over_all_workers():
     assert a[:, 1].tolist() == expected
 
 
+@pytest.mark.cold_start  # (the warm launcher imports torch once, for the workers with a policy)
 def test_workers_do_not_import_torch():
     with MultiSyncCollector([TorchProbeEnv] * 2, None, frames_per_batch=4, total_frames=4) as c:
         (data,) = list(c)

@@ -79,6 +79,7 @@ def _start_script(body: str) -> tuple[subprocess.Popen, list[int]]:
     return proc, [int(p) for p in proc.stdout.readline().split()]
 
 
+@pytest.mark.usefixtures("worker_start")
 def test_main_process_dying_takes_its_workers():
     proc, pids = _start_script("c.rollout(); print('ready', flush=True); time.sleep(60)")
     assert proc.stdout.readline().strip() == "ready"

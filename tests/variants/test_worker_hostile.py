@@ -99,6 +99,7 @@ KILLED = textwrap.dedent(
 )
 
 
+@pytest.mark.usefixtures("worker_start")
 def test_workers_of_a_killed_main_process_exit_quietly():
     """The workers share the main process's stderr: it stays empty, and reads end-of-file
     once every worker is gone. (Six workers, busy: each meets the reset of its control
@@ -112,6 +113,55 @@ def test_workers_of_a_killed_main_process_exit_quietly():
     assert proc.returncode == -signal.SIGKILL
     assert "Traceback" not in err and "Error" not in err, err
     assert wait_until(lambda: not any(alive(p) for p in pids))
+
+
+def test_a_warm_worker_left_running_is_seen_by_the_leak_check():
+    """Workers forked by the warm launcher are the launcher's children, not this process's:
+    ``support.procs.children`` (what the leak check looks at) still finds them while they run,
+    and not once the collector is shut down."""
+    from support.procs import children
+
+    assert os.environ.get("AIOCOLLECT_WARM_START") == "1"  # (tests/conftest.py's _warm_start)
+    before = children()
+    c = _collector(MultiSyncCollector, [CounterEnv] * 2)
+    c.rollout()
+    pids = {w.pid for w in c.statistics().workers}
+    assert children() - before == pids
+    c.shutdown()
+    assert wait_until(lambda: children() == before)
+
+
+def test_the_workers_of_a_warm_launcher_die_with_it():
+    """A launcher that exits (the main process closed its socket, or died) kills its workers,
+    and a worker killed under it reports its signal as ``Popen.returncode`` would."""
+    import select
+    import socket
+
+    from aiocollect._workers import launcher
+
+    own = launcher.Launcher()
+    socks = [socket.socketpair() for _ in range(2)]
+    started: list[tuple[int, int]] = []
+    try:
+        started += [own.fork([str(theirs.fileno()), str(theirs.fileno())], [theirs.fileno()], dict(os.environ))
+                   for _, theirs in socks]  # (each waits for its setup message)
+        for _, theirs in socks:
+            theirs.close()
+        (first, first_fd), (second, second_fd) = started
+        assert own.returncode(first) is None and alive(first)
+        signal.pidfd_send_signal(first_fd, signal.SIGKILL)
+        assert select.select([first_fd], [], [], 10)[0]
+        assert own.returncode(first) == -signal.SIGKILL
+        own.close()
+        assert select.select([second_fd], [], [], 10)[0], "a worker outlived its launcher"
+        assert not alive(second)
+    finally:
+        own.close()
+        for ours, theirs in socks:
+            ours.close()
+            theirs.close()
+        for _, fd in started:
+            os.close(fd)
 
 
 # --------------------------------------------------------------------------- the current directory
@@ -135,6 +185,7 @@ FROM_CWD = textwrap.dedent(
 )
 
 
+@pytest.mark.usefixtures("worker_start")
 def test_workers_do_not_import_modules_from_the_current_directory(tmp_path):
     """``python script.py`` started from a directory holding a ``traceback.py``: the main process
     does not have that directory on its path, and neither may its workers."""
