@@ -2,7 +2,7 @@
 
 A worker started as ``python -c BOOTSTRAP`` (``_workers.process``) spends about 0.3 s of CPU
 importing numpy, gymnasium and aiocollect's worker before it builds an env, and 1.5 s more
-when it gets its own copy of a torch policy (``_policies.in_workers``). A program that builds
+when it gets its own copy of a torch policy (``_policies.worker_actor``). A program that builds
 many collectors (a test suite, a hyper-parameter sweep) pays that for every worker of every
 collector. With ``AIOCOLLECT_WARM_START=1`` in the environment, the main process instead
 starts one *launcher* (a child of its own, at the first worker it needs) that imports those
@@ -260,7 +260,7 @@ def serve(control_fd: int) -> None:
 
     control.send(b'{"ready": true}')
     while True:
-        ready, _, _ = select.select([control, wake_r], [], [])
+        ready, _, _ = select.select([control.fileno(), wake_r], [], [])
         if wake_r in ready:
             try:
                 while os.read(wake_r, 512):
@@ -268,7 +268,7 @@ def serve(control_fd: int) -> None:
             except BlockingIOError:
                 pass
             reap()
-        if control not in ready:
+        if control.fileno() not in ready:
             continue
         try:
             data, fds, _, _ = socket.recv_fds(control, 1 << 20, 64)

@@ -89,7 +89,7 @@ class WorkerProcess:
         if self.returncode is None:
             if self._popen is not None:
                 self.returncode = self._popen.poll()
-            elif self._pidfd >= 0 and select.select([self._pidfd], [], [], 0)[0]:
+            elif self._launcher is not None and self._pidfd >= 0 and select.select([self._pidfd], [], [], 0)[0]:
                 self.returncode = self._launcher.returncode(self.pid)
         return self.returncode
 
