@@ -483,6 +483,13 @@ class WorkerPool:
             pass
         self.processes[0].on_reply(RANG)
 
+    def _mute_bell(self) -> None:
+        """Stop reading the doorbell pipe (it stays open: a worker that rings it meanwhile
+        finds it so, until ``_close_bell``)."""
+        if self._bell is not None:
+            with contextlib.suppress(ValueError, RuntimeError):  # (the loop is gone: kill_leftovers)
+                asyncio.get_running_loop().remove_reader(self._bell[0])
+
     def _close_bell(self) -> None:
         if self._bell is not None:
             read, write = self._bell
@@ -523,6 +530,8 @@ class WorkerPool:
                     for cw in coroutine:
                         tg.start_soon(cw.aclose)
         live = [(w, w.process) for w in self.processes if w.process is not None]
+        self._mute_bell()  # (as each worker's socket below: no completion reaches the engine, which
+        # would post the next command, a run of steps that no CLOSE would cut, while they stop)
         for w, process in live:
             w.stop_reading()
             if process.returncode is None and self.step_timeout is not None and w.error is None \

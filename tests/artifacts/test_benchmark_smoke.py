@@ -107,7 +107,10 @@ def test_engine_benchmark_quick_mode_reports_every_section(tmp_path):
     # A smoke run's limit (as a quick run's) is 2,000 steps taken while the other pytest worker
     # competes for a core, so a ratio can read well over 1 (1.6 seen in CI); a miscounted batch
     # or limit reads off by a factor of W or 16, which this bound still catches.
-    assert len(ratios) == 8 and all(0 < r < 4 for r in ratios)  # E, R and P
+    assert len(ratios) == 10 and all(0 < r < 4 for r in ratios)  # E, R, P and K (the hand-off: 2 rows)
+    assert sum(r["section"] == "K" and r["name"].startswith("aiocollect") for r in rows) == 2
+    capacity = [r for r in rows if r["section"] == "C"]  # (the engine's CPU per frame, 1 x 256 and 15 x 16)
+    assert len(capacity) == 2 and all(r["unit"] == "us/frame" and r["best"] > 0 for r in capacity)
     # the second limit (the envs in a gymnasium SyncVectorEnv): measured in E and R, and every
     # frames/s row of those sections has a ratio to it
     e_and_r = [r for r in rows if r["section"] in ("E2", "R2") and r["unit"] == "frames/s"]
