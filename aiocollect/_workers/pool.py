@@ -492,10 +492,9 @@ class WorkerPool:
 
     def _close_bell(self) -> None:
         if self._bell is not None:
+            self._mute_bell()
             read, write = self._bell
             self._bell = None
-            with contextlib.suppress(ValueError, RuntimeError):  # (the loop is gone: kill_leftovers)
-                asyncio.get_running_loop().remove_reader(read)
             os.close(read)
             os.close(write)
 
