@@ -95,3 +95,14 @@ def test_a_bad_value_names_the_keyword_before_any_worker_starts(keyword, value):
     with pytest.raises(TypeError, match=rf"{keyword} must be True, False or None"):
         aiocollect.MultiAsyncCollector(entries(), policy(), frames_per_batch=16, **{keyword: value})
     assert set(children()) == before
+
+
+async def test_the_keywords_hold_on_the_async_face(monkeypatch):
+    monkeypatch.setenv("AIOCOLLECT_SPIN", "1")
+    monkeypatch.setenv("AIOCOLLECT_PIPELINE", "0")
+    async with aiocollect.MultiAsyncCollector(entries(1, 4), policy(), frames_per_batch=28, total_frames=56,
+                                              spin=False, pipeline=True, policy_placement="central") as collector:
+        assert collector.spin is False and collector.pipeline is True and halves_of(collector) == {2}
+        batches = [batch async for batch in collector]
+    assert [b.numel() for b in batches] == [28, 28]
+    assert all((b["next", "observation"][..., 0] == b["observation"][..., 0] + 1).all() for b in batches)
