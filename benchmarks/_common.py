@@ -22,17 +22,26 @@ def add_smoke_argument(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--smoke", action="store_true", default=smoke_from_environment(),
         help="the tests' run: every row and section of --quick, each measured as briefly as it can be, one run, "
-             "TorchRL's worker processes forked, not spawned, on Linux (start-up is not timed); it checks that "
+             "TorchRL's worker processes forked, not spawned, on Linux (start-up is not timed; the engine "
+             "benchmark's aiocollect workers start from the warm launcher); it checks that "
              f"the script runs and reports, its numbers mean little. {SMOKE_VAR}=1 in the environment does the same")
 
 
-def start_smoke(args: argparse.Namespace) -> None:
+def start_smoke(args: argparse.Namespace, warm: bool = False) -> None:
     """``--smoke`` implies ``--quick``; on Linux, TorchRL's multi-process collectors then fork
     their workers (a spawned one imports torchrl: 10-20 s on a busy 2-core machine, untimed but
     most of a smoke run). Must run before a TorchRL collector starts (TorchRL takes the global
-    start method where one is set)."""
+    start method where one is set). With ``warm``, aiocollect's workers start from the warm
+    launcher (``AIOCOLLECT_WARM_START=1``, ``aiocollect._workers.launcher``): forked from one
+    interpreter that imported them once, as the test suite's own collectors start (a fresh one
+    costs 0.3 s of CPU, 1.8 s with a copy of a torch policy; the engine benchmark's smoke run
+    starts about forty). Rows run in a subprocess inherit it; a value the caller set is kept.
+    (Not for a script that checks that no child process outlives its collectors: the launcher
+    does, by design.)"""
     if args.smoke:
         args.quick = True
+        if warm:
+            os.environ.setdefault("AIOCOLLECT_WARM_START", "1")
         if sys.platform.startswith("linux"):
             multiprocessing.set_start_method("fork", force=True)
 

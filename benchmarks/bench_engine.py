@@ -61,7 +61,7 @@ collectors >= 0.7 and >= 0.8 of their limits; M with the MLP <= 1.5 us; C <= 0.3
 
     python benchmarks/bench_engine.py                # a few minutes on 2 cores
     python benchmarks/bench_engine.py --quick        # smoke run, about a minute
-    python benchmarks/bench_engine.py --smoke        # --quick, TorchRL's workers forked (the tests')
+    python benchmarks/bench_engine.py --smoke        # --quick, TorchRL's workers forked, ours warm (the tests')
     python benchmarks/bench_engine.py --workers 2 8  # sections E, R and V per worker count
     python benchmarks/bench_engine.py --sections E M # only the headline and the main process's CPU
 """
@@ -782,7 +782,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sections", nargs="+", choices=list("ERVPLMCKW"), default=list("ERVPLMCKW"),
                         help="run only these sections (default: all)")
     args = parser.parse_args(argv)
-    start_smoke(args)
+    start_smoke(args, warm=True)
     repeats = args.repeats or (1 if args.quick else 3)
     torch.set_num_threads(1)
     env = environment()
