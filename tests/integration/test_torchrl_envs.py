@@ -9,6 +9,7 @@ shapes, batch size and names, plus aiocollect's ``("collector", "policy_version"
 
 from __future__ import annotations
 
+import gc
 import warnings
 
 import pytest
@@ -310,11 +311,11 @@ def test_an_env_class_is_a_factory_in_every_collector_as_in_torchrl():
     check_batch(ours)
 
 
-@pytest.mark.usefixtures("leak_check")
-def test_a_torchrl_env_instance_as_a_worker_entry_is_copied_to_its_worker_as_in_torchrl():
-    """TorchRL's multi-process collectors take a (batched) env instance as a worker's entry and
-    step a copy of it in the worker; aiocollect refused it ("a worker builds its own envs";
-    issue 51). The instance stays the caller's, untouched and open."""
+@pytest.fixture
+def torchrl_batch_of_an_env_instance():
+    """A ``SerialEnv`` instance and the first batch of TorchRL's ``MultiSyncCollector`` with it
+    as both workers' entry. Taken before the test's leak check begins: TorchRL's collector may
+    close its pipes after its ``shutdown()`` returns, and they are not aiocollect's to answer for."""
     from torchrl.collectors import MultiSyncCollector as TorchRLMultiSync
     from torchrl.testing.mocking_classes import ContinuousActionVecMockEnv
 
@@ -324,6 +325,18 @@ def test_a_torchrl_env_instance_as_a_worker_entry_is_copied_to_its_worker_as_in_
         expected = next(iter(theirs))
     finally:
         theirs.shutdown()
+    del theirs
+    gc.collect()
+    yield env, expected
+    env.close()
+
+
+def test_a_torchrl_env_instance_as_a_worker_entry_is_copied_to_its_worker_as_in_torchrl(
+        torchrl_batch_of_an_env_instance, leak_check):
+    """TorchRL's multi-process collectors take a (batched) env instance as a worker's entry and
+    step a copy of it in the worker; aiocollect refused it ("a worker builds its own envs";
+    issue 51). The instance stays the caller's, untouched and open."""
+    env, expected = torchrl_batch_of_an_env_instance
     ours = first_batch(aiocollect.MultiSyncCollector([env, env], None, frames_per_batch=40, total_frames=40))
     assert ours.batch_size == expected.batch_size == (2, 2, 10)
     check_batch(ours)
@@ -331,7 +344,6 @@ def test_a_torchrl_env_instance_as_a_worker_entry_is_copied_to_its_worker_as_in_
                       aiocollect.AsyncCollector(env, None, frames_per_batch=20, total_frames=20)):
         assert first_batch(collector).batch_size == (2, 10)
     assert env.rollout(3).batch_size == (2, 3)  # (the caller's instance: still usable)
-    env.close()
 
 
 @pytest.mark.parametrize("max_frames_per_traj", [None, 3])
