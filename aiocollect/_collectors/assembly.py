@@ -124,8 +124,7 @@ def lanes_here(resources: Resources, group: Any, envs: EnvShape, options: Collec
     too: the collector cancels and closes them)."""
     shared = SharedArrays(envs.layout(group.num_envs, 1, columns=columns, slots=1), -1)
     if not isinstance(group, CoroutineGroup):
-        # (ignore: lane.py's LaneWorker.steps_done and cut_run, bodies that raise, read as abstract)
-        worker = InlineWorker(group, shared, max_frames_per_traj=options.max_frames_per_traj,  # type: ignore[abstract]
+        worker = InlineWorker(group, shared, max_frames_per_traj=options.max_frames_per_traj,
                               reset_when_done=options.reset_when_done)
         return Lanes(shared, [worker]), None
     coroutines = CoroutineEnvs(group, shared, max_frames_per_traj=options.max_frames_per_traj,

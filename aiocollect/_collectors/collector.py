@@ -31,7 +31,7 @@ from .._engine.trajectories import split_trajectories
 from .._envs.agents import stack_agents
 from .._envs.build import check_create_env_fn, make_group
 from .._envs.coroutine_group import CoroutineGroup
-from .._envs.keyed import observation_keys
+from .._envs.keyed import KeyedActions, observation_keys
 from .._envs.object_batches import without_objects
 from .._errors import CollectorError, EnvError
 from .._policies.setup import PolicySetup
@@ -271,8 +271,13 @@ class Collector(DataCollectorBase):
                                        step_timeout=batching.step_timeout)
         if self._coroutine:
             self._persistent_loop = True  # (coroutine envs live on the collector's own loop)
+        # random actions go in runs of steps (``_engine.rounds.InlineRounds``), as in the worker
+        # collectors: never where a batch is cut after any step (an interruptor), finished envs
+        # wait for a reset, or the actions are under keys of their own (checked and packed here)
+        runs = (not self._coroutine and options.reset_when_done and options.interruptor is None
+                and not isinstance(envs.action_space, KeyedActions))
         engine = build_engine(res, self._policy, lanes, envs, options,
-                              batching=batching if self._coroutine else None)
+                              batching=batching if self._coroutine else None, runs=runs)
         self._scheduler, self._staging = engine.scheduler, engine.staging
         self._timelines = engine.scheduler.timelines
 

@@ -25,7 +25,10 @@ own, chosen once when the scheduler is built (``rounds_for``), each readable alo
 * ``InlineRounds``: a ``Collector``'s in-process envs, one ``synchronous`` lane
   (``_workers.inline_worker``) that carries a command out inside ``post``: ``run`` (the
   scheduler's ``run_inline``) runs round after round with no callback at all, and gives the
-  event loop a turn about every ``SLICE_S``.
+  event loop a turn about every ``SLICE_S``. Where the actor offers runs (random actions)
+  and the collector allows them, each round is a run of the steps of about ``SLICE_S``,
+  as ``RunRounds`` posts a process, taken by the lane inside ``post`` and booked as a
+  whole: per step, only the envs' own step and what ``_workers.rows`` writes besides.
 * ``EnvQueueRounds``: a ``Collector``'s coroutine envs, one lane each, hundreds of them,
   each at its own column. A scan of every lane per round would cost more than the round:
   ready lanes wait in a queue in the order they became ready (the scheduler tells the
@@ -100,6 +103,8 @@ class Engine(Protocol):
     """Checks (and converts) a policy's actions, and gives the envs theirs."""
     busy: int
     """Lanes stepping or resetting: a strategy adds those it posts."""
+    runs: bool
+    """Actions may go in runs of steps where the actor offers them (the collector decides)."""
     profile: Profile | None
     """Times and names the policy calls (``_engine.profile``; ``None``: off)."""
 
@@ -282,6 +287,9 @@ class WorkerRounds(Rounds):
 class RunRounds(WorkerRounds):
     """``WorkerRounds`` where the actor's actions go in runs of steps; see the module docstring."""
 
+    span_s: float | None = None
+    """About how long a run lasts (``None``: the actor's ``Runs.span_s``)."""
+
     def round(self, runner: Actor) -> None:
         ready = self._ready_lanes()
         if ready and runner.runs is not None:
@@ -295,6 +303,7 @@ class RunRounds(WorkerRounds):
         runs.begin()
         rest = []
         now, local, storage = time.perf_counter(), runs.local, self.storage
+        span = runs.span_s if self.span_s is None else self.span_s
         for lane in ready:
             if not lane.runs or (local and not lane.worker.acts_locally):
                 rest.append(lane)
@@ -304,7 +313,7 @@ class RunRounds(WorkerRounds):
             if lane.keys is None:
                 lane.keys, lane.carry = runs.keys, []
             runs.fill(storage, lane, k)
-            lane.run, lane.run_posted, lane.run_span, lane.state = k, now, runs.span_s, STEPPING
+            lane.run, lane.run_posted, lane.run_span, lane.state = k, now, span, STEPPING
             self.sched.busy += 1
             lane.worker.post(protocol.RUN_CODE, lane.slot, lane.t, k, local)
         return rest
@@ -324,18 +333,24 @@ class RunRounds(WorkerRounds):
         return k
 
 
-class InlineRounds(WorkerRounds):
+class InlineRounds(RunRounds):
     """One ``synchronous`` lane (a ``Collector``'s in-process envs): ``run`` is the fast path."""
+
+    span_s = SLICE_S
+    """A run is a stretch of steps with no break: the loop gets its turn between two."""
 
     async def run(self, runner: Callable[[], Actor], until: Callable[[], bool]) -> None:
         """Round after round in this one loop, with no callback, no search for ready lanes
         and no harvest; the event loop gets a turn about every ``SLICE_S`` (so that
-        collection stays cancellable). A command an exception cut short counts as undone
-        (``Scheduler.abandon``): those envs are reset before their next step, with new
-        trajectory ids."""
+        collection stays cancellable). Random actions go in runs (``RunRounds``) where the
+        scheduler allows them (``Scheduler.runs``). A command an exception cut short counts
+        as undone (``Scheduler.abandon``): those envs are reset before their next step, with
+        new trajectory ids; the steps a run took before it stay in the batch, as steps
+        posted one by one would."""
         sched, lanes, tl = self.sched, self.lanes, self.timelines
         lane = lanes[0]
         worker, act, take, post_reset = lane.worker, self._act_block, sched.take, sched.post_reset
+        post_runs = self._post_runs if sched.runs and lane.runs else None
         clock = time.perf_counter
         last = clock()
         try:
@@ -343,13 +358,19 @@ class InlineRounds(WorkerRounds):
                 if tl.any_reset and tl.wants_reset(lane.lo, lane.hi):
                     post_reset(lane)
                 else:
-                    act(lanes, runner())
+                    actor = runner()
+                    if post_runs is None or actor.runs is None or post_runs(lanes, actor.runs):
+                        act(lanes, actor)  # (no run: one step, with a call of the actor here)
                 worker.completed()
                 take(lane)
                 if clock() - last > SLICE_S:
                     await anyio.lowlevel.checkpoint()
                     last = clock()
         except BaseException:
+            if lane.run and worker.steps_done():  # (the run's steps before the failed one: booked)
+                take(lane)
+                lane.state = STEPPING  # (and the failed one undone, as alone)
+                sched.busy += 1
             sched.abandon([lane])
             raise
 
