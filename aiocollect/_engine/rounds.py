@@ -34,7 +34,9 @@ own, chosen once when the scheduler is built (``rounds_for``), each readable alo
   ready lanes wait in a queue in the order they became ready (the scheduler tells the
   strategy, ``ready(lane)``), a round takes them as ``Batching`` says (EnvPool's
   ``max_batch_size``/``min_batch_size``/``batch_timeout``), gathers their observations with
-  one fancy index per field and writes their outputs the same way.
+  one fancy index per field and writes their outputs the same way (each lane at its own
+  column, and slot: an env that has its steps of a batch may step on into the next one,
+  ``Collector``'s ``step_ahead``).
 
 The interface (``Rounds``) is four calls: ``round(actor)`` posts the ready lanes their
 commands, ``ready(lane)`` says a lane may want a step (its batch began, a command of it was
@@ -435,10 +437,13 @@ class EnvQueueRounds(Rounds):
         self.sched.poke()
 
     def _act(self, ready: list[Lane], runner: Actor) -> None:
-        """One-env lanes, one slot, each at its own column: one fancy index per field."""
+        """One-env lanes, each at its own column (and slot, where lanes may be a batch apart:
+        ``Collector``'s ``step_ahead``): one fancy index per field."""
         st, tl = self.storage, self.timelines
         n = len(ready)
-        s = ready[0].slot
+        s: int | np.ndarray = ready[0].slot
+        if st.slots > 1:
+            s = np.fromiter([lane.slot for lane in ready], dtype=np.int64, count=n)
         rows = np.fromiter([lane.lo for lane in ready], dtype=np.int64, count=n)
         cols = np.fromiter([lane.t for lane in ready], dtype=np.int64, count=n)
         out, action, to_env = self._infer(ready, runner, st.gather(s, cols, rows), n)

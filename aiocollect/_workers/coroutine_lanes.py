@@ -103,7 +103,10 @@ class CoroutineEnvs:
     async def _step(self, i: int, s: int, t: int) -> None:
         group = self.group
         action = self.action[t, i].copy()  # the env may keep it: the storage is rewritten at a later batch
-        await timed(group.step_one(i, action), self.step_timeout, group.envs[i], i, "step")
+        if self.step_timeout is None:  # (a coroutine frame less per step)
+            await group.step_one(i, action)
+        else:
+            await timed(group.step_one(i, action), self.step_timeout, group.envs[i], i, "step")
         for dst, src in zip(self.next_obs, self.results):
             dst[s, t, i] = src[i]
         self.reward[s, t, i] = group.reward[i]
