@@ -14,6 +14,13 @@ frames/s: no collector can step an env faster than its latency allows.
   Batches of 100 steps per env (25,600 frames, about a second). Within a batch nobody
   waits; at its end, envs that have their 100 steps wait for the slowest (about 5% of the
   bound at 100 steps, 12% at 40). Goal: >= 0.8 of the bound.
+* ``ahead``: the same with ``step_ahead=True``: an env that has its steps of a batch steps on
+  into the next one, so nobody waits at a batch's end (the next batch's first steps of the
+  fast envs then come from the policy before your update). Goal: >= 0.9 of the bound. Both
+  rows are bound by the engine's CPU as much as by the latency: about 35-50 us of
+  main-process CPU per frame (the env's own coroutine, a task per step, the loop's timers,
+  the bookkeeping and the policy calls), so 25,600 frames/s take most of a core, and on a
+  busy machine the rows follow the CPU they get, not the latency.
 * ``torchrl``: TorchRL's ``AsyncBatchedCollector`` (threading backend) on the same envs
   wrapped for it: a gymnasium env whose step *sleeps* 5-15 ms (``time.sleep`` releases the
   GIL, so its threads wait concurrently), in ``GymWrapper``. Goal: aiocollect ahead.

@@ -26,9 +26,9 @@ own, chosen once when the scheduler is built (``rounds_for``), each readable alo
   (``_workers.inline_worker``) that carries a command out inside ``post``: ``run`` (the
   scheduler's ``run_inline``) runs round after round with no callback at all, and gives the
   event loop a turn about every ``SLICE_S``. Where the actor offers runs (random actions)
-  and the collector allows them, each round is a run of the steps of about ``SLICE_S``,
-  as ``RunRounds`` posts a process, taken by the lane inside ``post`` and booked as a
-  whole: per step, only the envs' own step and what ``_workers.rows`` writes besides.
+  and the collector allows them, each round is a run of the steps of about ``SLICE_S``
+  of CPU, as ``RunRounds`` posts a process, taken by the lane inside ``post`` and booked
+  as a whole: per step, only the envs' own step and what ``_workers.rows`` writes besides.
 * ``EnvQueueRounds``: a ``Collector``'s coroutine envs, one lane each, hundreds of them,
   each at its own column. A scan of every lane per round would cost more than the round:
   ready lanes wait in a queue in the order they became ready (the scheduler tells the
@@ -289,9 +289,6 @@ class WorkerRounds(Rounds):
 class RunRounds(WorkerRounds):
     """``WorkerRounds`` where the actor's actions go in runs of steps; see the module docstring."""
 
-    span_s: float | None = None
-    """About how long a run lasts (``None``: the actor's ``Runs.span_s``)."""
-
     def round(self, runner: Actor) -> None:
         ready = self._ready_lanes()
         if ready and runner.runs is not None:
@@ -305,7 +302,6 @@ class RunRounds(WorkerRounds):
         runs.begin()
         rest = []
         now, local, storage = time.perf_counter(), runs.local, self.storage
-        span = runs.span_s if self.span_s is None else self.span_s
         for lane in ready:
             if not lane.runs or (local and not lane.worker.acts_locally):
                 rest.append(lane)
@@ -315,7 +311,7 @@ class RunRounds(WorkerRounds):
             if lane.keys is None:
                 lane.keys, lane.carry = runs.keys, []
             runs.fill(storage, lane, k)
-            lane.run, lane.run_posted, lane.run_span, lane.state = k, now, span, STEPPING
+            lane.run, lane.run_posted, lane.run_span, lane.state = k, now, runs.span_s, STEPPING
             self.sched.busy += 1
             lane.worker.post(protocol.RUN_CODE, lane.slot, lane.t, k, local)
         return rest
@@ -324,22 +320,41 @@ class RunRounds(WorkerRounds):
         """A completed run: the ids and step counts of all its steps at once, and the size
         of the lane's next run (its ``span_s`` at this one's pace, growing at most twofold).
         Returns the steps it took."""
+        k = self._book(lane)
+        per_step = (time.perf_counter() - lane.run_posted) / k
+        lane.run_steps = max(1, min(int(lane.run_span / per_step) if per_step > 0 else k, 2 * max(k, lane.run_steps)))
+        return k
+
+    def _book(self, lane: Lane) -> int:
+        """The ids and step counts of all the steps of ``lane``'s completed run, at once;
+        returns the steps it took."""
         s, t, lo, hi = lane.slot, lane.t, lane.lo, lane.hi
         k = lane.worker.steps_done()  # all of the run, unless settle() cut it short
         st, cols = self.storage, slice(t, t + k)
         ids, counts = self.timelines.ran(lo, hi, st.terminated[s, cols, lo:hi], st.truncated[s, cols, lo:hi])
         st.ran(s, t, lo, hi, ids, counts)
-        per_step = (time.perf_counter() - lane.run_posted) / k
-        lane.run_steps = max(1, min(int(lane.run_span / per_step) if per_step > 0 else k, 2 * max(k, lane.run_steps)))
         lane.run = 0
         return k
 
 
 class InlineRounds(RunRounds):
-    """One ``synchronous`` lane (a ``Collector``'s in-process envs): ``run`` is the fast path."""
+    """One ``synchronous`` lane (a ``Collector``'s in-process envs): ``run`` is the fast path.
 
-    span_s = SLICE_S
-    """A run is a stretch of steps with no break: the loop gets its turn between two."""
+    Its runs differ from a process's in two ways. The actions of the whole rest of the batch
+    are drawn at its first run (``_post_run``), and each run steps through the next of them:
+    the draws do not depend on how the steps were grouped into runs. And a run lasts about
+    ``SLICE_S`` of this thread's CPU time (``time.thread_time``), not of the clock's: on a busy
+    machine the clock runs on while the thread waits for a core, and runs sized by it would
+    shrink to a step or two, each booked on its own."""
+
+    def __init__(self, sched: Engine):
+        super().__init__(sched)
+        self._drawn_to = 0
+        """The batch's actions are drawn (and in the storage) up to this column."""
+        self._run_steps = 1
+        """The steps of the next run: ``SLICE_S`` of CPU at the last run's pace."""
+        self._cpu = 0.0
+        """This thread's CPU time when the run under way was posted."""
 
     async def run(self, runner: Callable[[], Actor], until: Callable[[], bool]) -> None:
         """Round after round in this one loop, with no callback, no search for ready lanes
@@ -352,7 +367,7 @@ class InlineRounds(RunRounds):
         sched, lanes, tl = self.sched, self.lanes, self.timelines
         lane = lanes[0]
         worker, act, take, post_reset = lane.worker, self._act_block, sched.take, sched.post_reset
-        post_runs = self._post_runs if sched.runs and lane.runs else None
+        post_run = self._post_run if sched.runs and lane.runs else None
         clock = time.perf_counter
         last = clock()
         try:
@@ -361,7 +376,10 @@ class InlineRounds(RunRounds):
                     post_reset(lane)
                 else:
                     actor = runner()
-                    if post_runs is None or actor.runs is None or post_runs(lanes, actor.runs):
+                    runs = actor.runs
+                    if post_run is not None and runs is not None and not runs.local:
+                        post_run(lane, runs)
+                    else:
                         act(lanes, actor)  # (no run: one step, with a call of the actor here)
                 worker.completed()
                 take(lane)
@@ -375,6 +393,29 @@ class InlineRounds(RunRounds):
                 sched.busy += 1
             sched.abandon([lane])
             raise
+
+    def _post_run(self, lane: Lane, runs: Runs) -> None:
+        """Post ``lane`` its next run: the actions of the rest of the batch drawn first if
+        they are not yet (at its first run: a new batch has no ``keys``)."""
+        if lane.keys is None or self._drawn_to <= lane.t:
+            runs.begin()
+            lane.keys, lane.carry = runs.keys, []
+            runs.fill(self.storage, lane, lane.frames - lane.t)
+            self._drawn_to = lane.frames
+        left, k = self._drawn_to - lane.t, self._run_steps
+        if 2 * left <= 3 * k:  # (no short run at the end)
+            k = left
+        lane.run, lane.state = k, STEPPING
+        self.sched.busy += 1
+        self._cpu = time.thread_time()
+        lane.worker.post(protocol.RUN_CODE, lane.slot, lane.t, k)
+
+    def book_run(self, lane: Lane) -> int:
+        """``RunRounds.book_run``, the next run sized by this thread's CPU time (see the class docstring)."""
+        k = self._book(lane)
+        per_step = (time.thread_time() - self._cpu) / k
+        self._run_steps = max(1, min(int(SLICE_S / per_step) if per_step > 0 else 2 * k, 2 * max(k, self._run_steps)))
+        return k
 
 
 class EnvQueueRounds(Rounds):

@@ -267,7 +267,7 @@ def test_random_actions_go_in_runs_that_book_what_steps_one_by_one_would():
             runner.policy.sample_outputs = functools.partial(next_action, iter(drawn))
         batches[runs] = [run(sched, COLUMNS, runner=runner) for _ in range(4)]
         if runs:  # far fewer rounds than steps
-            assert sched.lanes[0].run_steps > 1
+            assert sched.rounds._run_steps > 1
     for a, b in zip(batches[True], batches[False]):
         assert (a == b).all(), "a run left the batch otherwise than steps one by one"
         assert a["next", "truncated"].any() and a["next", "terminated"].any()
