@@ -26,9 +26,9 @@ own, chosen once when the scheduler is built (``rounds_for``), each readable alo
   (``_workers.inline_worker``) that carries a command out inside ``post``: ``run`` (the
   scheduler's ``run_inline``) runs round after round with no callback at all, and gives the
   event loop a turn about every ``SLICE_S``. Where the actor offers runs (random actions)
-  and the collector allows them, each round is a run of the steps of about ``SLICE_S``
-  of CPU, as ``RunRounds`` posts a process, taken by the lane inside ``post`` and booked
-  as a whole: per step, only the envs' own step and what ``_workers.rows`` writes besides.
+  and the collector allows them, each round is a run of the steps of about ``SLICE_S``,
+  as ``RunRounds`` posts a process, taken by the lane inside ``post`` and booked as a
+  whole: per step, only the envs' own step and what ``_workers.rows`` writes besides.
 * ``EnvQueueRounds``: a ``Collector``'s coroutine envs, one lane each, hundreds of them,
   each at its own column. A scan of every lane per round would cost more than the round:
   ready lanes wait in a queue in the order they became ready (the scheduler tells the
@@ -343,18 +343,20 @@ class InlineRounds(RunRounds):
     Its runs differ from a process's in two ways. The actions of the whole rest of the batch
     are drawn at its first run (``_post_run``), and each run steps through the next of them:
     the draws do not depend on how the steps were grouped into runs. And a run lasts about
-    ``SLICE_S`` of this thread's CPU time (``time.thread_time``), not of the clock's: on a busy
-    machine the clock runs on while the thread waits for a core, and runs sized by it would
-    shrink to a step or two, each booked on its own."""
+    ``SLICE_S`` at the fastest pace seen lately (``book_run``), not at the last run's: on a busy
+    machine the clock runs on while the thread waits for a core, and runs sized by the last
+    one's pace would shrink to a step or two, each booked on its own."""
 
     def __init__(self, sched: Engine):
         super().__init__(sched)
         self._drawn_to = 0
         """The batch's actions are drawn (and in the storage) up to this column."""
         self._run_steps = 1
-        """The steps of the next run: ``SLICE_S`` of CPU at the last run's pace."""
-        self._cpu = 0.0
-        """This thread's CPU time when the run under way was posted."""
+        """The steps of the next run: ``SLICE_S`` at ``_pace``."""
+        self._pace = float("inf")
+        """Seconds per step: the fastest of the last runs' paces, forgetting a quarter a run."""
+        self._posted = 0.0
+        """When the run under way was posted."""
 
     async def run(self, runner: Callable[[], Actor], until: Callable[[], bool]) -> None:
         """Round after round in this one loop, with no callback, no search for ready lanes
@@ -407,14 +409,15 @@ class InlineRounds(RunRounds):
             k = left
         lane.run, lane.state = k, STEPPING
         self.sched.busy += 1
-        self._cpu = time.thread_time()
+        self._posted = time.perf_counter()
         lane.worker.post(protocol.RUN_CODE, lane.slot, lane.t, k)
 
     def book_run(self, lane: Lane) -> int:
-        """``RunRounds.book_run``, the next run sized by this thread's CPU time (see the class docstring)."""
+        """``RunRounds.book_run``, the next run sized at the fastest pace seen lately (see the
+        class docstring): a run slowed down by a wait for a core does not shrink the next."""
         k = self._book(lane)
-        per_step = (time.thread_time() - self._cpu) / k
-        self._run_steps = max(1, min(int(SLICE_S / per_step) if per_step > 0 else 2 * k, 2 * max(k, self._run_steps)))
+        self._pace = pace = min((time.perf_counter() - self._posted) / k, 1.25 * self._pace)
+        self._run_steps = max(1, min(int(SLICE_S / pace) if pace > 0 else 2 * k, 2 * max(k, self._run_steps)))
         return k
 
 
