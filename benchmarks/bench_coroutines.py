@@ -25,6 +25,10 @@ frames/s: no collector can step an env faster than its latency allows.
   wrapped for it: a gymnasium env whose step *sleeps* 5-15 ms (``time.sleep`` releases the
   GIL, so its threads wait concurrently), in ``GymWrapper``. Goal: aiocollect ahead.
 
+Last measured 2026-12-03 on the 2-core VM, 1-min load 3.7-5 (other sessions' tests), ``--quick
+--repeats 2``, best of 2, twice: barrier 0.49-0.51 of the bound, aiocollect 0.82-0.84 (0.81 before
+this change, same run conditions), ``step_ahead=True`` 0.88-0.92.
+
 Every contender runs the same policy (a 3-32-2 MLP, argmax) and the same episodes (200
 steps, then truncated). Frames/s over ``--repeats`` runs after a warm-up; the table shows
 the best and the median, ratios use the best.
