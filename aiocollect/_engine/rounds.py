@@ -383,8 +383,8 @@ class InlineRounds(RunRounds):
                         post_run(lane, runs)
                     else:
                         act(lanes, actor)  # (no run: one step, with a call of the actor here)
-                worker.completed()
                 take(lane)
+                worker.completed()  # (after take: a run's steps_done() is its own until then)
                 if clock() - last > SLICE_S:
                     await anyio.lowlevel.checkpoint()
                     last = clock()

@@ -78,7 +78,10 @@ class InlineWorker(LaneWorker):
         """Nothing to cut: a run is over when ``post`` returns."""
 
     def completed(self) -> bool:
+        """True once per command carried out; then the steps of the last ``RUN`` are
+        forgotten (a run an exception cut before it began took none)."""
         if self._done:
             self._done = False
+            self._at = 0
             return True
         return False
