@@ -27,6 +27,14 @@ CartPole-v1 envs living in this process, in two scenarios:
 
 Goals: aiocollect >= 0.8x the plain/hand-written loop and >= 20x TorchRL (scenario A).
 
+Scenario A, last measured 2026-12-03 on the 2-core VM at a 1-min load of 4-5 (other sessions'
+tests), as the best batch of ~200 (the least disturbed, ``T`` steps each) against the best
+``T`` steps of the plain loop, side by side in one process: ``for`` 0.89 and ``async for`` 0.93
+at ``T = 32`` (``--quick``'s batches), 0.97 and 0.94 at ``T = 128``; the engine before random
+runs in-process gave 0.79/0.77 and 0.80/0.80 in the same run. One ``--quick --repeats 2`` run
+then: 0.79 and 0.79 (0.37 and 0.78 before): its runs last 0.1 s, and the ``for`` face's hand-off
+of each batch between threads is what a busy machine delays most.
+
 How
 ---
 * Every measurement is a function returning frames/s. Construction is not timed, and

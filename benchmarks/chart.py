@@ -123,7 +123,8 @@ def panels_from(directory: Path) -> list[Panel]:
         panels += contenders_panel(
             results, "256 coroutine envs, each step awaits 5-15 ms",
             {"barrier": "asyncio.gather over all envs per step", "aiocollect": "aiocollect Collector, coroutine envs",
-             "torchrl": "TorchRL AsyncBatchedCollector, threads"}, bound=results.get("bound"))
+             "ahead": "aiocollect Collector, step_ahead=True", "torchrl": "TorchRL AsyncBatchedCollector, threads"},
+            bound=results.get("bound"))
     if (results := load("ray")) is not None:
         panels += contenders_panel(
             results, "Ray: 2 actors x 8 CartPole-v1 envs, random policy",

@@ -118,14 +118,13 @@ class Lanes:
 
 
 def lanes_here(resources: Resources, group: Any, envs: EnvShape, options: CollectorOptions, *, columns: int,
-               step_timeout: float | None) -> tuple[Lanes, CoroutineEnvs | None]:
-    """A ``Collector``'s lanes, over a private memory of one batch (anonymous: nobody else maps
-    it): one ``InlineWorker`` stepping ``group`` here, or one lane per coroutine env (returned
-    too: the collector cancels and closes them)."""
-    shared = SharedArrays(envs.layout(group.num_envs, 1, columns=columns, slots=1), -1)
+               step_timeout: float | None, slots: int = 1) -> tuple[Lanes, CoroutineEnvs | None]:
+    """A ``Collector``'s lanes, over a private memory of ``slots`` batches (anonymous: nobody
+    else maps it): one ``InlineWorker`` stepping ``group`` here, or one lane per coroutine env
+    (returned too: the collector cancels and closes them)."""
+    shared = SharedArrays(envs.layout(group.num_envs, 1, columns=columns, slots=slots), -1)
     if not isinstance(group, CoroutineGroup):
-        # (ignore: lane.py's LaneWorker.steps_done and cut_run, bodies that raise, read as abstract)
-        worker = InlineWorker(group, shared, max_frames_per_traj=options.max_frames_per_traj,  # type: ignore[abstract]
+        worker = InlineWorker(group, shared, max_frames_per_traj=options.max_frames_per_traj,
                               reset_when_done=options.reset_when_done)
         return Lanes(shared, [worker]), None
     coroutines = CoroutineEnvs(group, shared, max_frames_per_traj=options.max_frames_per_traj,

@@ -17,7 +17,7 @@ described in the class docstring.
 from __future__ import annotations
 
 import os
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from typing import Any
 
 import numpy as np
@@ -25,13 +25,14 @@ import torch
 from tensordict import TensorDictBase
 from tensordict.nn import InteractionType
 
+from .._engine.lanes import Sealed
 from .._engine.scheduler import Scheduler
 from .._engine.storage import host_empty
 from .._engine.trajectories import split_trajectories
 from .._envs.agents import stack_agents
 from .._envs.build import check_create_env_fn, make_group
 from .._envs.coroutine_group import CoroutineGroup
-from .._envs.keyed import observation_keys
+from .._envs.keyed import KeyedActions, observation_keys
 from .._envs.object_batches import without_objects
 from .._errors import CollectorError, EnvError
 from .._policies.setup import PolicySetup
@@ -108,6 +109,16 @@ class Collector(DataCollectorBase):
         step_timeout: coroutine envs: a ``reset`` or ``step`` that takes longer (in
             seconds) fails the collection with [`StepTimeoutError`][aiocollect.StepTimeoutError]
             (default: no limit).
+        step_ahead: coroutine envs: an env that has its ``T`` steps of the batch steps on
+            into the next batch instead of waiting for the slowest env (default ``False``).
+            Batches keep their shape and meaning, but the first steps of a batch may come
+            from the policy as it was before you received the batch before it (each frame's
+            ``("collector", "policy_version")`` says which), and ``reset()`` or
+            ``set_seed()`` between two batches takes effect at each env's next step, inside
+            the next batch for an env that stepped ahead. An env goes at most one batch
+            ahead, and not past ``total_frames`` or into the first batch that the policy
+            collects after ``init_random_frames``. Not with an ``interruptor`` or
+            ``reset_at_each_iter``, which cut or reset every env at a batch's edge.
         start_timeout: not accepted (``ValueError``): it bounds the start of worker
             processes, and a ``Collector`` starts none. With ``num_collectors=N`` it goes to
             the worker collector built (see
@@ -209,6 +220,7 @@ class Collector(DataCollectorBase):
         min_batch_size: int | None = None,
         batch_timeout: float | None = None,
         step_timeout: float | None = None,
+        step_ahead: bool = False,
         num_collectors: int | None = None,
         sync: bool | None = None,
         backend: str | None = None,
@@ -236,6 +248,7 @@ class Collector(DataCollectorBase):
             batching = validate_batching(max_batch_size=max_batch_size, min_batch_size=min_batch_size,
                                          batch_timeout=batch_timeout, step_timeout=step_timeout,
                                          coroutine=self._coroutine, reset_when_done=options.reset_when_done)
+            self._step_ahead = _checked_step_ahead(step_ahead, self._coroutine, options)
         n = group.num_envs
         self.options = options = fit_to_envs(options, n, f"{n} envs", stacklevel=3)
         self.num_envs = n
@@ -268,13 +281,22 @@ class Collector(DataCollectorBase):
         # itself, as TorchRL does, a change of it being a new policy version
         self._policy = policy_setup(res, policy, envs, options, cuda_graphs, share=True)
         lanes, self._envs = lanes_here(res, group, envs, options, columns=self._steps_per_batch,
-                                       step_timeout=batching.step_timeout)
+                                       step_timeout=batching.step_timeout, slots=2 if self._step_ahead else 1)
         if self._coroutine:
             self._persistent_loop = True  # (coroutine envs live on the collector's own loop)
+        # random actions go in runs of steps (``_engine.rounds.InlineRounds``), as in the worker
+        # collectors: never where a batch is cut after any step (an interruptor), finished envs
+        # wait for a reset, or the actions are under keys of their own (checked and packed here)
+        runs = (not self._coroutine and options.reset_when_done and options.interruptor is None
+                and not isinstance(envs.action_space, KeyedActions))
         engine = build_engine(res, self._policy, lanes, envs, options,
-                              batching=batching if self._coroutine else None)
+                              batching=batching if self._coroutine else None, runs=runs)
         self._scheduler, self._staging = engine.scheduler, engine.staging
         self._timelines = engine.scheduler.timelines
+        self._parts: list[deque[Sealed]] = [deque() for _ in engine.scheduler.lanes]
+        """``step_ahead``: each env's sealed batches not delivered yet, oldest first."""
+        self._next_slot = [0] * len(engine.scheduler.lanes)
+        """``step_ahead``: the slot of each env's next batch (batch ``k`` of every env lives in slot ``k % 2``)."""
 
     # ------------------------------------------------------------------ collection
 
@@ -294,7 +316,9 @@ class Collector(DataCollectorBase):
     async def _collect_here(self) -> tuple[TensorDictBase, int]:
         opts = self.options
         runner = self._policy.random_runner if self._frames < opts.init_random_frames else self._policy.runner
-        if self._coroutine:
+        if self._step_ahead:
+            sealed = await self._collect_ahead(runner)
+        elif self._coroutine:
             sealed = await self._collect_coroutines(runner)
         else:
             sealed = await self._collect_inline(runner)
@@ -361,6 +385,49 @@ class Collector(DataCollectorBase):
             sched.abandon([lanes[env.lo] for env in envs.cancel()])  # they restart from a reset
             raise
         return [sched.seal(lane, opts.set_truncated) for lane in lanes]
+
+    async def _collect_ahead(self, runner) -> list:
+        """``_collect_coroutines`` with ``step_ahead``: an env that has its steps of this batch
+        begins the next one at once, in the other slot, if it may (``_start``); the batch is
+        complete once every env has sealed its part."""
+        sched, envs, parts = self._scheduler, self._envs, self._parts
+        assert envs is not None  # (coroutine envs)
+        lanes = sched.lanes
+        opts = self.options
+        fpb = self._steps_per_batch * self.num_envs
+        ahead = ((opts.total_frames < 0 or self._frames + 2 * fpb <= opts.total_frames)
+                 and self._frames >= opts.init_random_frames)  # (the next batch's runner is this one's)
+        have = [0]
+
+        def on_full(lane) -> None:
+            part = parts[lane.lo]
+            part.append(sched.seal(lane, opts.set_truncated))
+            if len(part) == 1:
+                have[0] += 1
+            self._start(lane, ahead)
+
+        for lane in lanes:
+            if not lane.held and lane.full:  # (its last step landed after the last collection)
+                on_full(lane)
+            elif lane.held:
+                self._start(lane, ahead)
+        have[0] = sum(1 for part in parts if part)
+        n = len(lanes)
+        try:
+            await sched.pump(lambda: runner, lambda: have[0] == n, on_full)
+        except BaseException:
+            sched.abandon([lanes[env.lo] for env in envs.cancel()])  # they restart from a reset
+            raise
+        return [part.popleft() for part in parts]
+
+    def _start(self, lane, ahead: bool) -> None:
+        """Begin ``lane``'s next batch in its slot, if that slot is free and the lane has no
+        sealed batch waiting or may step ``ahead`` (``_collect_ahead``)."""
+        slot = self._next_slot[lane.lo]
+        if slot in lane.reserved or (self._parts[lane.lo] and not ahead):
+            return
+        self._scheduler.begin(lane, self._steps_per_batch, False, slot=slot)
+        self._next_slot[lane.lo] = 1 - slot
 
     def _counters(self) -> tuple[int, int]:
         return self._timelines.env_steps, self._timelines.completed_trajectories
@@ -551,6 +618,25 @@ class Collector(DataCollectorBase):
 
 
 SyncDataCollector = Collector
+
+
+def _checked_step_ahead(step_ahead: Any, coroutine: bool, options: Any) -> bool:
+    """The ``step_ahead`` keyword, checked: a bool, for coroutine envs, with neither an
+    interruptor nor ``reset_at_each_iter`` (both act on every env at a batch's edge)."""
+    if not isinstance(step_ahead, bool):
+        raise TypeError(f"step_ahead must be True or False, got {step_ahead!r}")
+    if not step_ahead:
+        return False
+    if not coroutine:
+        raise ValueError("step_ahead=True: it applies to coroutine envs (aiocollect.AsyncEnv), each of which "
+                         "steps at its own pace; these envs step together, so none waits for another at a "
+                         "batch's end. Remove the argument.")
+    for name, given in (("interruptor", options.interruptor is not None),
+                        ("reset_at_each_iter", options.reset_at_each_iter)):
+        if given:
+            raise ValueError(f"step_ahead=True with {name}: {name} acts on every env at a batch's edge, "
+                             "which an env that stepped on into the next batch has passed. Remove one of them.")
+    return True
 
 
 def _refuse_worker_arguments(sync: Any, start_timeout: Any) -> None:

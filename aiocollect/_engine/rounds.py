@@ -25,13 +25,18 @@ own, chosen once when the scheduler is built (``rounds_for``), each readable alo
 * ``InlineRounds``: a ``Collector``'s in-process envs, one ``synchronous`` lane
   (``_workers.inline_worker``) that carries a command out inside ``post``: ``run`` (the
   scheduler's ``run_inline``) runs round after round with no callback at all, and gives the
-  event loop a turn about every ``SLICE_S``.
+  event loop a turn about every ``SLICE_S``. Where the actor offers runs (random actions)
+  and the collector allows them, each round is a run of the steps of about ``SLICE_S``,
+  as ``RunRounds`` posts a process, taken by the lane inside ``post`` and booked as a
+  whole: per step, only the envs' own step and what ``_workers.rows`` writes besides.
 * ``EnvQueueRounds``: a ``Collector``'s coroutine envs, one lane each, hundreds of them,
   each at its own column. A scan of every lane per round would cost more than the round:
   ready lanes wait in a queue in the order they became ready (the scheduler tells the
   strategy, ``ready(lane)``), a round takes them as ``Batching`` says (EnvPool's
   ``max_batch_size``/``min_batch_size``/``batch_timeout``), gathers their observations with
-  one fancy index per field and writes their outputs the same way.
+  one fancy index per field and writes their outputs the same way (each lane at its own
+  column, and slot: an env that has its steps of a batch may step on into the next one,
+  ``Collector``'s ``step_ahead``).
 
 The interface (``Rounds``) is four calls: ``round(actor)`` posts the ready lanes their
 commands, ``ready(lane)`` says a lane may want a step (its batch began, a command of it was
@@ -100,6 +105,8 @@ class Engine(Protocol):
     """Checks (and converts) a policy's actions, and gives the envs theirs."""
     busy: int
     """Lanes stepping or resetting: a strategy adds those it posts."""
+    runs: bool
+    """Actions may go in runs of steps where the actor offers them (the collector decides)."""
     profile: Profile | None
     """Times and names the policy calls (``_engine.profile``; ``None``: off)."""
 
@@ -313,29 +320,56 @@ class RunRounds(WorkerRounds):
         """A completed run: the ids and step counts of all its steps at once, and the size
         of the lane's next run (its ``span_s`` at this one's pace, growing at most twofold).
         Returns the steps it took."""
+        k = self._book(lane)
+        per_step = (time.perf_counter() - lane.run_posted) / k
+        lane.run_steps = max(1, min(int(lane.run_span / per_step) if per_step > 0 else k, 2 * max(k, lane.run_steps)))
+        return k
+
+    def _book(self, lane: Lane) -> int:
+        """The ids and step counts of all the steps of ``lane``'s completed run, at once;
+        returns the steps it took."""
         s, t, lo, hi = lane.slot, lane.t, lane.lo, lane.hi
         k = lane.worker.steps_done()  # all of the run, unless settle() cut it short
         st, cols = self.storage, slice(t, t + k)
         ids, counts = self.timelines.ran(lo, hi, st.terminated[s, cols, lo:hi], st.truncated[s, cols, lo:hi])
         st.ran(s, t, lo, hi, ids, counts)
-        per_step = (time.perf_counter() - lane.run_posted) / k
-        lane.run_steps = max(1, min(int(lane.run_span / per_step) if per_step > 0 else k, 2 * max(k, lane.run_steps)))
         lane.run = 0
         return k
 
 
-class InlineRounds(WorkerRounds):
-    """One ``synchronous`` lane (a ``Collector``'s in-process envs): ``run`` is the fast path."""
+class InlineRounds(RunRounds):
+    """One ``synchronous`` lane (a ``Collector``'s in-process envs): ``run`` is the fast path.
+
+    Its runs differ from a process's in two ways. The actions of the whole rest of the batch
+    are drawn at its first run (``_post_run``), and each run steps through the next of them:
+    the draws do not depend on how the steps were grouped into runs. And a run lasts about
+    ``SLICE_S`` at the fastest pace seen lately (``book_run``), not at the last run's: on a busy
+    machine the clock runs on while the thread waits for a core, and runs sized by the last
+    one's pace would shrink to a step or two, each booked on its own."""
+
+    def __init__(self, sched: Engine):
+        super().__init__(sched)
+        self._drawn_to = 0
+        """The batch's actions are drawn (and in the storage) up to this column."""
+        self._run_steps = 1
+        """The steps of the next run: ``SLICE_S`` at ``_pace``."""
+        self._pace = float("inf")
+        """Seconds per step: the fastest of the last runs' paces, forgetting a quarter a run."""
+        self._posted = 0.0
+        """When the run under way was posted."""
 
     async def run(self, runner: Callable[[], Actor], until: Callable[[], bool]) -> None:
         """Round after round in this one loop, with no callback, no search for ready lanes
         and no harvest; the event loop gets a turn about every ``SLICE_S`` (so that
-        collection stays cancellable). A command an exception cut short counts as undone
-        (``Scheduler.abandon``): those envs are reset before their next step, with new
-        trajectory ids."""
+        collection stays cancellable). Random actions go in runs (``RunRounds``) where the
+        scheduler allows them (``Scheduler.runs``). A command an exception cut short counts
+        as undone (``Scheduler.abandon``): those envs are reset before their next step, with
+        new trajectory ids; the steps a run took before it stay in the batch, as steps
+        posted one by one would."""
         sched, lanes, tl = self.sched, self.lanes, self.timelines
         lane = lanes[0]
         worker, act, take, post_reset = lane.worker, self._act_block, sched.take, sched.post_reset
+        post_run = self._post_run if sched.runs and lane.runs else None
         clock = time.perf_counter
         last = clock()
         try:
@@ -343,15 +377,48 @@ class InlineRounds(WorkerRounds):
                 if tl.any_reset and tl.wants_reset(lane.lo, lane.hi):
                     post_reset(lane)
                 else:
-                    act(lanes, runner())
-                worker.completed()
+                    actor = runner()
+                    runs = actor.runs
+                    if post_run is not None and runs is not None and not runs.local:
+                        post_run(lane, runs)
+                    else:
+                        act(lanes, actor)  # (no run: one step, with a call of the actor here)
                 take(lane)
+                worker.completed()  # (after take: a run's steps_done() is its own until then)
                 if clock() - last > SLICE_S:
                     await anyio.lowlevel.checkpoint()
                     last = clock()
         except BaseException:
+            if lane.run and worker.steps_done():  # (the run's steps before the failed one: booked)
+                take(lane)
+                lane.state = STEPPING  # (and the failed one undone, as alone)
+                sched.busy += 1
             sched.abandon([lane])
             raise
+
+    def _post_run(self, lane: Lane, runs: Runs) -> None:
+        """Post ``lane`` its next run: the actions of the rest of the batch drawn first if
+        they are not yet (at its first run: a new batch has no ``keys``)."""
+        if lane.keys is None or self._drawn_to <= lane.t:
+            runs.begin()
+            lane.keys, lane.carry = runs.keys, []
+            runs.fill(self.storage, lane, lane.frames - lane.t)
+            self._drawn_to = lane.frames
+        left, k = self._drawn_to - lane.t, self._run_steps
+        if 2 * left <= 3 * k:  # (no short run at the end)
+            k = left
+        lane.run, lane.state = k, STEPPING
+        self.sched.busy += 1
+        self._posted = time.perf_counter()
+        lane.worker.post(protocol.RUN_CODE, lane.slot, lane.t, k)
+
+    def book_run(self, lane: Lane) -> int:
+        """``RunRounds.book_run``, the next run sized at the fastest pace seen lately (see the
+        class docstring): a run slowed down by a wait for a core does not shrink the next."""
+        k = self._book(lane)
+        self._pace = pace = min((time.perf_counter() - self._posted) / k, 1.25 * self._pace)
+        self._run_steps = max(1, min(int(SLICE_S / pace) if pace > 0 else 2 * k, 2 * max(k, self._run_steps)))
+        return k
 
 
 class EnvQueueRounds(Rounds):
@@ -414,10 +481,13 @@ class EnvQueueRounds(Rounds):
         self.sched.poke()
 
     def _act(self, ready: list[Lane], runner: Actor) -> None:
-        """One-env lanes, one slot, each at its own column: one fancy index per field."""
+        """One-env lanes, each at its own column (and slot, where lanes may be a batch apart:
+        ``Collector``'s ``step_ahead``): one fancy index per field."""
         st, tl = self.storage, self.timelines
         n = len(ready)
-        s = ready[0].slot
+        s: int | np.ndarray = ready[0].slot
+        if st.slots > 1:
+            s = np.fromiter([lane.slot for lane in ready], dtype=np.int64, count=n)
         rows = np.fromiter([lane.lo for lane in ready], dtype=np.int64, count=n)
         cols = np.fromiter([lane.t for lane in ready], dtype=np.int64, count=n)
         out, action, to_env = self._infer(ready, runner, st.gather(s, cols, rows), n)

@@ -136,9 +136,11 @@ class Scheduler:
 
     # ------------------------------------------------------------------ batches
 
-    def begin(self, lane: Lane, frames: int, mask: bool) -> None:
-        """Start a new batch of ``frames`` steps per env for ``lane``, in a free slot."""
-        slot = next(k for k in range(self.storage.slots) if k not in lane.reserved)
+    def begin(self, lane: Lane, frames: int, mask: bool, slot: int | None = None) -> None:
+        """Start a new batch of ``frames`` steps per env for ``lane``, in a free slot (``slot``,
+        if given: lanes a batch apart keep each batch in one slot, ``Collector``'s ``step_ahead``)."""
+        if slot is None:
+            slot = next(k for k in range(self.storage.slots) if k not in lane.reserved)
         if (slot, 0) != (lane.slot, lane.t):  # the observations the next step starts from
             for x in self.storage.obs:
                 x[slot, 0, lane.lo : lane.hi] = x[lane.slot, lane.t, lane.lo : lane.hi]

@@ -228,15 +228,16 @@ class RolloutStorage:
                 self._flags[key] = views
         return views
 
-    def gather(self, s: int, cols: np.ndarray, rows: np.ndarray) -> dict[NestedKey, torch.Tensor]:
+    def gather(self, s: int | np.ndarray, cols: np.ndarray, rows: np.ndarray) -> dict[NestedKey, torch.Tensor]:
         """The observations of envs ``rows``, each at its own column ``cols`` of slot ``s``
-        (one fancy index per field: a copy of just those envs)."""
+        (one fancy index per field: a copy of just those envs; ``s`` may be one slot per env)."""
         return {k: torch.from_numpy(x[s, cols, rows]) for k, x in zip(self.keys, self.obs)}
 
-    def write_rows(self, s: int, cols: np.ndarray, rows: np.ndarray, out: dict[NestedKey, Any], version: int,
-                   traj_ids: np.ndarray, step_count: np.ndarray, action: np.ndarray | None) -> None:
-        """``write`` for envs ``rows``, each at its own column ``cols`` of slot ``s``:
-        row ``j`` of each output goes to env ``rows[j]`` (fancy indexing, no loop)."""
+    def write_rows(self, s: int | np.ndarray, cols: np.ndarray, rows: np.ndarray, out: dict[NestedKey, Any],
+                   version: int, traj_ids: np.ndarray, step_count: np.ndarray, action: np.ndarray | None) -> None:
+        """``write`` for envs ``rows``, each at its own column ``cols`` of slot ``s`` (or of
+        its own slot, ``s[j]``): row ``j`` of each output goes to env ``rows[j]`` (fancy
+        indexing, no loop)."""
         self.policy_version[s, cols, rows] = version
         self.traj_ids[s, cols, rows] = traj_ids[rows]
         if self.step_count is not None:

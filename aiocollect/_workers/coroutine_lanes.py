@@ -80,6 +80,8 @@ class CoroutineEnvs:
         self.reward, self.terminated, self.truncated = a["reward"], a["terminated"], a["truncated"]
         self.action, self.seed, self.seed_set = a["action"], a["seed"], a["seed_set"]
         self.step_count = np.zeros(group.num_envs, dtype=np.int64)
+        self._action_rows = self.action.ndim > 2
+        """An env's action is an array (a view of the storage, copied), not a numpy scalar."""
         # (ignore: lane.py's LaneWorker.steps_done and cut_run, bodies that raise, read as abstract)
         self.lanes = [EnvLane(self, i) for i in range(group.num_envs)]  # type: ignore[abstract]
 
@@ -102,8 +104,13 @@ class CoroutineEnvs:
 
     async def _step(self, i: int, s: int, t: int) -> None:
         group = self.group
-        action = self.action[t, i].copy()  # the env may keep it: the storage is rewritten at a later batch
-        await timed(group.step_one(i, action), self.step_timeout, group.envs[i], i, "step")
+        action = self.action[t, i]
+        if self._action_rows:
+            action = action.copy()  # the env may keep it: the storage is rewritten at a later batch
+        if self.step_timeout is None:  # (a coroutine frame less per step)
+            await group.step_one(i, action)
+        else:
+            await timed(group.step_one(i, action), self.step_timeout, group.envs[i], i, "step")
         for dst, src in zip(self.next_obs, self.results):
             dst[s, t, i] = src[i]
         self.reward[s, t, i] = group.reward[i]

@@ -9,10 +9,15 @@ process worker makes, so a round needs no event-loop callback at all:
 ``Scheduler.run_inline`` runs round after round in one loop (the synchronous fast path,
 ``_engine.rounds.InlineRounds``) and gives the event loop a turn about every millisecond.
 
+It ``takes_runs``: random actions (``policy=None``) go in a ``RUN`` of several steps whose
+actions were all drawn before it (``_engine.rounds``), the steps taken right here one after
+the other with nothing of the engine between them, and booked as a whole afterwards.
+
 An env's exception propagates out of ``post`` (and out of the round), as a plain call's
 would; the collector wraps it in an [`EnvError`][aiocollect.EnvError]. A command that an
 exception (or Ctrl-C) cut short counts as undone: the scheduler resets those envs before
-their next step, so no trajectory continues from a half-taken step.
+their next step, so no trajectory continues from a half-taken step. (The steps a ``RUN``
+took before it are the batch's, as steps posted one by one would be: ``steps_done``.)
 """
 
 from __future__ import annotations
@@ -30,7 +35,7 @@ class InlineWorker(LaneWorker):
     """An in-process env group as a scheduler's lane; see the module docstring."""
 
     in_process = True
-    takes_runs = False
+    takes_runs = True
     acts_locally = False
     synchronous = True
     process = None
@@ -49,17 +54,34 @@ class InlineWorker(LaneWorker):
         self.rows = WorkerRows(shared, 0, group.num_envs, [leaf.key for leaf in group.obs_leaves],
                                max_frames_per_traj=max_frames_per_traj, reset_when_done=reset_when_done)
         self._done = False
+        self._at = 0
+        """The steps of the last ``RUN`` taken so far (all of them once it completed)."""
 
     def post(self, code: int, slot: int, col: int, count: int = 1, local: bool = False) -> None:
         """Carry out the command now (see the module docstring)."""
         if code == protocol.STEP_CODE:
             self.rows.step(self.group, slot, col)
+        elif code == protocol.RUN_CODE:
+            self._at = 0
+            step, group = self.rows.step, self.group
+            for i in range(count):
+                step(group, slot, col + i)
+                self._at = i + 1
         else:
             self.rows.reset(self.group, slot, col)
         self._done = True
 
+    def steps_done(self) -> int:
+        return self._at
+
+    def cut_run(self) -> None:
+        """Nothing to cut: a run is over when ``post`` returns."""
+
     def completed(self) -> bool:
+        """True once per command carried out; then the steps of the last ``RUN`` are
+        forgotten (a run an exception cut before it began took none)."""
         if self._done:
             self._done = False
+            self._at = 0
             return True
         return False

@@ -72,12 +72,14 @@ def test_weights_benchmark_quick_mode_reports_every_section(tmp_path):
 def test_coroutine_benchmark_quick_mode_reports_every_contender(tmp_path):
     stdout, results = run_smoke("coroutines", tmp_path)
     for row in ("barrier: asyncio.gather", "aiocollect Collector, coroutine envs",
-                "TorchRL AsyncBatchedCollector, threading", "aiocollect / bound"):
+                "aiocollect Collector, step_ahead=True", "TorchRL AsyncBatchedCollector, threading",
+                "aiocollect / bound", "aiocollect step_ahead=True / bound"):
         assert row in stdout, row
     assert results["bound"] == 25_600
-    assert set(results["contenders"]) == {"barrier", "aiocollect", "torchrl"}
+    assert set(results["contenders"]) == {"barrier", "aiocollect", "ahead", "torchrl"}
     [panel] = chart_panels(tmp_path)
-    assert [bar.kind for bar in panel.bars] == ["baseline", "aiocollect", "TorchRL"] and panel.bound == 25_600
+    assert [bar.kind for bar in panel.bars] == ["baseline", "aiocollect", "aiocollect", "TorchRL"]
+    assert panel.bound == 25_600
 
 
 @pytest.mark.xdist_group("ray")  # one Ray instance at a time (scripts/test.sh runs pytest -n 2)

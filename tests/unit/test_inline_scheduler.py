@@ -9,18 +9,22 @@ scheduler: ids, observations, rewards and flags; trajectories across batches;
 from __future__ import annotations
 
 import asyncio
+import functools
 
 import gymnasium as gym
 import numpy as np
 import pytest
 import torch
 from tensordict import TensorDict
+from tensordict.nn import InteractionType
 
 from aiocollect._engine.scheduler import Scheduler
 from aiocollect._engine.storage import RolloutStorage
 from aiocollect._engine.timelines import Timelines
 from aiocollect._envs.group import InProcessGroup
 from aiocollect._envs.spaces import nest
+from aiocollect._policies.random import RandomPolicy
+from aiocollect._policies.runner import PolicyRunner
 from aiocollect._workers.inline_worker import InlineWorker
 from aiocollect._workers.shm import Layout, SharedArrays
 from support.envs import StepEnv
@@ -50,7 +54,7 @@ class Scripted:
         return {"action": action}
 
 
-def make(*envs_or_lengths, max_frames_per_traj=None, reset_when_done=True) -> Scheduler:
+def make(*envs_or_lengths, max_frames_per_traj=None, reset_when_done=True, runs=False) -> Scheduler:
     envs = [e if isinstance(e, gym.Env) else StepEnv(e, tag=i) for i, e in enumerate(envs_or_lengths)]
     group = InProcessGroup(envs)
     check = group.check_action
@@ -61,19 +65,22 @@ def make(*envs_or_lengths, max_frames_per_traj=None, reset_when_done=True) -> Sc
     step_count = max_frames_per_traj is not None
     storage = RolloutStorage(shared, group.obs_leaves, step_count=step_count)
     timelines = Timelines(storage.num_envs, reset_when_done=reset_when_done, count_steps=step_count)
-    return Scheduler(storage, timelines, [worker], check)
+    return Scheduler(storage, timelines, [worker], check, runs=runs)
 
 
 def envs(sched: Scheduler) -> list[StepEnv]:
     return sched.lanes[0].worker.group.envs
 
 
-def run(sched: Scheduler, frames: int, actions=None, *, mask=False, valid=None, set_truncated=False) -> TensorDict:
-    """One batch of ``frames`` steps, ``valid`` of them taken (all by default), as a TensorDict."""
+def run(sched: Scheduler, frames: int, actions=None, *, mask=False, valid=None, set_truncated=False,
+        runner=None) -> TensorDict:
+    """One batch of ``frames`` steps, ``valid`` of them taken (all by default), as a TensorDict
+    (``runner``: the actor, by default one that plays ``actions``)."""
     lane = sched.lanes[0]
     n = lane.num_envs
     valid = frames if valid is None else valid
-    runner = Scripted(actions if actions is not None else [[0] * n] * valid)
+    if runner is None:
+        runner = Scripted(actions if actions is not None else [[0] * n] * valid)
     sched.begin(lane, frames, mask)
     asyncio.run(sched.run_inline(lambda: runner, lambda: lane.t >= valid))
     sealed = sched.seal(lane, set_truncated)
@@ -236,3 +243,50 @@ def test_a_step_cut_short_resets_its_envs_and_the_batch_goes_on_with_new_traject
     assert td["next", "truncated"][..., 0].tolist() == [[False, True, False, False, False]] * 2
     assert td["next", "done"][..., 0].tolist() == [[False, True, False, False, False]] * 2
     assert torch.equal(td["observation"][:, 1:2], td["next", "observation"][:, 0:1])
+
+
+def next_action(actions, num_envs: int) -> dict:
+    return {"action": next(actions)}
+
+
+def random_runner(space, seed=0) -> PolicyRunner:
+    """The runner of ``policy=None``: random actions, which go in runs where the scheduler allows them."""
+    return PolicyRunner(RandomPolicy(space, seed=seed), ["observation"], device=None,
+                        exploration_type=InteractionType.RANDOM)
+
+
+def test_random_actions_go_in_runs_that_book_what_steps_one_by_one_would():
+    # the same envs and the same actions, in runs and one step at a time: the same batches
+    lengths, batches = (3, 5, 2), {}
+    for runs in (True, False):
+        sched = make(*lengths, max_frames_per_traj=4, runs=runs)
+        runner = random_runner(envs(sched)[0].action_space, seed=3)
+        if not runs:
+            runner.runs = None  # (one call per step, drawn from the run's stream all the same)
+            drawn = runner.policy.sample_steps(0, 4 * COLUMNS, 3)
+            runner.policy.sample_outputs = functools.partial(next_action, iter(drawn))
+        batches[runs] = [run(sched, COLUMNS, runner=runner) for _ in range(4)]
+        if runs:  # far fewer rounds than steps
+            assert sched.rounds._run_steps > 1
+    for a, b in zip(batches[True], batches[False]):
+        assert (a == b).all(), "a run left the batch otherwise than steps one by one"
+        assert a["next", "truncated"].any() and a["next", "terminated"].any()
+
+
+def test_a_run_cut_short_keeps_the_steps_it_took_and_resets_its_envs():
+    sched = make(StepEnv(100, tag=0), StepEnv(100, tag=1, interrupt_at=3), runs=True)
+    lane = sched.lanes[0]
+    runner = random_runner(envs(sched)[0].action_space)
+    sched.begin(lane, 5, False)
+    with pytest.raises(KeyboardInterrupt):  # (runs of 1, then 2 steps: the second step of that run fails)
+        asyncio.run(sched.run_inline(lambda: runner, lambda: lane.full))
+    assert lane.t == 2 and sched.timelines.needs_reset.all()  # step 1 is the batch's, step 2 never happened
+    assert lane.state == "ready" and lane.run == 0 and sched.idle()
+    asyncio.run(sched.run_inline(lambda: runner, lambda: lane.full))  # the same batch, resumed
+    sealed = sched.seal(lane, False)
+    td = TensorDict(nest(sched.batch(sealed)), [2, 5])
+    assert td["collector", "traj_ids"].tolist() == [[0, 0, 2, 2, 2], [1, 1, 3, 3, 3]]
+    assert td["observation"][..., 0].tolist() == [[0, 1, 0, 1, 2]] * 2
+    assert td["next", "truncated"][..., 0].tolist() == [[False, True, False, False, False]] * 2
+    reward = td["next", "reward"][..., 0] - td["next", "observation"][..., 0]  # 10 * the action taken
+    assert torch.equal(reward, 10 * td["action"].float())

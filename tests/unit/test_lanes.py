@@ -69,7 +69,7 @@ CAPABILITIES = {
     Port: (False, True, False, False),
     CoroutineWorker: (True, False, False, False),
     EnvLane: (True, False, False, False),
-    InlineWorker: (True, False, True, False),
+    InlineWorker: (True, True, True, False),
 }
 
 

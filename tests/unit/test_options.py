@@ -600,7 +600,8 @@ OWN_ARGUMENTS = {
     # or, for TorchRL's implemented keywords, in _collectors.torchrl_compat's)
     "Collector": {"create_env_fn", "policy", *_POLICY_ARGUMENTS, *_COROUTINE_KNOBS, "num_collectors", "sync",
                   "backend", "backend_options",  # (TorchRL's: which collector Collector(...) builds)
-                  "start_timeout"},  # (refused: it bounds worker processes, and a Collector starts none)
+                  "start_timeout",  # (refused: it bounds worker processes, and a Collector starts none)
+                  "step_ahead"},  # (coroutine envs: finished ones step on into the next batch)
     **{name: {"create_env_fn", "policy", *_POLICY_ARGUMENTS, *_COROUTINE_KNOBS, "num_workers"}
        for name in TAKES_WORKER_OPTIONS},
     "RayCollector": {"create_env_fn", "policy", "policy_factory", "collector_class", "collector_kwargs",

@@ -359,3 +359,84 @@ def test_ctrl_c_cancels_pending_steps_closes_envs_and_stops_the_loop():
     assert "KeyboardInterrupt" in err and returncode != 0
 
 
+
+
+class VersionedPolicy(torch.nn.Module):
+    """``act_on_obs`` as a module: weights to update, each update a new policy version."""
+
+    def __init__(self):
+        super().__init__()
+        self.w = torch.nn.Parameter(torch.zeros(1))
+
+    def forward(self, observation):
+        return act_on_obs(observation)
+
+
+@pytest.mark.parametrize("step_ahead", [False, True])
+@pytest.mark.parametrize("face", ["for", "async for"])
+def test_step_ahead_a_finished_env_steps_on_into_the_next_batch(face, step_ahead):
+    fast, slow = LatencyEnv(0, 0.001, 0.001, length=1000), LatencyEnv(1, 0.01, 0.01, length=1000)
+    c = Collector(factories([fast, slow]), VersionedPolicy(), frames_per_batch=2 * 10, total_frames=2 * 10 * 3,
+                  step_ahead=step_ahead)
+
+    async def collect():
+        out = []
+        async with c:
+            async for batch in c:
+                out.append(batch)
+                c.update_policy_weights_()
+        return out
+
+    if face == "for":
+        batches = []
+        with c:
+            for batch in c:
+                batches.append(batch)
+                c.update_policy_weights_()
+    else:
+        batches = asyncio.run(collect())
+    assert [tuple(b.shape) for b in batches] == [(2, 10)] * 3
+    for b in batches:
+        check_batch(b)
+        assert torch.equal(b["action"], (b["observation"][:, :, 1] % 3).long())
+    for prev, cur in itertools.pairwise(batches):
+        check_continuity(prev, cur)
+    # never past total_frames: each env took its 30 steps, no more
+    assert len(fast.step_times) == len(slow.step_times) == 30
+    version = [b["collector", "policy_version"] for b in batches]
+    assert all(bool((v[1] == v[1, 0]).all()) for v in version)  # the slow env: each batch one version
+    if step_ahead:
+        # the fast env took the first steps of the next batch before the slow one ended this one,
+        # with the policy of this one (the version before the update)
+        assert fast.step_times[10] < slow.step_times[9] and fast.step_times[20] < slow.step_times[19]
+        assert version[1][0, 0] == version[0][1, 0] < version[1][1, 0]
+    else:  # it waited for the slow one
+        assert fast.step_times[10] > slow.step_times[9] and fast.step_times[20] > slow.step_times[19]
+        assert all(bool((v == v[1, 0]).all()) for v in version)
+
+
+def test_step_ahead_is_checked_up_front():
+    envs = lambda: factories([LatencyEnv(i) for i in range(2)])
+    with pytest.raises(TypeError, match="step_ahead must be True or False"):
+        Collector(envs(), None, frames_per_batch=20, step_ahead="yes")
+    with pytest.raises(ValueError, match="step_ahead=True: it applies to coroutine envs"):
+        Collector([PlainCounterEnv] * 2, None, frames_per_batch=20, step_ahead=True)
+    with pytest.raises(ValueError, match="step_ahead=True with interruptor"):
+        Collector(envs(), None, frames_per_batch=20, step_ahead=True, interruptor=Interruptor())
+    with pytest.raises(ValueError, match="step_ahead=True with reset_at_each_iter"):
+        Collector(envs(), None, frames_per_batch=20, step_ahead=True, reset_at_each_iter=True)
+
+
+async def test_step_ahead_a_cancelled_collection_resumes_with_every_invariant():
+    envs = [LatencyEnv(i, 0.001, 0.002 * (i + 1), length=15) for i in range(4)]
+    async with Collector(factories(envs), None, frames_per_batch=4 * 10, total_frames=-1, step_ahead=True) as c:
+        batches = c.__aiter__()
+        first = await batches.__anext__()
+        with pytest.raises(asyncio.TimeoutError):  # cancelled mid-batch: the envs stepping restart from a reset
+            await asyncio.wait_for(batches.__anext__(), 0.005)
+        rest = [await batches.__anext__() for _ in range(4)]
+    for b in [first, *rest]:
+        assert tuple(b.shape) == (4, 10)
+        check_batch(b)
+    for prev, cur in itertools.pairwise(rest):
+        check_continuity(prev, cur)

@@ -11,6 +11,7 @@ of steps that are each quick is no hang for the watchdog.
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import time
 
@@ -18,8 +19,9 @@ import numpy as np
 import pytest
 import torch
 
-from aiocollect import MultiAsyncCollector, MultiSyncCollector, RandomPolicy
+from aiocollect import Collector, Interruptor, MultiAsyncCollector, MultiSyncCollector, RandomPolicy
 from aiocollect._engine.timelines import Timelines
+from aiocollect._workers import protocol
 from support.checks import check_batch, check_continuity, rows
 from support.envs import CounterEnv, FastThenSlow, SleepyEnv
 
@@ -50,6 +52,42 @@ def test_random_actions_go_in_runs_that_keep_every_invariant(cls):
     # far fewer commands than steps (8 batches of 60 steps per env, 2 workers): each took
     # many steps per command
     assert commands < 8 * 60 * 2 / 4, commands
+
+
+@pytest.mark.parametrize("face", ["for", "async for"])
+def test_a_collectors_random_actions_go_in_runs_that_keep_every_invariant(face):
+    # in-process envs too (``rounds.InlineRounds``): runs of steps taken right here, booked whole
+    fpb = 3 * 60
+    collector = Collector([CounterEnv] * 3, None, frames_per_batch=fpb, total_frames=8 * fpb, max_frames_per_traj=5)
+    worker = collector._scheduler.lanes[0].worker
+    posted, post = [], worker.post
+    worker.post = lambda code, *args, **kwargs: (posted.append(code), post(code, *args, **kwargs))[1]
+
+    async def collect():
+        async with collector:
+            return [batch async for batch in collector]
+
+    if face == "for":
+        with collector:
+            batches = list(collector)
+    else:
+        batches = asyncio.run(collect())
+    assert len(batches) == 8
+    for i, batch in enumerate(batches):
+        check_batch(batch, step_count=5)
+        assert torch.equal(batch["next", "observation"][..., 2].long(), batch["action"])  # the action taken
+        assert set(batch["action"].unique().tolist()) == {0, 1, 2}
+        if i:
+            check_continuity(batches[i - 1], batch)
+    assert posted.count(protocol.RUN_CODE) and not posted.count(protocol.STEP_CODE)
+    assert len(posted) < 8 * 60 / 4, len(posted)  # many steps per command
+
+
+def test_a_collector_takes_no_runs_where_a_batch_may_be_cut_after_any_step():
+    for kwargs in ({"interruptor": Interruptor()}, {"reset_when_done": False}):
+        with Collector([CounterEnv] * 2, None, frames_per_batch=20, total_frames=40, **kwargs) as collector:
+            assert not collector._scheduler.runs
+            assert [b.numel() for b in collector] == [20, 20]
 
 
 def test_a_run_books_what_steps_one_by_one_would():
