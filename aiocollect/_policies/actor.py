@@ -62,8 +62,9 @@ import numpy as np
 import torch
 
 from .._envs.spaces import NestedKey
-from .board_channel import BoardChannel
+from .array import ArrayPolicy
 from .runner import PolicyRunner
+from .weights import WeightsChannel
 
 POLICY_RUN_S = 0.064
 """About how long a run of steps acted in the workers lasts (sized from the lane's last
@@ -113,14 +114,15 @@ class Actor(Protocol):
 
 class LocalActor:
     """The engine's side of the policy in the workers: its ``runs`` are acted by the
-    workers' copies, whose weights ``weights`` publishes (a ``BoardChannel``); called like a
+    workers' copies, whose weights ``weights`` publishes (a ``BoardChannel``, or an
+    ``ArrayBoardChannel`` for a JAX policy); called like a
     ``PolicyRunner`` (for a lane that does not act locally), it calls the policy here."""
 
     local = True
     span_s = POLICY_RUN_S
     checks_actions = True
 
-    def __init__(self, central: PolicyRunner, weights: BoardChannel, keys: tuple):
+    def __init__(self, central: PolicyRunner, weights: WeightsChannel, keys: tuple):
         self.central = central
         self.policy = central.policy
         self.weights = weights
@@ -163,6 +165,14 @@ def payload(runner: PolicyRunner, keys: tuple, num_workers: int) -> dict:
     need not import tensordict), the outputs' keys in the order of the ``out{i}`` fields, the
     interaction type by name, and one seed per worker. Raises if the policy cannot be pickled."""
     policy, plain = runner.policy, runner.plain_module
+    if isinstance(policy, ArrayPolicy):  # (a JAX policy: its own worker-side actor, ``worker_actor``)
+        return {
+            "policy": cloudpickle.dumps(policy),
+            "actor": policy.worker_actor,
+            "config": policy.worker_config(),
+            "keys": keys,
+            "seeds": seeds_for(num_workers),
+        }
     return {
         "policy": cloudpickle.dumps(policy.module if plain else policy),
         "in_keys": list(policy.in_keys) if plain else None,
