@@ -6,7 +6,8 @@ once, while a worker collector is built (it reads the machine's cores and the
 
 **When** (``placement``, then ``_policies.costs.measure``): ``AIOCOLLECT_POLICY_IN_WORKERS=1`` forces it,
 ``0`` forbids it. Unset, it is chosen for a torch module on the CPU (no ``policy_device``
-other than the CPU, no ``compile_policy``/``cudagraph_policy``, no lazy module) when random
+other than the CPU, no ``compile_policy``/``cudagraph_policy``, no lazy module), or a
+``JaxPolicy`` on the CPU (never one on a GPU or TPU: ``ArrayPolicy.worker_actor``), when random
 actions may go in runs (``reset_when_done``, no ``interruptor``), ``_policies.probe.probe`` finds outputs the
 workers can write, and either the workers are at least as many as the usable cores (the
 engine has no core of its own), or ``measure`` finds it cheaper: it times the policy's call

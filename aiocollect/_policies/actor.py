@@ -48,9 +48,16 @@ as the engine's runner does (``_policies.outputs``) without importing tensordict
 submodules then call their ``forward`` directly (``_policies.direct_calls``: the copy is
 private, and ``nn.Module.__call__``'s empty hook checks were half of a small MLP's call).
 
+**A JAX policy** (``JaxPolicy`` on the CPU) acts in the workers the same way, through its
+own worker-side actor (``ArrayPolicy.worker_actor``: ``_policies.jax_worker.JaxWorkerActor``,
+a ``WorkerActor`` that rebuilds and jits the pickled policy in the worker, with JAX pinned to
+the CPU on one thread): its params' leaves are the board's fields (``ArrayBoardChannel``,
+``_policies.board_channel``), and the collector's own copy acts with the board's views. A JAX
+policy on a GPU or TPU stays central (``_collectors.placement``).
+
 **Cost**: a worker with a policy imports torch (the lean worker does not): about 200 MiB
 more per worker (``docs/benchmarks.md`` has the measured figures), and a second or two more
-to start.
+to start; a worker with a JAX policy imports JAX too.
 """
 
 from __future__ import annotations

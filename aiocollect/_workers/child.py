@@ -4,8 +4,9 @@ Started by the pool as ``python -c BOOTSTRAP SOCK_FD SHM_FD DUMP_FD`` (``_worker
 the bootstrap keeps the current directory off ``sys.path``, then calls ``run``). It does
 not import torch (``import aiocollect`` is lazy): it needs gymnasium, numpy, cloudpickle and
 the user's env code; a worker given its own copy of the policy (``_policies.worker_actor``)
-imports torch for it. Nothing of the user's ``__main__`` module is re-imported; env
-factories arrive pickled by value with cloudpickle.
+imports torch for it, and JAX too for a JAX policy's (``_policies.jax_worker``). Nothing of
+the user's ``__main__`` module is re-imported; env factories arrive pickled by value with
+cloudpickle.
 
 Its life:
 

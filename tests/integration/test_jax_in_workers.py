@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 import torch
 
-from aiocollect import MultiAsyncCollector, MultiSyncCollector
+from aiocollect import AsyncCollector, MultiAsyncCollector, MultiSyncCollector
 from aiocollect._collectors import placement as placement_module
 from aiocollect._collectors.placement import cannot_act_in_workers, placement
 from aiocollect._workers import launcher
@@ -37,9 +37,10 @@ def mlp_policy(seed: int = 0) -> JaxPolicy:
 
 
 def build(cls, policy, where: str, make=cartpole, steps: int = 10, **kwargs):
-    """``cls`` over 2 workers x 2 envs, ``policy_placement=where``."""
+    """``cls`` over 2 workers x 2 envs (``AsyncCollector``: one worker of 2), ``policy_placement=where``."""
     frames = 2 * steps * (2 if cls is MultiSyncCollector else 1)
-    return cls([[make] * 2] * 2, policy, frames_per_batch=frames, policy_placement=where, **kwargs)
+    envs = [make] * 2 if cls is AsyncCollector else [[make] * 2] * 2
+    return cls(envs, policy, frames_per_batch=frames, policy_placement=where, **kwargs)
 
 
 def frames(batch):
@@ -228,15 +229,18 @@ def _maps(pid: int, library: str) -> bool:
         return library in f.read()
 
 
-@pytest.mark.parametrize("cls", COLLECTORS)
+@pytest.mark.parametrize("cls", [*COLLECTORS, AsyncCollector,
+                                 pytest.param(MultiSyncCollector, marks=pytest.mark.cold_start, id="cold-start")])
 def test_jax_loads_in_the_workers_only_and_no_worker_outlives_shutdown(cls):
-    """The workers given a JAX policy load JAX (XLA's library); the warm launcher that forks
-    them never does (a process that forks must not have started JAX); ``shutdown()`` leaves no
-    worker behind."""
+    """The workers given a JAX policy load JAX (XLA's library) and act with it; the warm
+    launcher that forks them never loads it (a process that forks must not have started JAX);
+    workers started as fresh interpreters do the same; ``shutdown()`` leaves no worker behind."""
     before = children()
     c = build(cls, mlp_policy(), "workers")
     try:
-        next(iter(c))
+        assert c.policy_in_workers
+        batch = next(iter(c))
+        assert torch.equal(batch["action"], batch["logits"].argmax(-1).to(torch.int32))
         pids = [w.pid for w in c.statistics().workers]
         assert all(_maps(pid, "jaxlib") for pid in pids)
         warm = launcher.current()
