@@ -17,8 +17,13 @@ What is measured
   CartPole envs and the 1M-parameter MLP (batches of 800 frames), where each update
   copies 3.9 MB twice. Goal: ratio >= 0.95.
 * **J. A JAX MLP vs the same torch MLP** (64-64-64-2 tanh, argmax, identical weights):
-  frames/s of ``Collector`` over 64 CartPole envs and of ``MultiSyncCollector`` with 2
-  workers x 32 envs. Goal: JAX / torch >= 0.8.
+  frames/s of ``Collector`` over 64 CartPole envs, and of ``MultiSyncCollector`` and
+  ``MultiAsyncCollector`` with 2 workers x 16 envs, each policy placed as the collector
+  chooses (``policy_placement="auto"``: on 2 cores, in the workers, the torch MLP as a copy
+  and the JAX one as a ``JaxPolicy`` rebuilt in each worker, ``_policies.jax_worker``);
+  ``--jax-central`` adds the worker rows with the JAX policy kept here
+  (``policy_placement="central"``, as before JAX could act in the workers). Goal: JAX / torch
+  >= 0.8.
 
 How: as ``bench_collect.py``: construction and the first batch are not timed; each
 measurement runs ``--repeats`` times round-robin; the table shows the best run and the
@@ -31,12 +36,14 @@ Usage::
     python benchmarks/bench_weights.py --quick    # smoke run, ~20 s
     python benchmarks/bench_weights.py --smoke    # --quick's rows, each as brief as can be (the tests')
     python benchmarks/bench_weights.py --jax-sync-dispatch   # J with jax_cpu_enable_async_dispatch=False
+    python benchmarks/bench_weights.py --jax-central         # J's worker rows with JAX central too
 
 JAX dispatches CPU computations to another thread by default; for a small policy the
 thread handoff costs as much as the computation (measured: 88 us per call for the J
 policy at 64 envs, 45 us with ``jax_cpu_enable_async_dispatch=False``). That flag is
-global and read when JAX's CPU backend starts, so aiocollect does not set it; J reports
-JAX's default unless ``--jax-sync-dispatch`` is given.
+global and read when JAX's CPU backend starts, so aiocollect does not set it in the main
+process; J reports JAX's default there unless ``--jax-sync-dispatch`` is given (a worker's
+copy always dispatches synchronously: the worker's JAX is aiocollect's own).
 """
 
 from __future__ import annotations
@@ -58,7 +65,7 @@ from _common import environment, finish, parse_args, require
 from tensordict.nn import TensorDictModule
 from torch import nn
 
-from aiocollect import Collector, MultiSyncCollector
+from aiocollect import Collector, MultiAsyncCollector, MultiSyncCollector
 
 ENV_ID = "CartPole-v1"
 BIG = (64, 1024, 896, 2)  # 986,754 parameters
@@ -218,14 +225,20 @@ def updating_fps(setting: str, batches: int, steps: int = 100) -> tuple[float, f
 
 
 def jax_vs_torch_fps(setting: str, kind: str, batches: int, steps: int = 100) -> float:
+    """Frames/s of ``setting`` with the torch MLP (``kind="torch"``) or the same MLP in JAX
+    (``"jax"``; ``"jax-central"``: kept in the main process)."""
     module = ArgmaxMLP((4, 64, 64, 2))
     policy = (TensorDictModule(module, in_keys=["observation"], out_keys=["action"]) if kind == "torch"
               else jax_policy_like(module))
+    where = "central" if kind == "jax-central" else "auto"
     if setting == "collector-64":
         collector = Collector([make_cartpole] * 64, policy, frames_per_batch=64 * steps, total_frames=-1)
+    elif setting == "multisync-2x16":
+        collector = MultiSyncCollector([[make_cartpole] * 16] * 2, policy, frames_per_batch=32 * steps,
+                                       total_frames=-1, policy_placement=where)
     else:
-        collector = MultiSyncCollector([[make_cartpole] * 32] * 2, policy, frames_per_batch=64 * steps,
-                                       total_frames=-1)
+        collector = MultiAsyncCollector([[make_cartpole] * 16] * 2, policy, frames_per_batch=16 * steps,
+                                        total_frames=-1, policy_placement=where)
     try:
         return fps(collector, batches)
     finally:
@@ -242,6 +255,9 @@ def main(argv: list[str] | None = None) -> int:
 
         jax.config.update("jax_cpu_enable_async_dispatch", False)
         argv = [a for a in (argv if argv is not None else sys.argv[1:]) if a != "--jax-sync-dispatch"]
+    jax_central = "--jax-central" in (argv if argv is not None else sys.argv[1:])
+    if jax_central:
+        argv = [a for a in (argv if argv is not None else sys.argv[1:]) if a != "--jax-central"]
     args = parse_args(argv, "Weight updates and JAX policies: cost to collection.", "smoke run (~20 s)")
     require("jax", "the weights benchmark (its JAX rows)")
     torch.set_num_threads(1)
@@ -260,7 +276,10 @@ def main(argv: list[str] | None = None) -> int:
 
     runs: dict[tuple, list[float]] = {}
     cases = [("F", s, None) for s in ("collector-16-small", "multisync-2x8-1M")]
-    cases += [("J", s, k) for s in ("collector-64", "multisync-2x32") for k in ("torch", "jax")]
+    j_settings = ("collector-64", "multisync-2x16", "multiasync-2x16")
+    cases += [("J", s, k) for s in j_settings for k in ("torch", "jax")]
+    if jax_central:
+        cases += [("J", s, "jax-central") for s in j_settings[1:]]
     for r in range(repeats):
         for case in cases:
             section, setting, variant = case
@@ -292,11 +311,15 @@ def main(argv: list[str] | None = None) -> int:
     mode = "sync dispatch" if sync_dispatch else "JAX's default async dispatch"
     print(f"\n## J. JAX MLP vs the same torch MLP, frames/s (goal ratio >= 0.8; {mode})")
     print(f"{'setting':22} {'torch':>12} {'jax':>12} {'ratio':>7}   (best; medians in brackets)")
-    for setting in ("collector-64", "multisync-2x32"):
-        a, b = summary(("J", setting, "torch")), summary(("J", setting, "jax"))
-        results["jax"][setting] = {"torch": a, "jax": b, "ratio": b["best"] / a["best"]}
-        print(f"{setting:22} {a['best']:12,.0f} {b['best']:12,.0f} {b['best'] / a['best']:7.2f}"
-              f"   ({a['median']:,.0f} / {b['median']:,.0f})")
+    for setting in j_settings:
+        for kind in ("jax", "jax-central"):
+            if ("J", setting, kind) not in runs:
+                continue
+            a, b = summary(("J", setting, "torch")), summary(("J", setting, kind))
+            name = setting if kind == "jax" else f"{setting}, central"
+            results["jax"][name] = {"torch": a, "jax": b, "ratio": b["best"] / a["best"]}
+            print(f"{name:22} {a['best']:12,.0f} {b['best']:12,.0f} {b['best'] / a['best']:7.2f}"
+                  f"   ({a['median']:,.0f} / {b['median']:,.0f})")
     print()
     return finish(results, args)
 

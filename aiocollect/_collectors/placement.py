@@ -6,7 +6,8 @@ once, while a worker collector is built (it reads the machine's cores and the
 
 **When** (``placement``, then ``_policies.costs.measure``): ``AIOCOLLECT_POLICY_IN_WORKERS=1`` forces it,
 ``0`` forbids it. Unset, it is chosen for a torch module on the CPU (no ``policy_device``
-other than the CPU, no ``compile_policy``/``cudagraph_policy``, no lazy module) when random
+other than the CPU, no ``compile_policy``/``cudagraph_policy``, no lazy module), or a
+``JaxPolicy`` on the CPU (never one on a GPU or TPU: ``ArrayPolicy.worker_actor``), when random
 actions may go in runs (``reset_when_done``, no ``interruptor``), ``_policies.probe.probe`` finds outputs the
 workers can write, and either the workers are at least as many as the usable cores (the
 engine has no core of its own), or ``measure`` finds it cheaper: it times the policy's call
@@ -29,6 +30,7 @@ from tensordict.nn import TensorDictModule
 from torch.nn.parameter import is_lazy
 
 from .._policies import costs
+from .._policies.array import ArrayPolicy
 from .._policies.outputs import NUMPY_DTYPES
 from .._policies.random import RandomPolicy
 from .._workers.protocol import env_flag, usable_cores
@@ -56,13 +58,14 @@ def placement(policy: Any, *, num_workers: int, policy_device: Any, compiled: bo
 def cannot_act_in_workers(policy: Any, *, policy_device: Any, compiled: bool, runs: bool) -> str | None:
     """Why the workers cannot act with a copy of ``policy`` (``None``: they can, as far as can
     be told before the probe's call)."""
+    if isinstance(policy, ArrayPolicy):  # (a JAX policy)
+        return _array_policy_stays(policy, policy_device=policy_device, runs=runs)
     if not isinstance(policy, torch.nn.Module) or isinstance(policy, RandomPolicy):
-        return "it is not a torch module (random actions, a plain function, a JAX policy)"
+        return "it is not a torch module (random actions, a plain function)"
     if compiled:
         return "it is compiled (compile_policy, cudagraph_policy), for this process"
     if not runs:
-        return ("a batch may be cut after any step (interruptor) or envs wait for a reset "
-                "(reset_when_done=False): the engine steps them one at a time")
+        return _NO_RUNS
     if policy_device is not None and torch.device(policy_device).type != "cpu":
         return f"it acts on {policy_device}, and the workers act on the CPU"
     if isinstance(policy, TensorDictModule) and not isinstance(policy.module, torch.nn.Module):
@@ -73,6 +76,29 @@ def cannot_act_in_workers(policy: Any, *, policy_device: Any, compiled: bool, ru
     if any(is_lazy(t) or t.device.type != "cpu" or t.dtype not in NUMPY_DTYPES for t in tensors):
         # (a lazy module takes its shapes at its first call, or from the first update)
         return "it has lazy, non-CPU or non-numpy tensors, which shared memory cannot hold"
+    return None
+
+
+_NO_RUNS = ("a batch may be cut after any step (interruptor) or envs wait for a reset "
+            "(reset_when_done=False): the engine steps them one at a time")
+
+
+def _array_policy_stays(policy: ArrayPolicy, *, policy_device: Any, runs: bool) -> str | None:
+    """Why the workers cannot act with a copy of an ``ArrayPolicy`` (a JAX policy), or ``None``:
+    one on the CPU can (its ``worker_actor``), with weights whose leaves shared memory holds."""
+    if policy.worker_actor is None:
+        where = "a GPU or TPU" if policy.accelerated else "this process only"
+        return f"it is a {type(policy).__name__} that acts on {where}, batched here"
+    if not runs:
+        return _NO_RUNS
+    if policy_device is not None and torch.device(policy_device).type != "cpu":
+        return f"it acts on {policy_device}, and the workers act on the CPU"
+    try:
+        leaves = policy.weight_arrays()
+    except Exception as exc:  # noqa: BLE001 - (leaves that are not arrays): it acts here
+        return f"its weights cannot be laid out in shared memory ({type(exc).__name__}: {exc})"
+    if any(a.dtype.kind not in "biuf" for a in leaves):
+        return "its weights have leaves of a dtype shared memory does not hold (bfloat16...)"
     return None
 
 

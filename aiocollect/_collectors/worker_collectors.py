@@ -84,7 +84,7 @@ class WorkerCollectorBase(DataCollectorBase):
             ``if __name__ == "__main__"`` guard needed.
         policy: as for [`Collector`][aiocollect.Collector]; it runs here, batched over every
             ready worker's envs, or in each worker, a copy of it next to the envs: a torch
-            module on the CPU goes there when the workers leave the engine no core, or
+            module or a ``JaxPolicy`` on the CPU goes there when the workers leave the engine no core, or
             when its call there costs less than a round here (``policy_in_workers``,
             ``placement_costs``; ``AIOCOLLECT_POLICY_IN_WORKERS`` forces either).
 

@@ -48,9 +48,16 @@ as the engine's runner does (``_policies.outputs``) without importing tensordict
 submodules then call their ``forward`` directly (``_policies.direct_calls``: the copy is
 private, and ``nn.Module.__call__``'s empty hook checks were half of a small MLP's call).
 
+**A JAX policy** (``JaxPolicy`` on the CPU) acts in the workers the same way, through its
+own worker-side actor (``ArrayPolicy.worker_actor``: ``_policies.jax_worker.JaxWorkerActor``,
+a ``WorkerActor`` that rebuilds and jits the pickled policy in the worker, with JAX pinned to
+the CPU on one thread): its params' leaves are the board's fields (``ArrayBoardChannel``,
+``_policies.board_channel``), and the collector's own copy acts with the board's views. A JAX
+policy on a GPU or TPU stays central (``_collectors.placement``).
+
 **Cost**: a worker with a policy imports torch (the lean worker does not): about 200 MiB
 more per worker (``docs/benchmarks.md`` has the measured figures), and a second or two more
-to start.
+to start; a worker with a JAX policy imports JAX too.
 """
 
 from __future__ import annotations
@@ -62,8 +69,9 @@ import numpy as np
 import torch
 
 from .._envs.spaces import NestedKey
-from .board_channel import BoardChannel
+from .array import ArrayPolicy
 from .runner import PolicyRunner
+from .weights import WeightsChannel
 
 POLICY_RUN_S = 0.064
 """About how long a run of steps acted in the workers lasts (sized from the lane's last
@@ -113,14 +121,15 @@ class Actor(Protocol):
 
 class LocalActor:
     """The engine's side of the policy in the workers: its ``runs`` are acted by the
-    workers' copies, whose weights ``weights`` publishes (a ``BoardChannel``); called like a
+    workers' copies, whose weights ``weights`` publishes (a ``BoardChannel``, or an
+    ``ArrayBoardChannel`` for a JAX policy); called like a
     ``PolicyRunner`` (for a lane that does not act locally), it calls the policy here."""
 
     local = True
     span_s = POLICY_RUN_S
     checks_actions = True
 
-    def __init__(self, central: PolicyRunner, weights: BoardChannel, keys: tuple):
+    def __init__(self, central: PolicyRunner, weights: WeightsChannel, keys: tuple):
         self.central = central
         self.policy = central.policy
         self.weights = weights
@@ -163,6 +172,14 @@ def payload(runner: PolicyRunner, keys: tuple, num_workers: int) -> dict:
     need not import tensordict), the outputs' keys in the order of the ``out{i}`` fields, the
     interaction type by name, and one seed per worker. Raises if the policy cannot be pickled."""
     policy, plain = runner.policy, runner.plain_module
+    if isinstance(policy, ArrayPolicy):  # (a JAX policy: its own worker-side actor, ``worker_actor``)
+        return {
+            "policy": cloudpickle.dumps(policy),
+            "actor": policy.worker_actor,
+            "config": policy.worker_config(),
+            "keys": keys,
+            "seeds": seeds_for(num_workers),
+        }
     return {
         "policy": cloudpickle.dumps(policy.module if plain else policy),
         "in_keys": list(policy.in_keys) if plain else None,

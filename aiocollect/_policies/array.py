@@ -42,6 +42,30 @@ class ArrayPolicy:
         """Use ``snap`` (from ``snapshot()``) from the next call on."""
         raise NotImplementedError
 
+    @property
+    def worker_actor(self) -> str | None:
+        """``"module:Class"`` of the actor a worker process builds to act with a copy of it
+        (``_policies.actor``: the policy in the workers), or ``None``: it acts only here, in
+        the main process (the default; a JAX policy off the CPU)."""
+        return None
+
+    def worker_config(self) -> dict:
+        """What a worker's actor needs besides the pickled policy to compute what it computes
+        here (``worker_actor``; JAX: whether 64-bit types are on)."""
+        return {}
+
+    def weight_arrays(self, weights: Any = None) -> list[np.ndarray]:
+        """The leaves of ``weights`` (``None``: the weights in use) as numpy arrays, in a fixed
+        order: the fields of the weights' board when copies act in the workers
+        (``_policies.weights_board``). Checked as ``snapshot`` checks them."""
+        raise NotImplementedError
+
+    def share(self, arrays: list[np.ndarray]) -> None:
+        """Copy the weights in use into ``arrays`` (``weight_arrays``' order and shapes), then
+        act with ``arrays`` themselves as its weights (the board's views: each version
+        published there is in use here at once)."""
+        raise NotImplementedError
+
     def prepare(self, rows: Sequence[int], inputs: Sequence[tuple[np.dtype, tuple[int, ...]]]) -> None:
         """Get ready for calls over each of ``rows`` envs, with inputs of these (dtype, per-env
         shape): a collector gives every row count its rounds can have, once, at start,

@@ -9,7 +9,8 @@ from typing import Any
 
 import torch
 
-from .weights import CopyChannel, TorchWeights
+from .array import ArrayPolicy
+from .weights import CopyChannel, TorchWeights, WeightsChannel
 from .weights_board import WeightsBoard, weight_tensors
 
 
@@ -42,6 +43,32 @@ class BoardChannel(CopyChannel):
                 version = self.latest
             try:
                 self.board.write(sources, [m.training for m in module.modules()], version)
+            finally:  # (a Ctrl-C in the copy lets it finish first: then it is published)
+                if self.board.version == version:
+                    self.version = version
+        return version
+
+
+class ArrayBoardChannel(WeightsChannel):
+    """``BoardChannel`` for an ``ArrayPolicy`` (a JAX policy on the CPU): its weights' leaves
+    (``weight_arrays``) are the board's fields, and the collector's own copy acts with the
+    board's views (``ArrayPolicy.share``). A publish checks the new weights against the
+    policy's (``snapshot``'s checks), then copies them once, into the board."""
+
+    def __init__(self, policy: ArrayPolicy, board: WeightsBoard):
+        super().__init__(policy.snapshot, policy.load)
+        self.policy = policy
+        self.board = board
+        policy.share(board.arrays)
+
+    def publish(self, weights: Any) -> int:
+        sources = self.policy.weight_arrays(weights)  # (checked: the pytree's structure and shapes)
+        with self.lock:  # (no call of the policy here meanwhile, nor a checkpoint's read)
+            with self._swap:
+                self.latest += 1
+                version = self.latest
+            try:
+                self.board.write(sources, [], version)
             finally:  # (a Ctrl-C in the copy lets it finish first: then it is published)
                 if self.board.version == version:
                     self.version = version

@@ -88,7 +88,8 @@ def _measure(policy: Any, keys: list, obs_leaves: list, exploration_type: Any, p
         runner = PolicyRunner(policy, keys, device=None, exploration_type=exploration_type)
         torch.set_num_threads(spare)
         central = _best(runner, obs_leaves, rows) + ENGINE_S_PER_WORKER * workers
-        direct_calls(policy)  # (as a worker's private copy is called)
+        if isinstance(policy, torch.nn.Module):
+            direct_calls(policy)  # (as a worker's private copy is called)
         torch.set_num_threads(1)
         return Costs(_best(runner, obs_leaves, per_worker), central)
     except Exception:  # noqa: BLE001 - then it runs centrally, where its first call says what is wrong

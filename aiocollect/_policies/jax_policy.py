@@ -211,6 +211,10 @@ class JaxPolicy(ArrayPolicy):
         Raises:
             ValueError: the pytree structure or a leaf's shape differs from ``params``'.
         """
+        return self._copy(self._checked(weights))
+
+    def _checked(self, weights: Any) -> Any:
+        """``weights`` (a ``JaxPolicy``'s params) as ``snapshot`` checks them."""
         if isinstance(weights, JaxPolicy):
             weights = weights.params
         new, old = jax.tree.structure(weights), jax.tree.structure(self.params)
@@ -225,7 +229,38 @@ class JaxPolicy(ArrayPolicy):
                     f"update_policy_weights_: a params leaf has shape {np.shape(a)}, the policy's has "
                     f"{np.shape(b)}."
                 )
-        return self._copy(weights)
+        return weights
+
+    # ArrayPolicy: copies in the workers ------------------------------------------------
+
+    @property
+    def worker_actor(self) -> str | None:
+        """On the CPU, a worker process can act with a copy (``_policies.jax_worker``: the
+        collectors' ``policy_placement``); on a GPU or TPU it acts only here, batched."""
+        return None if self.accelerated else "aiocollect._policies.jax_worker:JaxWorkerActor"
+
+    def worker_config(self) -> dict:
+        """JAX's settings a worker's copy must share to compute the same outputs (their
+        dtypes: ``jax_enable_x64``)."""
+        return {"x64": bool(jax.config.read("jax_enable_x64"))}
+
+    def weight_arrays(self, weights: Any = None) -> list[np.ndarray]:
+        """The params' leaves (``jax.tree.leaves`` order) as numpy arrays: the fields of the
+        weights' board (``_policies.weights_board``) when copies act in the workers.
+
+        Args:
+            weights: a params pytree (checked as ``snapshot`` checks it), or ``None``: ``params``.
+        """
+        tree = self.params if weights is None else self._checked(weights)
+        return [np.asarray(leaf) for leaf in jax.tree.leaves(tree)]
+
+    def share(self, arrays: list[np.ndarray]) -> None:
+        """Copy ``params`` into ``arrays`` (``weight_arrays``' order), then use ``arrays``
+        themselves as ``params``: the board's views, where each published version is in use
+        at once (XLA reads them in place, under the weights' lock)."""
+        for dst, src in zip(arrays, self.weight_arrays()):
+            np.copyto(dst, src)
+        self.params = jax.tree.unflatten(jax.tree.structure(self.params), list(arrays))
 
     def load(self, snap: Any) -> None:
         """Use ``snap`` (from ``snapshot``) as ``params`` from the next call on.

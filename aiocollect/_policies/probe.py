@@ -23,6 +23,7 @@ import numpy as np
 import torch
 
 from .._envs.spaces import NonFiniteAction
+from .array import ArrayPolicy
 from .outputs import check_outputs, is_shape_error, note_policy_inputs
 from .runner import PolicyRunner
 
@@ -34,6 +35,8 @@ def scratch_copy(policy: Any) -> Any | None:
     pickled for the workers). One copy serves both: what the probe's call changed in it does
     not change what the calls cost."""
     try:
+        if isinstance(policy, ArrayPolicy):  # (its own copy: a JAX policy's shares what XLA compiled)
+            return policy.copy()
         return copy.deepcopy(policy)
     except Exception:  # noqa: BLE001 - a module that cannot be copied cannot be pickled either
         return None
@@ -50,6 +53,8 @@ def own_state_changes(policy: Any, obs_leaves: list, exploration_type: Any) -> s
     or adds, in train mode and in eval mode (a counter, an estimate...). ``policy`` is called, so
     it is a scratch copy (``scratch_copy``), left in the modes it had; torch's generator is left
     as it was. A call that fails says nothing (``probe``'s call then fails too)."""
+    if isinstance(policy, ArrayPolicy):  # (a pure function of its weights: a JAX policy)
+        return None
     for name, module in policy.named_modules():
         if getattr(module, "track_running_stats", False) and getattr(module, "running_mean", None) is not None:
             return (f"its {type(module).__name__} {name or '(the policy itself)'!r} keeps running statistics, "
@@ -95,7 +100,7 @@ def probe(policy: Any, obs_leaves: list, exploration_type: Any, check: Any) -> l
     note naming them: the policy does not take the envs' observations."""
     keys = [leaf.key for leaf in obs_leaves]
     runner = PolicyRunner(policy, keys, device=None, exploration_type=exploration_type)
-    if runner.kind not in ("module", "tensordict", "callable"):
+    if runner.kind not in ("module", "tensordict", "callable", "array"):
         return None
     n = 2
     obs = zeros(obs_leaves, n)

@@ -52,7 +52,7 @@ from .._envs.keyed import KeyedActions
 from .._envs.spaces import nest
 from .._errors import PolicyKeyError
 from .array import ArrayPolicy
-from .board_channel import BoardChannel
+from .board_channel import ArrayBoardChannel, BoardChannel
 from .graphs import CudaGraphs, cudagraph_warmup
 from .random import RandomPolicy, SpecRandomPolicy, is_torchrl_random
 from .runner import PolicyRunner, RandomActions
@@ -351,16 +351,21 @@ class PolicySetup:
             if self.random is self.policy else RandomActions(self.runner, self.random)
         )
 
-    def publish_through(self, board: WeightsBoard) -> BoardChannel:
+    def publish_through(self, board: WeightsBoard) -> WeightsChannel:
         """The workers act with copies of the policy (``_policies.actor``): from now on its
         weights are published into ``board``, copied once, and the policy here acts with the
-        board's views (``BoardChannel``). Before collecting, with nothing published yet."""
+        board's views (``BoardChannel``; ``ArrayBoardChannel`` for a JAX policy). Before
+        collecting, with nothing published yet."""
         old = self.weights
-        assert old is not None  # (a torch module: has_weights)
-        source = self.user_policy if self.user_policy is not self.policy else None
-        channel = BoardChannel(self._torch_weights, source, board)
+        assert old is not None  # (a torch module or a JAX policy: has_weights)
         if old.latest:
             raise RuntimeError("publish_through: weights were published already")
+        channel: WeightsChannel
+        if isinstance(self.policy, ArrayPolicy):
+            channel = ArrayBoardChannel(self.policy, board)
+        else:
+            source = self.user_policy if self.user_policy is not self.policy else None
+            channel = BoardChannel(self._torch_weights, source, board)
         self.weights = self.runner.weights = channel
         return channel
 

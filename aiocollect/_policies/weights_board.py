@@ -42,12 +42,18 @@ def weight_tensors(module: torch.nn.Module) -> list[torch.Tensor]:
     return [v for v in module.state_dict(keep_vars=True).values() if isinstance(v, torch.Tensor)]
 
 
-def board_fields(module: torch.nn.Module) -> list[tuple[str, np.dtype, tuple]]:
+def board_fields(module: Any) -> list[tuple[str, np.dtype, tuple]]:
     """The board's fields for ``module`` (``Layout.plan``'s ``kept``): each tensor of its
     ``state_dict`` (``w{i}``, ``weight_tensors``), each submodule's mode (``wmode``),
-    the clock (``wclock``)."""
-    out = [(f"w{i}", _array(t).dtype, tuple(t.shape)) for i, t in enumerate(weight_tensors(module))]
-    out.append(("wmode", np.dtype(np.uint8), (len(list(module.modules())),)))
+    the clock (``wclock``). For an ``ArrayPolicy`` (a JAX policy), each leaf of its weights
+    (``weight_arrays``) and no modes."""
+    if isinstance(module, torch.nn.Module):
+        arrays = [_array(t) for t in weight_tensors(module)]
+        modes = len(list(module.modules()))
+    else:
+        arrays, modes = module.weight_arrays(), 0
+    out = [(f"w{i}", a.dtype, tuple(a.shape)) for i, a in enumerate(arrays)]
+    out.append(("wmode", np.dtype(np.uint8), (modes,)))
     out.append(("wclock", np.dtype(np.int64), (2,)))
     return out
 

@@ -112,9 +112,7 @@ class WorkerActor:
         # (runs at every step of every env part: each numpy or torch call here costs a few
         # microseconds once the envs' own code has taken the caches, so there are few)
         if self._clock[SEQ] != self.seen:
-            got = self.board.read(self.tensors, self.seen, self.modules)
-            if got is not None:
-                self.seen, self.version = got
+            self._load()
         inputs, version = self._columns.get((lo, s, t)) or self._column(obs, s, t, lo, hi)
         out = self._call(inputs)
         if self._interaction_unset and "tensordict" in sys.modules:
@@ -144,6 +142,15 @@ class WorkerActor:
             action[...] = to_env
         self.writer.write_block(s, t, lo, hi, out, stored, rows=n)
         version[...] = self.version
+
+    def _load(self) -> bool:
+        """Load new weights from the board, if the collector published any since the last
+        load: whether it did."""
+        got = self.board.read(self.tensors, self.seen, self.modules)
+        if got is None:
+            return False
+        self.seen, self.version = got
+        return True
 
     def _column(self, obs: list[np.ndarray], s: int, t: int, lo: int, hi: int) -> tuple:
         """``(inputs, version part)`` of column ``t`` of slot ``s``, rows ``lo:hi``."""

@@ -4,8 +4,9 @@ Started by the pool as ``python -c BOOTSTRAP SOCK_FD SHM_FD DUMP_FD`` (``_worker
 the bootstrap keeps the current directory off ``sys.path``, then calls ``run``). It does
 not import torch (``import aiocollect`` is lazy): it needs gymnasium, numpy, cloudpickle and
 the user's env code; a worker given its own copy of the policy (``_policies.worker_actor``)
-imports torch for it. Nothing of the user's ``__main__`` module is re-imported; env
-factories arrive pickled by value with cloudpickle.
+imports torch for it, and JAX too for a JAX policy's (``_policies.jax_worker``). Nothing of
+the user's ``__main__`` module is re-imported; env factories arrive pickled by value with
+cloudpickle.
 
 Its life:
 
@@ -175,12 +176,14 @@ class _Worker:
         """The worker's own copy of the policy (``_policies.worker_actor``), if it has one."""
         self.acts: list = [None] * len(self.parts)
         if setup.get("policy") is not None:
-            from .._policies.worker_actor import WorkerActor  # (torch: only for a worker given the policy)
-
             try:
-                policy = self.policy = WorkerActor(setup["policy"], self.shared.arrays, action_space, keys,
-                                                    setup["policy"]["seeds"][setup["index"]],
-                                                    worker=setup["index"], first=lo)
+                actor = _actor_class(setup["policy"].get("actor"))
+                policy = self.policy = actor(setup["policy"], self.shared.arrays, action_space, keys,
+                                             setup["policy"]["seeds"][setup["index"]], worker=setup["index"], first=lo)
+                prepare = getattr(policy, "prepare", None)
+                if prepare is not None:  # (a JAX copy compiles for each part's rows now, not at its first step)
+                    for _, _, rows in self.parts:
+                        prepare(rows.obs)
             except BaseException as exc:  # (its class not importable here...): the policy's error, not an env's
                 with contextlib.suppress(AttributeError):
                     exc._aiocollect_policy = True  # type: ignore[attr-defined]  # (a mark: the policy's error)
@@ -311,6 +314,19 @@ class _Worker:
             sock.sendall(protocol.CLOSED + protocol.frame(report))
         except OSError:  # the engine is gone
             pass
+
+
+def _actor_class(name: str | None) -> type:
+    """The class of the worker's copy of the policy: ``WorkerActor`` (a torch policy), or the
+    one a policy names (``ArrayPolicy.worker_actor``, ``"module:Class"``: a JAX policy's)."""
+    if name is None:
+        from .._policies.worker_actor import WorkerActor  # (torch: only for a worker given the policy)
+
+        return WorkerActor
+    import importlib
+
+    module, _, cls = name.partition(":")
+    return getattr(importlib.import_module(module), cls)
 
 
 def _acting(policy, ctl, rows, lo: int, hi: int):

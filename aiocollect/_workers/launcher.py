@@ -60,7 +60,8 @@ PRELOAD = ("numpy", "gymnasium", "cloudpickle", "aiocollect._workers.child", "ai
 
 TORCH = ("torch", "tensordict", "tensordict.nn")
 """What a worker with its own copy of the policy imports: the launcher imports it at the first
-such worker (``launch(..., torch=True)``)."""
+such worker (``launch(..., torch=True)``). Never JAX: a worker given a JAX policy imports it
+after its fork (``_policies.jax_worker``), as JAX must not run in a process that forks."""
 
 BOOTSTRAP = (
     "import sys; sys.path[:1] = [p for p in sys.path[:1] if p]; "

@@ -61,7 +61,7 @@ def test_workers_benchmark_quick_mode_reports_every_section(tmp_path):
 def test_weights_benchmark_quick_mode_reports_every_section(tmp_path):
     stdout, results = run_smoke("weights", tmp_path)
     for row in ("torch, idle", "torch, collecting", "jax, idle", "jax, collecting",
-                "collector-16-small", "multisync-2x8-1M", "collector-64", "multisync-2x32"):
+                "collector-16-small", "multisync-2x8-1M", "collector-64", "multisync-2x16", "multiasync-2x16"):
         assert row in stdout, row
     assert set(results["update_call"]) == {"torch, idle", "torch, collecting", "jax, idle", "jax, collecting"}
     for section in ("with_updates", "jax"):
