@@ -35,6 +35,9 @@ class Lane:
         self.index = worker.index
         self.lo, self.hi = worker.lo, worker.hi
         self.num_envs = worker.num_envs
+        self.rows = np.arange(self.lo, self.hi)
+        """Its rows as an index array: rounds over lanes at different columns gather and write
+        the rows of all of them with one fancy index per field (``rounds.WorkerRounds._act_rows``)."""
         self.state = READY
         self.held = True
         """No new steps while held (between batches, or while its batches wait)."""
@@ -95,3 +98,16 @@ class Sealed:
         if not self.valid:
             return 1 << 62
         return int(storage.policy_version[self.slot, : self.valid, self.lane.lo : self.lane.hi].min())
+
+
+def rows_and_columns(lanes: list[Lane]) -> tuple[np.ndarray, np.ndarray]:
+    """The rows of ``lanes`` (in their order) and, for each, its lane's column: index arrays
+    that gather or write the rows of lanes at different columns in one operation per field."""
+    n = lanes[0].num_envs
+    cols = np.array([lane.t for lane in lanes])
+    if len(lanes) > 1:
+        rows = np.concatenate([lane.rows for lane in lanes])
+        if all(lane.num_envs == n for lane in lanes):
+            return rows, np.repeat(cols, n)
+        return rows, np.repeat(cols, [lane.num_envs for lane in lanes])
+    return lanes[0].rows, np.repeat(cols, n)

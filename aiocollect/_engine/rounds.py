@@ -67,7 +67,7 @@ from .._errors import PolicyError
 from .._policies.output_writer import env_actions
 from .._policies.outputs import check_outputs, host_array, note_policy_inputs
 from .._workers import protocol
-from .lanes import READY, STEPPING, Lane
+from .lanes import READY, STEPPING, Lane, rows_and_columns
 
 if TYPE_CHECKING:
     from .._envs.spaces import ActionCheck
@@ -124,6 +124,10 @@ class Engine(Protocol):
 
     def abandon(self, lanes: list[Lane]) -> None:
         """The commands under way on ``lanes`` were cut short: they count as undone."""
+        ...
+
+    def post_steps(self, lanes: list[Lane]) -> None:
+        """Post each of ``lanes`` a ``STEP`` at its slot and column (they count as busy)."""
         ...
 
 
@@ -227,11 +231,9 @@ class Rounds:
         return PolicyError.not_finite(exc.value, worker=lane.index, env=lane.lo + row - first, pid=os.getpid())
 
     def _post_steps(self, ready: list[Lane]) -> None:
-        """Their actions are in the storage: post each of the ``ready`` lanes a ``STEP``."""
-        self.sched.busy += len(ready)
-        for lane in ready:
-            lane.state = STEPPING
-            lane.worker.post(protocol.STEP_CODE, lane.slot, lane.t)
+        """Their actions are in the storage: post each of the ``ready`` lanes a ``STEP``
+        (``Engine.post_steps``: the process lanes' control lines written at once)."""
+        self.sched.post_steps(ready)
 
 
 class WorkerRounds(Rounds):
@@ -256,6 +258,8 @@ class WorkerRounds(Rounds):
         if all(lane.slot == s and lane.t == t and (i == 0 or ready[i - 1].hi == lane.lo)
                for i, lane in enumerate(ready)):
             self._act_block(ready, runner)
+        elif all(lane.slot == s for lane in ready) and not runner.aligned_inputs:
+            self._act_rows(ready, runner)
         else:
             self._act_apart(ready, runner)
 
@@ -268,6 +272,17 @@ class WorkerRounds(Rounds):
         out, action, to_env = self._infer(ready, runner, st.policy_input(s, t, lo, hi), hi - lo)
         st.write(s, t, lo, hi, out, 0, runner.version, tl.traj_ids, tl.step_count, action)
         st.action[t, lo:hi] = to_env
+        self._post_steps(ready)
+
+    def _act_rows(self, ready: list[Lane], runner: Actor) -> None:
+        """Lanes at one slot, at different columns (or not adjacent): their rows gathered, and
+        the outputs written, with one fancy index per field (``rows_and_columns``)."""
+        st, tl = self.storage, self.timelines
+        s = ready[0].slot
+        rows, cols = rows_and_columns(ready)
+        out, action, to_env = self._infer(ready, runner, st.gather(s, cols, rows), len(rows))
+        st.write_rows(s, cols, rows, out, runner.version, tl.traj_ids, tl.step_count, action)
+        st.action[cols, rows] = to_env
         self._post_steps(ready)
 
     def _act_apart(self, ready: list[Lane], runner: Actor) -> None:

@@ -90,6 +90,27 @@ class Timelines:
         elif np.count_nonzero(terminated) or np.count_nonzero(truncated):  # cheaper than .any()
             self._new_trajectories(lo, hi, terminated | truncated)
 
+    def stepped_rows(self, rows: np.ndarray, terminated: np.ndarray, truncated: np.ndarray) -> np.ndarray | None:
+        """``stepped`` for the envs ``rows`` (an index array in increasing order: the rows of
+        several lanes, each at its own column), all at once: new ids go in row order, as
+        ``stepped`` over each lane in turn hands them out. Returns their step counts after
+        the step (``None`` when steps are not counted)."""
+        counts = None
+        if self.count_steps:
+            counts = self.step_count[rows] + 1
+            self.step_count[rows] = counts
+        self.env_steps += len(rows)
+        if not self.reset_when_done:
+            self.root_flags[0, rows] = terminated | truncated
+            self.root_flags[1, rows] = terminated
+            self.root_flags[2, rows] = truncated
+        elif np.count_nonzero(terminated) or np.count_nonzero(truncated):
+            ended = rows[terminated | truncated]
+            self.traj_ids[ended] = self.ids.take(len(ended))
+            self.step_count[ended] = 0
+            self.completed_trajectories += len(ended)
+        return counts
+
     def ran(self, lo: int, hi: int, terminated: np.ndarray, truncated: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Envs ``lo:hi`` took ``k = len(terminated)`` steps in a row (a ``RUN``: their
         worker reset each env that finished, as after any step); ``terminated`` and
