@@ -115,7 +115,7 @@ def test_trajs_per_batch_never_delivers_a_trajectory_whose_beginning_a_checkpoin
     that collects ahead still holds batches with their ends: those must be dropped too, not
     delivered as whole trajectories that begin mid-episode (they were)."""
     seen = set()
-    with variant(envs(variant, length=6), None, frames_per_batch=FPB, total_frames=60 * FPB,
+    with variant(envs(variant, length=6), None, frames_per_batch=FPB, total_frames=36 * FPB,
                  trajs_per_batch=2, traj_format="cat") as collector:
         for i, batch in enumerate(collector):
             for traj in trajectories(batch, "cat"):
