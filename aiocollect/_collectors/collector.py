@@ -429,6 +429,23 @@ class Collector(DataCollectorBase):
         self._scheduler.begin(lane, self._steps_per_batch, False, slot=slot)
         self._next_slot[lane.lo] = 1 - slot
 
+    def _drop_ahead(self) -> None:
+        """``step_ahead`` (a no-op without): forget the steps taken ahead of the batches
+        delivered, for ``reset`` and ``load_state_dict``: the sealed batches not delivered yet
+        and the batches envs began ahead (their steps under way cancelled). Every env then
+        starts its next batch afresh in slot 0, from the reset asked for, with a new id, as
+        without ``step_ahead``. (On the engine's thread: nothing steps meanwhile.)"""
+        if not self._step_ahead:
+            return
+        sched, envs = self._scheduler, self._envs
+        assert envs is not None  # (coroutine envs)
+        sched.abandon([sched.lanes[env.lo] for env in envs.cancel()])
+        for lane, parts in zip(sched.lanes, self._parts, strict=True):
+            while parts:
+                sched.release(parts.popleft())
+            lane.held = True  # (its batch begun ahead, if any, dropped: _collect_ahead begins another)
+        self._next_slot = [0] * len(sched.lanes)
+
     def _counters(self) -> tuple[int, int]:
         return self._timelines.env_steps, self._timelines.completed_trajectories
 
@@ -534,6 +551,7 @@ class Collector(DataCollectorBase):
         as TorchRL does.
         """
         def apply() -> None:  # on the engine's thread, where trajectories are assembled
+            self._drop_ahead()
             self._assembler.clear(cut=self._timelines.request_reset())
 
         self._on_engine(apply)
@@ -603,6 +621,7 @@ class Collector(DataCollectorBase):
         saved = self._checked_and_weights_loaded(state_dict, strict)
 
         def apply():
+            self._drop_ahead()
             self._restore_counters(saved)
             self._timelines.load_state_dict({"next_traj_id": saved.next_traj_id,
                                         "completed_trajectories": saved.completed_trajectories})
