@@ -173,6 +173,14 @@ class Collector(DataCollectorBase):
         if cls is not Collector or kind == "direct":
             return super().__new__(cls)
         kwargs.update(backend_options or {})
+        if "step_ahead" in kwargs:  # (a Collector's own: the collectors built here take none)
+            step_ahead = kwargs.pop("step_ahead")
+            if not isinstance(step_ahead, bool):
+                raise TypeError(f"step_ahead must be True or False, got {step_ahead!r}")
+            if step_ahead:
+                raise ValueError(f"step_ahead=True with num_collectors={num_collectors!r} (a {kind} collector): "
+                                 "step_ahead is for coroutine envs (aiocollect.AsyncEnv) in one Collector, "
+                                 "in this process. Remove the argument or num_collectors.")
         if kind in ("ray", "rpc"):
             target = _distributed_collector(kind)
             return target(create_env_fn, policy, num_collectors=num_collectors, sync=bool(sync), **kwargs)
