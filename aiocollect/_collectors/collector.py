@@ -113,11 +113,12 @@ class Collector(DataCollectorBase):
             into the next batch instead of waiting for the slowest env (default ``False``).
             Batches keep their shape and meaning, but the first steps of a batch may come
             from the policy as it was before you received the batch before it (each frame's
-            ``("collector", "policy_version")`` says which), and ``reset()`` or
-            ``set_seed()`` between two batches takes effect at each env's next step, inside
-            the next batch for an env that stepped ahead. An env goes at most one batch
-            ahead, and not past ``total_frames`` or into the first batch that the policy
-            collects after ``init_random_frames``. Not with an ``interruptor`` or
+            ``("collector", "policy_version")`` says which); ``set_seed()`` between two
+            batches takes effect at each env's next step, inside the next batch for an env
+            that stepped ahead, while ``reset()`` and ``load_state_dict()`` drop the steps
+            taken ahead (the next batch starts from the reset). An env goes at most one
+            batch ahead, not past ``total_frames``, and never while the random batches of
+            ``init_random_frames`` are collected. Not with an ``interruptor`` or
             ``reset_at_each_iter``, which cut or reset every env at a batch's edge.
         start_timeout: not accepted (``ValueError``): it bounds the start of worker
             processes, and a ``Collector`` starts none. With ``num_collectors=N`` it goes to
@@ -556,7 +557,8 @@ class Collector(DataCollectorBase):
         Trajectories cut this way are not counted as completed; the envs start new ones
         with new ids. TorchRL's ``reset_at_each_iter=True`` does this before every batch.
         With ``trajs_per_batch``, the trajectories not yet delivered are dropped,
-        as TorchRL does.
+        as TorchRL does. With ``step_ahead``, the steps taken ahead of the batches
+        delivered are dropped too: the next batch starts from the reset.
         """
         def apply() -> None:  # on the engine's thread, where trajectories are assembled
             self._drop_ahead()
@@ -600,6 +602,9 @@ class Collector(DataCollectorBase):
 
     def load_state_dict(self, state_dict: dict, strict: bool = True) -> None:
         """Restore what [`state_dict`][aiocollect.Collector.state_dict] saved; the envs restart from a reset.
+
+        With ``step_ahead``, the steps taken ahead of the batches delivered are dropped: the
+        next batch starts from that reset.
 
         The policy weights become a new policy version, as with
         [`update_policy_weights_`][aiocollect.DataCollectorBase.update_policy_weights_]; the
