@@ -26,6 +26,7 @@ from tensordict import TensorDictBase
 from tensordict.nn import InteractionType
 
 from .._engine.lanes import Sealed
+from .._engine.rounds import InlineRounds
 from .._engine.scheduler import Scheduler
 from .._engine.storage import host_empty
 from .._engine.trajectories import split_trajectories
@@ -547,6 +548,9 @@ class Collector(DataCollectorBase):
         def apply():
             self._timelines.request_reset(seeds)
             self._policy.random.seed(seed)
+            rounds = self._scheduler.rounds
+            if isinstance(rounds, InlineRounds):  # (a batch cut midway: the rest of its actions the new seed's)
+                rounds.redraw()
 
         self._on_engine(apply)
         return next_seed(seed, self.num_envs, static_seed)

@@ -417,6 +417,11 @@ class InlineRounds(RunRounds):
         self._posted = time.perf_counter()
         lane.worker.post(protocol.RUN_CODE, lane.slot, lane.t, k)
 
+    def redraw(self) -> None:
+        """The actions drawn ahead for the rest of the batch are forgotten: the next run
+        draws them anew (``set_seed`` after a collection cut mid-batch: the new seed's)."""
+        self._drawn_to = 0
+
     def book_run(self, lane: Lane) -> int:
         """``RunRounds.book_run``, the next run sized at the fastest pace seen lately (see the
         class docstring): a run slowed down by a wait for a core does not shrink the next."""
