@@ -26,6 +26,7 @@ from tensordict import TensorDictBase
 from tensordict.nn import InteractionType
 
 from .._engine.lanes import Sealed
+from .._engine.rounds import InlineRounds
 from .._engine.scheduler import Scheduler
 from .._engine.storage import host_empty
 from .._engine.trajectories import split_trajectories
@@ -113,11 +114,12 @@ class Collector(DataCollectorBase):
             into the next batch instead of waiting for the slowest env (default ``False``).
             Batches keep their shape and meaning, but the first steps of a batch may come
             from the policy as it was before you received the batch before it (each frame's
-            ``("collector", "policy_version")`` says which), and ``reset()`` or
-            ``set_seed()`` between two batches takes effect at each env's next step, inside
-            the next batch for an env that stepped ahead. An env goes at most one batch
-            ahead, and not past ``total_frames`` or into the first batch that the policy
-            collects after ``init_random_frames``. Not with an ``interruptor`` or
+            ``("collector", "policy_version")`` says which); ``set_seed()`` between two
+            batches takes effect at each env's next step, inside the next batch for an env
+            that stepped ahead, while ``reset()`` and ``load_state_dict()`` drop the steps
+            taken ahead (the next batch starts from the reset). An env goes at most one
+            batch ahead, not past ``total_frames``, and never while the random batches of
+            ``init_random_frames`` are collected. Not with an ``interruptor`` or
             ``reset_at_each_iter``, which cut or reset every env at a batch's edge.
         start_timeout: not accepted (``ValueError``): it bounds the start of worker
             processes, and a ``Collector`` starts none. With ``num_collectors=N`` it goes to
@@ -173,6 +175,14 @@ class Collector(DataCollectorBase):
         if cls is not Collector or kind == "direct":
             return super().__new__(cls)
         kwargs.update(backend_options or {})
+        if "step_ahead" in kwargs:  # (a Collector's own: the collectors built here take none)
+            step_ahead = kwargs.pop("step_ahead")
+            if not isinstance(step_ahead, bool):
+                raise TypeError(f"step_ahead must be True or False, got {step_ahead!r}")
+            if step_ahead:
+                raise ValueError(f"step_ahead=True with num_collectors={num_collectors!r} (a {kind} collector): "
+                                 "step_ahead is for coroutine envs (aiocollect.AsyncEnv) in one Collector, "
+                                 "in this process. Remove the argument or num_collectors.")
         if kind in ("ray", "rpc"):
             target = _distributed_collector(kind)
             return target(create_env_fn, policy, num_collectors=num_collectors, sync=bool(sync), **kwargs)
@@ -429,6 +439,23 @@ class Collector(DataCollectorBase):
         self._scheduler.begin(lane, self._steps_per_batch, False, slot=slot)
         self._next_slot[lane.lo] = 1 - slot
 
+    def _drop_ahead(self) -> None:
+        """``step_ahead`` (a no-op without): forget the steps taken ahead of the batches
+        delivered, for ``reset`` and ``load_state_dict``: the sealed batches not delivered yet
+        and the batches envs began ahead (their steps under way cancelled). Every env then
+        starts its next batch afresh in slot 0, from the reset asked for, with a new id, as
+        without ``step_ahead``. (On the engine's thread: nothing steps meanwhile.)"""
+        if not self._step_ahead:
+            return
+        sched, envs = self._scheduler, self._envs
+        assert envs is not None  # (coroutine envs)
+        sched.abandon([sched.lanes[env.lo] for env in envs.cancel()])
+        for lane, parts in zip(sched.lanes, self._parts, strict=True):
+            while parts:
+                sched.release(parts.popleft())
+            lane.held = True  # (its batch begun ahead, if any, dropped: _collect_ahead begins another)
+        self._next_slot = [0] * len(sched.lanes)
+
     def _counters(self) -> tuple[int, int]:
         return self._timelines.env_steps, self._timelines.completed_trajectories
 
@@ -521,6 +548,9 @@ class Collector(DataCollectorBase):
         def apply():
             self._timelines.request_reset(seeds)
             self._policy.random.seed(seed)
+            rounds = self._scheduler.rounds
+            if isinstance(rounds, InlineRounds):  # (a batch cut midway: the rest of its actions the new seed's)
+                rounds.redraw()
 
         self._on_engine(apply)
         return next_seed(seed, self.num_envs, static_seed)
@@ -531,9 +561,11 @@ class Collector(DataCollectorBase):
         Trajectories cut this way are not counted as completed; the envs start new ones
         with new ids. TorchRL's ``reset_at_each_iter=True`` does this before every batch.
         With ``trajs_per_batch``, the trajectories not yet delivered are dropped,
-        as TorchRL does.
+        as TorchRL does. With ``step_ahead``, the steps taken ahead of the batches
+        delivered are dropped too: the next batch starts from the reset.
         """
         def apply() -> None:  # on the engine's thread, where trajectories are assembled
+            self._drop_ahead()
             self._assembler.clear(cut=self._timelines.request_reset())
 
         self._on_engine(apply)
@@ -575,6 +607,9 @@ class Collector(DataCollectorBase):
     def load_state_dict(self, state_dict: dict, strict: bool = True) -> None:
         """Restore what [`state_dict`][aiocollect.Collector.state_dict] saved; the envs restart from a reset.
 
+        With ``step_ahead``, the steps taken ahead of the batches delivered are dropped: the
+        next batch starts from that reset.
+
         The policy weights become a new policy version, as with
         [`update_policy_weights_`][aiocollect.DataCollectorBase.update_policy_weights_]; the
         frame and batch counters are restored (so ``total_frames`` counts on from them), and
@@ -603,6 +638,7 @@ class Collector(DataCollectorBase):
         saved = self._checked_and_weights_loaded(state_dict, strict)
 
         def apply():
+            self._drop_ahead()
             self._restore_counters(saved)
             self._timelines.load_state_dict({"next_traj_id": saved.next_traj_id,
                                         "completed_trajectories": saved.completed_trajectories})

@@ -78,6 +78,8 @@ if TYPE_CHECKING:
 
 SLICE_S = 0.001
 """Longest stretch of rounds run without a break before the loop gets a turn."""
+OVERSHOOT = 4
+"""A run that takes more than this many ``SLICE_S`` sizes the next at its own pace (``InlineRounds``)."""
 
 
 @dataclass(frozen=True)
@@ -360,7 +362,9 @@ class InlineRounds(RunRounds):
     the draws do not depend on how the steps were grouped into runs. And a run lasts about
     ``SLICE_S`` at the fastest pace seen lately (``book_run``), not at the last run's: on a busy
     machine the clock runs on while the thread waits for a core, and runs sized by the last
-    one's pace would shrink to a step or two, each booked on its own."""
+    one's pace would shrink to a step or two, each booked on its own. A run that took more
+    than ``OVERSHOOT`` times ``SLICE_S`` sizes the next at its own pace: the env slowed down,
+    and a run sized at the old pace would hold the event loop for long (``sized``)."""
 
     def __init__(self, sched: Engine):
         super().__init__(sched)
@@ -377,7 +381,8 @@ class InlineRounds(RunRounds):
         """Round after round in this one loop, with no callback, no search for ready lanes
         and no harvest; the event loop gets a turn about every ``SLICE_S`` (so that
         collection stays cancellable). Random actions go in runs (``RunRounds``) where the
-        scheduler allows them (``Scheduler.runs``). A command an exception cut short counts
+        scheduler allows them (``Scheduler.runs``), each of about ``SLICE_S`` (``book_run``:
+        at the fastest recent pace, or at the last run's own where it overshot). A command an exception cut short counts
         as undone (``Scheduler.abandon``): those envs are reset before their next step, with
         new trajectory ids; the steps a run took before it stay in the batch, as steps
         posted one by one would."""
@@ -427,13 +432,28 @@ class InlineRounds(RunRounds):
         self._posted = time.perf_counter()
         lane.worker.post(protocol.RUN_CODE, lane.slot, lane.t, k)
 
+    def redraw(self) -> None:
+        """The actions drawn ahead for the rest of the batch are forgotten: the next run
+        draws them anew (``set_seed`` after a collection cut mid-batch: the new seed's)."""
+        self._drawn_to = 0
+
     def book_run(self, lane: Lane) -> int:
         """``RunRounds.book_run``, the next run sized at the fastest pace seen lately (see the
         class docstring): a run slowed down by a wait for a core does not shrink the next."""
         k = self._book(lane)
-        self._pace = pace = min((time.perf_counter() - self._posted) / k, 1.25 * self._pace)
-        self._run_steps = max(1, min(int(SLICE_S / pace) if pace > 0 else 2 * k, 2 * max(k, self._run_steps)))
+        self._pace, self._run_steps = self.sized(self._pace, self._run_steps, k, time.perf_counter() - self._posted)
         return k
+
+    @staticmethod
+    def sized(pace: float, run_steps: int, k: int, took: float) -> tuple[float, int]:
+        """The pace (seconds per step) and the steps of the next run, after a run of ``k``
+        steps that took ``took`` seconds, the pace so far being ``pace`` and the last run's
+        size ``run_steps``. The fastest pace seen lately, forgetting a quarter a run; but a
+        run that overshot ``SLICE_S`` more than ``OVERSHOOT`` times over sets the pace at its
+        own (the env slowed down: a run sized at the old pace would hold the loop for long)."""
+        own = took / k
+        pace = own if took > OVERSHOOT * SLICE_S else min(own, 1.25 * pace)
+        return pace, max(1, min(int(SLICE_S / pace) if pace > 0 else 2 * k, 2 * max(k, run_steps)))
 
 
 class EnvQueueRounds(Rounds):

@@ -7,11 +7,14 @@ rows of the storage are the whole (private, unshared) storage, and a command is 
 out before ``post`` returns (it is ``synchronous``), with the same ``WorkerRows`` calls a
 process worker makes, so a round needs no event-loop callback at all:
 ``Scheduler.run_inline`` runs round after round in one loop (the synchronous fast path,
-``_engine.rounds.InlineRounds``) and gives the event loop a turn about every millisecond.
+``_engine.rounds.InlineRounds``) and gives the event loop a turn about every millisecond
+(a run is sized to last about that long at the fastest recent pace, or at the last run's
+own pace where that run took over 4 ms: ``InlineRounds.sized``).
 
 It ``takes_runs``: random actions (``policy=None``) go in a ``RUN`` of several steps whose
 actions were all drawn before it (``_engine.rounds``), the steps taken right here one after
-the other with nothing of the engine between them, and booked as a whole afterwards.
+the other with nothing of the engine between them, and booked as a whole afterwards. A run
+stops early once it took ``RUN_LIMIT_S`` (the env slowed down): it books the steps it took.
 
 An env's exception propagates out of ``post`` (and out of the round), as a plain call's
 would; the collector wraps it in an [`EnvError`][aiocollect.EnvError]. A command that an
@@ -23,12 +26,19 @@ took before it are the batch's, as steps posted one by one would be: ``steps_don
 from __future__ import annotations
 
 import os
+import time
 from typing import Any
 
 from . import protocol
 from .lane import LaneWorker, no_reply
 from .rows import WorkerRows
 from .shm import SharedArrays
+
+RUN_LIMIT_S = 0.004
+"""A ``RUN`` stops after the step that takes it past this many seconds (the rest of its
+steps left to the next run): an env that slowed down mid-run does not hold the event loop
+for the whole run. ``_engine.rounds``' ``OVERSHOOT * SLICE_S``: the next run is sized at
+this one's own pace."""
 
 
 class InlineWorker(LaneWorker):
@@ -63,10 +73,13 @@ class InlineWorker(LaneWorker):
             self.rows.step(self.group, slot, col)
         elif code == protocol.RUN_CODE:
             self._at = 0
-            step, group = self.rows.step, self.group
+            step, group, clock = self.rows.step, self.group, time.perf_counter
+            deadline = clock() + RUN_LIMIT_S
             for i in range(count):
                 step(group, slot, col + i)
                 self._at = i + 1
+                if clock() > deadline:
+                    break
         else:
             self.rows.reset(self.group, slot, col)
         self._done = True

@@ -290,3 +290,27 @@ def test_a_run_cut_short_keeps_the_steps_it_took_and_resets_its_envs():
     assert td["next", "truncated"][..., 0].tolist() == [[False, True, False, False, False]] * 2
     reward = td["next", "reward"][..., 0] - td["next", "observation"][..., 0]  # 10 * the action taken
     assert torch.equal(reward, 10 * td["action"].float())
+
+
+def test_a_run_that_overshot_sizes_the_next_at_its_own_pace():
+    """``InlineRounds.sized``: runs of about ``SLICE_S`` at the fastest recent pace; after an
+    env slowed down (a run far past ``SLICE_S``), the next run at the last run's own pace,
+    not at a pace that may only slow 1.25x a run (which held the loop for up to ~0.9 s)."""
+    from aiocollect._engine.rounds import OVERSHOOT, SLICE_S, InlineRounds
+    from aiocollect._workers.inline_worker import RUN_LIMIT_S
+
+    assert abs(RUN_LIMIT_S - OVERSHOOT * SLICE_S) < 1e-12  # a run the worker cut sizes the next at its pace
+
+    pace, steps = InlineRounds.sized(float("inf"), 1, 1, 1e-6)  # first run: 1 us a step
+    for _ in range(20):
+        pace, steps = InlineRounds.sized(pace, steps, steps, steps * 1e-6)
+    assert steps == int(SLICE_S / 1e-6) == 1000
+    # a short stall (a wait for a core, under OVERSHOOT x SLICE_S): the next run does not shrink much
+    _, s2 = InlineRounds.sized(pace, steps, steps, 0.9 * OVERSHOOT * SLICE_S)
+    assert s2 >= steps // 2
+    # the env now sleeps 5 ms a step: a 1000-step run took 5 s; the next is one step, not ~800
+    p3, s3 = InlineRounds.sized(pace, steps, steps, steps * 0.005)
+    assert p3 == pytest.approx(0.005) and s3 == 1
+    # and it stays at a step while the env is slow
+    _, s4 = InlineRounds.sized(p3, s3, s3, 0.005)
+    assert s4 == 1

@@ -440,3 +440,58 @@ async def test_step_ahead_a_cancelled_collection_resumes_with_every_invariant():
         check_batch(b)
     for prev, cur in itertools.pairwise(rest):
         check_continuity(prev, cur)
+
+
+@pytest.mark.parametrize("face", ["for", "async for"])
+def test_step_ahead_load_state_dict_drops_the_steps_taken_ahead(face):
+    """After ``load_state_dict`` every env restarts from a reset with a new id, as without
+    ``step_ahead``: the fast env's sealed batch taken ahead and the slow one's batch begun
+    ahead are dropped, not delivered."""
+    def run(step_ahead):
+        fast, slow = LatencyEnv(0, 0.0005, 0.0005, length=1000), LatencyEnv(1, 0.01, 0.01, length=1000)
+        c = Collector(factories([fast, slow]), act_on_obs, frames_per_batch=2 * 10, total_frames=-1,
+                      step_ahead=step_ahead)
+
+        async def collect():
+            async with c:
+                batches = c.__aiter__()
+                await batches.__anext__()
+                saved = c.state_dict()
+                await batches.__anext__()
+                c.load_state_dict(saved)
+                return saved, await batches.__anext__(), c.state_dict()
+
+        if face == "for":
+            with c:
+                it = iter(c)
+                next(it)
+                saved = c.state_dict()
+                next(it)
+                c.load_state_dict(saved)
+                out = saved, next(it), c.state_dict()
+        else:
+            out = asyncio.run(collect())
+        return out
+
+    for step_ahead in (False, True):
+        saved, batch, after = run(step_ahead)
+        check_batch(batch)
+        assert batch["observation"][:, :, 1].long().tolist() == [list(range(10))] * 2  # from a reset
+        assert bool((batch["collector", "traj_ids"] >= saved["traj_pool"]["next_traj_id"]).all())
+        assert after["frames"] == saved["frames"] + 20
+
+
+def test_step_ahead_reset_drops_the_trajectories_completed_ahead():
+    """``reset()`` with ``trajs_per_batch``: no trajectory of the steps taken before it (ahead
+    included) is delivered after it."""
+    fast, slow = LatencyEnv(0, 0.0003, 0.0003, length=3), LatencyEnv(1, 0.01, 0.01, length=1000)
+    with Collector(factories([fast, slow]), None, frames_per_batch=20, total_frames=-1, step_ahead=True,
+                   trajs_per_batch=2) as c:
+        it = iter(c)
+        next(it)
+        time.sleep(0.2)  # (the fast env completes trajectories ahead meanwhile)
+        mark = c.state_dict()["traj_pool"]["next_traj_id"]
+        c.reset()
+        for _ in range(3):
+            ids = next(it)["collector", "traj_ids"]
+            assert bool((ids[ids >= 0] >= mark).all())

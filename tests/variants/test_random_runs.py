@@ -190,3 +190,47 @@ def test_a_cut_batch_stops_a_stragglers_run_after_the_step_under_way():
     assert steps.tolist() == list(range(first, first + len(steps))), "the straggler's row has a gap or a repeat"
     for b in batches:
         check_batch(b)
+
+
+def test_a_collectors_run_stops_soon_after_its_env_slows_down():
+    """An in-process run sized at the quick steps' pace stops after the step that takes it past
+    ``RUN_LIMIT_S``, and the next is sized at its own pace: no command holds the event loop
+    for long (before, a run of quick steps' length went on at 50 ms a step, for seconds)."""
+    with Collector([FastThenSlow], None, frames_per_batch=240, total_frames=240) as collector:
+        worker = collector._scheduler.lanes[0].worker
+        took: list[tuple[float, int]] = []
+        post = worker.post
+
+        def timed_post(code, slot, col, count=1, local=False):
+            t0 = time.perf_counter()
+            post(code, slot, col, count, local)
+            took.append((time.perf_counter() - t0, count))
+
+        worker.post = timed_post
+        for batch in collector:
+            assert batch.numel() == 240
+    assert sum(k for _, k in took) >= 240 - 1 and any(k > 1 for _, k in took)  # it took runs
+    assert max(d for d, _ in took) < 0.3  # (at most ~2 slow steps; the old sizing gave seconds)
+
+
+def test_set_seed_after_a_cut_collection_reseeds_the_rest_of_the_batchs_actions():
+    """A collection cancelled midway leaves the rest of the batch's random actions drawn;
+    ``set_seed`` then forgets them: the batch goes on with the new seed's actions, those a
+    fresh batch after the same ``set_seed`` begins with."""
+    steps = 20000
+
+    async def collect(cut: bool):
+        async with Collector([CounterEnv] * 3, None, frames_per_batch=3 * steps, total_frames=-1) as c:
+            batches = c.__aiter__()
+            t0 = 0
+            if cut:
+                with pytest.raises(asyncio.TimeoutError):
+                    await asyncio.wait_for(batches.__anext__(), 0.01)
+                t0 = c._scheduler.lanes[0].t
+            c.set_seed(5)
+            return t0, await batches.__anext__()
+
+    _, fresh = asyncio.run(collect(False))
+    t0, cut = asyncio.run(collect(True))
+    assert t0 < steps
+    assert torch.equal(cut["action"][:, t0:], fresh["action"][:, : steps - t0])

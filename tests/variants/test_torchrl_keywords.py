@@ -70,6 +70,20 @@ def test_num_collectors_builds_the_worker_collector_torchrl_does(sync, cls):
         aiocollect.Collector([CounterEnv] * 2, None, num_collectors=3, frames_per_batch=20)
 
 
+@pytest.mark.parametrize("sync", [True, False])
+def test_num_collectors_takes_step_ahead_false_and_refuses_true(sync):
+    """``step_ahead`` is a ``Collector``'s own (coroutine envs): ``False`` is left out of the
+    worker collector built, ``True`` refused, naming the argument."""
+    with aiocollect.Collector(CounterEnv, None, num_collectors=2, sync=sync, frames_per_batch=20,
+                              total_frames=40, step_ahead=False) as collector:
+        assert collector.num_workers == 2
+        assert sum(b.numel() for b in collector) == 40
+    with pytest.raises(ValueError, match=r"step_ahead=True with num_collectors=2.*coroutine envs"):
+        aiocollect.Collector(CounterEnv, None, num_collectors=2, sync=sync, frames_per_batch=20, step_ahead=True)
+    with pytest.raises(TypeError, match="step_ahead must be True or False"):
+        aiocollect.Collector(CounterEnv, None, num_collectors=2, sync=sync, frames_per_batch=20, step_ahead=1)
+
+
 def test_num_workers_repeats_a_single_factory():
     with aiocollect.MultiSyncCollector(CounterEnv, None, num_workers=2, frames_per_batch=20) as collector:
         assert collector.num_workers == 2 and collector.rollout().shape == (2, 10)
