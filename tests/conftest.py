@@ -115,7 +115,13 @@ def _warm_start(request, monkeypatch):
     The launcher is started here, before ``leak_check`` takes its snapshot: its process and
     socket are the test process's, not the test's (``support.procs.children`` counts the workers
     it forked)."""
-    if _WARM_OUTSIDE or request.node.get_closest_marker("cold_start"):
+    if _WARM_OUTSIDE:
+        from aiocollect._workers import launcher
+
+        if launcher.enabled():  # (a run started with the switch on: the launcher is the test
+            launcher.launcher()  # process's, started before the leak check's snapshot as below)
+        return
+    if request.node.get_closest_marker("cold_start"):
         return
     if request.node.path.resolve().relative_to(_TESTS).parts[0] in _USERS_PROGRAMS:
         return
