@@ -14,6 +14,14 @@ import pytest
 from support import ray_instance
 from support.procs import leftovers, snapshot, wait_until
 
+if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+    # A suite started in the background by a non-interactive shell (`bash .ci/run > log &`,
+    # nohup) starts with Ctrl-C ignored, which Python keeps and every subprocess inherits: the
+    # tests that send a collect Ctrl-C (in-process and to a subprocess) then wait for a
+    # KeyboardInterrupt that never comes. The tests are about Ctrl-C reaching a collect, so
+    # they restore Python's own handler (a subprocess then starts with the default action).
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+
 
 @pytest.hookimpl(trylast=True)
 def pytest_collection_modifyitems(config, items):
