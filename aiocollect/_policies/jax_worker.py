@@ -42,9 +42,6 @@ import cloudpickle
 import numpy as np
 import torch
 
-from .._envs.spaces import ActionCheck
-from .output_writer import OutputWriter
-from .weights_board import WeightsBoard
 from .worker_actor import WorkerActor
 
 XLA_ONE_THREAD = ("--xla_cpu_multi_thread_eigen=false", "intra_op_parallelism_threads=1")
@@ -95,17 +92,7 @@ class JaxWorkerActor(WorkerActor):
             policy._key = jax.random.fold_in(self._base_key, worker)
         self._call = self._call_policy
         self._interaction_unset = False  # (no interaction type: a JAX function)
-        self.obs_keys = obs_keys
-        self._columns: dict[tuple, tuple] = {}
-        self.check = ActionCheck.for_space(action_space)
-        self.worker, self.first = worker, first
-        self.keys = tuple(setup["keys"])
-        self._acts = "action" in self.keys
-        self.writer = OutputWriter(*arrays["version"].shape)
-        self.writer.adopt([(key, arrays[f"out{i}"].dtype, arrays[f"out{i}"].shape[3:])
-                           for i, key in enumerate(self.keys)], arrays)
-        self.version_field = arrays["version"]
-        self.board = WeightsBoard(arrays)
+        self._attach(setup, arrays, action_space, obs_keys, worker, first)
         self._tree = jax.tree.structure(policy.params)
         self._private = [np.array(a, copy=True) for a in self.board.arrays]
         """The params' leaves as last loaded from the board (``_load``)."""

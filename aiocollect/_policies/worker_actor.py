@@ -49,6 +49,25 @@ class WorkerActor:
         if "tensordict" in sys.modules:
             self._set_interaction()
         direct_calls(self.policy)  # (a private copy: its submodules skip __call__'s empty checks)
+        self._attach(setup, arrays, action_space, obs_keys, worker, first)
+        self.tensors = weight_tensors(self.policy)
+        self.modules = list(self.policy.modules())
+        if setup["in_keys"] is not None:  # (the collector's policy is the TensorDictModule around it)
+            self.modules.insert(0, torch.nn.Module())
+        shapes = [tuple(a.shape) for a in self.board.arrays]
+        if shapes != [tuple(t.shape) for t in self.tensors]:
+            got = [list(t.shape) for t in self.tensors]
+            raise RuntimeError(f"policy: this worker's copy has weights of shapes {got}, "
+                               f"shared memory {[list(x) for x in shapes]}.")
+        self.seen, self.version = 0, 0
+        self._clock = self.board.clock.data
+        """The weights' clock, read as Python ints (no numpy scalar made at each step)."""
+
+    def _attach(self, setup: dict, arrays: dict[str, np.ndarray], action_space: Any, obs_keys: list,
+                worker: int, first: int) -> None:
+        """What every worker's copy of a policy (torch or JAX) takes from its setup: the
+        observations it reads, the action check, the output writer over the shared fields and
+        the weights board."""
         self.obs_keys = obs_keys
         self._columns: dict[tuple, tuple] = {}
         """Per part, slot and column (``_column``): the policy's input tensors and the
@@ -63,18 +82,6 @@ class WorkerActor:
                            for i, key in enumerate(self.keys)], arrays)
         self.version_field = arrays["version"]
         self.board = WeightsBoard(arrays)
-        self.tensors = weight_tensors(self.policy)
-        self.modules = list(self.policy.modules())
-        if setup["in_keys"] is not None:  # (the collector's policy is the TensorDictModule around it)
-            self.modules.insert(0, torch.nn.Module())
-        shapes = [tuple(a.shape) for a in self.board.arrays]
-        if shapes != [tuple(t.shape) for t in self.tensors]:
-            got = [list(t.shape) for t in self.tensors]
-            raise RuntimeError(f"policy: this worker's copy has weights of shapes {got}, "
-                               f"shared memory {[list(x) for x in shapes]}.")
-        self.seen, self.version = 0, 0
-        self._clock = self.board.clock.data
-        """The weights' clock, read as Python ints (no numpy scalar made at each step)."""
 
     def _caller(self, setup: dict, obs_keys: list) -> Any:
         """The call of the policy on one step's inputs, as the engine's runner makes it."""
