@@ -522,7 +522,9 @@ class Collector(DataCollectorBase):
     def set_seed(self, seed: int, static_seed: bool = False) -> int:
         """Seed the envs: env ``i``'s next reset uses ``seed + i`` (``seed`` if ``static_seed``).
 
-        Every env is reset with its seed before the next step (starting new trajectories),
+        Every env is reset with its seed before the next step (starting new trajectories;
+        with ``step_ahead``, the steps taken ahead of the batches delivered are dropped, as
+        ``reset`` drops them),
         and the random policy (``policy=None``, ``init_random_frames``) is reseeded with
         ``seed``. Called right after construction, it seeds the very first reset, so a
         deterministic policy reproduces a hand-written ``env.reset(seed=...)`` loop.
@@ -546,6 +548,7 @@ class Collector(DataCollectorBase):
         seed = seeds[0]  # a Python int, numpy's converted
 
         def apply():
+            self._drop_ahead()  # (``step_ahead``: no step taken before the seed is delivered after it)
             self._timelines.request_reset(seeds)
             self._policy.random.seed(seed)
             rounds = self._scheduler.rounds

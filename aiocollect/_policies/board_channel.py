@@ -43,9 +43,8 @@ class BoardChannel(CopyChannel):
                 version = self.latest
             try:
                 self.board.write(sources, [m.training for m in module.modules()], version)
-            finally:  # (a Ctrl-C in the copy lets it finish first: then it is published)
-                if self.board.version == version:
-                    self.version = version
+            finally:
+                _settle(self, self.board, version)
         return version
 
 
@@ -69,7 +68,19 @@ class ArrayBoardChannel(WeightsChannel):
                 version = self.latest
             try:
                 self.board.write(sources, [], version)
-            finally:  # (a Ctrl-C in the copy lets it finish first: then it is published)
-                if self.board.version == version:
-                    self.version = version
+            finally:
+                _settle(self, self.board, version)
         return version
+
+
+def _settle(channel: WeightsChannel, board: WeightsBoard, version: int) -> None:
+    """After a publish of ``version``: in effect if the board has it (a Ctrl-C in the copy
+    lets the copy finish first), else never published (refused before the copy began), so
+    the next publish takes its number again: ``latest`` counts only versions that took
+    effect (``max_policy_lag`` measures the frames' versions against it)."""
+    if board.version == version:
+        channel.version = version
+    else:
+        with channel._swap:
+            if channel.latest == version:
+                channel.latest = version - 1

@@ -209,7 +209,8 @@ class JaxPolicy(ArrayPolicy):
             The copy.
 
         Raises:
-            ValueError: the pytree structure or a leaf's shape differs from ``params``'.
+            ValueError: the pytree structure or a leaf's shape differs from ``params``', or a
+                leaf's dtype is of another kind (a float for an int leaf).
         """
         return self._copy(self._checked(weights))
 
@@ -223,11 +224,19 @@ class JaxPolicy(ArrayPolicy):
                 f"update_policy_weights_: the params pytree has structure {new}, the policy's "
                 f"is {old}; pass params of the same model."
             )
-        for a, b in zip(jax.tree.leaves(weights), jax.tree.leaves(self.params)):
+        paths = jax.tree_util.tree_flatten_with_path(self.params)[0]
+        for a, (path, b) in zip(jax.tree.leaves(weights), paths):
+            where = jax.tree_util.keystr(path) or "the params"
             if np.shape(a) != np.shape(b):
                 raise ValueError(
-                    f"update_policy_weights_: a params leaf has shape {np.shape(a)}, the policy's has "
+                    f"update_policy_weights_: params leaf {where} has shape {np.shape(a)}, the policy's has "
                     f"{np.shape(b)}."
+                )
+            new_dtype, dtype = np.result_type(a), np.result_type(b)
+            if not np.can_cast(new_dtype, dtype, "same_kind"):  # (float into int: refused, wherever it acts)
+                raise ValueError(
+                    f"update_policy_weights_: params leaf {where} is {new_dtype}, the policy's is {dtype}; "
+                    f"pass it as {dtype} (e.g. `.astype({dtype.name})`)."
                 )
         return weights
 

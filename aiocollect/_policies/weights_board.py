@@ -36,6 +36,11 @@ def _array(tensor: Any) -> np.ndarray:
     return tensor if isinstance(tensor, np.ndarray) else tensor.detach().cpu().numpy()
 
 
+def _into(dst: np.ndarray, src: np.ndarray) -> None:
+    """One field's copy (cast as torch's ``copy_`` casts)."""
+    np.copyto(dst, src, casting="unsafe")
+
+
 def weight_tensors(module: torch.nn.Module) -> list[torch.Tensor]:
     """The tensors of ``module``'s ``state_dict`` (``_policies.weights.tensor_state``'s, in its
     order), read without tensordict (a worker's copy of a plain module does not import it)."""
@@ -87,20 +92,29 @@ class WeightsBoard:
         """Copy ``sources`` (one tensor per field, in order) in, with the submodules'
         ``modes``, as ``version``. An exception in the middle (a Ctrl-C between two tensors)
         finishes the copy before it propagates: the sequence word never stays odd (every
-        worker would wait for it forever) and never turns even over half-copied weights."""
+        worker would wait for it forever) and never turns even over half-copied weights.
+        Each source is cast to its field's dtype, as torch's ``copy_`` casts (an int buffer
+        sent as a float), the same whether the policy acts here or in the workers; sources
+        that cannot be copied (of another shape or number) are refused before anything is
+        written."""
+        arrays = [_array(tensor) for tensor in sources]  # (a GPU tensor is fetched before the copy begins)
+        if len(arrays) != len(self.arrays) or any(a.shape != d.shape for a, d in zip(arrays, self.arrays)):
+            got, want = [list(a.shape) for a in arrays], [list(d.shape) for d in self.arrays]
+            raise ValueError(f"update_policy_weights_: weights of shapes {got} for the workers' copies "
+                             f"of shapes {want}.")
         clock = self.clock
         clock[SEQ] += 1  # odd: being written
         try:
-            self._copy(sources, modes, version)
+            self._copy(arrays, modes, version)
         except BaseException:
-            self._copy(sources, modes, version)
+            self._copy(arrays, modes, version)
             raise
         finally:
             clock[SEQ] += 1
 
-    def _copy(self, sources: list, modes: list[bool], version: int) -> None:
-        for dst, tensor in zip(self.arrays, sources):
-            np.copyto(dst, _array(tensor))
+    def _copy(self, arrays: list[np.ndarray], modes: list[bool], version: int) -> None:
+        for dst, src in zip(self.arrays, arrays):
+            _into(dst, src)
         if len(modes) == len(self.modes):
             self.modes[:] = modes
         self.clock[VERSION] = version

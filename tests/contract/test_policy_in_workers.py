@@ -542,18 +542,18 @@ def test_a_ctrl_c_while_new_weights_are_copied_to_the_workers_neither_hangs_nor_
         assert c.policy_in_workers
         it = iter(c)
         assert check_versions(next(it)) == {0}
-        array, calls = weights_board._array, []
+        into, calls = weights_board._into, []
 
-        def interrupted(tensor):
+        def interrupted(dst, src):
             calls.append(1)
             if len(calls) == 2:  # (the second tensor: the first is copied already)
                 raise KeyboardInterrupt
-            return array(tensor)
+            into(dst, src)
 
-        monkeypatch.setattr(weights_board, "_array", interrupted)
+        monkeypatch.setattr(weights_board, "_into", interrupted)
         with pytest.raises(KeyboardInterrupt):
             c.update_policy_weights_(linear(1.0))
-        monkeypatch.setattr(weights_board, "_array", array)
+        monkeypatch.setattr(weights_board, "_into", into)
         seen = set()
         for _ in range(3):
             seen |= check_versions(next(it))  # (a hang here is the bug: the suite's timeout names it)
@@ -582,6 +582,35 @@ def test_an_update_is_in_effect_at_once_and_the_policy_keeps_it_past_shutdown(pl
         assert len(frames) and torch.equal(frames["logits"], new.module(frames["observation"])[0])
     assert torch.equal(c.policy.module.linear.weight, new.module.linear.weight)
     assert torch.equal(c.policy.module.linear.bias, new.module.linear.bias)
+
+
+class IntBufferHead(nn.Module):
+    """Logits ``observation * scale + k``: a float parameter and an int64 buffer."""
+
+    def __init__(self):
+        super().__init__()
+        self.scale = nn.Parameter(torch.tensor(1.0))
+        self.register_buffer("k", torch.tensor(0))
+
+    def forward(self, observation):
+        logits = observation * self.scale + self.k
+        return logits, logits.argmax(-1)
+
+
+def test_an_update_is_cast_to_the_policy_s_dtypes_wherever_it_acts(placement):
+    """A float sent for an int buffer is cast as torch's ``copy_`` casts, in the workers as
+    centrally (the workers' copy once raised numpy's cast error midway through the copy, with
+    the parameters before it already in use under the old version)."""
+    policy = TensorDictModule(IntBufferHead(), ["observation"], ["logits", "action"])
+    with build(MultiSyncCollector, CounterEnv, policy, frames_per_batch=8, total_frames=-1) as c:
+        assert c.policy_in_workers is (placement == "in_workers")
+        it = iter(c)
+        next(it)
+        assert c.update_policy_weights_({"module.scale": torch.tensor(2.0), "module.k": torch.tensor(3.7)}) == 1
+        frames = torch.cat([flat(next(it)) for _ in range(3)])
+        frames = frames[frames["collector", "policy_version"] == 1]
+        assert len(frames) and torch.equal(frames["logits"], frames["observation"] * 2.0 + 3)
+        assert c.policy.module.k.dtype == torch.int64 and int(c.policy.module.k) == 3
 
 
 class DropoutHead(nn.Module):

@@ -24,7 +24,7 @@ from aiocollect._collectors.placement import cannot_act_in_workers, placement
 from aiocollect._workers import launcher
 from aiocollect.jax import JaxPolicy
 from support.envs import IntObsEnv
-from support.jax_policies import mlp_apply, mlp_logits, mlp_params, noisy_apply
+from support.jax_policies import int_leaf_apply, mlp_apply, mlp_logits, mlp_params, noisy_apply
 from support.procs import children
 from support.weights import jax_linear_apply, versions_while_training
 
@@ -140,6 +140,32 @@ def test_update_without_an_argument_sends_the_policy_s_params_and_checks_new_one
                 assert torch.equal(batch["action"][..., 0], 5.0 * obs)
                 break
         assert c.statistics().latest_policy_version == 1
+
+
+@pytest.mark.parametrize("where", ["workers", "central"])
+def test_an_update_of_another_dtype_kind_is_refused_whole_and_takes_no_version(where):
+    """A float for an int leaf is refused, naming the leaf, before anything is copied, wherever
+    the policy acts: the workers kept acting with the old params under their version (the board
+    was once left half-copied, the new float leaf in use under the old version), and the refused
+    update took no version number (``latest`` once counted it, so ``max_policy_lag=0`` dropped
+    every frame as stale: no batch came again)."""
+    policy = JaxPolicy(int_leaf_apply, {"b": np.float32(-1.0), "k": np.int32(0)})  # action 0
+    with MultiAsyncCollector([[cartpole] * 2] * 2, policy, frames_per_batch=20, total_frames=-1,
+                             policy_placement=where, max_policy_lag=0) as c:
+        batches = iter(c)
+        next(batches)
+        with pytest.raises(ValueError, match=r"params leaf \['k'\] is float32, the policy's is int32"):
+            c.update_policy_weights_({"b": np.float32(1.0), "k": np.float32(0.0)})
+        stats = c.statistics()
+        assert (stats.policy_version, stats.latest_policy_version) == (0, 0)
+        for _ in range(3):
+            batch = next(batches)  # (none dropped as stale)
+            assert not batch["action"].any() and not batch["collector", "policy_version"].any()
+        assert c.update_policy_weights_({"b": np.float32(1.0), "k": np.int32(0)}) == 1
+        for batch in batches:
+            if (batch["collector", "policy_version"] == 1).all():
+                assert batch["action"].all()
+                break
 
 
 @pytest.mark.parametrize("choice", ["workers", "central", "auto-1", "auto-0"])

@@ -31,10 +31,13 @@ class LatencyEnv(AsyncEnv):
         self.cancelled = 0
         self.closed = False
         self.loop_ids: set[int] = set()
+        self.seeds: list = []
+        """The seed of each reset."""
         LatencyEnv.made.append(self)
 
     async def reset(self, *, seed=None, options=None):
         await super().reset(seed=seed)
+        self.seeds.append(seed)
         await asyncio.sleep(self.np_random.uniform(self.low, self.high))
         self.t = 0
         return np.array([self.env_id, 0, -1], np.float32), {}

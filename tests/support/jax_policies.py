@@ -36,3 +36,8 @@ def mlp_apply(params: list[dict], obs):
 def noisy_apply(params, key, obs):
     """A stochastic policy: a uniform random action in {0, 1}, from the key it is given."""
     return jax.random.randint(key, obs.shape[:1], 0, 2)
+
+
+def int_leaf_apply(params: dict, obs):
+    """An action from a float leaf ``b`` and an int leaf ``k``: 1 where ``b + k > 0``."""
+    return jnp.broadcast_to((params["b"] + params["k"].astype(jnp.float32)) > 0, obs.shape[:1]).astype(jnp.int32)

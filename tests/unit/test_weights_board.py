@@ -69,19 +69,30 @@ def test_a_write_moves_the_sequence_and_a_worker_copy_loads_it_once():
 def test_an_interrupted_write_finishes_before_the_interrupt_goes_on(monkeypatch):
     module = net()
     _, board = board_for(module)
-    array, calls = weights_board._array, []
+    into, calls = weights_board._into, []
 
-    def interrupted(tensor):
+    def interrupted(dst, src):
         calls.append(1)
         if len(calls) == 2:
             raise KeyboardInterrupt
-        return array(tensor)
+        into(dst, src)
 
-    monkeypatch.setattr(weights_board, "_array", interrupted)
+    monkeypatch.setattr(weights_board, "_into", interrupted)
     with pytest.raises(KeyboardInterrupt):
         board.write(list(net(4.0).state_dict().values()), [], version=1)
     assert int(board.clock[SEQ]) == 2 and board.version == 1  # (even: never left odd, nor half copied)
     assert all((a == 4).all() for a in board.arrays)
+
+
+def test_weights_that_do_not_fit_are_refused_before_anything_is_written():
+    module = net()
+    _, board = board_for(module)
+    before = [a.copy() for a in board.arrays]
+    sources = list(net(4.0).state_dict().values())
+    with pytest.raises(ValueError, match="weights of shapes"):
+        board.write([*sources[:-1], torch.zeros(7)], [], version=1)
+    assert int(board.clock[SEQ]) == 0 and board.version == 0
+    assert all((a == b).all() for a, b in zip(board.arrays, before))
 
 
 def test_a_publish_is_one_copy_into_the_board_in_effect_at_once():

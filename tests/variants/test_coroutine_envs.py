@@ -481,6 +481,24 @@ def test_step_ahead_load_state_dict_drops_the_steps_taken_ahead(face):
         assert after["frames"] == saved["frames"] + 20
 
 
+@pytest.mark.parametrize("step_ahead", [False, True])
+def test_set_seed_between_batches_starts_every_env_of_the_next_batch_from_its_seeded_reset(step_ahead):
+    """As ``reset()``: with ``step_ahead``, the steps the fast env took ahead before
+    ``set_seed`` are dropped (they were delivered first, from the old episode and seed)."""
+    fast, slow = LatencyEnv(0, 0.0005, 0.0005, length=1000), LatencyEnv(1, 0.01, 0.01, length=1000)
+    with Collector(factories([fast, slow]), act_on_obs, frames_per_batch=2 * 10, total_frames=-1,
+                   step_ahead=step_ahead) as c:
+        it = iter(c)
+        first = next(it)
+        time.sleep(0.05)  # (the fast env steps ahead meanwhile, with step_ahead)
+        c.set_seed(123)
+        batch = next(it)
+    check_batch(batch)
+    assert batch["observation"][:, :, 1].long().tolist() == [list(range(10))] * 2  # from the seeded reset
+    assert bool((batch["collector", "traj_ids"] > first["collector", "traj_ids"].max()).all())
+    assert [env.seeds[-1] for env in (fast, slow)] == [123, 124]
+
+
 def test_step_ahead_reset_drops_the_trajectories_completed_ahead():
     """``reset()`` with ``trajs_per_batch``: no trajectory of the steps taken before it (ahead
     included) is delivered after it."""
