@@ -27,7 +27,7 @@ DONE = object()
 NOTHING = object()
 """No batch (``_undelivered`` between batches)."""
 
-_UNCHECKED = getattr(TensorDict, "_new_unsafe", None)
+_UNCHECKED: Any = getattr(TensorDict, "_new_unsafe", None)
 
 
 def batch_tensordict(nested: dict, shape: torch.Size, device: torch.device | None,

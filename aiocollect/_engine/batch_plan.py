@@ -185,8 +185,8 @@ class BatchPlan:
         if self.done >= 0:
             np.logical_or(*self.flags, out=views[self.done])
             self._roots(views, start_flags, fresh)
-        for index, src in self.cloned:  # (in order: each lands at its own index)
-            tensors.insert(index, src.clone(memory_format=torch.contiguous_format))
+        for index, source in self.cloned:  # (in order: each lands at its own index)
+            tensors.insert(index, source.clone(memory_format=torch.contiguous_format))
         out = dict(zip(self.keys, tensors))
         short = valid < self.frames
         if short.any():
