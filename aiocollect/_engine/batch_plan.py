@@ -118,9 +118,8 @@ def plan_entries(st: Any, s: int, lo: int, hi: int, frames: int, keys: tuple, ma
 
 
 class BatchPlan:
-    """How the batches of one layout (slot, rows, frames, policy outputs, whether the root
-    flags start from given flags, whether a mask is kept) come out of a ``RolloutStorage``:
-    see the module docstring. ``run`` makes one."""
+    """How the batches of one layout (slot, rows, frames, policy outputs, whether a mask is
+    kept) come out of a ``RolloutStorage``: see the module docstring. ``run`` makes one."""
 
     def __init__(self, st: Any, s: int, lo: int, hi: int, frames: int, keys: tuple, mask: bool):
         entries = plan_entries(st, s, lo, hi, frames, keys, mask)
@@ -136,6 +135,7 @@ class BatchPlan:
         self.layout: list[tuple[tuple, np.dtype, int]] = []
         """``(shape, dtype, offset)`` of each numpy-filled tensor, in the batch's order."""
         self.copies: list[tuple[int, np.ndarray]] = []
+        """``(index in the layout, source)`` of the entries numpy copies."""
         self.cloned: list[tuple[int, torch.Tensor]] = []
         """``(index in keys, source)`` of the entries torch copies (a dtype numpy lacks)."""
         self.roots: list[tuple[int, int]] = []
