@@ -27,6 +27,7 @@ from .._policies.outputs import NUMPY_DTYPES
 from .._workers.shm import SharedArrays
 from .batch_plan import BatchPlan
 from .batch_plan import StoredValueError as StoredValueError  # (the scheduler's, from here)
+from .batch_plan import check_values as check_values  # (named from here by the workers' side)
 from .staging import DeviceStaging
 
 _ALIGN = 64
