@@ -43,13 +43,12 @@ from tensordict import TensorDictBase
 from .._engine.profile import Profile
 from .._engine.staging import DeviceStaging
 from .._engine.trajectories import TrajectoryAssembler
-from .._envs.spaces import nest
 from .._errors import CollectorClosedError, CollectorFailedError
 from .._policies.setup import PolicySetup
 from .background import Background
 from .checkpoint import Checkpoint, counters_state, policy_state_error, read_checkpoint
 from .consumers import Consumer, Consumers
-from .delivery import NOTHING, Delivery, batch_tensordict
+from .delivery import NOTHING, Delivery, flat_batch_tensordict
 from .faces import Faces
 from .options import CollectorOptions, validate_timeout
 from .progress import EpisodeReturns, ProgressBar
@@ -244,7 +243,7 @@ class DataCollectorBase(Faces, Consumers, Delivery, Background, TorchRLAccessors
         groups = None if storage is None else storage.group_shapes
         if storage is not None and len(storage.env_batch) > 1:  # a TorchRL env of batch [5, 2]: rows back to dims
             tensors, shape = _env_dims(tensors, shape, storage.env_batch)
-        return batch_tensordict(nest(tensors), torch.Size(shape), device, groups)
+        return flat_batch_tensordict(tensors, torch.Size(shape), device, groups)
 
 
     @property

@@ -15,7 +15,6 @@ Workers write observations, rewards and flags into the shared storage
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 import numpy as np
@@ -26,48 +25,10 @@ from .._envs.spaces import Leaf, NestedKey
 from .._policies.output_writer import OutputSpec, OutputWriter
 from .._policies.outputs import NUMPY_DTYPES
 from .._workers.shm import SharedArrays
+from .batch_plan import BatchPlan
+from .batch_plan import StoredValueError as StoredValueError  # (the scheduler's, from here)
+from .batch_plan import check_values as check_values  # (named from here by the workers' side)
 from .staging import DeviceStaging
-
-
-class StoredValueError(ValueError):
-    """What an env returned at some step, found in a batch: a reward that is not a number
-    (``None`` is stored as NaN) or a flag that is not a boolean (stored as a byte other than
-    0 or 1). ``row`` and ``step`` say where; the scheduler names the env and its worker."""
-
-    def __init__(self, row: int, step: int, what: str):
-        super().__init__(what)
-        self.row, self.step, self.what = row, step, what
-
-
-def check_values(reward: np.ndarray, terminated: np.ndarray, truncated: np.ndarray, valid: np.ndarray,
-                 lo: int) -> None:
-    """Raise ``StoredValueError`` for the first bad value of a batch's rewards and flags
-    (``[envs, frames]``, env ``i`` being row ``lo + i``; only the ``valid[i]`` first columns count).
-
-    The envs' types are checked at their first step only (``_envs.group``); this catches what
-    an env returns later, once per batch and not per step: a reward of ``None`` (stored as
-    NaN) or a flag that is neither a boolean nor 0/1 (the workers store flags as bytes, so a
-    string or ``None`` fails as it is stored, and any other number stays visible here).
-    Three array operations per batch: nothing measurable per step.
-    """
-    bad_reward = np.isnan(reward)
-    bad_flags = (terminated.view(np.uint8) > 1) | (truncated.view(np.uint8) > 1)
-    if not (bad_reward.any() or bad_flags.any()):
-        return
-    bad = (bad_reward | bad_flags) & (np.arange(reward.shape[1])[None, :] < valid[:, None])
-    hits = np.argwhere(bad)
-    if not len(hits):
-        return
-    i, t = (int(v) for v in hits[np.argmin(hits[:, 1])])  # the earliest step
-    if bad_reward[i, t]:
-        what = ("returned a reward that is not a number (None, or NaN); a gymnasium env returns a float "
-                "at every step")
-    else:
-        name = "terminated" if terminated.view(np.uint8)[i, t] > 1 else "truncated"
-        value = int(max(terminated.view(np.uint8)[i, t], truncated.view(np.uint8)[i, t]))
-        what = f"returned {name}={value}, not a boolean; a gymnasium env returns True or False at every step"
-    raise StoredValueError(lo + i, t, what)
-
 
 _ALIGN = 64
 
@@ -87,32 +48,6 @@ def host_empty(shape: tuple, dtype: np.dtype) -> tuple[torch.Tensor, np.ndarray]
     start = -raw.ctypes.data % _ALIGN
     view = raw[start : start + nbytes].view(dtype).reshape(shape)
     return torch.from_numpy(view), view
-
-
-class HostBlock:
-    """One batch's host tensors carved out of a single fresh numpy block (``host_empty``'s
-    contract, each field 64-byte aligned): one allocation per batch instead of one per
-    field, which at a dozen fields cost more than the copies themselves. ``nbytes``: the
-    size the last batch needed; a field that does not fit gets a block of its own, and
-    ``needed`` tells the caller the size for next time. The block lives as long as any of
-    the batch's tensors does."""
-
-    def __init__(self, nbytes: int):
-        self._raw = np.empty(nbytes + _ALIGN, np.uint8)
-        self._used = -self._raw.ctypes.data % _ALIGN
-        self.needed = 0
-
-    def __call__(self, shape: tuple, dtype: np.dtype) -> tuple[torch.Tensor, np.ndarray]:
-        dtype = np.dtype(dtype)
-        nbytes = math.prod(shape) * dtype.itemsize
-        padded = -(-nbytes // _ALIGN) * _ALIGN
-        self.needed += padded
-        start = self._used
-        if start + nbytes > len(self._raw):
-            return host_empty(shape, dtype)
-        self._used = start + padded
-        view = self._raw[start : start + nbytes].view(dtype).reshape(shape)
-        return torch.from_numpy(view), view
 
 
 def concat(tensors: list[torch.Tensor], empty: Any = host_empty) -> torch.Tensor:
@@ -175,8 +110,8 @@ class RolloutStorage:
         self.specs: dict[NestedKey, OutputSpec] = self.outputs.specs
         self._out_t = self.outputs.tensors
         self._out_np = self.outputs.arrays
-        self._batch_bytes = 0
-        """What the last batches' fields took (``HostBlock``): the next one's block size."""
+        self._plans: dict[tuple, BatchPlan] = {}
+        """Each batch layout's plan (``batch``)."""
         self.staging = staging
         """For a GPU storing device: batches are built in its pinned blocks."""
         if outputs is not None:
@@ -188,6 +123,7 @@ class RolloutStorage:
         workers (``_policies.actor``), which write them."""
         self.outputs.adopt(outputs, arrays)
         self.policy_version = arrays["version"]
+        self._plans.clear()  # (they copy from the fields they saw)
         self.policy_version.fill(-1)
 
     @property
@@ -346,80 +282,18 @@ class RolloutStorage:
     def batch(self, s: int, lo: int, hi: int, frames: int, valid: np.ndarray, keys: tuple,
               start_flags: np.ndarray | None, mask: bool, empty: Any = None,
               fresh: Any = ()) -> dict[NestedKey | tuple, torch.Tensor]:
-        """The tensors of envs ``lo:hi``, ``[envs, frames, ...]``, copied out of slot ``s``.
+        """The tensors of envs ``lo:hi``, ``[envs, frames, ...]``, copied out of slot ``s``
+        (by the plan of that layout, made at its first batch: ``_engine.batch_plan``).
 
         ``valid[i]``: the columns env ``lo + i`` filled (the rest is blanked: zeros, ids
         and versions -1); ``keys``: the policy outputs written; ``start_flags``: the root
         done flags of the first column, when ``reset_when_done`` is off (``None``: all false),
         and ``fresh``, the ``(column, envs)`` of resets later in the batch (false there too);
-        ``empty``: the allocator (``self.empty`` by default; parts to be joined take ``host_empty``).
+        ``empty``: the allocator (by default one block of host memory per batch, or the
+        staging's pinned blocks; parts to be joined take ``host_empty``).
         """
-        cols = slice(0, frames)
-        rows = slice(lo, hi)
-        block = None
-        if empty is None and self.staging is None:
-            empty = block = HostBlock(self._batch_bytes)
-        empty = empty or self.empty
-
-        def copy(x: np.ndarray) -> tuple[torch.Tensor, np.ndarray]:  # always a copy (see host_empty)
-            src = x[s, cols, rows].swapaxes(0, 1)
-            out, view = empty(src.shape, src.dtype)
-            np.copyto(view, src)
-            return out, view
-
-        def take(x: np.ndarray | torch.Tensor) -> torch.Tensor:
-            if isinstance(x, np.ndarray):
-                return copy(x)[0]
-            return x[s, cols, rows].transpose(0, 1).clone(memory_format=torch.contiguous_format)
-
-        out: dict[NestedKey | tuple, torch.Tensor] = {}
-        for key, x, nx in zip(self.keys, self.obs, self.next_obs):
-            out[key] = take(x)
-            out[("next", key)] = take(nx)
-        for key in keys:
-            arr = self._out_np[key]
-            out[key] = take(self._out_t[key] if arr is None else arr)
-        (terminated, term), (truncated, trunc) = copy(self.terminated), copy(self.truncated)
-        reward, reward_np = copy(self.reward)
-        check_values(reward_np, term, trunc, valid, lo)
-        done, done_np = empty(term.shape, term.dtype)
-        np.logical_or(term, trunc, out=done_np)
-        if self.engine_flags:  # (a TorchRL env with rewards and flags per group: they are its own leaves)
-            out[("next", "reward")] = reward.unsqueeze(-1)
-            for flag, nxt in zip(("done", "terminated", "truncated"), (done, terminated, truncated)):
-                out[("next", flag)] = nxt.unsqueeze(-1)
-            if start_flags is None:
-                for flag in ("done", "terminated", "truncated"):
-                    root, view = empty((*done.shape, 1), np.bool_)
-                    view.fill(False)
-                    out[flag] = root
-            else:
-                for flag, first, nxt in zip(("done", "terminated", "truncated"), start_flags, (done_np, term, trunc)):
-                    root, view = empty(nxt.shape, nxt.dtype)
-                    view[:, 0] = first
-                    view[:, 1:] = nxt[:, :-1]
-                    for t, envs in fresh:
-                        view[envs, t] = False
-                    out[flag] = root.unsqueeze(-1)
-            if "truncated" not in self.engine_flags:  # (a TorchRL env without one: none in its batches)
-                del out["truncated"], out[("next", "truncated")]
-        for key in self.next_only:  # (its rewards: under "next" only)
-            del out[key]
-        out[("collector", "traj_ids")] = take(self.traj_ids)
-        out[("collector", "policy_version")] = take(self.policy_version)
-        if self.step_count is not None and self.next_step_count is not None:
-            out["step_count"] = take(self.step_count).unsqueeze(-1)
-            out[("next", "step_count")] = take(self.next_step_count).unsqueeze(-1)
-        short = valid < frames
-        if short.any():
-            for i in np.flatnonzero(short).tolist():
-                v = int(valid[i])
-                for key, tensor in out.items():
-                    tensor[i, v:] = -1 if key in (("collector", "traj_ids"), ("collector", "policy_version")) else 0
-        if mask:
-            mask_t, mask_np = empty((len(valid), frames), np.bool_)
-            np.less(np.arange(frames)[None, :], valid[:, None], out=mask_np)
-            out[("collector", "mask")] = mask_t
-        if block is not None:
-            self._batch_bytes = max(self._batch_bytes, block.needed)
-        return out
+        layout = (s, lo, hi, frames, keys, mask)
+        plan = self._plans.get(layout)
+        if plan is None:
+            plan = self._plans[layout] = BatchPlan(self, s, lo, hi, frames, keys, mask)
+        return plan.run(valid, start_flags, fresh, empty or (None if self.staging is None else self.staging.empty))

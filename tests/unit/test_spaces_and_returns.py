@@ -472,3 +472,57 @@ def test_a_batch_tensordict_is_the_one_the_public_constructor_builds(unchecked, 
     for sub in (td, td["next"], td["next", "pos"], td["collector"]):
         assert sub.batch_size == (2, 3) and sub.names == [None, "time"]
     assert td[0].batch_size == (3,) and td.reshape(-1).batch_size == (6,)
+
+
+_MULTI_AGENT = {  # a multi-agent env's batch: groups with private entries, keys within keys, the engine's own
+    ("agents", "observation"): torch.arange(24.0).reshape(2, 3, 4),
+    ("agents", "_mask"): torch.ones(2, 3, dtype=torch.bool),
+    ("next", ("agents", "observation")): torch.ones(2, 3, 4), ("next", ("agents", "reward")): torch.ones(2, 3, 1),
+    "action": torch.zeros(2, 3, dtype=torch.int64), ("next", "done"): torch.zeros(2, 3, 1, dtype=torch.bool),
+    "done": torch.zeros(2, 3, 1, dtype=torch.bool), ("collector", "traj_ids"): torch.zeros(2, 3, dtype=torch.int64)}
+
+
+@pytest.mark.parametrize("device", [None, torch.device("cpu")])
+def test_a_batch_from_flat_keys_is_the_one_nested_by_hand(device):
+    from aiocollect._collectors.delivery import batch_tensordict, flat_batch_tensordict
+
+    for _ in range(2):  # (the second from the tree worked out for the first)
+        td = flat_batch_tensordict(_MULTI_AGENT, torch.Size([2, 3]), device)
+        expected = batch_tensordict(nest(_MULTI_AGENT), torch.Size([2, 3]), device)
+        assert list(td.keys(True)) == list(expected.keys(True))  # the order too
+        for key in td.keys(True):
+            got, want = td.get(key), expected.get(key)
+            if isinstance(want, torch.Tensor):
+                assert got is want, key  # the tensors themselves, not copies
+            else:
+                assert type(got) is type(want) and got.batch_size == want.batch_size, key
+                assert got.names == want.names and got.device == want.device, key
+        assert td.names == [None, "time"] and td.device == device
+        td["next"].names = ["env", "time"]  # each TensorDict has its own names
+        assert td.names == [None, "time"] and td["agents"].names == [None, "time"]
+
+
+def test_private_keys_go_whatever_the_batch_is_made_of():
+    from tensordict import LazyStackedTensorDict, NonTensorData
+
+    from aiocollect._collectors.delivery import flat_batch_tensordict, without_private_keys
+
+    def reference(td):  # every key that starts with "_", or sits under one that does
+        keys = [k if isinstance(k, tuple) else (k,) for k in td.keys(True)]
+        private = [k for k in keys if any(part.startswith("_") for part in k)]
+        return td.exclude(*private)
+
+    public = {k: v for k, v in _MULTI_AGENT.items() if k != ("agents", "_mask")}
+    clean = flat_batch_tensordict(public, torch.Size([2, 3]), None)
+    assert without_private_keys(clean) is clean  # none: the batch as it is
+    batches = [flat_batch_tensordict(_MULTI_AGENT, torch.Size([2, 3]), None),
+               flat_batch_tensordict({**public, "_dummy": torch.ones(2, 3)}, torch.Size([2, 3]), None)]
+    agents = LazyStackedTensorDict(TensorDict(x=torch.ones(3), _h=torch.ones(3), batch_size=[3]),
+                                   TensorDict(x=torch.ones(3), batch_size=[3]), stack_dim=0)
+    batches.append(TensorDict(agents=agents, y=torch.ones(2, 3), batch_size=[2, 3]))  # heterogeneous agents
+    batches.append(TensorDict(note=NonTensorData("a", batch_size=[2, 3]), y=torch.ones(2, 3), batch_size=[2, 3]))
+    batches.append(LazyStackedTensorDict(*batches[0].unbind(0), stack_dim=0))
+    for batch in batches:
+        expected = reference(batch)
+        got = without_private_keys(batch.clone(recurse=False) if type(batch) is TensorDict else batch)
+        assert sorted(map(str, got.keys(True))) == sorted(map(str, expected.keys(True)))

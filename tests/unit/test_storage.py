@@ -22,6 +22,7 @@ import torch
 from gymnasium import spaces
 
 from aiocollect._engine.storage import OutputSpec, RolloutStorage, concat, host_empty
+from aiocollect._envs.keyed import ENGINE_FLAGS
 from aiocollect._envs.spaces import Leaf
 from aiocollect._workers.rows import WorkerRows
 from aiocollect._workers.shm import Layout, SharedArrays, create_segment
@@ -336,22 +337,96 @@ def _spans(batch: dict) -> list[tuple[int, int]]:
                   for t in batch.values() if t.numel() and t.dtype != torch.bfloat16)
 
 
-def test_once_its_size_is_known_a_batch_is_carved_out_of_one_block(shared, storage):
+def test_every_batch_is_carved_out_of_one_block_its_first_included(shared, storage):
     fill(shared, storage, 0)
     first = storage.batch(0, 0, N, T, np.full(N, T), ("action",), None, False)
-    assert storage._batch_bytes > 0  # learned from the first batch, whose fields came apart
-    second = storage.batch(0, 0, N, T, np.full(N, T), ("action",), None, False)
-    spans = _spans(second)
-    assert all(end <= start for (_, end), (start, _) in itertools.pairwise(spans))  # no field overlaps another
-    assert spans[-1][1] - spans[0][0] <= storage._batch_bytes  # all inside one block of that size
-    assert all(start % 64 == 0 for start, _ in spans)
-    assert all(torch.equal(first[k], second[k]) for k in first)
-    # a bigger batch (a mask too: it no longer fits) takes what does not fit apart, and is as right
+    for b in (first, storage.batch(0, 0, N, T, np.full(N, T), ("action",), None, False)):
+        spans = _spans(b)
+        assert all(end <= start for (_, end), (start, _) in itertools.pairwise(spans))  # no field overlaps another
+        assert all(start % 64 == 0 for start, _ in spans)
+        assert spans[-1][1] - spans[0][0] < 64 * len(spans) + sum(end - start for start, end in spans)  # one block
+    second = b
+    assert all(torch.equal(first[k], second[k]) for k in first) and first["pos"].data_ptr() != second["pos"].data_ptr()
+    # another layout (a mask, more outputs, short rows) has its own plan, and is as right
     more = storage.batch(0, 0, N, T, np.array([T, 1, T, 0]), ("action", "h"), np.zeros((3, N), bool), True)
     assert more[("collector", "mask")].tolist() == [[True] * 3, [True, False, False], [True] * 3, [False] * 3]
     assert more[("collector", "traj_ids")][1].tolist() == [110, -1, -1]
     assert more["done"].shape == (N, T, 1) and not more["done"][:, 0].any()
-    assert storage._batch_bytes > spans[-1][1] - spans[0][0]  # and the next block is made to fit it
+    assert len(storage._plans) == 2
+
+
+def _reference_batch(st, s, lo, hi, frames, valid, keys, start_flags, mask, fresh=()) -> dict:
+    """What ``storage.batch`` gives, built field by field in torch, in TorchRL's layout (the
+    spec the batch plans keep)."""
+    def take(x):
+        x = x if isinstance(x, torch.Tensor) else torch.from_numpy(x)
+        return x[s, :frames, lo:hi].transpose(0, 1).clone(memory_format=torch.contiguous_format)
+
+    out = {}
+    for key, x, nx in zip(st.keys, st.obs, st.next_obs):
+        out[key], out[("next", key)] = take(x), take(nx)
+    for key in keys:
+        out[key] = take(st.outputs.tensors[key])
+    term, trunc = take(st.terminated), take(st.truncated)
+    nxt = {"reward": take(st.reward), "done": term | trunc, "terminated": term, "truncated": trunc}
+    if st.engine_flags:
+        for key, value in nxt.items():
+            out[("next", key)] = value[..., None]
+        for i, key in enumerate(("done", "terminated", "truncated")):
+            root = torch.zeros_like(nxt[key])
+            if start_flags is not None:
+                root[:, 0], root[:, 1:] = torch.from_numpy(start_flags[i]), nxt[key][:, :-1]
+                for t, envs in fresh:
+                    root[torch.as_tensor(envs), t] = False
+            out[key] = root[..., None]
+        if "truncated" not in st.engine_flags:
+            del out["truncated"], out[("next", "truncated")]
+    for key in st.next_only:
+        del out[key]
+    out[("collector", "traj_ids")], out[("collector", "policy_version")] = take(st.traj_ids), take(st.policy_version)
+    if st.step_count is not None:
+        out["step_count"] = take(st.step_count)[..., None]
+        out[("next", "step_count")] = take(st.next_step_count)[..., None]
+    for i, v in enumerate(valid.tolist()):
+        for key, tensor in out.items():
+            tensor[i, v:] = -1 if key in (("collector", "traj_ids"), ("collector", "policy_version")) else 0
+    if mask:
+        out[("collector", "mask")] = torch.arange(frames)[None, :] < torch.from_numpy(valid)[:, None]
+    return out
+
+
+@pytest.mark.parametrize("flags", [ENGINE_FLAGS, ENGINE_FLAGS[:3], ()])
+@pytest.mark.parametrize(("next_only", "step_count"), [(frozenset(), True), (frozenset({"pos"}), False)])
+def test_a_batch_plan_gives_the_batch_built_field_by_field(shared, flags, next_only, step_count):
+    storage = RolloutStorage(shared, LEAVES, step_count=True, entries=(next_only, flags, {}, ()))
+    for s in range(K):
+        fill(shared, storage, s)
+    if not step_count:
+        storage.step_count = storage.next_step_count = None
+    rng = np.random.default_rng(len(flags))
+    for _ in range(30):  # layouts and data at random: plans made, then reused on new data
+        lo = int(rng.integers(0, N))
+        hi, frames, s = int(rng.integers(lo + 1, N + 1)), int(rng.integers(1, T + 1)), int(rng.integers(K))
+        keys = [(), ("action",), ("action", "h"), ("h",)][rng.integers(4)]
+        valid = np.full(hi - lo, frames) if rng.random() < 0.5 else rng.integers(0, frames + 1, hi - lo)
+        start = None if rng.random() < 0.5 else rng.random((3, hi - lo)) < 0.5
+        fresh = []
+        if start is not None and frames > 1:  # a reset began episodes later in the batch
+            fresh.append((int(rng.integers(1, frames)), np.flatnonzero(rng.random(hi - lo) < 0.5)))
+        mask = bool(rng.random() < 0.5)
+        for name in ("reward", "terminated", "truncated", "obs0", "next_obs1"):
+            x = shared.arrays[name]
+            x[...] = (rng.random(x.shape) < 0.3) if x.dtype == bool else rng.integers(-5, 5, x.shape)
+        args = (s, lo, hi, frames, valid, keys, start, mask)
+        expected = _reference_batch(storage, *args, fresh)
+        for empty in (None, host_empty):
+            b = storage.batch(*args, empty=empty, fresh=fresh)
+            assert list(b) == list(expected)  # the order too
+            for key, want in expected.items():
+                got = b[key]
+                assert got.dtype == want.dtype and got.shape == want.shape and got.stride() == want.stride(), key
+                assert torch.equal(got, want), key
+                assert got.dtype == torch.bfloat16 or not got.numel() or got.data_ptr() % 64 == 0, key
 
 
 def fill(shared, storage, s: int, *, bf16: bool = True) -> None:
