@@ -51,8 +51,13 @@ def pytest_collection_finish(session):
 
     It also opens, before any test looks, the one pipe libuv keeps for the whole process
     (its signal lock, made with the first uvloop loop, never closed): ``leak_check`` counts
-    pipes, and that one is no collector's."""
+    pipes, and that one is no collector's. Likewise multiprocessing's resource tracker (a
+    process and the pipe to it, kept for the process's life), which the first TorchRL replay
+    buffer of a test process starts (its storage's ``multiprocessing.Value``s)."""
     _open_libuvs_own_pipe()
+    from multiprocessing import resource_tracker
+
+    resource_tracker.ensure_running()
     gc.freeze()
 
 
