@@ -152,8 +152,8 @@ class RemoteCollector:
             raise
         except Exception as exc:  # noqa: BLE001 - returned, so that every transport keeps its type
             return RemoteFailure(exc)
-        if batch is not None and ("collector", "policy_version") in batch.keys(True):
-            versions = batch.get(("collector", "policy_version"))
+        versions = None if batch is None else batch.get(("collector", "policy_version"), None)
+        if versions is not None:
             table = torch.tensor([-1, *self._global], dtype=torch.int64)  # -1 stays -1
             batch.set(("collector", "policy_version"), table[versions + 1])
         return batch, self.collector._take_cut()
