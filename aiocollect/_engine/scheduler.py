@@ -127,7 +127,11 @@ class Scheduler:
         """Per-env rounds (``None``: rounds over whole lanes); see ``rounds.EnvQueueRounds``."""
         self.rounds = rounds_for(self, batching, runs)
         """The round strategy (``_engine.rounds``)."""
-        self._round = self.rounds.round
+        bells = list({id(b): b for _, port in ports if (b := getattr(port.worker, "bell", None)) is not None}.values())
+        self._bells = bells
+        """The pools' futex doorbells (``_workers.bell``): held over each round, so that the
+        workers it posts commands to are woken with one system call."""
+        self._round = self._rung_round if bells else self.rounds.round
         self._ready = self.rounds.ready
         self._cache_flags = self.rounds.cache_flags
 
@@ -431,6 +435,17 @@ class Scheduler:
                 self.poke()
             elif not self.idle():
                 self._arm_recheck()
+
+    def _rung_round(self, runner: Actor) -> None:
+        """A round whose doorbells ring together when it ends (``Bell.hold``)."""
+        bells = self._bells
+        for bell in bells:
+            bell.hold()
+        try:
+            self.rounds.round(runner)
+        finally:
+            for bell in bells:
+                bell.release()
 
     def _engine_asleep(self, flag: int) -> None:
         for line in self._lines:

@@ -189,6 +189,11 @@ class _Worker:
                     exc._aiocollect_policy = True  # type: ignore[attr-defined]  # (a mark: the policy's error)
                 raise
             self.acts = [_acting(policy, ctl, rows, a, b) for (ctl, _, rows), (_, a, b) in zip(self.parts, parts)]
+        from .bell import Sleeper, futex
+
+        call = futex() if setup.get("futex") else None
+        self.sleeper = None if call is None else Sleeper(self.shared.control, setup["index"], call)
+        """Where it sleeps for its next command (``_workers.bell``), or ``None``: on its socket."""
         self._inbox = bytearray(64)
         self._poll = select.poll()
         self._cmd = CMD
@@ -272,6 +277,12 @@ class _Worker:
                 yield_()
             ctl[protocol.W_ASLEEP] = 1
             timeout_ms = 1  # a doorbell might be missed (see the protocol): look again
+        if self.sleeper is not None:
+            try:
+                return self._sleep(sock, last, j)
+            finally:
+                if spin_s:
+                    ctl[protocol.W_ASLEEP] = 0
         buf = self._inbox
         try:
             while True:
@@ -293,6 +304,37 @@ class _Worker:
         finally:
             if spin_s:
                 ctl[protocol.W_ASLEEP] = 0
+
+    def _sleep(self, sock: socket.socket, last: list[int], j: int) -> tuple[int, int] | None:
+        """``_wait`` on the futex word (``_workers.bell``): the next posted command, ``None`` on
+        ``CLOSE`` or end-of-file. The socket is read when the pool says it closes, and at
+        least every ``SLEEP_S``; after a spin (a ring might be missed, see the protocol) the
+        first looks come sooner."""
+        from .bell import SLEEP_S
+
+        sleeper, posted = self.sleeper, self._posted
+        assert sleeper is not None  # (called with one)
+        timeout = 0.001 if self.spin_s else SLEEP_S
+        while True:
+            count = sleeper.count()  # (before the look: a ring after it ends the sleep below)
+            got = posted(last, j)
+            if got is not None:
+                return got
+            timed_out = sleeper.sleep(count, timeout)
+            if timed_out or sleeper.closing:
+                if self._closed(sock):
+                    return None
+                timeout = min(timeout * 2, SLEEP_S)
+
+    def _closed(self, sock: socket.socket) -> bool:
+        """``CLOSE`` or end-of-file on the socket (read without waiting)."""
+        from . import protocol
+
+        try:
+            n = sock.recv_into(self._inbox, 0, socket.MSG_DONTWAIT)
+        except BlockingIOError:
+            return False
+        return n == 0 or protocol.CLOSE[0] in self._inbox[:n]
 
     def close(self, sock: socket.socket) -> None:
         """Close every env, even after one whose ``close()`` raised (``SystemExit`` too), and

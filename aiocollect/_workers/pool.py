@@ -48,6 +48,7 @@ import numpy as np
 
 from .._errors import EnvError, StartTimeoutError, WorkerError, policy_error_from_worker
 from . import protocol
+from .bell import Bell, bit, futex
 from .coroutine_worker import CoroutineWorker
 from .lane import LaneOwner, LaneWorker, ProcessWorker, no_reply
 from .plan import WorkerPlan, WorkerSpec
@@ -96,6 +97,10 @@ class Worker(ProcessWorker):
         """One per part of its envs (``WorkerSpec.parts``): the lanes the scheduler drives."""
         self._inbox = bytearray()
         self._reading = False
+        self.bell: Bell | None = None
+        """The pool's futex doorbell (``_workers.bell``; ``None``: a byte on the socket)."""
+        self.bit = bit(self.index)
+        """Its bit of the futex word."""
 
     @property
     def alive(self) -> bool:
@@ -113,6 +118,9 @@ class Worker(ProcessWorker):
     def ring(self) -> None:
         """Wake the worker if it sleeps (see ``_workers.protocol``)."""
         if self.control[protocol.W_ASLEEP]:
+            if self.bell is not None:
+                self.bell.ring(self.bit)  # (at once, or with the rest of the round: Bell.hold)
+                return
             try:
                 protocol.ring(self._socket())
             except OSError:  # it died (EPIPE) before its socket's EOF reached us
@@ -315,6 +323,12 @@ class WorkerPool:
                 lane.acts_locally = policy is not None
             line[protocol.E_ASLEEP] = 1
             line[protocol.W_ASLEEP] = 1
+        call = futex() if self.processes else None
+        self.bell = None if call is None else Bell(self.shared.control, call)
+        """The workers' doorbell: one futex word for all (``_workers.bell``), or ``None`` where
+        there are no futexes (a byte on each worker's socket)."""
+        for w in self.processes:
+            w.bell = self.bell
         self._bell: tuple[int, int] | None = None
         """The doorbell pipe every worker rings (read end, write end; see ``_workers.protocol``),
         open from ``run()`` until the workers are gone."""
@@ -450,6 +464,7 @@ class WorkerPool:
             "reset_when_done": self.reset_when_done,
             "max_frames_per_traj": self.max_frames_per_traj,
             "spin_s": self.worker_spin_s,
+            "futex": self.bell is not None,
             "bell": self._bell[1],
             "policy": self.policy,
         }
@@ -558,6 +573,8 @@ class WorkerPool:
                         sock.shutdown(socket.SHUT_RDWR)
                 except OSError:
                     pass
+        if self.bell is not None:
+            self.bell.close()  # (the sleepers read their sockets: CLOSE, or the end of the file)
         for sig, grace in ((None, self.stop_timeout), (signal.SIGTERM, 1.0), (signal.SIGKILL, 5.0)):
             running = [(w, process) for w, process in live if process.poll() is None]
             if not running:
