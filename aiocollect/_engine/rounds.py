@@ -8,8 +8,11 @@ own, chosen once when the scheduler is built (``rounds_for``), each readable alo
 
 * ``WorkerRounds``: the lanes of worker processes (and coroutine workers), a few of them,
   scanned at each round. The policy reads a *view* of the storage when the ready lanes sit
-  side by side at the same column, as in a lockstep round (``_act_block``), and a
-  concatenation otherwise (``_act_apart``).
+  side by side at the same column, as in a lockstep round (``_act_block``); lanes at one
+  slot but different columns are gathered, and their outputs written, through index arrays,
+  one fancy index per field whatever the number of lanes (``_act_rows``); the rest (lanes in
+  different slots, or a policy that reads aligned inputs in place) are concatenated and
+  written lane by lane (``_act_apart``).
 * ``RunRounds``: the same, but where the actor offers ``runs`` (``_policies.actor``: a
   random policy, whose actions do not depend on the observations, or the policy in the
   workers, each worker acting with its own copy), a round needs no policy call: each ready
