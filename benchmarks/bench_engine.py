@@ -59,6 +59,17 @@ Goals (on 2 cores): E's aiocollect rows >= 0.6 of the SyncVectorEnv limit and >=
 collectors >= 0.7 and >= 0.8 of their limits; M with the MLP <= 1.5 us; C <= 0.3 us at 1 x 256 and
 <= 1.0 us at 15 x 16; K >= 0.85 of the limit with the zero-cost policy, >= 0.7 with the MLP.
 
+Measured for C (issue 54: the futex bell, ``_workers.bell``, and rounds and bookings over lanes at
+different columns through index arrays), ``--quick``, the 2-core VM under load 15-17 from other
+programs, the code before and after side by side, two runs each: 15 x 16 3.31 and 2.56 before,
+2.01 and 2.04 after; 1 x 256 0.81 and 1.00 before, 0.75 and 0.71 after. Six 3-second runs each,
+alternating, at load 19: 15 x 16 median 2.13 before, 2.83 after (at such a load the engine's
+user time swings 2.5-4.2 us/frame from one run to the next); its system time fell from 0.56-0.97
+to 0.34-0.46 us/frame and its involuntary context switches from 0.2 to 0.06 per worker-step in
+every run (one futex wake per round instead of a socket ``send`` per worker and step). Neither C
+goal is reached; K could not be measured at that load (its limit row moved between 19k and 48k
+frames/s from one run to the next).
+
     python benchmarks/bench_engine.py                # a few minutes on 2 cores
     python benchmarks/bench_engine.py --quick        # smoke run, about a minute
     python benchmarks/bench_engine.py --smoke        # --quick, TorchRL's workers forked, ours warm (the tests')

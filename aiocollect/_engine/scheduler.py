@@ -15,7 +15,8 @@ happens in the loop's callbacks, with no task switch per step:
 1. a lane's completion arrives (``on_reply``; the workers' doorbells share one pipe, and
    every process lane's completion is read from the control block at once,
    ``_harvest_block``): the lane's rows are booked (``take``: ``Timelines.stepped``,
-   vectorised over the lane's envs, and over lanes side by side that completed together;
+   vectorised over the lane's envs, and over the lanes at one slot that completed together,
+   side by side or through index arrays, ``Timelines.stepped_rows``;
    the worker wrote the observations, rewards and flags itself, and already reset the envs
    that finished) and its column moves on;
 2. a round starts right away if no other lane is in flight, else on the next loop pass,
@@ -25,7 +26,8 @@ happens in the loop's callbacks, with no task switch per step:
    ``set_truncated``), runs the policy **once** on the observations of the other ready
    lanes, writes the outputs, ids and version, the actions into shared memory, and posts
    each of those lanes one ``STEP`` with its slot and column (or, for random actions, a
-   run of steps).
+   run of steps). The workers a round posts to are woken together when it ends, with one
+   system call (``_workers.bell``).
 
 So inference is batched over whatever is ready, and a slow worker never holds back a
 fast one. ``run_inline`` is the synchronous fast path of a ``Collector``'s in-process
