@@ -44,7 +44,7 @@ import asyncio
 import contextlib
 import os
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import TYPE_CHECKING, Any, cast
 
 import anyio
@@ -62,6 +62,7 @@ from .timelines import Timelines
 
 if TYPE_CHECKING:
     from .._policies.actor import Actor
+    from .._workers.bell import Bell
 
 _RECHECK_S = 0.002
 """After spinning: how soon to look again for a completion whose doorbell was missed."""
@@ -129,11 +130,9 @@ class Scheduler:
         """Per-env rounds (``None``: rounds over whole lanes); see ``rounds.EnvQueueRounds``."""
         self.rounds = rounds_for(self, batching, runs)
         """The round strategy (``_engine.rounds``)."""
-        bells = list({id(b): b for _, port in ports if (b := getattr(port.worker, "bell", None)) is not None}.values())
-        self._bells = bells
-        """The pools' futex doorbells (``_workers.bell``): held over each round, so that the
-        workers it posts commands to are woken with one system call."""
-        self._round = self._rung_round if bells else self.rounds.round
+        self._bells = _bells(port for _, port in ports)
+        """The pools' futex doorbells (``_workers.bell``), held over each round (``_rung_round``)."""
+        self._round = self._rung_round if self._bells else self.rounds.round
         self._ready = self.rounds.ready
         self._cache_flags = self.rounds.cache_flags
 
@@ -617,6 +616,16 @@ class Scheduler:
                 lane.worker.cut_run()
         if not self.idle():
             await self.pump(_no_actor, self.idle)
+
+
+def _bells(ports: Iterable[ProcessLane]) -> list[Bell]:
+    """The futex doorbells of the workers of ``ports`` (one per pool; none without futexes)."""
+    found: dict[int, Bell] = {}
+    for port in ports:
+        bell = getattr(port.worker, "bell", None)
+        if bell is not None:
+            found[id(bell)] = bell
+    return list(found.values())
 
 
 def _no_actor() -> Actor:

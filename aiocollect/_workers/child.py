@@ -189,14 +189,18 @@ class _Worker:
                     exc._aiocollect_policy = True  # type: ignore[attr-defined]  # (a mark: the policy's error)
                 raise
             self.acts = [_acting(policy, ctl, rows, a, b) for (ctl, _, rows), (_, a, b) in zip(self.parts, parts)]
-        from .bell import Sleeper, futex
-
-        call = futex() if setup.get("futex") else None
-        self.sleeper = None if call is None else Sleeper(self.shared.control, setup["index"], call)
+        self.sleeper = self._sleeper(setup)
         """Where it sleeps for its next command (``_workers.bell``), or ``None``: on its socket."""
         self._inbox = bytearray(64)
         self._poll = select.poll()
         self._cmd = CMD
+
+    def _sleeper(self, setup: dict):
+        """Its side of the pool's futex doorbell, if the pool rings one (``_workers.bell``)."""
+        from .bell import Sleeper, futex
+
+        call = futex() if setup.get("futex") else None
+        return None if call is None else Sleeper(self.shared.control, setup["index"], call)
 
     def serve(self, sock: socket.socket) -> int:
         """Carry out commands until ``CLOSE`` or end-of-file (see ``_workers.protocol``).
