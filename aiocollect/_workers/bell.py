@@ -14,15 +14,25 @@ sleeps only while it still holds that count, so a wake between its look and its 
 lost (the kernel compares the word under its lock). Waking a worker whose bit another shares
 (more than 32 workers) costs that other a look and nothing more.
 
+The count-then-look order needs the worker's two loads and the engine's two stores (the
+command, then the count) seen in program order, which x86-64 guarantees and Python gives no
+barrier for elsewhere (an aarch64 worker could see the new count with the old command, and
+sleep through its ring): like spinning (``_workers.protocol``), the bell is x86-64 only.
+
 The socket stays for the rest: ``CLOSE`` and the end of the engine. A sleeper wakes at least
-every ``SLEEP_S`` to read it, and the pool sets ``CLOSING`` and wakes everyone when it closes.
-Where futexes are missing (not Linux, or a machine whose system call number is unknown here),
-``futex()`` is ``None`` and the doorbells are bytes on the sockets, as before.
+every ``SLEEP_S`` to read it (so a worker whose engine died without a word still reads the
+end of the file and exits), and the pool sets ``CLOSING`` and wakes everyone when it closes.
+Where futexes are missing (not Linux on x86-64, a ``syscall()``-less libc, a kernel or sandbox
+that refuses ``FUTEX_WAIT_BITSET``: ``futex()`` tries it once) or switched off
+(``AIOCOLLECT_FUTEX=0``, read as a pool is built), ``futex()`` is ``None`` and the doorbells are
+bytes on the sockets, as before. A wait that fails all the same (an unexpected ``errno``) sleeps
+its timeout out instead, so that no failure turns the sleep into a spin.
 """
 
 from __future__ import annotations
 
 import ctypes
+import errno
 import platform
 import sys
 import time
@@ -35,9 +45,14 @@ BELL, CLOSING = 10, 11
 "closing: read your socket" flag."""
 SLEEP_S = 0.1
 """The longest a worker sleeps without a look at its socket."""
+SWITCH = "AIOCOLLECT_FUTEX"
+"""The environment variable that turns the bell off (``0``, ``false``, ``no``, ``off``)."""
 
 _FUTEX_WAIT_BITSET, _FUTEX_WAKE_BITSET = 9, 10
-_SYS_FUTEX = {"x86_64": 202, "amd64": 202, "aarch64": 98, "arm64": 98}
+_SYS_FUTEX = {"x86_64": 202, "amd64": 202}
+"""The ``futex`` system call's number, on the machines the bell serves (see the docstring)."""
+_AWAKE = (errno.EAGAIN, errno.EINTR, errno.ETIMEDOUT)
+"""What a wait that works may fail with: the count moved, a signal, the timeout."""
 _MAX_WAKE = 0x7FFFFFFF
 _ALL = 0xFFFFFFFF
 
@@ -48,7 +63,8 @@ class _Timespec(ctypes.Structure):
 
 def futex() -> Callable[..., int] | None:
     """``call(op, addr, val, timeout, bitset)``, the ``futex`` system call on this machine, or
-    ``None`` where it is not available (then the doorbells go over the sockets)."""
+    ``None`` where it is not available (then the doorbells go over the sockets; whether a pool
+    rings it at all is ``wanted()``'s, the engine's decision, which its workers follow)."""
     if not sys.platform.startswith("linux"):
         return None
     number = _SYS_FUTEX.get(platform.machine().lower())
@@ -64,7 +80,24 @@ def futex() -> Callable[..., int] | None:
     def call(op: int, addr: ctypes.c_void_p, val: int, timeout: object, bitset: int) -> int:
         return syscall(nr, addr, c_long(op), c_long(val), timeout, null, c_long(bitset))
 
-    return call
+    return call if _works(call) else None
+
+
+def _works(call: Callable[..., int]) -> bool:
+    """Whether this kernel takes the bell's two operations: a wait on a word that does not
+    hold the value given fails at once with ``EAGAIN``, a wake finds nobody."""
+    word = ctypes.c_uint32(0)
+    addr = ctypes.c_void_p(ctypes.addressof(word))
+    if call(_FUTEX_WAIT_BITSET, addr, 1, None, _ALL) != -1 or ctypes.get_errno() != errno.EAGAIN:
+        return False
+    return call(_FUTEX_WAKE_BITSET, addr, _MAX_WAKE, None, _ALL) == 0
+
+
+def wanted() -> Callable[..., int] | None:
+    """``futex()``, unless ``AIOCOLLECT_FUTEX`` turns the bell off."""
+    from .protocol import env_flag
+
+    return None if env_flag(SWITCH) is False else futex()
 
 
 def bit(index: int) -> int:
@@ -73,8 +106,8 @@ def bit(index: int) -> int:
 
 
 def _word(control: np.ndarray) -> np.ndarray:
-    """The futex word: the low 32 bits of ``BELL`` in the control block's first line (both
-    machines that have a system call number here are little-endian)."""
+    """The futex word: the low 32 bits of ``BELL`` in the control block's first line (x86-64
+    is little-endian)."""
     return control[0, BELL : BELL + 1].view(np.int32)[:1]
 
 
@@ -146,5 +179,7 @@ class Sleeper:
         until = self._until
         until.tv_sec = int(end)
         until.tv_nsec = int((end - int(end)) * 1e9)
-        self._call(_FUTEX_WAIT_BITSET, self._addr, count, self._ref, self._bit)
+        if self._call(_FUTEX_WAIT_BITSET, self._addr, count, self._ref, self._bit) == -1 \
+                and ctypes.get_errno() not in _AWAKE:  # (never a spin, whatever failed)
+            time.sleep(max(end - time.clock_gettime(time.CLOCK_MONOTONIC), 0.0))
         return time.clock_gettime(time.CLOCK_MONOTONIC) >= end

@@ -199,8 +199,12 @@ class _Worker:
         """Its side of the pool's futex doorbell, if the pool rings one (``_workers.bell``)."""
         from .bell import Sleeper, futex
 
-        call = futex() if setup.get("futex") else None
-        return None if call is None else Sleeper(self.shared.control, setup["index"], call)
+        if not setup.get("futex"):
+            return None
+        call = futex()
+        if call is None:  # (the engine rings the futex: a sleep on the socket would never end)
+            raise RuntimeError("the engine rings a futex doorbell, but this worker cannot wait on one")
+        return Sleeper(self.shared.control, setup["index"], call)
 
     def serve(self, sock: socket.socket) -> int:
         """Carry out commands until ``CLOSE`` or end-of-file (see ``_workers.protocol``).

@@ -55,7 +55,7 @@ SWITCH = "AIOCOLLECT_WARM_START"
 """The environment variable that turns the launcher on (read at each worker's start)."""
 
 PRELOAD = ("numpy", "gymnasium", "cloudpickle", "aiocollect._workers.child", "aiocollect._workers.protocol",
-           "aiocollect._workers.shm", "aiocollect._envs.group", "aiocollect._errors")
+           "aiocollect._workers.shm", "aiocollect._workers.bell", "aiocollect._envs.group", "aiocollect._errors")
 """What every worker imports: the launcher imports it once, at its start."""
 
 TORCH = ("torch", "tensordict", "tensordict.nn")

@@ -48,7 +48,7 @@ import numpy as np
 
 from .._errors import EnvError, StartTimeoutError, WorkerError, policy_error_from_worker
 from . import protocol
-from .bell import Bell, bit, futex
+from .bell import Bell, bit, wanted
 from .coroutine_worker import CoroutineWorker
 from .lane import LaneOwner, LaneWorker, ProcessWorker, no_reply
 from .plan import WorkerPlan, WorkerSpec
@@ -323,10 +323,10 @@ class WorkerPool:
                 lane.acts_locally = policy is not None
             line[protocol.E_ASLEEP] = 1
             line[protocol.W_ASLEEP] = 1
-        call = futex() if self.processes else None
+        call = wanted() if self.processes else None
         self.bell = None if call is None else Bell(self.shared.control, call)
         """The workers' doorbell: one futex word for all (``_workers.bell``), or ``None`` where
-        there are no futexes (a byte on each worker's socket)."""
+        there are no futexes or ``AIOCOLLECT_FUTEX=0`` (a byte on each worker's socket)."""
         for w in self.processes:
             w.bell = self.bell
         self._bell: tuple[int, int] | None = None

@@ -107,3 +107,32 @@ def test_close_wakes_every_sleeper_and_says_so():
         thread.join(10)
         assert result["timed_out"] is False
     assert all(s.closing for s in sleepers)
+
+
+def test_a_wait_the_kernel_refuses_sleeps_its_timeout_out_instead_of_spinning():
+    """A futex word off its 4-byte alignment is refused (``EINVAL``) at once, as any wait
+    failing for a reason that says nothing of the count: the sleeper then sleeps its timeout,
+    at no CPU, rather than coming back at once to a worker loop that would sleep again."""
+    call = bell.futex()
+    raw = bytearray(2 + 2 * CONTROL_WORDS * 8)
+    block = np.frombuffer(raw, np.int64, 2 * CONTROL_WORDS, offset=2).reshape(2, CONTROL_WORDS)
+    sleeper = bell.Sleeper(block, 0, call)
+    t0, cpu0 = time.monotonic(), time.process_time()
+    for _ in range(3):
+        assert sleeper.sleep(sleeper.count(), 0.1) is True
+    assert time.monotonic() - t0 >= 0.29
+    assert time.process_time() - cpu0 < 0.05
+
+
+def test_no_bell_off_linux_on_x86_64_or_when_switched_off(monkeypatch):
+    """macOS, and aarch64 (whose loads and stores may pass each other: see the module's
+    docstring), get no futex and ring the workers' sockets; ``AIOCOLLECT_FUTEX=0`` too."""
+    assert bell.wanted() is not None
+    monkeypatch.setenv(bell.SWITCH, "0")
+    assert bell.wanted() is None and bell.futex() is not None  # (the switch is the engine's)
+    monkeypatch.delenv(bell.SWITCH)
+    monkeypatch.setattr(bell.platform, "machine", lambda: "aarch64")
+    assert bell.futex() is None
+    monkeypatch.undo()
+    monkeypatch.setattr(bell.sys, "platform", "darwin")
+    assert bell.futex() is None and bell.wanted() is None
