@@ -19,9 +19,12 @@ command, then the count) seen in program order, which x86-64 guarantees and Pyth
 barrier for elsewhere (an aarch64 worker could see the new count with the old command, and
 sleep through its ring): like spinning (``_workers.protocol``), the bell is x86-64 only.
 
-The socket stays for the rest: ``CLOSE`` and the end of the engine. A sleeper wakes at least
-every ``SLEEP_S`` to read it (so a worker whose engine died without a word still reads the
-end of the file and exits), and the pool sets ``CLOSING`` and wakes everyone when it closes.
+The socket stays for the rest: ``CLOSE`` and the end of the engine. A sleeper wakes to read it
+after ``FIRST_S``, then at intervals that double up to ``SLEEP_S`` (so a worker whose engine
+died without a word still reads the end of the file and exits within about a second, and an
+idle one costs one look a second), and the pool sets ``CLOSING`` and wakes everyone when it
+closes. (A sleeper that spun first looks again after 1 ms: only then can a ring be missed,
+see ``_workers.protocol``.)
 Where futexes are missing (not Linux on x86-64, a ``syscall()``-less libc, a kernel or sandbox
 that refuses ``FUTEX_WAIT_BITSET``: ``futex()`` tries it once) or switched off
 (``AIOCOLLECT_FUTEX=0``, read as a pool is built), ``futex()`` is ``None`` and the doorbells are
@@ -43,8 +46,9 @@ import numpy as np
 BELL, CLOSING = 10, 11
 """Words of the control block's first line: the futex word (its low 32 bits) and the pool's
 "closing: read your socket" flag."""
-SLEEP_S = 0.1
-"""The longest a worker sleeps without a look at its socket."""
+FIRST_S, SLEEP_S = 0.1, 1.0
+"""How long a worker that did not spin first sleeps before a look at its socket; the longest
+it sleeps without one (idle workers woke every 0.1 s: 4 of them cost 4-6 ms of CPU a second)."""
 SWITCH = "AIOCOLLECT_FUTEX"
 """The environment variable that turns the bell off (``0``, ``false``, ``no``, ``off``)."""
 

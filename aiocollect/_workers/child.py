@@ -316,13 +316,13 @@ class _Worker:
     def _sleep(self, sock: socket.socket, last: list[int], j: int) -> tuple[int, int] | None:
         """``_wait`` on the futex word (``_workers.bell``): the next posted command, ``None`` on
         ``CLOSE`` or end-of-file. The socket is read when the pool says it closes, and at
-        least every ``SLEEP_S``; after a spin (a ring might be missed, see the protocol) the
-        first looks come sooner."""
-        from .bell import SLEEP_S
+        intervals that double up to ``SLEEP_S``; after a spin (a ring might be missed, see the
+        protocol) the first looks come sooner."""
+        from .bell import FIRST_S, SLEEP_S
 
         sleeper, posted = self.sleeper, self._posted
         assert sleeper is not None  # (called with one)
-        timeout = 0.001 if self.spin_s else SLEEP_S
+        timeout = 0.001 if self.spin_s else FIRST_S
         while True:
             count = sleeper.count()  # (before the look: a ring after it ends the sleep below)
             got = posted(last, j)
