@@ -68,7 +68,12 @@ user time swings 2.5-4.2 us/frame from one run to the next); its system time fel
 to 0.34-0.46 us/frame and its involuntary context switches from 0.2 to 0.06 per worker-step in
 every run (one futex wake per round instead of a socket ``send`` per worker and step). Neither C
 goal is reached; K could not be measured at that load (its limit row moved between 19k and 48k
-frames/s from one run to the next).
+frames/s from one run to the next). Its hang review, the bell alone against the code without it,
+alternating, at load 2-13 from other programs: C in full (3 runs of 40 batches each), three
+pairs, 15 x 16 best 1.02, 1.21, 1.03 with the bell against 1.15, 1.20, 1.24 without; 1 x 256
+0.30, 0.32, 0.26 against 0.29, 0.30, 0.30. ``--quick``, six pairs: 15 x 16 0.92-1.36 (median
+1.00) against 1.00-1.60 (median 1.26), lower in five pairs of six; 1 x 256 the same (medians
+0.33 and 0.32); K the same within its noise (zero-cost 0.49-0.69 against 0.28-0.60 of the limit).
 
     python benchmarks/bench_engine.py                # a few minutes on 2 cores
     python benchmarks/bench_engine.py --quick        # smoke run, about a minute
