@@ -74,6 +74,10 @@ pairs, 15 x 16 best 1.02, 1.21, 1.03 with the bell against 1.15, 1.20, 1.24 with
 0.30, 0.32, 0.26 against 0.29, 0.30, 0.30. ``--quick``, six pairs: 15 x 16 0.92-1.36 (median
 1.00) against 1.00-1.60 (median 1.26), lower in five pairs of six; 1 x 256 the same (medians
 0.33 and 0.32); K the same within its noise (zero-cost 0.49-0.69 against 0.28-0.60 of the limit).
+Against the code after the per-batch delivery work, two more full pairs at load 7-10: 15 x 16 0.93
+and 0.88 against 0.95 and 1.03; 1 x 256 0.34 and 0.34 against 0.30 and 0.31. Over the five full
+pairs, 15 x 16 is 8% lower with the bell (from 17% lower to 1% higher), 1 x 256 4% higher (from
+13% lower to 13% higher: one worker gains nothing from a round's single wake).
 
     python benchmarks/bench_engine.py                # a few minutes on 2 cores
     python benchmarks/bench_engine.py --quick        # smoke run, about a minute
