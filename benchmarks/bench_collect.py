@@ -33,7 +33,10 @@ tests), as the best batch of ~200 (the least disturbed, ``T`` steps each) agains
 at ``T = 32`` (``--quick``'s batches), 0.97 and 0.94 at ``T = 128``; the engine before random
 runs in-process gave 0.79/0.77 and 0.80/0.80 in the same run. One ``--quick --repeats 2`` run
 then: 0.79 and 0.79 (0.37 and 0.78 before): its runs last 0.1 s, and the ``for`` face's hand-off
-of each batch between threads is what a busy machine delays most.
+of each batch between threads is what a busy machine delays most. 2026-12-04, after per-batch
+delivery went from ~100 to ~42 us a batch (``_engine.batch_plan``), ``--quick --repeats 3``:
+``for`` 0.89, ``async for`` 0.98 (load 4.5); the helper's alternated A/B at load 4-8: ``for``
+0.86-0.89 -> 0.90-0.98, ``async for`` 0.93-0.97 -> 0.98; scenario B unchanged (0.77-0.83).
 
 How
 ---
