@@ -526,8 +526,10 @@ class Collector(DataCollectorBase):
         with ``step_ahead``, the steps taken ahead of the batches delivered are dropped, as
         ``reset`` drops them),
         and the random policy (``policy=None``, ``init_random_frames``) is reseeded with
-        ``seed``. Called right after construction, it seeds the very first reset, so a
-        deterministic policy reproduces a hand-written ``env.reset(seed=...)`` loop.
+        ``seed`` (until then its seed comes from torch's global generator, as TorchRL's
+        ``action_spec.rand()`` does: ``torch.manual_seed`` repeats it). Called right after
+        construction, it seeds the very first reset, so a deterministic policy reproduces a
+        hand-written ``env.reset(seed=...)`` loop.
 
         Args:
             seed: the seed of env 0.

@@ -386,7 +386,8 @@ class WorkerCollectorBase(DataCollectorBase):
 
         Every env is reset with its seed before its next step (starting new trajectories),
         and the random policy (``policy=None``, ``init_random_frames``) is reseeded with
-        ``seed``.
+        ``seed`` (until then its seed comes from torch's global generator, as TorchRL's
+        ``action_spec.rand()`` does: ``torch.manual_seed`` repeats it).
 
         Args:
             seed: the seed of env 0 of worker 0.

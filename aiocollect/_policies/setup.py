@@ -295,6 +295,14 @@ def _on(module: torch.nn.Module, device: torch.device | None) -> bool:
     return True
 
 
+def _seed_from_torch() -> int:
+    """The seed of a collector's random actions (``policy=None``, ``init_random_frames``) until
+    ``set_seed``: drawn from torch's global generator, so that ``torch.manual_seed(0)`` at the
+    top of a program makes its random frames repeat, as TorchRL's collectors do (they draw
+    them with ``action_spec.rand()``)."""
+    return int(torch.randint(0, 2**62, ()).item())
+
+
 class PolicySetup:
     """A collector's policy, the runners that call it and its weights channel; see the module docstring."""
 
@@ -303,7 +311,7 @@ class PolicySetup:
                  cuda_graphs: int | None = None, obs_leaves: list | None = None, env_batch: tuple = ()):
         self.user_policy = policy
         if policy is None:
-            policy = RandomPolicy(action_space)
+            policy = RandomPolicy(action_space, seed=_seed_from_torch())
         elif is_torchrl_random(policy):
             policy = SpecRandomPolicy.wrap(policy, action_space)
         module = isinstance(policy, torch.nn.Module) and not isinstance(policy, RandomPolicy)
@@ -343,7 +351,8 @@ class PolicySetup:
                                    action_shape=None if len(action_keys) > 1 or action_keys != ("action",)
                                    else getattr(action_space, "shape", None), action_keys=action_keys,
                                    env_batch=env_batch)
-        self.random = self.policy if isinstance(self.policy, RandomPolicy) else RandomPolicy(action_space)
+        self.random = (self.policy if isinstance(self.policy, RandomPolicy)
+                       else RandomPolicy(action_space, seed=_seed_from_torch()))
         # (with a real policy, random steps write every key it writes, zero-filled, as in
         # TorchRL, so that every batch of a replay buffer has one layout)
         self.random_runner = (

@@ -81,6 +81,24 @@ def test_random_policy_is_reproducible_under_set_seed():
     assert torch.equal(a, b) and a.unique().numel() == 3
 
 
+@pytest.mark.parametrize("cls", [Collector, MultiSyncCollector])
+def test_torch_manual_seed_repeats_the_random_frames_as_in_torchrl(cls):
+    """Without ``set_seed``, the random actions (``policy=None``, ``init_random_frames``) are
+    seeded from torch's global generator, as TorchRL draws them (``action_spec.rand()``): a
+    TorchRL program that calls ``torch.manual_seed(0)`` repeats its random frames (they came
+    from fresh entropy, so a seeded tutorial learned in a different number of frames each run)."""
+    def run(seed, policy):
+        torch.manual_seed(seed)
+        envs = [CounterEnv] * 2 if cls is Collector else [[CounterEnv] * 2]
+        with cls(envs, policy, frames_per_batch=40, total_frames=80, init_random_frames=80) as c:
+            return torch.cat([b["action"].reshape(-1) for b in c])
+
+    for policy in (None, lambda observation: torch.zeros(len(observation), dtype=torch.int64)):
+        first = run(0, policy)
+        assert first.unique().numel() == 3
+        assert torch.equal(first, run(0, policy)) and not torch.equal(first, run(1, policy))
+
+
 def test_set_seed_mid_run_restarts_trajectories():
     c = Collector(lambda: gym.make("CartPole-v1"), cartpole_policy, frames_per_batch=20, total_frames=-1)
     it = iter(c)
