@@ -97,7 +97,8 @@ def policy_setup(resources: Resources, policy: Any, envs: EnvShape, options: Col
     as a ``Collector`` does; see ``_policies.setup``)."""
     setup = PolicySetup(policy, envs.action_space, envs.obs_keys, device=options.policy_device,
                         exploration_type=options.exploration_type, share=share, cuda_graphs=cuda_graphs,
-                        obs_leaves=envs.obs_leaves, env_batch=envs.entries[3])
+                        obs_leaves=envs.obs_leaves, env_batch=envs.entries[3],
+                        random_frames=bool(options.init_random_frames))
     resources.closers.append(setup.close)
     return setup
 

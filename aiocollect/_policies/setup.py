@@ -299,7 +299,8 @@ def _seed_from_torch() -> int:
     """The seed of a collector's random actions (``policy=None``, ``init_random_frames``) until
     ``set_seed``: drawn from torch's global generator, so that ``torch.manual_seed(0)`` at the
     top of a program makes its random frames repeat, as TorchRL's collectors do (they draw
-    them with ``action_spec.rand()``)."""
+    them with ``action_spec.rand()``). Drawn only by a collector that draws random frames
+    (``policy=None``, ``init_random_frames``): another leaves the generator as it was."""
     return int(torch.randint(0, 2**62, ()).item())
 
 
@@ -308,10 +309,13 @@ class PolicySetup:
 
     def __init__(self, policy: Any, action_space: gym.Space, obs_keys: list, *,
                  device: torch.device | None, exploration_type: InteractionType, share: bool = False,
-                 cuda_graphs: int | None = None, obs_leaves: list | None = None, env_batch: tuple = ()):
+                 cuda_graphs: int | None = None, obs_leaves: list | None = None, env_batch: tuple = (),
+                 random_frames: bool = False):
         self.user_policy = policy
+        # (the random actions' seed, where there are any: drawn from torch's generator only then)
+        seed = _seed_from_torch() if policy is None or random_frames else None
         if policy is None:
-            policy = RandomPolicy(action_space, seed=_seed_from_torch())
+            policy = RandomPolicy(action_space, seed=seed)
         elif is_torchrl_random(policy):
             policy = SpecRandomPolicy.wrap(policy, action_space)
         module = isinstance(policy, torch.nn.Module) and not isinstance(policy, RandomPolicy)
@@ -352,7 +356,7 @@ class PolicySetup:
                                    else getattr(action_space, "shape", None), action_keys=action_keys,
                                    env_batch=env_batch)
         self.random = (self.policy if isinstance(self.policy, RandomPolicy)
-                       else RandomPolicy(action_space, seed=_seed_from_torch()))
+                       else RandomPolicy(action_space, seed=seed))
         # (with a real policy, random steps write every key it writes, zero-filled, as in
         # TorchRL, so that every batch of a replay buffer has one layout)
         self.random_runner = (
