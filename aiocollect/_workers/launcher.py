@@ -332,6 +332,8 @@ def _become_worker(request: dict, fds: list[int]) -> None:
         os.environ.update(request["env"])
         if "numpy.random" in sys.modules:
             sys.modules["numpy.random"].seed()  # (``random`` reseeds itself after a fork)
+        if "torch" in sys.modules:  # (as a fresh interpreter's: its own entropy, not the launcher's state)
+            sys.modules["torch"].seed()
         sys.argv[:] = ["-c", *request["args"]]
     except BaseException:  # noqa: BLE001 - the worker cannot start: the engine sees it exit
         os._exit(1)

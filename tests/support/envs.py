@@ -425,3 +425,22 @@ class FastThenSlow(CounterEnv):
         if self.total_steps >= 220:
             time.sleep(0.05)
         return super().step(action)
+
+
+class TorchDrawEnv(gym.Env):
+    """Observes one number drawn from torch's global generator as the env was built: envs in
+    different processes that draw alike share their generator's state."""
+
+    def __init__(self):
+        import torch
+
+        self.draw = float(torch.randint(0, 2**24, ()).item())
+        self.observation_space = spaces.Box(-1e9, 1e9, (3,), np.float32)
+        self.action_space = spaces.Discrete(3)
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        return np.array([self.draw, 0, 0], np.float32), {}
+
+    def step(self, action):
+        return np.array([self.draw, 0, 0], np.float32), 0.0, False, False, {}

@@ -235,3 +235,23 @@ def test_envs_that_fail_to_build_in_a_worker_are_an_env_error_from_the_construct
     assert "Traceback" in err.remote_traceback and "in make_env" in err.remote_traceback
     assert isinstance(err.__cause__, LookupError)
     assert wait_until(lambda: not alive(err.pid))
+
+
+def test_warm_workers_draw_from_torch_s_generator_as_fresh_ones_do():
+    """Workers forked from the warm launcher after it imported torch (for a policy in the
+    workers) each start torch's generator from their own entropy, as fresh interpreters do,
+    not from the launcher's state (every worker drew the same numbers)."""
+    from tensordict.nn import TensorDictModule
+
+    from support.envs import TorchDrawEnv
+    from support.plain_modules import ArgmaxMLP
+
+    policy = TensorDictModule(ArgmaxMLP(3, 3), ["observation"], ["action"])
+    draws = set()
+    for _ in range(2):  # (the launcher imports torch at the first worker with a policy)
+        with MultiSyncCollector([[TorchDrawEnv]] * 3, policy, frames_per_batch=6, total_frames=6,
+                                policy_placement="workers") as c:
+            batch = next(iter(c))
+        draws |= set(batch["observation"][..., 0].flatten().tolist())
+    assert len(draws) == 6
+
