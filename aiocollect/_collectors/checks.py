@@ -242,10 +242,18 @@ def init_random_frames(name: str, value: Any) -> int:
     return max(frames, 0)
 
 
-def create_env_kwargs(name: str, value: Any) -> dict:
-    """A copy of the dict (``None``: empty)."""
+def create_env_kwargs(name: str, value: Any) -> dict | list[dict]:
+    """A copy of the dict (``None``: empty), or of a list with one dict per worker (TorchRL's
+    multi-process collectors take either; the collectors check the list's length, and
+    ``Collector`` refuses one)."""
+    if isinstance(value, (list, tuple)):
+        bad = [i for i, kw in enumerate(value) if kw is not None and not isinstance(kw, dict)]
+        if bad:
+            raise TypeError(f"{name}[{bad[0]}] must be a dict (the keywords of worker {bad[0]}'s create_env_fn), "
+                            f"got {type(value[bad[0]]).__name__}")
+        return [dict(kw or {}) for kw in value]
     if value is not None and not isinstance(value, dict):
-        raise TypeError(f"{name} must be a dict, got {type(value).__name__}")
+        raise TypeError(f"{name} must be a dict, or a list with one dict per worker, got {type(value).__name__}")
     return dict(value or {})
 
 

@@ -247,6 +247,9 @@ class Collector(DataCollectorBase):
         policy, cuda_graphs = policy_from(locals(), options.policy_device)
         if create_env_fn is None:
             raise TypeError("create_env_fn is required: a callable returning a gymnasium env, or an env id.")
+        if isinstance(options.create_env_kwargs, list):
+            raise TypeError("create_env_kwargs: a list (one dict per worker) is for the multi-process collectors; "
+                            "a Collector builds its envs here: give one dict.")
         check_create_env_fn(create_env_fn, options.create_env_kwargs)
         super().__init__(options)
 

@@ -110,8 +110,10 @@ class CollectorOptions:
     """Where the env's tensors live (gymnasium envs compute on the CPU)."""
     policy_device: torch.device | None = field(default=None, metadata=option(checks.device, FORWARD))
     """Where the policy runs; observations are moved there and actions back."""
-    create_env_kwargs: dict = field(default_factory=dict, metadata=option(checks.create_env_kwargs, keyword=None))
-    """Keyword arguments for ``create_env_fn`` (factories and env ids only)."""
+    create_env_kwargs: dict | list[dict] = field(default_factory=dict,
+                                                 metadata=option(checks.create_env_kwargs, keyword=None))
+    """Keyword arguments for ``create_env_fn`` (factories and env ids only); for the
+    multi-process collectors, also a list with one dict per worker, as in TorchRL."""
     max_frames_per_traj: int | None = field(default=None, metadata=option(checks.max_frames_per_traj, FORWARD))
     """Truncate (and reset) a trajectory after this many steps; ``None`` (or ``-1``): never."""
     init_random_frames: int = field(default=0, metadata=option(checks.init_random_frames, FORWARD, keyword=None))

@@ -16,7 +16,7 @@ process, so that bad input fails with a clear error *before* a worker is spawned
 from __future__ import annotations
 
 import warnings
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import cloudpickle
@@ -43,6 +43,8 @@ class WorkerSpec:
     hi: int
     coroutine: bool = False
     """Its envs are coroutine envs: they run on the engine loop, not in a process."""
+    kwargs: dict = field(default_factory=dict)
+    """The keywords its entry is called with (``create_env_kwargs``, or its own dict of them)."""
     parts: tuple[tuple[int, int], ...] = ()
     """Its rows split into *parts* that step in turn, each with its own control line, so the
     policy runs for one part while the worker steps the other (``_workers.protocol``);
@@ -59,7 +61,6 @@ class WorkerPlan:
     workers: tuple[WorkerSpec, ...]
     observation_space: gym.Space
     action_space: gym.Space
-    create_env_kwargs: dict
 
     @property
     def num_envs(self) -> int:
@@ -177,10 +178,13 @@ def _close_probe(where: str, entry: Any, group: Any) -> None:
         )
 
 
-def plan_workers(create_env_fn: Any, create_env_kwargs: dict | None, *,
+def plan_workers(create_env_fn: Any, create_env_kwargs: dict | list[dict] | None, *,
                  policy_between_steps: bool = True, gpu_policy: bool = False, single: bool = False,
                  parts: bool | None = None) -> WorkerPlan:
     """Validate ``create_env_fn`` and lay the workers out; see the module docstring.
+
+    ``create_env_kwargs``: the keywords of every entry, or a list with each worker's own (as
+    in TorchRL's multi-process collectors).
 
     ``single``: ``create_env_fn`` is ``[the user's argument]``, one worker's entry
     (``AsyncCollector``'s), so errors name it ``create_env_fn`` and its factories
@@ -202,15 +206,15 @@ def plan_workers(create_env_fn: Any, create_env_kwargs: dict | None, *,
     for i, entry in enumerate(create_env_fn):
         _check_entry(_where(i, single), entry)
     pickled = [_pickle(_where(i, single), entry) for i, entry in enumerate(create_env_fn)]
-    kwargs = dict(create_env_kwargs or {})
+    kwargs = _worker_kwargs(create_env_kwargs, len(create_env_fn), single)
 
-    probed: dict[int, tuple[gym.Space, gym.Space, int, bool, bool, bool]] = {}
+    probed: dict[tuple[int, int], tuple[gym.Space, gym.Space, int, bool, bool, bool]] = {}
     specs, first, lo = [], None, 0
     separable: list[bool] = []  # envs this worker steps one by one: it may step them in parts
     for i, entry in enumerate(create_env_fn):
-        key = id(entry)
+        key = (id(entry), id(kwargs[i]))
         if key not in probed:
-            group, batched = make_group(list(entry) if isinstance(entry, tuple) else entry, kwargs,
+            group, batched = make_group(list(entry) if isinstance(entry, tuple) else entry, kwargs[i],
                                         _where(i, single))
             try:
                 probed[key] = (group.observation_space, group.action_space, group.num_envs, batched,
@@ -226,7 +230,7 @@ def plan_workers(create_env_fn: Any, create_env_kwargs: dict | None, *,
                 f"create_env_fn[0] has {first[0]} / {first[1]}; all workers of a collector must "
                 "share their observation and action spaces."
             )
-        specs.append(WorkerSpec(i, pickled[i], n, batched, lo, lo + n, coroutine))
+        specs.append(WorkerSpec(i, pickled[i], n, batched, lo, lo + n, coroutine, kwargs=kwargs[i]))
         separable.append(separable_here)
         lo += n
     if policy_between_steps and pipeline(sum(not w.coroutine for w in specs), gpu_policy, forced=parts):
@@ -234,7 +238,19 @@ def plan_workers(create_env_fn: Any, create_env_kwargs: dict | None, *,
         least = 1 if asked else MIN_PART  # (asked for: any worker of 2 envs or more is split)
         specs = [replace(w, parts=_halves(w.lo, w.num_envs, least)) if ok else w for w, ok in zip(specs, separable)]
     assert first is not None  # (create_env_fn is not empty)
-    return WorkerPlan(tuple(specs), first[0], first[1], kwargs)
+    return WorkerPlan(tuple(specs), first[0], first[1])
+
+
+def _worker_kwargs(create_env_kwargs: dict | list[dict] | None, workers: int, single: bool) -> list[dict]:
+    """Each worker's keywords: one dict for all (the same object), or the list's own."""
+    if not isinstance(create_env_kwargs, list):
+        shared = dict(create_env_kwargs or {})
+        return [shared] * workers
+    if len(create_env_kwargs) != workers:
+        what = "create_env_fn (one worker)" if single else f"create_env_fn's {workers} workers"
+        raise ValueError(f"create_env_kwargs: a list of {len(create_env_kwargs)} dicts for {what}; give one dict "
+                         "per worker, in the order of create_env_fn, or one dict for all of them.")
+    return [dict(kw) for kw in create_env_kwargs]
 
 
 MIN_PART = 4

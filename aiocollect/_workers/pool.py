@@ -432,7 +432,7 @@ class WorkerPool:
 
     async def _start(self, worker: Worker | CoroutineWorker) -> None:
         if isinstance(worker, CoroutineWorker):
-            worker.build(self.shared, self.plan.create_env_kwargs, self.reset_when_done, self.max_frames_per_traj)
+            worker.build(self.shared, worker.spec.kwargs, self.reset_when_done, self.max_frames_per_traj)
             return
         assert self._bell is not None  # (run() opens it when there are processes)
         parent, child = socket.socketpair()
@@ -457,7 +457,7 @@ class WorkerPool:
             "index": spec.index,
             "sys_path": list(sys.path),
             "entry": spec.entry,
-            "kwargs": self.plan.create_env_kwargs,
+            "kwargs": spec.kwargs,
             "spaces": (self.plan.observation_space, self.plan.action_space),
             "layout": self.layout,
             "parts": [(self._lines[id(port)], port.lo, port.hi) for port in worker.ports],

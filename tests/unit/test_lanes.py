@@ -138,7 +138,7 @@ def test_the_scheduler_picks_one_round_strategy_from_its_lanes():
 
 
 def test_a_port_acts_locally_when_its_worker_has_the_policy():
-    plan = WorkerPlan((spec(parts=((0, 4),)),), spaces.Box(-1, 1, (3,)), spaces.Discrete(2), {})
+    plan = WorkerPlan((spec(parts=((0, 4),)),), spaces.Box(-1, 1, (3,)), spaces.Discrete(2))
     layout = Layout.plan([(np.dtype(np.float32), (3,))], (np.dtype(np.int64), ()), 4, 1)
     for policy in (None, {"policy": b""}):
         pool = WorkerPool(plan, layout, reset_when_done=True, policy=policy)
