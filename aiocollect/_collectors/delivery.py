@@ -134,7 +134,8 @@ def frames_for_buffer(batch: Any, buffer: Any) -> Any:
     a real one, and the items have one layout whether a batch was cut or not.
 
     Left as they are: batches for a storage with more than one batch dim
-    (``LazyTensorStorage(..., ndim=2)`` asks for ``[envs, T]``), for a buffer of your own
+    (``LazyTensorStorage(..., ndim=2)`` asks for ``[envs, T]``; ``extend_parts`` gives it a
+    ``MultiSyncCollector``'s stacked batch one worker at a time), for a buffer of your own
     without a ``storage`` (it decides what to keep, mask included), and whatever a
     ``postproc`` returned that is not a TensorDict.
     """
@@ -152,6 +153,20 @@ def frames_for_buffer(batch: Any, buffer: Any) -> Any:
     frames = frames.exclude(MASK)
     return frames if bool(mask.all()) else frames[mask.reshape(-1)]
 
+
+
+def extend_parts(buffer: Any, batch: Any) -> None:
+    """``buffer.extend`` with ``batch`` as ``frames_for_buffer`` lays it out; a storage with
+    ``ndim`` batch dims given a batch with more (a ``MultiSyncCollector``'s ``[workers, envs,
+    T]``, ``cat_results="stack"``) gets its leading slices one by one (each worker's ``[envs,
+    T]``), as TorchRL's workers extend a shared buffer each with its own batch: extended
+    whole, the storage would take the time dim for a feature dim."""
+    ndim = getattr(getattr(buffer, "storage", None), "ndim", 1)
+    if ndim > 1 and isinstance(batch, TensorDictBase) and batch.ndim > ndim:
+        for part in batch.reshape(-1, *batch.shape[batch.ndim - ndim:]).unbind(0):
+            buffer.extend(part)
+        return
+    buffer.extend(frames_for_buffer(batch, buffer))
 
 
 def without_private_keys(batch: Any) -> Any:
@@ -291,7 +306,7 @@ class Delivery(CollectorParts):
                 assembler.drop_partial()  # their envs restart: those trajectories never end
             if opts.replay_buffer is not None:
                 for trajs in assembler.take_each(opts.trajs_per_write):
-                    opts.replay_buffer.extend(frames_for_buffer(trajs, opts.replay_buffer))
+                    extend_parts(opts.replay_buffer, trajs)
                 return None
 
     def _deliver(self, batch: TensorDictBase) -> Any:
@@ -306,7 +321,7 @@ class Delivery(CollectorParts):
             self.post_collect_hook(batch)  # (TorchRL's Collector has no batch to call it with for extend_buffer=False)
         if opts.replay_buffer is not None:
             if self.extend_buffer:
-                opts.replay_buffer.extend(frames_for_buffer(batch, opts.replay_buffer))
+                extend_parts(opts.replay_buffer, batch)
             else:
                 self._add_steps(batch)
             return None

@@ -68,3 +68,51 @@ def test_create_env_kwargs_list_is_checked_before_any_process_starts():
                                       create_env_kwargs=[{}, 3])
     with pytest.raises(TypeError, match="a Collector builds its envs here: give one dict"):
         aiocollect.Collector(gym_counter, None, frames_per_batch=20, create_env_kwargs=[{}])
+
+
+def serial_counting():
+    from torchrl.envs import SerialEnv
+    from torchrl.testing.mocking_classes import CountingEnv
+
+    return SerialEnv(2, lambda: CountingEnv(max_steps=100))
+
+
+def two_dim_buffer_after(module, cls_name: str):
+    """A ``LazyTensorStorage(512, ndim=2)`` buffer fed by ``cls_name`` over batched envs
+    (``SerialEnv(2)`` per worker), and what was extended into it."""
+    from torchrl.data import LazyTensorStorage, ReplayBuffer
+    from torchrl.envs.utils import RandomPolicy
+
+    extended: list = []
+
+    class Buffer(ReplayBuffer):  # (ours: TorchRL's workers extend a shared copy in their processes)
+        def extend(self, data, *args, **kwargs):
+            extended.append(tuple(data.batch_size))
+            return super().extend(data, *args, **kwargs)
+
+    kind = Buffer if module is aiocollect else ReplayBuffer
+    buffer = kind(storage=LazyTensorStorage(512, ndim=2), batch_size=5)
+    envs = [serial_counting] * 2 if cls_name == "MultiSyncCollector" else serial_counting
+    collector = getattr(module, cls_name)(envs, RandomPolicy(serial_counting().action_spec), replay_buffer=buffer,
+                                          total_frames=64, frames_per_batch=32)
+    try:
+        for _ in collector:
+            pass
+    finally:
+        collector.shutdown()
+    return buffer, extended
+
+
+@pytest.mark.parametrize("cls_name", ["MultiSyncCollector", "Collector"])
+def test_a_storage_with_two_batch_dims_gets_each_worker_s_envs_by_time(cls_name):
+    """A MultiSyncCollector's stacked ``[workers, envs, T]`` batch went into such a buffer
+    whole: the storage took the time dim for a feature dim (``[256, 2, 8]``, 8 items for 64
+    frames); each worker's ``[envs, T]`` goes in on its own, as TorchRL's workers extend it."""
+    ours, extended = two_dim_buffer_after(aiocollect, cls_name)
+    theirs, _ = two_dim_buffer_after(torchrl_collectors, cls_name)
+    assert tuple(ours.storage._storage.batch_size) == tuple(theirs.storage._storage.batch_size) == (256, 2)
+    assert len(ours) == len(theirs) == 64
+    assert extended == ([(2, 8)] * 4 if cls_name == "MultiSyncCollector" else [(2, 16)] * 2)  # (TorchRL's extends)
+    sample = ours.sample()
+    assert tuple(sample.batch_size) == (5,)
+    assert sample["next", "observation"].shape == theirs.sample()["next", "observation"].shape == (5, 1)  # a frame each
