@@ -363,7 +363,7 @@ class DataCollectorBase(Faces, Consumers, Delivery, Background, TorchRLAccessors
         if self._closed:
             raise self._closed_error()
         try:
-            self._local_policy().load_state_dict(state_dict, strict)
+            self._local_policy().load_state_dict(state_dict, strict, saved.policy_version)
             self._published()
         except (KeyError, ValueError, TypeError) as exc:  # named for load_state_dict, the call made
             error = policy_state_error(exc, type(self).__name__)

@@ -53,6 +53,9 @@ class Checkpoint:
     """Completed trajectories of each worker saved (``worker{i}``), by worker index."""
     trajectories: list = field(default_factory=list)
     """``trajs_per_batch``'s complete trajectories that were not delivered yet (``TensorDict``s)."""
+    policy_version: int | None = None
+    """The policy version of the saved weights (TorchRL's ``policy_version``; ``None``: a
+    checkpoint saved without it): the loaded weights take it up again."""
 
 
 def counters_state(frames: int, batches: int) -> dict[str, Any]:
@@ -110,7 +113,10 @@ def read_checkpoint(state_dict: Any, collector: str) -> Checkpoint:
     if sum(len(t) for t in trajectories) > frames:
         raise ValueError(f"{where}: 'trajectories' holds more frames than 'frames' ({frames}) counts; "
                          "nothing was loaded.")
-    return Checkpoint(frames, batches, next_id, completed, workers, trajectories)
+    version = state_dict.get("policy_version")
+    if version is not None:
+        version = _count(version, "policy_version", where, 0)
+    return Checkpoint(frames, batches, next_id, completed, workers, trajectories, version)
 
 
 _PUBLISH = "update_policy_weights_: "

@@ -587,7 +587,8 @@ class Collector(DataCollectorBase):
 
         Returns:
             An ``OrderedDict``: ``policy_state_dict`` (a copy of the policy's weights, any
-            pending update applied first; only for a policy with weights), ``env_state_dict``
+            pending update applied first) and ``policy_version`` (their version, TorchRL's
+            key), both only for a policy with weights, ``env_state_dict``
             (empty: gymnasium envs have no state to save), ``frames`` (frames delivered),
             ``iter`` (TorchRL's: the index of the last batch delivered, ``-1`` before the
             first), ``traj_pool`` (``next_traj_id``, the next trajectory id, and
@@ -599,9 +600,10 @@ class Collector(DataCollectorBase):
             too; trajectories still under way are neither saved nor counted (the envs of a
             restored collector restart from a reset).
         """
-        state = OrderedDict()
+        state: OrderedDict[str, Any] = OrderedDict()
         if self._policy.has_weights:
             state["policy_state_dict"] = self._policy.state_dict()
+            state["policy_version"] = self._policy.latest  # (its weights' version: TorchRL's key)
         state["env_state_dict"] = OrderedDict()
         counters = self._counters_state()
         state["frames"] = counters["frames"]
@@ -618,10 +620,12 @@ class Collector(DataCollectorBase):
         With ``step_ahead``, the steps taken ahead of the batches delivered are dropped: the
         next batch starts from that reset.
 
-        The policy weights become a new policy version, as with
-        [`update_policy_weights_`][aiocollect.DataCollectorBase.update_policy_weights_]; the
-        frame and batch counters are restored (so ``total_frames`` counts on from them), and
-        trajectory ids go on after the saved counter, so none is ever reused.
+        The policy weights are published as with
+        [`update_policy_weights_`][aiocollect.DataCollectorBase.update_policy_weights_], and
+        take up their saved ``policy_version`` again (as in TorchRL) where that is newer than
+        this collector's versions so far (else the next one); the frame and batch counters
+        are restored (so ``total_frames`` counts on from them), and trajectory ids go on after
+        the saved counter, so none is ever reused.
 
         The whole state is checked first: on any error nothing is loaded (weights that do not
         fit the policy give an error of ``load_state_dict`` saying what does not fit). A checkpoint of

@@ -498,9 +498,13 @@ class PolicySetup:
                 torch.cuda.current_stream(fence[0]).wait_event(fence[1])
             return {k: v.detach().clone() for k, v in tensor_state(self.policy).items()}
 
-    def load_state_dict(self, state_dict: dict, strict: bool) -> None:
-        """Load ``policy_state_dict`` as a new weights version."""
+    def load_state_dict(self, state_dict: dict, strict: bool, version: int | None = None) -> None:
+        """Load ``policy_state_dict`` as a new weights version: ``version`` (the checkpoint's
+        ``policy_version``, checked) where that is newer than every version so far, as
+        TorchRL's collectors restore it."""
         if "policy_state_dict" in state_dict:
+            if version is not None and self.weights is not None:
+                self.weights.skip_to(version)
             self.publish(state_dict["policy_state_dict"])
         elif strict and self.has_weights:
             raise KeyError("load_state_dict: 'policy_state_dict' missing (pass strict=False to skip it).")

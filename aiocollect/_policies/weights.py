@@ -102,6 +102,12 @@ class WeightsChannel:
             self._recycle(replaced[1])
         return version
 
+    def skip_to(self, version: int) -> None:
+        """The next version published is numbered at least ``version`` (a checkpoint's weights
+        take their saved version up again); the numbers skipped are never in effect."""
+        with self._swap:
+            self.latest = max(self.latest, version - 1)
+
     def apply_pending(self) -> None:
         """Load the pending snapshot, if any. The caller holds ``lock``."""
         with self._swap:

@@ -5,6 +5,8 @@ against TorchRL's own collector on the same env where that runs in this process.
 from __future__ import annotations
 
 import pytest
+import torch
+from tensordict.nn import TensorDictModule
 
 import aiocollect
 from support.envs import CounterEnv
@@ -116,3 +118,68 @@ def test_a_storage_with_two_batch_dims_gets_each_worker_s_envs_by_time(cls_name)
     sample = ours.sample()
     assert tuple(sample.batch_size) == (5,)
     assert sample["next", "observation"].shape == theirs.sample()["next", "observation"].shape == (5, 1)  # a frame each
+
+
+class ArgmaxLinear(torch.nn.Module):
+    """A policy with weights whose actions are the env's: ``CounterEnv``'s three."""
+
+    def __init__(self):
+        super().__init__()
+        self.linear = torch.nn.Linear(3, 3)
+
+    def forward(self, observation):
+        return self.linear(observation).argmax(-1)
+
+
+def policy():
+    return TensorDictModule(ArgmaxLinear(), in_keys=["observation"], out_keys=["action"])
+
+
+def restored_version(module, cls_name: str) -> tuple[int, int, set]:
+    """A checkpoint saved after two updates, loaded by a new collector: the version saved,
+    the one restored, and the versions of the restored collector's first batch."""
+
+    cls = getattr(module, cls_name)
+    make = capped_counter if module is not aiocollect else gym_counter
+    envs = [make] * 2 if cls_name == "MultiSyncCollector" else make
+    kwargs = dict(frames_per_batch=20, total_frames=40, track_policy_version=True)
+    first = cls(envs, policy(), **kwargs)
+    try:
+        first.update_policy_weights_()
+        first.update_policy_weights_()
+        state, saved = first.state_dict(), first.policy_version
+    finally:
+        first.shutdown()
+    second = cls(envs, policy(), **kwargs)
+    try:
+        second.load_state_dict(state)
+        restored = second.policy_version
+        batch = next(iter(second))
+    finally:
+        second.shutdown()
+    return saved, restored, set(batch["policy_version"].unique().tolist())
+
+
+@pytest.mark.parametrize("cls_name", ["Collector", "MultiSyncCollector"])
+def test_a_checkpoint_s_weights_take_up_their_saved_version(cls_name):
+    """``load_state_dict`` made the saved weights a new version (1 after a checkpoint of
+    version 2): TorchRL saves ``policy_version`` and restores it."""
+    saved, restored, in_batch = restored_version(aiocollect, cls_name)
+    assert saved == restored == 2 and in_batch == {2}
+    if cls_name == "Collector":  # (TorchRL's multi-process collectors restore no version: theirs is None)
+        assert restored_version(torchrl_collectors, cls_name)[:2] == (2, 2)
+
+
+def test_a_checkpoint_s_policy_version_is_checked_before_anything_loads():
+    collector = aiocollect.Collector(gym_counter, policy(), frames_per_batch=20, total_frames=40)
+    try:
+        state = collector.state_dict()
+        with pytest.raises((TypeError, ValueError), match="policy_version"):
+            collector.load_state_dict({**state, "policy_version": -3})
+        assert collector.policy_version == 0  # (nothing was loaded)
+        collector.load_state_dict({**state, "policy_version": 5})
+        assert collector.policy_version == 5
+        collector.load_state_dict({**state, "policy_version": 1})  # older than what it has: the next one
+        assert collector.policy_version == 6
+    finally:
+        collector.shutdown()

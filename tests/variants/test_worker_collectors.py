@@ -237,7 +237,9 @@ def test_update_weights_state_dict_and_worker_ids():
             c2.load_state_dict(state)
             data = c2.rollout()
             assert torch.equal(c2.policy.module.weight, policy.module.weight)
-            assert (data["collector", "policy_version"] == 1).all()
+            assert state["policy_version"] == 2 and c2.policy_version == 2  # the saved weights' version, as TorchRL's
+            assert state["worker0"]["policy_version"] == state["worker1"]["policy_version"] == 2
+            assert (data["collector", "policy_version"] == 2).all()
             assert data["collector", "traj_ids"].min() >= state["traj_pool"]["next_traj_id"]
         finally:
             c2.shutdown()
