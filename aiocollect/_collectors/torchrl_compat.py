@@ -761,7 +761,9 @@ class TorchRLAccessors(CollectorParts):
             workers: TorchRL's; checked (a list of worker indices, or ``None``), no effect.
             num_rollouts: the batch (counted from this call) before which the trace ends.
             warmup_rollouts: the batch from which the trace records.
-            save_path: where the Chrome trace goes (``None``: no trace, unless ``on_trace_ready``).
+            save_path: where the Chrome trace goes (``None``: no trace, unless ``on_trace_ready``);
+                ``{worker_idx}`` in it is the first of ``workers`` (``0`` without), as TorchRL
+                names each worker's trace.
             activities: ``"cpu"`` and/or ``"cuda"`` (default ``["cpu"]``).
             record_shapes: ``torch.profiler.profile``'s.
             profile_memory: ``torch.profiler.profile``'s.
@@ -796,8 +798,9 @@ class TorchRLAccessors(CollectorParts):
             raise ValueError(f"enable_profile: activities={activities!r}: use 'cpu' and/or 'cuda'.")
         if on_trace_ready is not None and not callable(on_trace_ready):
             raise TypeError(f"enable_profile: on_trace_ready={on_trace_ready!r} is not callable.")
-        if save_path is not None:
-            save_path = _writable_trace_path(save_path)
+        if save_path is not None:  # ("{worker_idx}": TorchRL's one trace per worker; ours is the engine's)
+            worker = workers[0] if workers else 0
+            save_path = _writable_trace_path(str(save_path).replace("{worker_idx}", str(worker)))
         if self._profile is not None:
             self._on_engine(self._end_trace)
         self._profile_config = ProfileConfig(list(workers) if workers is not None else None, num_rollouts,

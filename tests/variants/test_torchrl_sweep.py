@@ -183,3 +183,22 @@ def test_a_checkpoint_s_policy_version_is_checked_before_anything_loads():
         assert collector.policy_version == 6
     finally:
         collector.shutdown()
+
+
+def trace_files(module, tmp_path) -> list[str]:
+    collector = module.Collector(capped_counter if module is not aiocollect else gym_counter, None,
+                                 frames_per_batch=10, total_frames=40)
+    save = tmp_path / module.__name__.split(".")[0]
+    save.mkdir()
+    try:
+        collector.enable_profile(num_rollouts=2, warmup_rollouts=1, save_path=str(save / "trace_{worker_idx}.json"))
+        for _ in collector:
+            pass
+    finally:
+        collector.shutdown()
+    return sorted(p.name for p in save.iterdir())
+
+
+def test_enable_profile_names_the_trace_as_torchrl_does(tmp_path):
+    """``save_path="trace_{worker_idx}.json"`` was written under that very name."""
+    assert trace_files(aiocollect, tmp_path) == trace_files(torchrl_collectors, tmp_path) == ["trace_0.json"]
