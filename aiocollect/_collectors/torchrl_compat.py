@@ -798,9 +798,10 @@ class TorchRLAccessors(CollectorParts):
             raise ValueError(f"enable_profile: activities={activities!r}: use 'cpu' and/or 'cuda'.")
         if on_trace_ready is not None and not callable(on_trace_ready):
             raise TypeError(f"enable_profile: on_trace_ready={on_trace_ready!r} is not callable.")
-        if save_path is not None:  # ("{worker_idx}": TorchRL's one trace per worker; ours is the engine's)
-            worker = workers[0] if workers else 0
-            save_path = _writable_trace_path(str(save_path).replace("{worker_idx}", str(worker)))
+        if isinstance(save_path, (str, Path)):  # ("{worker_idx}": TorchRL's trace per worker; ours: the engine's)
+            save_path = str(save_path).replace("{worker_idx}", str(workers[0] if workers else 0))
+        if save_path is not None:
+            save_path = _writable_trace_path(save_path)
         if self._profile is not None:
             self._on_engine(self._end_trace)
         self._profile_config = ProfileConfig(list(workers) if workers is not None else None, num_rollouts,
