@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import difflib
 import os
+import re
 import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
@@ -726,6 +727,59 @@ class TorchRLAccessors(CollectorParts):
         if num is None:
             raise AttributeError(f"{type(self).__name__} has no n_env: its envs live in its remote collectors.")
         return num
+
+    def stats(self, workers: str = "aggregate") -> dict[str, int | float | bool]:
+        """TorchRL's ``stats()``: a cheap snapshot of the collector's progress, scalars only
+        (what TorchRL's ``LoggerMonitor`` turns into rates); safe while it collects.
+
+        ``"frames"``, ``"batches"``, ``"total_frames"`` and ``"completed"`` (not for an
+        endless collector), ``"requested_frames_per_batch"``, ``"policy_version"``; a
+        collector with workers adds ``"workers"`` and ``"workers_alive"``, and with
+        ``workers="per_worker"`` or ``"both"`` each worker's ``"worker_<i>/frames"`` (the env
+        steps it took) and ``"worker_<i>/alive"`` (read here: no worker is asked).
+        [`statistics`][aiocollect.DataCollectorBase.statistics] has the rest (env steps,
+        frames/s, lag...).
+
+        Args:
+            workers: ``"aggregate"`` (the collector's counters), ``"per_worker"`` (each
+                worker's alone) or ``"both"``, as in TorchRL.
+        """
+        if workers not in ("aggregate", "per_worker", "both"):
+            raise ValueError(f"stats: workers={workers!r}: use 'aggregate', 'per_worker' or 'both'.")
+        snap = self.statistics()
+        out: dict[str, int | float | bool] = {}
+        if workers != "per_worker":
+            out["frames"], out["batches"] = snap.frames, snap.batches
+            total = self.options.total_frames
+            if total >= 0:
+                out["total_frames"], out["completed"] = total, snap.frames >= total
+            out["requested_frames_per_batch"] = self.options.frames_per_batch
+            out["policy_version"] = snap.latest_policy_version
+        if snap.workers:
+            out["workers"] = len(snap.workers)
+            out["workers_alive"] = sum(w.alive for w in snap.workers)
+            if workers != "aggregate":
+                for w in snap.workers:
+                    out[f"worker_{w.index}/frames"], out[f"worker_{w.index}/alive"] = w.env_steps, w.alive
+        return out
+
+    def get_distant_attr(self, attr: str) -> Any:
+        """TorchRL's ``get_distant_attr`` for a collector of its own: the attribute at the
+        dotted path ``attr`` (``"env.batch_size"``, ``"options.frames_per_batch"``; an item as
+        ``"a['key']"``). TorchRL's multi-process collectors ask each worker's inner collector,
+        which aiocollect's workers do not have: they raise ``NotImplementedError``."""
+        if getattr(self, "_worker_lanes", None) is not None:
+            raise NotImplementedError(
+                f"{type(self).__name__}.get_distant_attr: its workers step envs and hold no collector of "
+                "their own to read from; read the collector's own attributes, or statistics().workers.")
+        value: Any = self
+        for part in re.findall(r"[^.\[\]]+|\[[^\]]*\]", attr):
+            if part.startswith("["):
+                key = part[1:-1].strip()
+                value = value[key[1:-1] if key[:1] in "'\"" and len(key) > 1 else int(key)]
+            else:
+                value = getattr(value, part)
+        return value
 
     @property
     def requested_frames_per_batch(self) -> int:

@@ -202,3 +202,49 @@ def trace_files(module, tmp_path) -> list[str]:
 def test_enable_profile_names_the_trace_as_torchrl_does(tmp_path):
     """``save_path="trace_{worker_idx}.json"`` was written under that very name."""
     assert trace_files(aiocollect, tmp_path) == trace_files(torchrl_collectors, tmp_path) == ["trace_0.json"]
+
+
+def stats_after(module, cls_name: str, **kwargs) -> tuple[dict, dict]:
+    make = capped_counter if module is not aiocollect else gym_counter
+    envs = [make] * 2 if cls_name != "Collector" else make
+    collector = getattr(module, cls_name)(envs, None, frames_per_batch=10, total_frames=20, **kwargs)
+    try:
+        before = collector.stats()
+        for _ in collector:
+            pass
+        return before, collector.stats("both") if cls_name != "Collector" else collector.stats()
+    finally:
+        collector.shutdown()
+
+
+@pytest.mark.parametrize("cls_name", ["Collector", "MultiSyncCollector"])
+def test_stats_gives_torchrl_s_counters(cls_name):
+    """TorchRL's public ``stats()`` (what its ``LoggerMonitor`` reads) was missing."""
+    ours_before, ours = stats_after(aiocollect, cls_name, track_policy_version=True)
+    theirs_before, theirs = stats_after(torchrl_collectors, cls_name, track_policy_version=True)
+    shared = ["frames", "batches", "total_frames", "completed", "requested_frames_per_batch"]
+    assert {k: ours[k] for k in shared} == {k: theirs[k] for k in shared} == {
+        "frames": 20, "batches": 2, "total_frames": 20, "completed": True, "requested_frames_per_batch": 10}
+    assert ours_before["frames"] == theirs_before.get("frames", 0) == 0 and not ours_before["completed"]
+    if cls_name == "Collector":
+        assert ours["policy_version"] == theirs["policy_version"] == 0
+    else:
+        assert ours["workers"] == ours["workers_alive"] == theirs["workers"] == 2
+        assert ours["worker_0/frames"] + ours["worker_1/frames"] == 20  # (TorchRL's: its workers' own collectors)
+    with pytest.raises(ValueError, match="workers='all'"):
+        aiocollect.Collector(gym_counter, None, frames_per_batch=10).stats("all")
+
+
+def test_get_distant_attr_reads_a_path_of_the_collector():
+    collector = aiocollect.Collector(gym_counter, None, frames_per_batch=10, total_frames=20)
+    try:
+        assert collector.get_distant_attr("options.frames_per_batch") == 10
+        assert collector.get_distant_attr("options.create_env_kwargs") == {}
+    finally:
+        collector.shutdown()
+    workers = aiocollect.MultiSyncCollector([gym_counter] * 2, None, frames_per_batch=10, total_frames=20)
+    try:
+        with pytest.raises(NotImplementedError, match="hold no collector of their own"):
+            workers.get_distant_attr("env.batch_size")
+    finally:
+        workers.shutdown()
