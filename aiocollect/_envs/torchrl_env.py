@@ -396,20 +396,36 @@ class _Grouped:
         """Set ``td``'s ``"_reset"`` entries: the done groups of the envs of ``mask`` (every
         group of an env of ``mask`` that has none done)."""
         env = self.env
-        env.any_done(td)  # (TorchRL's own: a "_reset" per group, from its done flags)
         m = torch.as_tensor(mask, device=td.device)
         resets = {}
         for key in env.reset_keys:
-            value = td.get(key, None)
-            if value is None:  # (no group of it done: a "_reset" of false, shaped as its done flag)
-                value = torch.zeros_like(td.get((*_key_path(key)[:-1], _first_done(env, key))), dtype=torch.bool)
-            resets[key] = value.bool() & m.reshape(*m.shape, *[1] * (value.ndim - m.ndim))
+            # the group's own done flags, or'ed (TorchRL's ``any_done`` wrote no "_reset" for a
+            # group done alone in a TensorDict kept between steps: every group was then reset)
+            value = _group_done(env, td, key)
+            resets[key] = value & m.reshape(*m.shape, *[1] * (value.ndim - m.ndim))
         any_env = torch.zeros_like(m)
         for value in resets.values():
             any_env |= value.reshape(*m.shape, -1).any(-1)
         none = m & ~any_env
         for key, value in resets.items():
             td.set(key, value | none.reshape(*m.shape, *[1] * (value.ndim - m.ndim)))
+
+
+def _group_done(env: EnvBase, td: Any, reset_key: Any) -> torch.Tensor:
+    """Whether each entry of the group of ``reset_key`` is done: its done flags in ``td`` or'ed
+    (false, shaped as its first done flag, where ``td`` holds none of them)."""
+    prefix = _key_path(reset_key)[:-1]
+    out = None
+    for group in env.done_keys_groups:
+        if _key_path(group[0])[:-1] != prefix:
+            continue
+        for key in group:
+            value = td.get(_key_path(key), None)
+            if value is not None:
+                out = value.bool() if out is None else out | value.bool()
+    if out is None:
+        out = torch.zeros_like(td.get((*prefix, _first_done(env, reset_key))), dtype=torch.bool)
+    return out
 
 
 def _first_done(env: EnvBase, reset_key: Any) -> str:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from tensordict.nn import TensorDictModule
+from tensordict.nn import TensorDictModule, TensorDictModuleBase
 
 import aiocollect
 from support.envs import CounterEnv
@@ -248,3 +248,47 @@ def test_get_distant_attr_reads_a_path_of_the_collector():
             workers.get_distant_attr("env.batch_size")
     finally:
         workers.shutdown()
+
+
+class AlternatingPolicy(TensorDictModuleBase):
+    """TorchRL's ``TestMultiKeyEnvsCollector`` policy: group ``nested_2`` counts every step,
+    the root every other step."""
+
+    in_keys: list = []
+    out_keys = ["action", ("nested_1", "action"), ("nested_2", "azione")]
+
+    def __init__(self, spec):
+        super().__init__()
+        self.spec = spec
+
+    def forward(self, tensordict):
+        action = self.spec.zero()
+        action["nested_2", "azione"] += 1
+        even = tensordict["nested_2", "observation"][..., 0, 0] % 2 == 0
+        action["action"][..., 1] = even.to(action["action"].dtype)
+        action["action"][..., 0] = (~even).to(action["action"].dtype)
+        return tensordict.update(action)
+
+
+def group_counts(module) -> tuple[list, list, list]:
+    from torchrl.testing.mocking_classes import MultiKeyCountingEnv
+
+    env = MultiKeyCountingEnv(batch_size=(2,), max_steps=3)
+    collector = module.Collector(env, AlternatingPolicy(env.full_action_spec), frames_per_batch=12, total_frames=12)
+    try:
+        batch = next(iter(collector))
+    finally:
+        collector.shutdown()
+    return (batch["observation"][0, :, 0, 0, 0].int().tolist(),
+            batch["nested_2", "observation"][0, :, 0, 0].int().tolist(),
+            batch["next", "nested_2", "done"][0, :, 0].squeeze(-1).int().tolist())
+
+
+def test_a_group_done_alone_is_reset_alone():
+    """A TorchRL env with done flags per group, one group done: every group was reset, the
+    root's observation restarting with no done flag of its own; TorchRL resets that group."""
+    ours, theirs = group_counts(aiocollect), group_counts(torchrl_collectors)
+    assert ours == theirs
+    root, nested_2, nested_2_done = ours
+    assert root == [0, 1, 1, 2, 2, 3] and nested_2 == [0, 1, 2, 3, 4, 5]  # (the root counts on)
+    assert nested_2_done[3:] == [1, 1, 1]
