@@ -43,12 +43,12 @@ class WorkerSpec:
     hi: int
     coroutine: bool = False
     """Its envs are coroutine envs: they run on the engine loop, not in a process."""
-    kwargs: dict = field(default_factory=dict)
-    """The keywords its entry is called with (``create_env_kwargs``, or its own dict of them)."""
     parts: tuple[tuple[int, int], ...] = ()
     """Its rows split into *parts* that step in turn, each with its own control line, so the
     policy runs for one part while the worker steps the other (``_workers.protocol``);
     ``()``: one part, ``lo:hi``."""
+    kwargs: dict = field(default_factory=dict)
+    """The keywords its entry is called with (``create_env_kwargs``, or its own dict of them)."""
 
     @property
     def lanes(self) -> tuple[tuple[int, int], ...]:

@@ -88,8 +88,9 @@ BAD_OPTIONS = [
     (dict(device=["cpu", "cuda:1"]), ValueError, ["device=['cpu', 'cuda:1']: a different device per worker is not "
                                                   "supported", "Give one device"]),
     (dict(storing_device=[]), ValueError, ["storing_device=[]: give a device, or one per worker"]),
-    (dict(create_env_kwargs=[("a", 1)]), TypeError, ["create_env_kwargs must be a dict, got list"]),
-    (dict(create_env_kwargs="a=1"), TypeError, ["create_env_kwargs must be a dict, got str"]),
+    (dict(create_env_kwargs=[("a", 1)]), TypeError, ["create_env_kwargs[0] must be a dict", "got tuple"]),
+    (dict(create_env_kwargs="a=1"), TypeError, ["create_env_kwargs must be a dict, or a list with one dict per "
+                                                "worker, got str"]),
     (dict(max_frames_per_traj=2.5), TypeError, ["max_frames_per_traj must be an integer", "or None"]),
     (dict(max_frames_per_traj=True), TypeError, ["max_frames_per_traj must be an integer"]),
     (dict(init_random_frames="100"), TypeError, ["init_random_frames must be an integer", "or None"]),

@@ -74,7 +74,7 @@ def test_one_env_per_factory_entry_with_consecutive_rows():
     assert plan.num_envs == 3
     assert plan.observation_space == spaces.Box(-1, 1, (2,), np.float32)
     assert plan.action_space == spaces.Discrete(3)
-    assert plan.create_env_kwargs == {}
+    assert all(w.kwargs == {} for w in plan.workers)
     assert all(isinstance(w, WorkerSpec) for w in plan.workers)
 
 
@@ -200,7 +200,17 @@ def test_create_env_kwargs_reach_the_factories_and_are_kept():
     kwargs = {"size": 5}
     plan = plan_workers([factory, factory], kwargs)
     assert plan.observation_space.shape == (5,)
-    assert plan.create_env_kwargs == {"size": 5} and plan.create_env_kwargs is not kwargs
+    assert all(w.kwargs == {"size": 5} and w.kwargs is not kwargs for w in plan.workers)
+
+
+def test_create_env_kwargs_may_be_one_dict_per_worker():
+    def factory(size):
+        return BoxEnv(size)
+
+    plan = plan_workers([factory, factory], [{"size": 5}, {"size": 5}])
+    assert [w.kwargs for w in plan.workers] == [{"size": 5}, {"size": 5}]
+    with pytest.raises(ValueError, match="a list of 1 dicts for create_env_fn's 2 workers"):
+        plan_workers([factory, factory], [{"size": 5}])
 
 
 def test_each_entry_is_shipped_cloudpickled():
