@@ -25,7 +25,7 @@ import torch
 from tensordict import TensorDictBase
 from tensordict.nn import InteractionType
 
-from .._engine.lanes import Sealed
+from .._engine.lanes import READY, Sealed
 from .._engine.rounds import InlineRounds
 from .._engine.scheduler import Scheduler
 from .._engine.storage import host_empty
@@ -429,7 +429,16 @@ class Collector(DataCollectorBase):
         try:
             await sched.pump(lambda: runner, lambda: have[0] == n, on_full)
         except BaseException:
-            sched.abandon([lanes[env.lo] for env in envs.cancel()])  # they restart from a reset
+            cut = [lanes[env.lo] for env in envs.cancel()]  # they restart from a reset
+            for lane in cut:
+                waiting = parts[lane.lo]
+                if lane.state is not READY and lane.t == 0 and waiting and waiting[-1].valid:
+                    # cut at the first step of its next batch: the step before it, the last of the
+                    # batch waiting to be delivered, says truncated (``abandon`` marks the step
+                    # before only within one batch), so its trajectory never runs on unended
+                    last = waiting[-1]
+                    sched.storage.truncated[last.slot, last.valid - 1, lane.lo : lane.hi] = True
+            sched.abandon(cut)
             raise
         return [part.popleft() for part in parts]
 
