@@ -413,29 +413,20 @@ class _Grouped:
 
 def _group_done(env: EnvBase, td: Any, reset_key: Any) -> torch.Tensor:
     """Whether each entry of the group of ``reset_key`` is done: its done flags in ``td`` or'ed
-    (false, shaped as its first done flag, where ``td`` holds none of them)."""
+    (false, shaped as the group's first done flag, or ``"done"``, where ``td`` holds none of them)."""
     prefix = _key_path(reset_key)[:-1]
-    out = None
+    out, first = None, None
     for group in env.done_keys_groups:
         if _key_path(group[0])[:-1] != prefix:
             continue
+        first = first or _key_path(group[0])
         for key in group:
             value = td.get(_key_path(key), None)
             if value is not None:
                 out = value.bool() if out is None else out | value.bool()
     if out is None:
-        out = torch.zeros_like(td.get((*prefix, _first_done(env, reset_key))), dtype=torch.bool)
+        out = torch.zeros_like(td.get(first or (*prefix, "done")), dtype=torch.bool)
     return out
-
-
-def _first_done(env: EnvBase, reset_key: Any) -> str:
-    """The name of a done entry in the group of ``reset_key`` (``"done"``, or the group's first)."""
-    prefix = _key_path(reset_key)[:-1]
-    for group in env.done_keys_groups:
-        path = _key_path(group[0])
-        if path[:-1] == prefix:
-            return path[-1]
-    return "done"
 
 
 class _Bridge:
