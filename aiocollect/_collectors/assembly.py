@@ -92,11 +92,13 @@ class EnvShape:
 
 
 def policy_setup(resources: Resources, policy: Any, envs: EnvShape, options: CollectorOptions,
-                 cuda_graphs: int | None, *, share: bool) -> PolicySetup:
+                 cuda_graphs: int | None, *, share: bool, weights_from: Any = None) -> PolicySetup:
     """Step 1: the collector's side of ``policy`` (``share``: act with the user's module itself,
-    as a ``Collector`` does; see ``_policies.setup``)."""
+    as a ``Collector`` does; ``weights_from``: the module whose weights updates take by
+    default, where that is not ``policy``; see ``_policies.setup``)."""
     setup = PolicySetup(policy, envs.action_space, envs.obs_keys, device=options.policy_device,
                         exploration_type=options.exploration_type, share=share, cuda_graphs=cuda_graphs,
+                        weights_from=weights_from,
                         obs_leaves=envs.obs_leaves, env_batch=envs.entries[3],
                         random_frames=bool(options.init_random_frames))
     resources.closers.append(setup.close)

@@ -244,7 +244,7 @@ class Collector(DataCollectorBase):
         _refuse_worker_arguments(sync, start_timeout)
         check_torchrl_keywords(type(self).__name__, torchrl_options)
         options = options_from(locals())
-        policy, cuda_graphs = policy_from(locals(), options.policy_device)
+        policy, cuda_graphs, _ = policy_from(locals(), options.policy_device)
         if create_env_fn is None:
             raise TypeError("create_env_fn is required: a callable returning a gymnasium env, or an env id.")
         if isinstance(options.create_env_kwargs, list):

@@ -28,6 +28,8 @@ of three ways:
   instead. TorchRL's weight-sync schemes (``weight_sync_schemes``) are taken: they carry
   weights to policies in other processes, and here ``update_policy_weights_()`` is that
   carrier (to the policy in this process, and to the workers' copies where they have one).
+  With them, ``policy`` and ``policy_factory`` together are TorchRL's pattern for a policy
+  that cannot be pickled, which the worker collectors take as TorchRL's do (``policy_from``).
 
 A keyword TorchRL does not have is the usual ``TypeError``, with the nearest valid name.
 
@@ -262,15 +264,26 @@ def compact_keys(obs_keys: list) -> tuple:
     return tuple(("next", *(k if isinstance(k, tuple) else (k,))) for k in obs_keys)
 
 
-def policy_from(arguments: Mapping[str, Any], policy_device: Any) -> tuple[Any, int | None]:
+def policy_from(arguments: Mapping[str, Any], policy_device: Any, *,
+                source_allowed: bool = False) -> tuple[Any, int | None, Any]:
     """The policy a collector runs in this process, from its constructor's ``locals()``:
     ``policy`` or ``policy_factory()``, compiled as ``compile_policy`` asks, checked; and
-    ``cudagraph_policy`` checked against it (``cuda_graphs_for``)."""
+    ``cudagraph_policy`` checked against it (``cuda_graphs_for``); and the module whose
+    weights ``update_policy_weights_()`` takes by default, where that is not the policy run:
+    TorchRL's ``policy`` given with a ``policy_factory`` and ``weight_sync_schemes``, which
+    the worker collectors take (``source_allowed``) as TorchRL's do: the factory's policy
+    acts, with the weights of ``policy``, now and at each update (``None`` otherwise)."""
     compile_policy = arguments["compile_policy"]
-    policy = resolve_policy(arguments["policy"], arguments["policy_factory"], compile_policy)
+    policy, factory = arguments["policy"], arguments["policy_factory"]
+    source = None
+    if policy is not None and factory is not None and source_allowed \
+            and arguments["torchrl_options"].get("weight_sync_schemes") is not None:
+        source, policy = policy, None
+    policy = resolve_policy(policy, factory, compile_policy, weights_from=source)
     check_policy(policy)
     # (a warning points at the constructor's caller)
-    return policy, cuda_graphs_for(arguments["cudagraph_policy"], policy, policy_device, compile_policy, stacklevel=4)
+    return policy, cuda_graphs_for(arguments["cudagraph_policy"], policy, policy_device, compile_policy,
+                                   stacklevel=4), source
 
 
 _BACKENDS = {"direct": "direct", "process": "process", "multiprocessing": "process", "ray": "ray", "rpc": "rpc"}
@@ -359,16 +372,21 @@ def per_worker_frames(frames_per_batch: Any, create_env_fn: Any) -> tuple[Any, t
 
 
 class _BothPolicies(TypeError, ValueError):
-    """``policy`` with ``policy_factory``: TorchRL's ``TypeError`` (its collectors take both only with
-    ``weight_sync_schemes``, the policy then a source of weights for the workers' policies);
+    """``policy`` with ``policy_factory``: TorchRL's ``TypeError`` (its worker collectors take both only
+    with ``weight_sync_schemes``, the policy then a source of weights for the workers' policies);
     a ``ValueError`` too, as aiocollect raised it before."""
 
 
-def resolve_policy(policy: Any, policy_factory: Callable[[], Any] | None, compile_policy: Any) -> Any:
-    """The policy to collect with: ``policy``, or ``policy_factory()``; compiled if asked."""
+def resolve_policy(policy: Any, policy_factory: Callable[[], Any] | None, compile_policy: Any, *,
+                   weights_from: Any = None) -> Any:
+    """The policy to collect with: ``policy``, or ``policy_factory()`` (with the weights of
+    ``weights_from``, if given: see ``policy_from``); compiled if asked."""
     if policy_factory is not None:
         if policy is not None:
-            raise _BothPolicies("policy and policy_factory: give one of them, not both.")
+            raise _BothPolicies(
+                "policy and policy_factory: give one of them, not both. (TorchRL's MultiSyncCollector and "
+                "MultiAsyncCollector take both with weight_sync_schemes, policy then the source of the weights of "
+                "the policy the factory builds, and so do aiocollect's; Collector takes one.)")
         if isinstance(policy_factory, (list, tuple)) and len(policy_factory) \
                 and all(f is policy_factory[0] for f in policy_factory):
             policy_factory = policy_factory[0]  # (TorchRL's [factory] * num_workers: one policy, built once)
@@ -382,6 +400,8 @@ def resolve_policy(policy: Any, policy_factory: Callable[[], Any] | None, compil
         if not callable(policy_factory):
             raise TypeError(f"policy_factory must be a callable returning the policy, got {policy_factory!r}")
         policy = policy_factory()
+        if weights_from is not None:
+            _load_weights(policy, weights_from)
     if compile_policy is None or compile_policy is False:
         return policy
     if compile_policy is True:
@@ -392,6 +412,31 @@ def resolve_policy(policy: Any, policy_factory: Callable[[], Any] | None, compil
         raise TypeError(f"compile_policy must be True, False, None or a dict of torch.compile arguments, "
                         f"got {compile_policy!r}")
     return _compiled(policy, options)
+
+
+def _load_weights(policy: Any, source: Any) -> None:
+    """Copy the weights of ``source`` (TorchRL's ``policy`` given with a ``policy_factory`` and
+    ``weight_sync_schemes``) into ``policy``, the factory's: they act from the first step, as
+    TorchRL's schemes send them to the workers' policies when the collector starts."""
+    import torch
+
+    from .._policies.weights import TorchWeights
+
+    if not isinstance(policy, torch.nn.Module) or not isinstance(source, torch.nn.Module):
+        raise TypeError(
+            "policy with policy_factory and weight_sync_schemes: policy is the source of the weights of the "
+            "policy the factory builds, and both must be torch modules; got policy "
+            f"{type(source).__name__} and policy_factory() {type(policy).__name__}. Give only one of them.")
+    weights = TorchWeights(policy)
+    try:
+        snapshot = weights.snapshot(source)
+    except (KeyError, ValueError) as exc:
+        misfit = getattr(exc, "misfit", str(exc.args[0]).removeprefix("update_policy_weights_: "))
+        raise ValueError(
+            "policy with policy_factory and weight_sync_schemes: policy is the source of the weights of the "
+            f"policy the factory builds, and its weights do not fit that policy ({misfit}). Give a factory "
+            "that builds the same network as policy.") from None
+    weights.load(snapshot)  # (a lazy tensor of the factory's policy takes the source's shape)
 
 
 def _compiled(policy: Any, options: dict) -> Any:

@@ -164,7 +164,7 @@ class WorkerCollectorBase(DataCollectorBase):
         frames_per_batch, worker_frames = per_worker_frames(frames_per_batch, create_env_fn)
         options = options_from(locals())
         worker_options = options_from(locals(), WorkerOptions)
-        policy, cuda_graphs = policy_from(locals(), options.policy_device)
+        policy, cuda_graphs, source = policy_from(locals(), options.policy_device, source_allowed=True)
         if create_env_fn is None:
             raise TypeError("create_env_fn is required: a list with one env factory per worker.")
         compiled = cuda_graphs is not None or compile_policy not in (None, False)
@@ -196,13 +196,14 @@ class WorkerCollectorBase(DataCollectorBase):
         self.policy_device = options.policy_device
         self.env_device = options.env_device or torch.device("cpu")
         with self._shut_down_on_error():
-            self._build_engine(policy, cuda_graphs, envs, choice, step_timeout)
+            self._build_engine(policy, cuda_graphs, envs, choice, step_timeout, source)
 
     def _build_engine(self, policy: Any, cuda_graphs: int | None, envs: EnvShape, choice: _Choice,
-                      step_timeout: float | None) -> None:
-        """The engine (``_collectors.assembly``), with the policy here or a copy in each worker."""
+                      step_timeout: float | None, source: Any) -> None:
+        """The engine (``_collectors.assembly``), with the policy here or a copy in each worker;
+        ``source``: where ``update_policy_weights_()`` takes weights from, if not the policy."""
         plan, options, res = self._plan, self.options, self._resources
-        self._policy = policy_setup(res, policy, envs, options, cuda_graphs, share=False)
+        self._policy = policy_setup(res, policy, envs, options, cuda_graphs, share=False, weights_from=source)
         outputs, sent, costs, why_here = self._place(choice.where, choice.why_here, plan, envs.obs_leaves, options,
                                                      envs.action)
         if self.worker_options.policy_placement == "workers" and outputs is None:

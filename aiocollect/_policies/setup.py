@@ -310,8 +310,11 @@ class PolicySetup:
     def __init__(self, policy: Any, action_space: gym.Space, obs_keys: list, *,
                  device: torch.device | None, exploration_type: InteractionType, share: bool = False,
                  cuda_graphs: int | None = None, obs_leaves: list | None = None, env_batch: tuple = (),
-                 random_frames: bool = False):
-        self.user_policy = policy
+                 random_frames: bool = False, weights_from: Any = None):
+        # (``weights_from``: the module whose weights ``publish(None)`` takes, and that the
+        # stale-weights warning watches, where that is not ``policy``: TorchRL's ``policy``
+        # given with a ``policy_factory`` that built ``policy``)
+        self.user_policy = policy if weights_from is None else weights_from
         # (the random actions' seed, where there are any: drawn from torch's generator only then)
         seed = _seed_from_torch() if policy is None or random_frames else None
         if policy is None:
@@ -342,7 +345,8 @@ class PolicySetup:
             if share:
                 self.weights = FollowChannel(weights, policy)
             else:
-                self.weights = CopyChannel(weights, policy if self.policy is not policy else None)
+                watched = weights_from if weights_from is not None else policy if self.policy is not policy else None
+                self.weights = CopyChannel(weights, watched)
             self._torch_weights = weights
         graphs = None
         if cuda_graphs is not None and device is not None and device.type == "cuda":

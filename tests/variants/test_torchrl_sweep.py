@@ -4,6 +4,11 @@ against TorchRL's own collector on the same env where that runs in this process.
 
 from __future__ import annotations
 
+import ast
+import os
+import subprocess
+import sys
+
 import pytest
 import torch
 from tensordict.nn import TensorDictModule, TensorDictModuleBase
@@ -292,3 +297,82 @@ def test_a_group_done_alone_is_reset_alone():
     root, nested_2, nested_2_done = ours
     assert root == [0, 1, 1, 2, 2, 3] and nested_2 == [0, 1, 2, 3, 4, 5]  # (the root counts on)
     assert nested_2_done[3:] == [1, 1, 1]
+
+
+def bias_policy(bias: float = 0.0):
+    """``observation + bias`` as a TensorDictModule: a policy whose weights show in its actions."""
+    from torchrl.testing.modules import BiasModule
+
+    return TensorDictModule(BiasModule(bias), in_keys=["observation"], out_keys=["action"])
+
+
+def mock_env():
+    from torchrl.testing.mocking_classes import ContinuousActionVecMockEnv
+
+    return ContinuousActionVecMockEnv()
+
+
+def biases_with_a_weights_source(module, cls_name: str) -> tuple[set, set]:
+    """The biases (action - observation) of a worker collector's first batch and of a batch after
+    an update, when ``policy`` (bias 5, then 6) is the weights' source of ``policy_factory``'s
+    policies (bias 0), with TorchRL's ``weight_sync_schemes``."""
+    from torchrl.weight_update import MultiProcessWeightSyncScheme
+
+    source = bias_policy(5.0)
+    collector = getattr(module, cls_name)([mock_env] * 2, policy=source, policy_factory=bias_policy,
+                                          frames_per_batch=16, total_frames=-1,
+                                          weight_sync_schemes={"policy": MultiProcessWeightSyncScheme()})
+    try:
+        batches = iter(collector)
+        first = next(batches)
+        with torch.no_grad():
+            source.module.bias.add_(1.0)
+        collector.update_policy_weights_()
+        for _ in range(4):
+            later = next(batches)
+    finally:
+        collector.shutdown()
+
+    def biases(batch) -> set:
+        return {round(float(b), 3) for b in (batch["action"] - batch["observation"]).flatten()}
+
+    return biases(first), biases(later)
+
+
+@pytest.mark.parametrize("cls_name", ["MultiSyncCollector", "MultiAsyncCollector"])
+def test_policy_with_a_factory_and_weight_sync_schemes_is_the_source_of_the_weights(cls_name):
+    ours = biases_with_a_weights_source(aiocollect, cls_name)
+    assert ours == ({5.0}, {6.0})  # the source's weights from the first step, and its update
+    # (TorchRL's, in a process of its own: its scheme leaves a socket open after shutdown)
+    here = os.path.dirname(os.path.abspath(__file__))
+    code = (f"import sys; sys.path[:0] = [{here!r}, {os.path.dirname(here)!r}]; import test_torchrl_sweep as t; "
+            f"print([sorted(b) for b in t.biases_with_a_weights_source(t.torchrl_collectors, {cls_name!r})])")
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert [sorted(b) for b in ours] == ast.literal_eval(run.stdout.strip().splitlines()[-1])
+
+
+def test_policy_with_a_factory_is_refused_where_torchrl_refuses_it():
+    from torchrl.weight_update import MultiProcessWeightSyncScheme
+
+    schemes = {"policy": MultiProcessWeightSyncScheme()}
+    for module in (aiocollect, torchrl_collectors):  # Collector: never both; the others: only with schemes
+        with pytest.raises(TypeError):
+            module.Collector(mock_env, policy=bias_policy(), policy_factory=bias_policy, frames_per_batch=8,
+                             total_frames=8, weight_sync_schemes=schemes)
+    with pytest.raises(TypeError, match="weight_sync_schemes"):
+        aiocollect.MultiSyncCollector([mock_env] * 2, policy=bias_policy(), policy_factory=bias_policy,
+                                      frames_per_batch=16, total_frames=16)
+
+
+def test_a_weights_source_that_does_not_fit_the_factory_s_policy_is_refused_before_any_process():
+    from torchrl.weight_update import MultiProcessWeightSyncScheme
+
+    def other():
+        return TensorDictModule(torch.nn.Linear(7, 7), in_keys=["observation"], out_keys=["action"])
+
+    with pytest.raises(ValueError, match="policy_factory") as error:
+        aiocollect.MultiSyncCollector([mock_env] * 2, policy=bias_policy(), policy_factory=other,
+                                      frames_per_batch=16, total_frames=16,
+                                      weight_sync_schemes={"policy": MultiProcessWeightSyncScheme()})
+    assert "missing ['module.weight']" in str(error.value)  # (the Linear's; both have a bias)
