@@ -376,14 +376,21 @@ def policy_placement(name: str, value: Any) -> str:
 
 def grouped_env_options(space: Any, options: Any) -> None:
     """Raise ``ValueError`` for options an env with its rewards and done flags per agent group
-    (``_envs.keyed.grouped``) cannot give truthfully: the collector's own truncation
-    (``max_frames_per_traj``, ``set_truncated``), which no group's done flag would show, and
-    ``trajs_per_batch``, whose trajectories end on one done flag."""
+    (``_envs.keyed.grouped``) cannot give truthfully: ``max_frames_per_traj``, whose resets
+    no group's done flag would show, and ``trajs_per_batch``, whose trajectories end on one
+    done flag. ``set_truncated`` marks the env's own truncated flags (TorchRL's), so it needs
+    one."""
     from .._envs.keyed import grouped
 
     if not grouped(space):
         return
-    for name in ("max_frames_per_traj", "set_truncated", "trajs_per_batch"):
+    if options.set_truncated and not any((k if isinstance(k, tuple) else (k,))[-1] == "truncated"
+                                         for k in space.not_observations):
+        raise ValueError(
+            "set_truncated=True: the env has its done flags per agent group (a TorchRL multi-agent env), and no "
+            "truncated flag to mark. Add them before handing the env over: env.add_truncated_keys()."
+        )
+    for name in ("max_frames_per_traj", "trajs_per_batch"):
         value = getattr(options, name)
         if value not in (None, False):
             raise ValueError(

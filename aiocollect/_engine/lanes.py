@@ -93,6 +93,9 @@ class Sealed:
     mask: bool
     fresh: tuple = ()
     """``Lane.fresh`` when it was sealed."""
+    truncated: bool = False
+    """``set_truncated``: its last step is marked truncated (an env's own flags per group too,
+    as the batch is copied out: ``Scheduler.batch``)."""
 
     def oldest_version(self, storage: RolloutStorage) -> int:
         if not self.valid:

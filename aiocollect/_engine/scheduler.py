@@ -164,7 +164,7 @@ class Scheduler:
             # targets bootstrap there; the envs and their trajectories (ids, step counts) go on
             self.storage.truncated[lane.slot, valid - 1, lane.lo : lane.hi] = True
         sealed = Sealed(lane, lane.slot, lane.frames, valid, lane.keys or (), lane.start_flags, lane.mask,
-                        tuple(lane.fresh))
+                        tuple(lane.fresh), truncated=bool(set_truncated and valid))
         lane.reserved.append(lane.slot)
         lane.held = True
         return sealed
@@ -179,8 +179,9 @@ class Scheduler:
         """
         lane = sealed.lane
         valid = np.full(lane.num_envs, sealed.valid, dtype=np.int64)
-        return self._copy_out(sealed.slot, lane.lo, lane.hi, sealed.frames, valid, keys or sealed.keys,
-                              sealed.start_flags, sealed.mask, empty, fresh=sealed.fresh)
+        out = self._copy_out(sealed.slot, lane.lo, lane.hi, sealed.frames, valid, keys or sealed.keys,
+                             sealed.start_flags, sealed.mask, empty, fresh=sealed.fresh)
+        return _truncate_flags(out, valid) if sealed.truncated else out
 
     def _copy_out(self, *args: Any, **kwargs: Any) -> dict:
         """``storage.batch(*args, **kwargs)``, its bad values named (``_naming_bad_values``),
@@ -216,8 +217,9 @@ class Scheduler:
         flags = None if first.start_flags is None else np.concatenate([b.start_flags for b in sealed], axis=1)
         if all(b.slot == first.slot for b in sealed):
             fresh = [(t, envs + b.lane.lo - first.lane.lo) for b in sealed for t, envs in b.fresh]
-            return self._copy_out(first.slot, first.lane.lo, sealed[-1].lane.hi, first.frames, valid, keys, flags,
-                                  first.mask, fresh=fresh)
+            out = self._copy_out(first.slot, first.lane.lo, sealed[-1].lane.hi, first.frames, valid, keys, flags,
+                                 first.mask, fresh=fresh)
+            return _truncate_flags(out, valid) if any(b.truncated for b in sealed) else out
         parts = [self.batch(b, keys, host_empty) for b in sealed]  # only the joined batch is staged
         return {k: concat([p[k] for p in parts], storage.empty) for k in parts[0]}
 
@@ -632,3 +634,25 @@ def _no_actor() -> Actor:
     """The actor of a pump whose rounds find no lane to act for (every lane held: ``settle``):
     ``None``, never called."""
     return cast("Actor", None)
+
+
+def _truncate_flags(out: dict, valid: np.ndarray) -> dict:
+    """TorchRL's ``set_truncated`` on the env's own done flags in a copied-out batch (``out``,
+    ``[envs, frames]``, env ``i`` filled up to column ``valid[i]``): at each env's last step,
+    every ``("next", ..., "truncated")`` entry (a TorchRL env's flags per agent group, say)
+    is set, and the ``"done"`` beside it. The engine's own root flag is set in the storage
+    already (``seal``: setting it again changes nothing); these are set here, in the copy,
+    since in the storage they are also the next batch's first observations."""
+    rows = np.flatnonzero(valid > 0)
+    if not rows.size:
+        return out
+    at = (rows, valid[rows] - 1)
+    for key in [k for k in out if k[0] == "next" and len(k) == 2]:
+        path = key[1] if isinstance(key[1], tuple) else (key[1],)
+        if path[-1] != "truncated":
+            continue
+        for name in ("truncated", "done"):
+            flag = out.get(("next", (*path[:-1], name) if len(path) > 1 else name))
+            if flag is not None:
+                flag[at] = True
+    return out

@@ -210,9 +210,19 @@ def test_compact_obs_leaves_out_observations_only():
     assert ("next", "agents", "agent_0", "observation") not in got.keys(True, True)
 
 
-@pytest.mark.parametrize("option", [{"max_frames_per_traj": 4}, {"set_truncated": True}, {"trajs_per_batch": 2}])
+@pytest.mark.parametrize("option", [{"max_frames_per_traj": 4}, {"trajs_per_batch": 2}])
 def test_options_no_group_flag_would_show_are_refused(option):
-    # the collector's own truncation (and whole trajectories) would end episodes that no
+    # the collector's own resets (and whole trajectories) would end episodes that no
     # group's done flag shows: refused at construction, saying what to do instead
     with pytest.raises(ValueError, match=rf"{next(iter(option))}=.*per agent group.*StepCounter"):
         aiocollect.Collector(MultiAgentCountingEnv(n_agents=2), None, frames_per_batch=8, **option)
+
+
+def test_set_truncated_needs_the_groups_truncated_flags():
+    # set_truncated marks the groups' own truncated flags (as TorchRL's collector does: see
+    # test_torchrl_sweep.py); an env without them is refused, as TorchRL refuses it
+    with pytest.raises(ValueError, match=r"set_truncated=True.*no truncated flag.*add_truncated_keys"):
+        aiocollect.Collector(MultiAgentCountingEnv(n_agents=2), None, frames_per_batch=8, set_truncated=True)
+    with pytest.raises(RuntimeError, match="add_truncated_keys"):
+        TorchRLCollector(MultiAgentCountingEnv(n_agents=2), None, frames_per_batch=8, total_frames=8,
+                         set_truncated=True)

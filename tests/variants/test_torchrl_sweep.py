@@ -376,3 +376,71 @@ def test_a_weights_source_that_does_not_fit_the_factory_s_policy_is_refused_befo
                                       frames_per_batch=16, total_frames=16,
                                       weight_sync_schemes={"policy": MultiProcessWeightSyncScheme()})
     assert "missing ['module.weight']" in str(error.value)  # (the Linear's; both have a bias)
+
+
+def multi_key_env():
+    from torchrl.testing.mocking_classes import MultiKeyCountingEnv
+
+    return MultiKeyCountingEnv(batch_size=(2,)).add_truncated_keys()
+
+
+def nested_env():
+    from torchrl.envs import InitTracker, TransformedEnv
+    from torchrl.testing.mocking_classes import NestedCountingEnv
+
+    return TransformedEnv(NestedCountingEnv(), InitTracker()).add_truncated_keys()
+
+
+class OnesPolicy(TensorDictModuleBase):
+    """Every action of a TorchRL env's action spec at one: these counting envs' steps the same
+    in both libraries (their counts follow the actions)."""
+
+    in_keys: list = []
+
+    def __init__(self, spec):
+        super().__init__()
+        self.spec = spec
+        self.out_keys = list(spec.keys(True, True))
+
+    def forward(self, tensordict):
+        return tensordict.update(self.spec.one())
+
+
+def flags_of_two_batches(module, make) -> list[tuple[int, dict]]:
+    """Every done flag (``"next"``'s and the root's) of two batches of a ``Collector`` with
+    ``set_truncated=True``, each batch's with its time dim."""
+    spec = make().full_action_spec
+    policy = AlternatingPolicy(spec) if make is multi_key_env else OnesPolicy(spec)
+    collector = module.Collector(make, policy, frames_per_batch=20, total_frames=40, set_truncated=True)
+    try:
+        batches = list(collector)
+    finally:
+        collector.shutdown()
+    return [(batch.batch_dims - 1, {key: batch[key].int().tolist() for key in batch.keys(True, True)
+                                    if (key if isinstance(key, str) else key[-1]) in FLAGS})
+            for batch in batches]
+
+
+FLAGS = ("done", "terminated", "truncated")
+
+
+@pytest.mark.parametrize("make", [multi_key_env, nested_env], ids=["MultiKeyCountingEnv", "NestedCountingEnv"])
+def test_set_truncated_marks_every_group_s_truncated_flag_as_torchrl_does(make):
+    """An env with done flags per group: each group's truncated (and done) flag is set at the
+    batch's last step, as TorchRL's collector sets them, and the next batch starts from the
+    env's own flags (it was refused)."""
+    ours = flags_of_two_batches(aiocollect, make)
+    assert ours == flags_of_two_batches(torchrl_collectors, make)
+    for time_dim, flags in ours:
+        groups = [key for key in flags if key[0] == "next" and key[-1] == "truncated" and len(key) > 2]
+        assert groups  # (the groups' own flags are compared, not just the root's)
+        for key in groups:
+            assert torch.tensor(flags[key]).select(time_dim, -1).all(), key
+            assert torch.tensor(flags[(*key[:-1], "done")]).select(time_dim, -1).all(), key
+
+
+def test_set_truncated_on_grouped_flags_needs_a_truncated_flag():
+    from torchrl.testing.mocking_classes import NestedCountingEnv
+
+    with pytest.raises(ValueError, match="add_truncated_keys"):
+        aiocollect.Collector(NestedCountingEnv, None, frames_per_batch=20, total_frames=20, set_truncated=True)
