@@ -59,7 +59,18 @@ from .torchrl_compat import TorchRLAccessors, weights_given
 if TYPE_CHECKING:
     from .._engine.scheduler import Scheduler
 
-_CPU = torch.device("cpu")
+
+
+def batch_device(options: CollectorOptions) -> torch.device | None:
+    """The device a batch says it is on, by TorchRL's rule: ``storing_device`` (``device``
+    when that is not given), else the env's and the policy's when both are given and the same,
+    else none (``None``: the tensors are on the CPU, and a replay buffer's storage takes them
+    there). TorchRL 0.14's collectors say ``None`` unless told a device; aiocollect's said
+    ``cpu`` before."""
+    if options.storing_device is not None:
+        return options.storing_device
+    env, policy = options.env_device, options.policy_device
+    return env if env is not None and env == policy else None
 
 
 class DataCollectorBase(Faces, Consumers, Delivery, Background, TorchRLAccessors):
@@ -236,9 +247,8 @@ class DataCollectorBase(Faces, Consumers, Delivery, Background, TorchRLAccessors
     def _tensordict(self, tensors: dict, shape: list[int]) -> TensorDictBase:
         """A batch's tensors (flat keys) as a TensorDict of ``shape``, last dim named ``"time"``
         (on the host while a staging has it: ``_next_raw`` moves it to the device). Its device
-        is the storing device, the CPU by default, as TorchRL's batches say (a replay buffer's
-        ``extend`` reads it)."""
-        device = (self.storing_device or _CPU) if self._staging is None else None
+        is the one TorchRL's collectors give their batches (``batch_device``)."""
+        device = batch_device(self.options) if self._staging is None else None
         storage = None if self._scheduler is None else self._scheduler.storage
         groups = None if storage is None else storage.group_shapes
         if storage is not None and len(storage.env_batch) > 1:  # a TorchRL env of batch [5, 2]: rows back to dims

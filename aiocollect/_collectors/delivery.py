@@ -164,9 +164,22 @@ def extend_parts(buffer: Any, batch: Any) -> None:
     ndim = getattr(getattr(buffer, "storage", None), "ndim", 1)
     if ndim > 1 and isinstance(batch, TensorDictBase) and batch.ndim > ndim:
         for part in batch.reshape(-1, *batch.shape[batch.ndim - ndim:]).unbind(0):
-            buffer.extend(part)
+            buffer.extend(_storage_device(part, buffer))
         return
-    buffer.extend(frames_for_buffer(batch, buffer))
+    buffer.extend(_storage_device(frames_for_buffer(batch, buffer), buffer))
+
+
+def _storage_device(data: Any, buffer: Any) -> Any:
+    """``data`` saying the device of ``buffer``'s storage where it says none and every tensor
+    is there already (TorchRL's collectors align it so before they extend a buffer; no
+    copy). Otherwise as it is: the storage moves what is elsewhere itself."""
+    device = getattr(getattr(buffer, "storage", None), "device", None)
+    if device is None or device == "auto" or not isinstance(data, TensorDictBase) or data.device is not None:
+        return data
+    device = torch.device(device)
+    if any(t.device != device for t in data.values(True, True) if isinstance(t, torch.Tensor)):
+        return data
+    return data.to(device)
 
 
 def without_private_keys(batch: Any) -> Any:

@@ -249,11 +249,15 @@ def test_private_keys_reach_postproc_and_are_dropped_from_the_batch_as_in_torchr
     assert seen and all(seen)
 
 
-async def test_a_batch_says_it_is_on_the_cpu_as_torchrl_s_do(variant):
-    # issue 51: the batches' device was None (TorchRL's say cpu: a replay buffer reads it)
+async def test_a_batch_says_the_device_torchrl_s_say(variant):
+    # TorchRL 0.14's rule (its test_output_device): the storing device (or device), else the env's
+    # and the policy's when both are given and the same, else None (issue 51 had made it cpu)
     async with variant(frames_per_batch=FPB, total_frames=FPB, split_trajs=True) as collector:
-        devices = [batch.device async for batch in collector]
-    assert devices == [torch.device("cpu")]
+        assert [batch.device async for batch in collector] == [None]
+    async with variant(frames_per_batch=FPB, total_frames=FPB, storing_device="cpu") as collector:
+        assert [batch.device async for batch in collector] == [torch.device("cpu")]
+    async with variant(frames_per_batch=FPB, total_frames=FPB, env_device="cpu", policy_device="cpu") as collector:
+        assert [batch.device async for batch in collector] == [torch.device("cpu")]
 
 
 def test_reset_at_each_iter_starts_every_batch_with_new_trajectories(variant):

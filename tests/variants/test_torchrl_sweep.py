@@ -444,3 +444,43 @@ def test_set_truncated_on_grouped_flags_needs_a_truncated_flag():
 
     with pytest.raises(ValueError, match="add_truncated_keys"):
         aiocollect.Collector(NestedCountingEnv, None, frames_per_batch=20, total_frames=20, set_truncated=True)
+
+
+DEVICE_KEYWORDS = [{}, {"env_device": "cpu"}, {"policy_device": "cpu"}, {"env_device": "cpu", "policy_device": "cpu"},
+                   {"device": "cpu"}, {"storing_device": "cpu"}]
+
+
+def batch_device(module, keywords: dict):
+    from torchrl.envs import GymEnv
+
+    collector = module.Collector(lambda: GymEnv("CartPole-v1"), None, frames_per_batch=8, total_frames=8, **keywords)
+    try:
+        return next(iter(collector)).device
+    finally:
+        collector.shutdown()
+
+
+@pytest.mark.parametrize("keywords", DEVICE_KEYWORDS, ids=lambda k: ",".join(k) or "none")
+def test_a_batch_says_the_device_torchrl_s_batch_says(keywords):
+    """TorchRL's rule: the storing device (or ``device``), else the env's and the policy's when
+    both are given and the same, else ``None`` (aiocollect said ``cpu`` for every one)."""
+    assert batch_device(aiocollect, keywords) == batch_device(torchrl_collectors, keywords)
+
+
+def test_a_replay_buffer_is_extended_with_its_storage_s_device():
+    """A batch that says no device says its buffer storage's when it extends it, as TorchRL's
+    collectors align it (its ``trajs_per_batch`` test reads the device ``extend`` gets)."""
+    from torchrl.data import LazyTensorStorage, ReplayBuffer
+
+    for module in (aiocollect, torchrl_collectors):
+        buffer = ReplayBuffer(storage=LazyTensorStorage(64, device="cpu"))
+        devices = []
+        extend = buffer.extend
+        buffer.extend = lambda data, extend=extend: (devices.append(data.device), extend(data))[1]
+        collector = module.Collector(gym_counter if module is aiocollect else capped_counter, None,
+                                     frames_per_batch=8, total_frames=16, replay_buffer=buffer)
+        try:
+            list(collector)
+        finally:
+            collector.shutdown()
+        assert devices == [torch.device("cpu")] * 2 and len(buffer) == 16, (module.__name__, devices)
