@@ -439,8 +439,9 @@ class WorkerCollectorBase(DataCollectorBase):
             An ``OrderedDict``: ``policy_state_dict`` (a copy of the policy's weights, any
             pending update applied first) and ``policy_version`` (their version), both only
             for a policy with weights, ``worker0``,
-            ``worker1``... (each with an empty ``env_state_dict``, its completed
-            trajectories and env steps, and ``policy_version``, as TorchRL's), ``frames``
+            ``worker1``... (each with ``policy_state_dict``, the same weights, and
+            ``policy_version``, as TorchRL's, and an empty ``env_state_dict``, its completed
+            trajectories and env steps), ``frames``
             (frames delivered), ``iter`` (TorchRL's: the index of the last batch delivered,
             ``-1`` before the first), ``traj_pool``
             (``next_traj_id``, the next trajectory id) and ``aiocollect_format``, and with
@@ -452,13 +453,14 @@ class WorkerCollectorBase(DataCollectorBase):
             state["policy_state_dict"] = self._policy.state_dict()
             state["policy_version"] = self._policy.latest  # (its weights' version: TorchRL's key)
         for lanes in self._worker_lanes:
-            state[f"worker{lanes[0].index}"] = OrderedDict(
-                env_state_dict=OrderedDict(),
-                completed_trajectories=sum(lane.completed_trajectories for lane in lanes),
-                env_steps=sum(lane.worker.env_steps for lane in lanes),
-            )
-            if self._policy.has_weights:  # (every worker acts with the one version: TorchRL's per-worker key)
-                state[f"worker{lanes[0].index}"]["policy_version"] = state["policy_version"]
+            worker = state[f"worker{lanes[0].index}"] = OrderedDict()
+            if self._policy.has_weights:  # (every worker acts with the one policy: TorchRL's per-worker key,
+                worker["policy_state_dict"] = state["policy_state_dict"]  # the same dict, saved once)
+            worker["env_state_dict"] = OrderedDict()
+            worker["completed_trajectories"] = sum(lane.completed_trajectories for lane in lanes)
+            worker["env_steps"] = sum(lane.worker.env_steps for lane in lanes)
+            if self._policy.has_weights:
+                worker["policy_version"] = state["policy_version"]
         counters = self._counters_state()
         state["frames"] = counters["frames"]
         state["iter"] = counters["iter"]
