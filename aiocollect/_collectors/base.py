@@ -60,7 +60,6 @@ if TYPE_CHECKING:
     from .._engine.scheduler import Scheduler
 
 
-
 def batch_device(options: CollectorOptions) -> torch.device | None:
     """The device a batch says it is on, by TorchRL's rule: ``storing_device`` (``device``
     when that is not given), else the env's and the policy's when both are given and the same,
