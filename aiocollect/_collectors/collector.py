@@ -511,8 +511,8 @@ class Collector(DataCollectorBase):
         td = (self._tensordict(tensors, [n, frames]) if self._batched
               else self._tensordict({k: v[0] for k, v in tensors.items()}, [frames])).zero_()
         td = stack_agents(without_objects(td))  # (entries with no fixed shape have no zeros)
-        if self._compact_keys:
-            td = td.exclude(*self._compact_keys)
+        if self._left_out:
+            td = td.exclude(*self._left_out)
         if self.options.track_policy_version:
             with_torchrl_versions(td)
         if self.options.split_trajs:

@@ -275,8 +275,8 @@ class Delivery(CollectorParts):
         batch with ``return_same_td``."""
         if self._staging is not None:
             batch = self._staging.upload(batch)
-        if self._compact_keys:  # compact_obs=True: no ("next", obs) copy of the next step's observation
-            batch = batch.exclude(*self._compact_keys)
+        if self._left_out:  # compact_obs=True: no ("next", obs) entries; track_traj_ids=False: no ids
+            batch = batch.exclude(*self._left_out)
         if self._object_entries:  # (an env's entries with no fixed shape: _envs.objects)
             batch = with_objects(batch)
         if self._agent_groups:  # (heterogeneous agents: each group lazily stacked, as TorchRL's)

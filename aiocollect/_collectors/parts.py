@@ -77,7 +77,7 @@ class CollectorParts:
     extend_buffer: bool
     _hook_after_postproc: bool
     _object_entries: bool
-    _compact_keys: tuple
+    _left_out: tuple
     _agent_groups: bool
 
     if TYPE_CHECKING:

@@ -99,7 +99,7 @@ def _torchrl_local_updater(value: Any) -> bool:
 
 _KEYWORDS: dict[str, _Keyword] = {
     "extend_buffer": _Keyword((True, False), ""),  # False: the replay buffer gets each step (``add``)
-    "track_traj_ids": _Keyword((True, False), ""),  # every frame carries its trajectory id anyway
+    "track_traj_ids": _Keyword((True, False), ""),  # False: no ("collector", "traj_ids") in the batches
     "no_cuda_sync": _Keyword((None, True, False), ""),  # aiocollect makes no explicit CUDA synchronisation call
     "use_buffers": _Keyword((None, True, False), ""),  # batches always go through preallocated storage
     "trust_policy": _Keyword((None, True, False), ""),  # a policy's outputs are checked on its first calls
@@ -145,6 +145,8 @@ _NOT_REMOTE: dict[str, _Keyword] = {
                                         "remove it"),
     "worker_idx": _Keyword((None,), "it is set by TorchRL's own multi-process collectors; remove it"),
     "compact_obs": _Keyword((False,), "pass it to the remote collectors: collector_kwargs={'compact_obs': True}"),
+    "track_traj_ids": _Keyword((True,), "pass it to the remote collectors: "
+                                        "collector_kwargs={'track_traj_ids': False}"),
     "extend_buffer": _Keyword((True,), "the replay buffer is extended once per batch; remove it"),
     "auto_register_policy_transforms": _Keyword((None, False), "give the env its InitTracker and "
                                                                "TensorDictPrimer yourself"),
@@ -206,7 +208,16 @@ def take_torchrl_keywords(collector: Any, given: Mapping[str, Any], options: Col
     collector._object_entries = OBJECTS in obs_keys
     collector._agent_groups = has_agents(obs_keys)
     collector.compact_obs = bool(given.get("compact_obs", False))
-    collector._compact_keys = compact_keys(obs_keys) if collector.compact_obs else ()
+    collector.track_traj_ids = bool(given.get("track_traj_ids", True))
+    if not collector.track_traj_ids:  # (TorchRL's error, and its type, with the fix)
+        if options.split_trajs:
+            raise ValueError("split_trajs=True requires track_traj_ids=True: trajectories are told apart by "
+                             "their ids; remove track_traj_ids=False (or split_trajs).")
+        if options.trajs_per_batch is not None:
+            raise ValueError("trajs_per_batch requires track_traj_ids=True: complete trajectories are told apart "
+                             "by their ids; remove track_traj_ids=False (or trajs_per_batch).")
+    collector._left_out = ((compact_keys(obs_keys) if collector.compact_obs else ())
+                           + (() if collector.track_traj_ids else (("collector", "traj_ids"),)))
     extend = given.get("extend_buffer", True)
     collector.extend_buffer = extend
     if not extend and options.replay_buffer is not None:
@@ -593,6 +604,11 @@ class TorchRLAccessors(CollectorParts):
     compact_obs: bool = False
     """TorchRL's ``compact_obs``: with ``True`` the batches hold no ``("next", obs)`` entries
     (each a copy of the next frame's observation); reward, done and the other entries stay."""
+    track_traj_ids: bool = True
+    """TorchRL's ``track_traj_ids``: with ``False`` the batches hold no ``("collector",
+    "traj_ids")`` entry (the engine still tells trajectories apart: episode returns and
+    statistics count them), and ``split_trajs`` and ``trajs_per_batch``, which need the ids,
+    are refused."""
     extend_buffer: bool = True
     """TorchRL's ``extend_buffer``: with ``False`` and a ``replay_buffer``, the buffer gets
     each step with ``add`` (per worker, the step of each of its envs) instead of the batch's
@@ -600,7 +616,9 @@ class TorchRLAccessors(CollectorParts):
     weight_updater: Any = None
     """TorchRL's ``weight_updater`` as given (one of TorchRL's in-process updaters, or
     ``None``); ``update_policy_weights_()`` does what they do."""
-    _compact_keys: tuple = ()
+    _left_out: tuple = ()
+    """The keys a delivered batch leaves out: ``compact_obs``'s ``("next", obs)`` entries,
+    ``track_traj_ids=False``'s trajectory ids."""
     _object_entries = False
     """Whether the envs have entries with no fixed shape (``_envs.objects``), unpickled into each
     batch (which ``return_same_td`` then does not reuse: their shapes are each batch's own)."""

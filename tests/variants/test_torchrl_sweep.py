@@ -529,3 +529,59 @@ def test_each_worker_s_checkpoint_entry_has_the_policy_weights_as_torchrl_s(cls_
     theirs = in_a_process_of_its_own(f"t.worker_entries_after_an_update(t.torchrl_collectors, {cls_name!r})")
     for keys in ours + theirs:
         assert {"policy_state_dict", "env_state_dict"} <= set(keys), (ours, theirs)
+
+
+def collector_keys(module, cls_name: str, **kwargs) -> tuple[set, object]:
+    """The ``"collector"`` keys of a first batch over ``capped_counter`` (TorchRL's side) or
+    ``gym_counter`` (ours), and that batch."""
+    make = capped_counter if module is torchrl_collectors else gym_counter
+    envs = make() if cls_name == "Collector" else [make] * 2
+    collector = getattr(module, cls_name)(envs, None, frames_per_batch=20, total_frames=20, **kwargs)
+    try:
+        batch = next(iter(collector))
+    finally:
+        collector.shutdown()
+    return {k for k in batch.keys(True, True) if isinstance(k, tuple) and k[0] == "collector"}, batch
+
+
+def test_track_traj_ids_false_leaves_the_ids_out_as_torchrl_does():
+    """``track_traj_ids=False`` was taken and ignored: the batches still held the ids."""
+    theirs_on, _ = collector_keys(torchrl_collectors, "Collector")
+    theirs_off, _ = collector_keys(torchrl_collectors, "Collector", track_traj_ids=False)
+    ours_on, _ = collector_keys(aiocollect, "Collector")
+    ours_off, batch = collector_keys(aiocollect, "Collector", track_traj_ids=False)
+    ids = ("collector", "traj_ids")
+    assert ids in theirs_on and ids in ours_on
+    assert ids not in theirs_off and ids not in ours_off
+    # (aiocollect's batches also say each frame's policy version, with or without the ids)
+    assert theirs_on - theirs_off == ours_on - ours_off == {ids}
+    assert batch["next", "done"].any()  # (episodes ended, and the batch is whole without the ids)
+
+
+@pytest.mark.parametrize("cls_name", ["MultiSyncCollector", "MultiAsyncCollector"])
+def test_track_traj_ids_false_in_the_worker_collectors(cls_name):
+    """TorchRL's worker collectors refuse the keyword; aiocollect's take it, as its ``Collector``."""
+    keys, batch = collector_keys(aiocollect, cls_name, track_traj_ids=False)
+    assert ("collector", "traj_ids") not in keys and ("next", "reward") in batch.keys(True, True)
+    keys, _ = collector_keys(aiocollect, cls_name)
+    assert ("collector", "traj_ids") in keys
+
+
+def test_track_traj_ids_false_refuses_what_needs_the_ids_before_any_process_starts():
+    with pytest.raises(ValueError, match=r"split_trajs=True requires track_traj_ids=True"):
+        torchrl_collectors.Collector(capped_counter(), None, frames_per_batch=20, split_trajs=True,
+                                     track_traj_ids=False)
+    with pytest.raises(ValueError, match=r"split_trajs=True requires track_traj_ids=True.*remove track_traj_ids"):
+        aiocollect.Collector(gym_counter, None, frames_per_batch=20, split_trajs=True, track_traj_ids=False)
+    # (TorchRL's fails at the first batch, with a KeyError; aiocollect's before any process starts)
+    with pytest.raises(ValueError, match=r"trajs_per_batch requires track_traj_ids=True"):
+        aiocollect.MultiSyncCollector([gym_counter] * 2, None, frames_per_batch=20, trajs_per_batch=2,
+                                      track_traj_ids=False)
+
+
+def test_the_distributed_collectors_send_track_traj_ids_to_their_remote_collectors():
+    from aiocollect._collectors.torchrl_compat import DISTRIBUTED_KEYWORDS, check_torchrl_keywords
+
+    with pytest.raises(ValueError, match=r"collector_kwargs=\{'track_traj_ids': False\}"):
+        check_torchrl_keywords("RayCollector", {"track_traj_ids": False}, DISTRIBUTED_KEYWORDS)
+    check_torchrl_keywords("RayCollector", {"track_traj_ids": True}, DISTRIBUTED_KEYWORDS)
