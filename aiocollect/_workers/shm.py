@@ -43,14 +43,25 @@ process that maps it exits, so nothing can leak, not even after ``SIGKILL``. Whe
 ``memfd_create`` is missing (macOS), a POSIX segment is created and unlinked at once,
 which gives the same guarantee. Pages are only backed once written, so columns a short
 batch never uses cost nothing.
+
+In this process the segment is mapped with libc's ``mmap`` (``Mapping``), which keeps no
+descriptor of its own (Python's ``mmap`` keeps a duplicate until it is closed, which it
+cannot be while a view exists): the pool closes its descriptor once the workers have
+theirs. At ``shutdown()`` the fields that are not kept are swapped for private zero pages
+(``SharedArrays.release``), so a collector object that outlives its shutdown (kept by its
+caller, or by a traceback some library stored) holds no part of the segment, or, with the
+policy in the workers, only the weights' pages.
 """
 
 from __future__ import annotations
 
+import ctypes
 import mmap
 import os
+import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -183,38 +194,113 @@ def create_segment(size: int) -> int:
     return fd
 
 
+class Mapping:
+    """A shared mapping of a segment's descriptor made with libc's ``mmap``, which keeps no
+    descriptor (the caller may close its own at once); ``buffer`` is a ctypes array over it,
+    for ``np.frombuffer``. It is unmapped once the last view of it is gone (a finalizer on
+    ``buffer``, which every view made from it references)."""
+
+    def __init__(self, fd: int, size: int):
+        libc = _libc()
+        assert libc is not None  # (``Mapping.usable()`` said so)
+        addr = libc.mmap(None, size, mmap.PROT_READ | mmap.PROT_WRITE, mmap.MAP_SHARED, fd, 0)
+        if addr is None or addr == _MAP_FAILED:
+            err = ctypes.get_errno()
+            raise OSError(err, f"mmap of the shared segment ({size} bytes): {os.strerror(err)}")
+        self.addr, self.size = addr, size
+        self.buffer = (ctypes.c_char * size).from_address(addr)
+        weakref.finalize(self.buffer, libc.munmap, addr, size)
+
+    @staticmethod
+    def usable() -> bool:
+        return _libc() is not None
+
+    def madvise(self, advice: int, start: int, length: int) -> None:
+        if _libc().madvise(self.addr + start, length, advice) != 0:
+            err = ctypes.get_errno()
+            raise OSError(err, os.strerror(err))
+
+    def zero_private(self, length: int) -> None:
+        """Swap the first ``length`` bytes (whole pages) for private zero pages, in place: views
+        of them read zeros, as after ``MADV_REMOVE``, and the segment is no longer mapped there."""
+        flags = mmap.MAP_PRIVATE | _MAP_ANONYMOUS | _MAP_FIXED
+        if _libc().mmap(self.addr, length, mmap.PROT_READ | mmap.PROT_WRITE, flags, -1, 0) != self.addr:
+            err = ctypes.get_errno()
+            raise OSError(err, os.strerror(err))
+
+
+_MAP_FAILED = ctypes.c_void_p(-1).value
+_MAP_ANONYMOUS = getattr(mmap, "MAP_ANONYMOUS", 0x20)
+_MAP_FIXED = 0x10  # (the same on Linux and macOS; Python's mmap module does not name it)
+_LIBC: list = []
+
+
+def _libc():
+    """libc with ``mmap``, ``munmap`` and ``madvise`` typed, or ``None`` where there is none."""
+    if not _LIBC:
+        try:
+            libc = ctypes.CDLL(None, use_errno=True)
+            libc.mmap.restype = ctypes.c_void_p
+            libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int,
+                                  ctypes.c_int64]
+            libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+            libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+        except (OSError, AttributeError):  # pragma: no cover - no libc to call
+            libc = None
+        _LIBC.append(libc)
+    return _LIBC[0]
+
+
 class SharedArrays:
     """Numpy views of every field of a mapped segment (``arrays[name]``, shaped as the layout says).
 
-    The mapping stays alive as long as any view (or tensor made from one) does.
+    The mapping stays alive as long as any view (or tensor made from one) does. ``fd``: the
+    segment's descriptor (it may be closed once this is built), or -1 for memory of this
+    process alone (a ``Collector``'s in-process envs).
     """
 
     def __init__(self, layout: Layout, fd: int):
         self.layout = layout
-        self._map = mmap.mmap(fd, layout.size)
+        self._map: mmap.mmap | Mapping
+        buffer: Any
+        if fd >= 0 and Mapping.usable():
+            self._map = Mapping(fd, layout.size)
+            buffer = self._map.buffer
+        else:
+            self._map = mmap.mmap(fd, layout.size)
+            buffer = self._map
         self.arrays: dict[str, np.ndarray] = {}
         for f in layout.fields:
             count = int(np.prod(f.shape, dtype=np.int64))
-            self.arrays[f.name] = np.frombuffer(self._map, f.dtype, count, f.offset).reshape(f.shape)
+            self.arrays[f.name] = np.frombuffer(buffer, f.dtype, count, f.offset).reshape(f.shape)
         c = layout.control
-        self.control = np.frombuffer(self._map, c.dtype, c.shape[0] * c.shape[1], c.offset).reshape(c.shape)
+        self.control = np.frombuffer(buffer, c.dtype, c.shape[0] * c.shape[1], c.offset).reshape(c.shape)
         """Row ``k``: lane ``k``'s control line."""
+        self._released = False
 
     def release(self) -> None:
         """Give the segment's memory back now, once no worker uses it (``shutdown()``): a
         collector object kept after its shutdown would otherwise hold its whole rollout
-        storage until it is garbage-collected. The mapping stays (views of it may still
-        exist) and reads zeros, but for the pages of the fields laid out as ``kept`` (from
-        ``Layout.kept_from`` on); Linux only (``MADV_REMOVE``), elsewhere a no-op."""
+        storage until it is garbage-collected. The views stay valid and read zeros, but for
+        the pages of the fields laid out as ``kept`` (from ``Layout.kept_from`` on). Mapped
+        with ``Mapping``, those pages are private zero pages from then on, so the segment is
+        not mapped there any more; elsewhere (``MADV_REMOVE``, Linux only) the segment's pages
+        are punched out, and the mapping stays."""
+        if self._released or (isinstance(self._map, mmap.mmap) and self._map.closed):
+            return
+        self._released = True
+        kept = self.layout.kept_from
+        end = self.layout.size if kept < 0 else kept // mmap.PAGESIZE * mmap.PAGESIZE
+        if not end:
+            return
         advice = getattr(mmap, "MADV_REMOVE", None)
-        if advice is not None and not self._map.closed:
-            kept = self.layout.kept_from
-            end = self.layout.size if kept < 0 else kept // mmap.PAGESIZE * mmap.PAGESIZE
-            try:
-                if end:
-                    self._map.madvise(advice, 0, end)
-            except OSError:  # a file system without hole punching: the memory goes with the object
-                pass
+        try:
+            if advice is not None:
+                self._map.madvise(advice, 0, end)  # (the segment's pages freed, for the workers' mappings too)
+            if isinstance(self._map, Mapping):
+                self._map.zero_private(end)
+        except OSError:  # a file system without hole punching: the memory goes with the object
+            pass
 
     def obs(self, prefix: str = "obs") -> list[np.ndarray]:
         """The arrays of every observation leaf (``"obs"`` or ``"next_obs"``), in leaf order."""

@@ -276,29 +276,70 @@ def test_multisync_rounds_frames_per_batch_up_to_split_over_every_env_as_torchrl
         assert [tuple(b.shape) for b in collector] == [(3, 4), (3, 4)]
 
 
-def _segment_blocks() -> dict[str, int]:
-    """Allocated blocks of each aiocollect shared-memory segment this process has open, by fd."""
+def _segment_mappings() -> list[tuple[str, int]]:
+    """Each mapping of an aiocollect shared-memory segment in this process: its address range
+    and its resident kB (``/proc/self/smaps``)."""
+    found, current = [], None
+    with open("/proc/self/smaps") as f:
+        for line in f:
+            head = line.split()
+            if "-" in head[0] and len(head) >= 5:  # (a mapping's first line: range, perms, offset...)
+                current = head[0] if "memfd:aiocollect" in line else None
+            elif current is not None and head[0] == "Rss:":
+                found.append((current, int(head[1])))
+    return found
+
+
+def _segment_fds() -> list[str]:
+    """The fds of aiocollect shared-memory segments this process has open."""
     import os
 
-    blocks = {}
+    fds = []
     for fd in os.listdir("/proc/self/fd"):
-        path = f"/proc/self/fd/{fd}"
         try:
-            if "memfd:aiocollect" in os.readlink(path):
-                blocks[fd] = os.stat(path).st_blocks
+            if "memfd:aiocollect" in os.readlink(f"/proc/self/fd/{fd}"):
+                fds.append(fd)
         except OSError:  # (the listing's own fd, gone by now)
             continue
-    return blocks
+    return fds
 
 
-@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="memfd segments and MADV_REMOVE are Linux's")
-def test_a_collector_kept_after_shutdown_gives_its_shared_memory_back():
-    before = set(_segment_blocks())  # (another test's collector may not be collected yet)
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="memfd segments are Linux's")
+def test_a_collector_kept_after_shutdown_holds_no_part_of_its_shared_memory():
+    """Its views stay valid (reading zeros), but neither a descriptor nor a mapping of the
+    segment is left: a collector object that outlives its shutdown (kept by its caller, or by
+    a traceback some library stored, as TorchRL's ``GymWrapper`` stores one the first time it is
+    built) holds none of it."""
+    before = {r for r, _ in _segment_mappings()}  # (another test's collector may not be collected yet)
     collector = MultiSyncCollector([[CounterEnv] * 4] * 2, None, frames_per_batch=8 * 200, total_frames=8 * 400)
     list(collector)
-    mine = [fd for fd in _segment_blocks() if fd not in before]
-    assert mine and all(_segment_blocks()[fd] > 0 for fd in mine)  # the rollout storage, written
+    mine = [(r, kb) for r, kb in _segment_mappings() if r not in before]
+    assert len(mine) == 1 and mine[0][1] > 0  # the rollout storage, written
+    assert not _segment_fds()  # (mapped with no descriptor of its own; the workers have theirs)
+    storage = collector._scheduler.storage
     collector.shutdown()
-    # the object is still referenced here: its mapping stays until it goes, but not its memory
-    after = _segment_blocks()
-    assert [after.get(fd) for fd in mine] == [0] * len(mine)
+    assert [r for r, _ in _segment_mappings() if r not in before] == []
+    assert not _segment_fds()
+    assert not storage.reward.any() and not storage.obs[0].any()  # (the views read zeros)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="memfd segments are Linux's")
+def test_with_the_policy_in_the_workers_only_its_weights_stay_mapped_after_shutdown():
+    from support.gpu import argmax_policy
+
+    policy = argmax_policy()
+    before = {r for r, _ in _segment_mappings()}
+    collector = MultiSyncCollector([[CounterEnv] * 4] * 2, policy, frames_per_batch=8 * 200, total_frames=8 * 400,
+                                   policy_placement="workers")
+    list(collector)
+    weights = {k: v.clone() for k, v in collector.policy.state_dict().items()}
+    [(_, running_kb)] = [(r, kb) for r, kb in _segment_mappings() if r not in before]
+    collector.shutdown()
+    left = [kb for r, kb in _segment_mappings() if r not in before]
+    assert len(left) == 1 and left[0] < running_kb  # the weights' pages, not the rollout storage's
+    assert all(torch.equal(v, collector.policy.state_dict()[k]) for k, v in weights.items())
+    del collector
+    import gc
+
+    gc.collect()
+    assert [r for r, _ in _segment_mappings() if r not in before] == []
