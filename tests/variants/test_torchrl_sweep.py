@@ -28,10 +28,37 @@ def capped_counter(max_len: int = 12):
 
 
 def gym_counter(max_len: int = 12):
-    """The same env for aiocollect, as gymnasium's. (Over TorchRL's ``GymWrapper`` a
-    MultiSyncCollector's shared mapping outlives the collector: see the closing note of the
-    session that added these tests.)"""
+    """The same env for aiocollect, as gymnasium's. (The first ``GymWrapper`` built in a
+    process pins the frames that built it, with their locals, for good: see
+    ``segment_left_after_a_first_gym_wrapper``.)"""
     return CounterEnv(max_len=max_len)
+
+
+def segment_left_after_a_first_gym_wrapper() -> tuple[int, int, bool]:
+    """In a fresh interpreter: a MultiSyncCollector whose constructor builds the process's first
+    TorchRL ``GymWrapper`` (to read its specs), collected from, shut down and dropped. Returns
+    the descriptors and the mappings of aiocollect segments left, and whether the collector
+    object itself is still alive. (With gym not installed, TorchRL keeps the ``ImportError`` of
+    its ``import gym``, whose traceback holds every frame that was on the stack, the
+    constructor's ``self`` among them.)"""
+    import gc
+    import weakref
+
+    collector = aiocollect.MultiSyncCollector([capped_counter] * 2, None, frames_per_batch=40, total_frames=40)
+    list(collector)
+    collector.shutdown()
+    alive = weakref.ref(collector)
+    del collector
+    gc.collect()
+    fds = 0
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            fds += "memfd:aiocollect" in os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:
+            continue
+    with open("/proc/self/maps") as f:
+        maps = sum("memfd:aiocollect" in line for line in f)
+    return fds, maps, alive() is not None
 
 
 def longest_episode_per_worker(module, cls_name: str, kwargs) -> list[int]:
@@ -585,3 +612,16 @@ def test_the_distributed_collectors_send_track_traj_ids_to_their_remote_collecto
     with pytest.raises(ValueError, match=r"collector_kwargs=\{'track_traj_ids': False\}"):
         check_torchrl_keywords("RayCollector", {"track_traj_ids": False}, DISTRIBUTED_KEYWORDS)
     check_torchrl_keywords("RayCollector", {"track_traj_ids": True}, DISTRIBUTED_KEYWORDS)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="memfd segments are Linux's")
+def test_a_collector_pinned_by_torchrl_s_stored_traceback_holds_no_shared_memory():
+    """A MultiSyncCollector over TorchRL ``GymWrapper`` envs kept a descriptor and a mapping of
+    its segment after shutdown: TorchRL's stored traceback pins the collector object (which
+    aiocollect cannot prevent), and the object held them."""
+    fds, maps, pinned = in_a_process_of_its_own("t.segment_left_after_a_first_gym_wrapper()")
+    assert (fds, maps) == (0, 0)
+    try:
+        import gym  # noqa: F401
+    except ImportError:  # (TorchRL stores the traceback only then)
+        assert pinned
