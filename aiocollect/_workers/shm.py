@@ -209,7 +209,8 @@ class Mapping:
             raise OSError(err, f"mmap of the shared segment ({size} bytes): {os.strerror(err)}")
         self.addr, self.size = addr, size
         self.buffer = (ctypes.c_char * size).from_address(addr)
-        weakref.finalize(self.buffer, libc.munmap, addr, size)
+        unmap = weakref.finalize(self.buffer, libc.munmap, addr, size)
+        unmap.atexit = False  # (at exit, views may still be read by the collectors' own finalizers)
 
     @staticmethod
     def usable() -> bool:
