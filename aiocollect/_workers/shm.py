@@ -295,13 +295,16 @@ class SharedArrays:
         if not end:
             return
         advice = getattr(mmap, "MADV_REMOVE", None)
-        try:
-            if advice is not None:
-                self._map.madvise(advice, 0, end)  # (the segment's pages freed, for the workers' mappings too)
-            if isinstance(self._map, Mapping):
+        if advice is not None:
+            try:
+                self._map.madvise(advice, 0, end)  # (the segment's pages freed, for any mapping of it)
+            except OSError:  # a file system without hole punching: the memory goes with the mappings
+                pass
+        if isinstance(self._map, Mapping):
+            try:
                 self._map.zero_private(end)
-        except OSError:  # a file system without hole punching: the memory goes with the object
-            pass
+            except OSError:  # (out of mappings: the segment stays mapped until the views go)
+                pass
 
     def obs(self, prefix: str = "obs") -> list[np.ndarray]:
         """The arrays of every observation leaf (``"obs"`` or ``"next_obs"``), in leaf order."""
