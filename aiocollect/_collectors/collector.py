@@ -476,7 +476,8 @@ class Collector(DataCollectorBase):
         for a replay buffer's storage or a compiled loss, with no env stepped.
 
         Its keys, shapes, dtypes and dims are those of ``next(iter(collector))`` (``compact_obs``,
-        ``track_policy_version``, ``split_trajs`` and ``postproc`` applied, private keys left out):
+        ``track_traj_ids``, ``track_policy_version``, ``split_trajs`` and ``postproc`` applied,
+        private keys left out):
         built by the rollout storage that builds the real batches, the policy's outputs found by
         one call of the policy on zeros shaped as the envs' observations (the first call, if the
         collector has not called it yet).
