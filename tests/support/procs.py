@@ -57,21 +57,33 @@ def aiocollect_threads() -> set[str]:
     return {t.name for t in threading.enumerate() if t.name.startswith("aiocollect")}
 
 
-def snapshot() -> tuple[set[int], set[str], set[str]]:
+def segment_mappings() -> set[str]:
+    """The address ranges where this process maps an aiocollect shared-memory segment (a
+    memfd): the engine maps its segment with no descriptor of its own (``_workers.shm.Mapping``),
+    so its fds alone would not show one left behind."""
+    try:
+        with open("/proc/self/maps") as f:
+            return {line.split()[0] for line in f if "memfd:aiocollect" in line}
+    except OSError:  # (no /proc)
+        return set()
+
+
+def snapshot() -> tuple[set[int], set[str], set[str], set[str]]:
     """What this process holds that a collector could leak: its worker processes, its
     aiocollect threads, its shared-memory fds (aiocollect's segments are memfds), sockets
-    and pipes (the workers' doorbell pipe, their stack-dump pipes).
+    and pipes (the workers' doorbell pipe, their stack-dump pipes), and its mappings of
+    shared-memory segments.
 
     Only this process and its children are looked at, so other programs on the machine
     (another test run, a TorchRL job making /dev/shm segments) cannot fail a test."""
     fds = {f for f in open_fds() if "memfd:aiocollect" in f or f.startswith(("socket:", "pipe:"))}
-    return children(), aiocollect_threads(), fds
+    return children(), aiocollect_threads(), fds, segment_mappings()
 
 
-def leftovers(before: tuple[set[int], set[str], set[str]]) -> dict[str, set]:
+def leftovers(before: tuple[set[int], set[str], set[str], set[str]]) -> dict[str, set]:
     """What ``snapshot()`` finds now that it did not find in ``before``; empty if nothing leaked."""
     now = snapshot()
-    names = ("worker processes", "threads", "shared-memory fds, sockets and pipes")
+    names = ("worker processes", "threads", "shared-memory fds, sockets and pipes", "shared-memory mappings")
     return {name: new - old for name, new, old in zip(names, now, before) if new - old}
 
 
