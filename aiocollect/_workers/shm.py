@@ -56,6 +56,7 @@ policy in the workers, only the weights' pages.
 from __future__ import annotations
 
 import ctypes
+import functools
 import mmap
 import os
 import weakref
@@ -202,54 +203,51 @@ class Mapping:
 
     def __init__(self, fd: int, size: int):
         libc = _libc()
-        assert libc is not None  # (``Mapping.usable()`` said so)
+        assert libc is not None  # (the caller checked: ``SharedArrays``)
         addr = libc.mmap(None, size, mmap.PROT_READ | mmap.PROT_WRITE, mmap.MAP_SHARED, fd, 0)
         if addr is None or addr == _MAP_FAILED:
-            err = ctypes.get_errno()
-            raise OSError(err, f"mmap of the shared segment ({size} bytes): {os.strerror(err)}")
-        self.addr, self.size = addr, size
+            raise _errno_error(f"mmap of the shared segment ({size} bytes)")
+        self.addr = addr
         self.buffer = (ctypes.c_char * size).from_address(addr)
         unmap = weakref.finalize(self.buffer, libc.munmap, addr, size)
         unmap.atexit = False  # (at exit, views may still be read by the collectors' own finalizers)
 
-    @staticmethod
-    def usable() -> bool:
-        return _libc() is not None
-
     def madvise(self, advice: int, start: int, length: int) -> None:
         if _libc().madvise(self.addr + start, length, advice) != 0:
-            err = ctypes.get_errno()
-            raise OSError(err, os.strerror(err))
+            raise _errno_error("madvise")
 
     def zero_private(self, length: int) -> None:
         """Swap the first ``length`` bytes (whole pages) for private zero pages, in place: views
         of them read zeros, as after ``MADV_REMOVE``, and the segment is no longer mapped there."""
         flags = mmap.MAP_PRIVATE | _MAP_ANONYMOUS | _MAP_FIXED
         if _libc().mmap(self.addr, length, mmap.PROT_READ | mmap.PROT_WRITE, flags, -1, 0) != self.addr:
-            err = ctypes.get_errno()
-            raise OSError(err, os.strerror(err))
+            raise _errno_error("mmap of private zero pages")
 
 
 _MAP_FAILED = ctypes.c_void_p(-1).value
 _MAP_ANONYMOUS = getattr(mmap, "MAP_ANONYMOUS", 0x20)
 _MAP_FIXED = 0x10  # (the same on Linux and macOS; Python's mmap module does not name it)
-_LIBC: list = []
 
 
+@functools.cache
 def _libc():
     """libc with ``mmap``, ``munmap`` and ``madvise`` typed, or ``None`` where there is none."""
-    if not _LIBC:
-        try:
-            libc = ctypes.CDLL(None, use_errno=True)
-            libc.mmap.restype = ctypes.c_void_p
-            libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int,
-                                  ctypes.c_int64]
-            libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
-            libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
-        except (OSError, AttributeError):  # pragma: no cover - no libc to call
-            libc = None
-        _LIBC.append(libc)
-    return _LIBC[0]
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.mmap.restype = ctypes.c_void_p
+        libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int,
+                              ctypes.c_int64]
+        libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+        libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+    except (OSError, AttributeError):  # pragma: no cover - no libc to call
+        return None
+    return libc
+
+
+def _errno_error(what: str) -> OSError:
+    """The ``OSError`` of the libc call ``what`` that just failed (its ``errno``)."""
+    err = ctypes.get_errno()
+    return OSError(err, f"{what}: {os.strerror(err)}")
 
 
 class SharedArrays:
@@ -264,7 +262,7 @@ class SharedArrays:
         self.layout = layout
         self._map: mmap.mmap | Mapping
         buffer: Any
-        if fd >= 0 and Mapping.usable():
+        if fd >= 0 and _libc() is not None:
             self._map = Mapping(fd, layout.size)
             buffer = self._map.buffer
         else:
@@ -287,7 +285,7 @@ class SharedArrays:
         with ``Mapping``, those pages are private zero pages from then on, so the segment is
         not mapped there any more; elsewhere (``MADV_REMOVE``, Linux only) the segment's pages
         are punched out, and the mapping stays."""
-        if self._released or (isinstance(self._map, mmap.mmap) and self._map.closed):
+        if self._released:
             return
         self._released = True
         kept = self.layout.kept_from
