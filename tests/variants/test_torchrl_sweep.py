@@ -625,3 +625,16 @@ def test_a_collector_pinned_by_torchrl_s_stored_traceback_holds_no_shared_memory
         import gym  # noqa: F401
     except ImportError:  # (TorchRL stores the traceback only then)
         assert pinned
+
+
+@pytest.mark.parametrize("cls_name", ["Collector", "MultiSyncCollector"])
+async def test_track_traj_ids_false_on_the_async_face(cls_name):
+    """The same batches through ``async for``: no ids, and the trajectories still counted."""
+    envs = gym_counter if cls_name == "Collector" else [gym_counter] * 2
+    async with getattr(aiocollect, cls_name)(envs, None, frames_per_batch=20, total_frames=40,
+                                             track_traj_ids=False) as collector:
+        batches = [batch async for batch in collector]
+        assert len(batches) == 2
+        assert all(("collector", "traj_ids") not in b.keys(True, True) for b in batches)
+        assert all(("next", "done") in b.keys(True, True) for b in batches)
+        assert collector.statistics().completed_trajectories > 0
