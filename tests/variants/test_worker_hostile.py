@@ -44,7 +44,9 @@ def test_a_stopped_worker_is_a_step_timeout_naming_it(cls):
         with pytest.raises(StepTimeoutError) as info:
             for _ in c:
                 assert time.monotonic() - t0 < 30, "no StepTimeoutError"
-        assert time.monotonic() - t0 < 3
+        # within seconds of the 1 s step_timeout (3 s failed once with -n 3 on 2 cores: the
+        # watchdog and the loop thread wait for a core like every other thread of the suite)
+        assert time.monotonic() - t0 < 5
     finally:
         if alive(pid):
             os.kill(pid, signal.SIGCONT)
