@@ -120,9 +120,12 @@ class RayCollector(RemoteCollectorsBase):
     process it uses that; otherwise it starts a new local Ray instance (with the other
     ``ray_init_config`` arguments), declaring at least as many logical CPUs as the actors
     ask for (so ``num_collectors=4`` with ``num_cpus=1`` each runs on a 2-core laptop), and
-    stops it on ``shutdown()``. That instance listens on 127.0.0.1 only and serves no
-    dashboard, unless ``ray_init_config`` says otherwise (``_node_ip_address``,
-    ``include_dashboard``). Env factories and policies
+    stops it on ``shutdown()``. That instance listens on 127.0.0.1 only, serves no
+    dashboard, and runs its workers (the remote collectors) at this process's priority, not at
+    Ray's nice 15, where a learner busy in this process would starve them, unless
+    ``ray_init_config`` says otherwise (``_node_ip_address``, ``include_dashboard``,
+    ``_system_config={"worker_niceness": 15}``). (A cluster started elsewhere keeps its own:
+    ``RAY_worker_niceness=0 ray start ...`` gives the same.) Env factories and policies
     travel with cloudpickle, and the driver's ``sys.path`` with them, so code from your own
     modules imports on the actors (on a multi-node cluster, the files must exist on every
     node, or ship them with Ray's ``runtime_env``). So do the driver's ``AIOCOLLECT_*``
@@ -268,6 +271,11 @@ class RayCollector(RemoteCollectorsBase):
                 asked = sum(float(c.get("num_cpus", 1)) for c in configs)
                 config.setdefault("num_cpus", max(os.cpu_count() or 1, int(-(-asked // 1))))
                 config.setdefault("include_dashboard", False)
+                # Ray starts its workers at nice 15; its actors here are the collectors' workers,
+                # which a learner at nice 0 in this process would starve (8x fewer frames/s with
+                # two busy processes on 2 cores): at this process's own priority, as a
+                # MultiSyncCollector's workers run
+                config["_system_config"] = {"worker_niceness": 0, **(config.get("_system_config") or {})}
                 config["address"] = "local"
             on_loopback = local and "_node_ip_address" not in config
             start = time.monotonic()

@@ -269,6 +269,9 @@ def test_seed_example_starts_a_local_cluster_and_stops_it(no_ray_instance):
             break
     assert seen == {0, 1, 2, 3, 4}
     pids = [w.pid for w in collector.statistics().workers]
+    # its actors run at this process's priority, not at Ray's nice 15 (a learner busy here
+    # would starve them)
+    assert [os.getpriority(os.PRIO_PROCESS, pid) for pid in pids] == [os.getpriority(os.PRIO_PROCESS, 0)] * 4
     node = ray._private.worker._global_node  # the processes of the instance it started
     cluster = {name: info.process.pid for name, infos in node.all_processes.items() for info in infos}
     assert {"raylet", "gcs_server"} <= set(cluster)
