@@ -22,8 +22,11 @@ import time
 
 import pytest
 
-INIT = dict(num_cpus=2, include_dashboard=False)
-"""The shared instance: 2 CPUs (``test_ray.py``'s start-timeout test names them), no dashboard."""
+INIT = dict(num_cpus=2, include_dashboard=False, _system_config={"worker_niceness": 0})
+"""The shared instance: 2 CPUs (``test_ray.py``'s start-timeout test names them), no dashboard,
+and its workers at the test process's priority, as in the instance a ``RayCollector`` starts
+itself (at Ray's nice 15, the actors of the first Ray test waited 90-100 s for a core beside
+the suite's other test processes; alone it takes 10 s)."""
 
 
 def _groups(item: pytest.Item) -> set[str]:
