@@ -49,7 +49,12 @@ the best and the median, ratios use the best):
   returned as it is, never done) and a zero-cost policy (``zero_policy``: zeros), so all that
   is left is the engine; ``MultiSyncCollector`` with ``AIOCOLLECT_POLICY_IN_WORKERS=0``, the
   main process's CPU per frame (as M), at 1 worker x 256 envs and 15 workers x 16, spinning
-  off (the work alone: on 2 cores this says what one engine core serves on 16).
+  off (the work alone: on 2 cores this says what one engine core serves on 16). Two more
+  rows say how much slower this machine runs code that has just woken up, which is what the
+  engine does at every round here: ``wake_probe``'s few microseconds of torch and numpy,
+  back to back and right after a 1 ms sleep. On the 2-core VM the second is 4-6x the first,
+  and the same round costs 45 us of CPU with the engine kept awake (spinning) against 85 us
+  after each wait for the worker (2026-12-04): C's figures here carry that penalty.
 * **K. The hand-off, 1 worker x 32 CartPole envs, the policy central**: the zero-cost policy
   and the MLP against the limit of one core stepping 32 envs (the engine has the other core).
 * **W. Memory of one worker process** (resident set, MiB) at the first W: random actions
@@ -267,6 +272,27 @@ def capacity_row(workers: int, envs: int, batches: int) -> float:
     if out.returncode:
         raise RuntimeError(out.stderr[-2000:])
     return float(out.stdout.strip().splitlines()[-1])
+
+
+def wake_probe(after_sleep: bool, calls: int = 2_000) -> float:
+    """CPU microseconds of one small step of torch and numpy (what a round does a few dozen
+    of: a tensor made, viewed as numpy, reduced), back to back or each right after a 1 ms
+    sleep (section C: what waking up costs on this machine)."""
+    obs = torch.zeros(256, 4)
+
+    def step() -> None:
+        zero_policy(obs).numpy().max()
+
+    for _ in range(100):
+        step()
+    spent = 0
+    for _ in range(calls):
+        if after_sleep:
+            time.sleep(1e-3)
+        t = time.thread_time_ns()
+        step()
+        spent += time.thread_time_ns() - t
+    return spent / calls / 1e3
 
 
 def mlp_policy():
@@ -631,7 +657,7 @@ class Row:
     def best(self) -> float | None:
         if not self.runs:
             return None
-        return min(self.runs) if self.unit in ("us/frame", "MiB") else max(self.runs)
+        return min(self.runs) if self.unit in ("us/frame", "us", "MiB") else max(self.runs)
 
 
 def run_rows(rows: list[Row], repeats: int, after: Callable[[], None] | None = None) -> None:
@@ -724,6 +750,10 @@ def rows_for(args) -> list[Row]:
     for cw, ce in ((1, 256), (15, 16)):
         rows.append(Row("C", f"MultiSync {cw}x{ce} ZeroEnv, zero-cost policy central, SPIN=0",
                         lambda cw=cw, ce=ce: capacity_row(cw, ce, c_batches), "us/frame"))
+    for after_sleep in (False, True):
+        when = "after a 1 ms sleep" if after_sleep else "back to back"
+        rows.append(Row("C", f"wake probe: a small torch + numpy step, {when}",
+                        lambda after_sleep=after_sleep: wake_probe(after_sleep, 200 if quick else 2_000), "us"))
     rows.append(Row("K", "limit", lambda: limit(make_cartpole, 32, 1, limit_frames)))
     for label, make_policy in (("zero-cost policy", lambda: zero_policy), ("MLP", mlp_policy)):
         rows.append(Row("K", f"aiocollect MultiSync 1x32, {label} central",

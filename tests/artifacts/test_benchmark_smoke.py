@@ -115,8 +115,12 @@ def test_engine_benchmark_quick_mode_reports_every_section(tmp_path):
     # or limit reads off by a factor of W or 16, which this bound still catches.
     assert len(ratios) == 10 and all(0 < r < 4 for r in ratios)  # E, R, P and K (the hand-off: 2 rows)
     assert sum(r["section"] == "K" and r["name"].startswith("aiocollect") for r in rows) == 2
-    capacity = [r for r in rows if r["section"] == "C"]  # (the engine's CPU per frame, 1 x 256 and 15 x 16)
-    assert len(capacity) == 2 and all(r["unit"] == "us/frame" and r["best"] > 0 for r in capacity)
+    capacity = [r for r in rows if r["section"] == "C" and r["unit"] == "us/frame"]  # (1 x 256 and 15 x 16)
+    assert len(capacity) == 2 and all(r["best"] > 0 for r in capacity)
+    # and what waking up costs this machine: the same small step back to back and after a sleep
+    probe = [r for r in rows if r["section"] == "C" and r["name"].startswith("wake probe")]
+    assert [r["unit"] for r in probe] == ["us", "us"] and all(r["best"] > 0 for r in probe)
+    assert "back to back" in probe[0]["name"] and "after a 1 ms sleep" in probe[1]["name"]
     # the second limit (the envs in a gymnasium SyncVectorEnv): measured in E and R, and every
     # frames/s row of those sections has a ratio to it
     e_and_r = [r for r in rows if r["section"] in ("E2", "R2") and r["unit"] == "frames/s"]
