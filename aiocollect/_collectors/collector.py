@@ -35,6 +35,7 @@ from .._envs.build import check_create_env_fn, make_group
 from .._envs.coroutine_group import CoroutineGroup
 from .._envs.keyed import KeyedActions, observation_keys
 from .._envs.object_batches import without_objects
+from .._envs.policy_transforms import with_policy_transforms
 from .._errors import CollectorError, EnvError
 from .._policies.setup import PolicySetup
 from .assembly import EnvShape, build_engine, lanes_here, policy_setup
@@ -251,6 +252,7 @@ class Collector(DataCollectorBase):
             raise TypeError("create_env_kwargs: a list (one dict per worker) is for the multi-process collectors; "
                             "a Collector builds its envs here: give one dict.")
         check_create_env_fn(create_env_fn, options.create_env_kwargs)
+        create_env_fn = with_policy_transforms(create_env_fn, policy, torchrl_options)
         super().__init__(options)
 
         group, self._batched = make_group(create_env_fn, options.create_env_kwargs)

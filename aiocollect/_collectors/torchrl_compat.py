@@ -21,8 +21,8 @@ of three ways:
   (``TorchRLAccessors``' attributes say when and where they run), ``Collector``'s ``backend``
   and ``backend_options`` (``collector_backend``), ``compact_obs``, ``extend_buffer=False``
   (``Delivery._add_steps``), ``worker_idx`` (stored), TorchRL's in-process weight updaters,
-  ``auto_register_policy_transforms=True`` where there is nothing to register
-  (``take_torchrl_keywords``);
+  ``auto_register_policy_transforms=True`` (the transforms appended where each TorchRL env
+  is built: ``_envs.policy_transforms``);
 * **not supported**: accepted only at the value that turns them off (``init_fn=None``,
   ``collector_class=None``...); any other value is a ``ValueError`` that says what to do
   instead. TorchRL's weight-sync schemes (``weight_sync_schemes``) are taken: they carry
@@ -238,9 +238,9 @@ def take_torchrl_keywords(collector: Any, given: Mapping[str, Any], options: Col
         if needed:
             raise ValueError(
                 f"auto_register_policy_transforms=True: the policy has recurrent modules ({', '.join(needed)}), "
-                "whose InitTracker and TensorDictPrimer aiocollect does not add to the env (the env is built in "
-                "its worker, by your factory); add them in the factory: TransformedEnv(env, InitTracker()) and "
-                "env.append_transform(module.make_tensordict_primer())."
+                "whose state keys and \"is_init\" the envs lack, and they are not TorchRL envs, to which "
+                "TorchRL's InitTracker and TensorDictPrimer are added (_envs.policy_transforms); build them as "
+                "TorchRL envs (GymEnv, GymWrapper), or give their observations those keys."
             )
 
 

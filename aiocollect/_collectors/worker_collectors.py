@@ -28,6 +28,7 @@ from tensordict.nn import InteractionType
 from .._engine.scheduler import Scheduler
 from .._envs.keyed import KeyedActions, batch_entries, observation_keys
 from .._envs.objects import has_objects
+from .._envs.policy_transforms import with_policy_transforms
 from .._policies.actor import payload, shared_fields
 from .._policies.probe import own_state_changes, probe, scratch_copy
 from .._policies.random import RandomPolicy
@@ -168,6 +169,7 @@ class WorkerCollectorBase(DataCollectorBase):
         if create_env_fn is None:
             raise TypeError("create_env_fn is required: a list with one env factory per worker.")
         compiled = cuda_graphs is not None or compile_policy not in (None, False)
+        create_env_fn = with_policy_transforms(create_env_fn, policy, torchrl_options)
         plan, choice = self._plan_workers(create_env_fn, policy, options, worker_options, compiled)
         self._worker_frames = worker_frames
         """TorchRL's ``frames_per_batch`` list, one share per worker (``None``: an int was given)."""

@@ -123,9 +123,50 @@ def from_torchrl(env: EnvBase, where: str) -> TorchRLEnv | TorchRLVectorEnv:
     """``env`` as a gymnasium env (``batch_size == []``) or ``VectorEnv`` (``[n]``, or
     ``[5, 2]`` as 10 envs); ``where``
     names it in errors. The adapter owns ``env``: closing it closes ``env``."""
+    _refuse_post_step_hooks(env, where)
     if len(env.batch_size) == 0:
         return TorchRLEnv(env, where)
     return TorchRLVectorEnv(env, where)
+
+
+def _transforms(env: Any) -> list:
+    """Every transform of ``env``, through nested ``TransformedEnv`` and ``Compose`` objects."""
+    from torchrl.envs.transforms import Compose, TransformedEnv
+
+    found: list = []
+
+    def leaves(t: Any) -> None:
+        if isinstance(t, Compose):
+            for item in t.transforms:
+                leaves(item)
+        else:
+            found.append(t)
+
+    while isinstance(env, TransformedEnv):
+        leaves(env.transform)
+        env = env.base_env
+    return found
+
+
+def _refuse_post_step_hooks(env: EnvBase, where: str) -> None:
+    """A transform that rewrites the step's outputs after ``step_mdp`` (TorchRL's
+    ``_post_step_mdp_hooks``, run by ``step_and_maybe_reset``: ``NextObservationDelta`` stores
+    ``("next", "delta", obs)`` and drops ``("next", obs)``) writes entries outside the env's
+    specs, which are what aiocollect collects: its batches would silently hold the full next
+    observations instead. Refused, with what to do."""
+    from torchrl.envs.transforms import Transform
+
+    base = Transform._post_step_mdp_hooks
+    for t in _transforms(env):
+        if getattr(type(t), "_post_step_mdp_hooks", base) is not base:
+            name = type(t).__name__
+            raise TypeError(
+                f"{where}: the env's {name} rewrites each step's outputs after the step (TorchRL's post-step-mdp "
+                "hook: entries outside the env's specs), which aiocollect does not run: its batches would hold "
+                f"the full next observations, not what {name} writes. Remove it from the env; for the memory it "
+                "saves, compact_obs=True leaves the (\"next\", observation) entries out of the batches (a replay "
+                "buffer's NextStateReconstructor rebuilds them)."
+            )
 
 
 # --------------------------------------------------------------------------- specs -> spaces

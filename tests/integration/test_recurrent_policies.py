@@ -11,6 +11,7 @@ differ by about 0.2).
 
 from __future__ import annotations
 
+import functools
 import warnings
 
 import pytest
@@ -72,3 +73,31 @@ async def test_a_recurrent_policy_gets_its_state_back_at_every_step(name, face):
         torch.testing.assert_close(again["embed"], rows["embed"], rtol=0, atol=1e-5)
         # the state did change: a policy that starts every step from zeros would pass the checks above
         assert rows["recurrent_state_h"][~rows["is_init"][..., 0]].abs().sum() > 0
+
+
+def _torchrl_layout(batch) -> dict:
+    return {k: (tuple(v.shape), v.dtype) for k, v in batch.items(True, True) if k != ("collector", "policy_version")}
+
+
+@pytest.mark.parametrize("name", ["MultiSyncCollector", "MultiAsyncCollector"])
+def test_auto_register_policy_transforms_in_the_workers_gives_torchrl_s_keys(name):
+    """TorchRL's ``auto_register_policy_transforms=True`` in the worker collectors: each worker's
+    TorchRL env gets the LSTM's ``InitTracker`` and ``TensorDictPrimer`` where it is built, and
+    the batches have TorchRL's keys, shapes and dtypes (``test_torchrl_keywords_round2``: in
+    ``Collector``)."""
+    from torchrl import collectors as torchrl_collectors
+    from torchrl.envs import GymEnv
+
+    _, actor = lstm_actor()
+    kwargs = dict(frames_per_batch=20, total_frames=20, auto_register_policy_transforms=True)
+    if name == "MultiSyncCollector":
+        kwargs["cat_results"] = "stack"
+    cartpole = functools.partial(GymEnv, "CartPole-v1", categorical_action_encoding=True)
+    layouts = []
+    for make in (getattr(torchrl_collectors, name), getattr(aiocollect, name)):
+        collector = make([cartpole] * 2, actor, **kwargs)
+        try:
+            layouts.append(_torchrl_layout(next(iter(collector))))
+        finally:
+            collector.shutdown()
+    assert layouts[1] == layouts[0] and "is_init" in layouts[1] and "recurrent_state_c" in layouts[1]

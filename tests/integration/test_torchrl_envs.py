@@ -365,3 +365,22 @@ def test_an_env_without_truncated_has_none_in_batches_unless_the_collector_trunc
     assert ("next", "truncated") in ours.keys(True) if max_frames_per_traj else "truncated" not in ours
     if max_frames_per_traj:
         assert ours["next", "truncated"][2::3].all() and ours["next", "done"][2::3].all()
+
+
+def delta_cartpole():
+    from torchrl.envs import GymEnv, TransformedEnv
+    from torchrl.envs.transforms import NextObservationDelta
+
+    return TransformedEnv(GymEnv("CartPole-v1"), NextObservationDelta())
+
+
+def test_a_transform_that_rewrites_the_step_after_step_mdp_is_refused_with_what_to_do():
+    """TorchRL's ``NextObservationDelta`` (the memory-efficient tutorial) stores the next
+    observation as a float16 delta outside the env's specs, in a hook that TorchRL's
+    ``step_and_maybe_reset`` runs: aiocollect collects what the specs say, so its batches would
+    hold the full next observation instead. Refused, naming the transform and the fix, before
+    any worker starts (the worker collectors read their envs' specs here first)."""
+    with pytest.raises(TypeError, match=r"create_env_fn: the env's NextObservationDelta rewrites .* compact_obs=True"):
+        aiocollect.Collector(delta_cartpole, None, frames_per_batch=10)
+    with pytest.raises(TypeError, match=r"create_env_fn\[0\]: the env's NextObservationDelta rewrites"):
+        aiocollect.MultiSyncCollector([delta_cartpole], None, frames_per_batch=10)

@@ -236,14 +236,58 @@ def test_auto_register_policy_transforms_has_nothing_to_do_for_a_policy_without_
     from support.recurrent import lstm_actor, recurrent_cartpole
 
     _, actor = lstm_actor()
+    # a gymnasium env takes no TorchRL transform: what the recurrent policy lacks is named
     with pytest.raises(ValueError, match=r"auto_register_policy_transforms=True: the policy has recurrent modules "
-                                         r"\(LSTMModule\)"):
-        aiocollect.Collector(torchrl_counter_cartpole, actor, frames_per_batch=10,
-                             auto_register_policy_transforms=True)
+                                         r"\(LSTMModule\), .* not TorchRL envs"):
+        aiocollect.Collector(CounterEnv, actor, frames_per_batch=10, auto_register_policy_transforms=True)
     # an env that has them already: nothing to register (TorchRL's check is on the specs too)
     with aiocollect.Collector(recurrent_cartpole, actor, frames_per_batch=10,
                               auto_register_policy_transforms=True) as collector:
         assert collector.rollout().shape == (10,)
+        env = collector.env
+    assert [type(t).__name__ for t in env.transform] == ["InitTracker", "TensorDictPrimer"]
+
+
+class _LinearArgmax(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.linear = torch.nn.Linear(4, 2)
+
+    def forward(self, observation):
+        return self.linear(observation).argmax(-1)
+
+
+def _layout(batch) -> dict:
+    return {k: (tuple(v.shape), v.dtype) for k, v in batch.items(True, True) if k != ("collector", "policy_version")}
+
+
+@pytest.mark.parametrize("policy_kind", ["lstm", "linear"])
+@pytest.mark.parametrize("as_instance", [False, True])
+def test_auto_register_policy_transforms_adds_torchrl_s_transforms_to_a_torchrl_env(policy_kind, as_instance):
+    """TorchRL's rule (``auto_register_policy_transforms=True``): an ``InitTracker`` for any
+    module policy, and a recurrent module's ``TensorDictPrimer``, appended to the env when its
+    specs lack them; the batches then have TorchRL's keys, shapes and dtypes, whether the env
+    is given as an instance or a factory (TorchRL's recurrent-sequence tutorial gives one)."""
+    from support.recurrent import HIDDEN, lstm_actor
+
+    actor = lstm_actor()[1] if policy_kind == "lstm" else TensorDictModule(
+        _LinearArgmax(), in_keys=["observation"], out_keys=["action"])
+    layouts = []
+    for make in (torchrl_collectors.Collector, aiocollect.Collector):
+        torch.manual_seed(0)
+        env = torchrl_counter_cartpole() if as_instance else torchrl_counter_cartpole
+        collector = make(env, actor, frames_per_batch=10, total_frames=10, auto_register_policy_transforms=True)
+        try:
+            batch = next(iter(collector))
+        finally:
+            collector.shutdown()
+        layouts.append(_layout(batch))
+        assert batch["is_init"][0].item() and not batch["is_init"][1:].any()  # (no episode of CartPole ends
+        # at its first steps under this policy: only the first frame starts one)
+    assert layouts[1] == layouts[0]
+    assert ("next", "is_init") in layouts[1]
+    if policy_kind == "lstm":
+        assert layouts[1]["recurrent_state_h"] == ((10, 1, HIDDEN), torch.float32)
 
 
 def torchrl_counter_cartpole():
