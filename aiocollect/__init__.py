@@ -48,6 +48,7 @@ __version__ = "0.1.0"
 _EXPORTS = {
     "AsyncCollector": "._collectors.async_collector",
     "AsyncEnv": "._envs.async_env",
+    "BaseCollector": "._collectors.multi_collector",
     "Collector": "._collectors.collector",
     "CollectorBusyError": "._errors",
     "CollectorClosedError": "._errors",
@@ -60,6 +61,7 @@ _EXPORTS = {
     "GymEnv": "._envs.gym",
     "Interruptor": "._collectors.interruptor",
     "MultiAsyncCollector": "._collectors.multi_async",
+    "MultiCollector": "._collectors.multi_collector",
     "MultiSyncCollector": "._collectors.multi_sync",
     "MultiSyncDataCollector": "._collectors.multi_sync",
     "MultiaSyncDataCollector": "._collectors.multi_async",
@@ -105,6 +107,8 @@ if _typing.TYPE_CHECKING:  # static tools see ordinary imports
     from ._collectors.interruptor import Interruptor as Interruptor
     from ._collectors.multi_async import MultiAsyncCollector as MultiAsyncCollector
     from ._collectors.multi_async import MultiaSyncDataCollector as MultiaSyncDataCollector
+    from ._collectors.multi_collector import BaseCollector as BaseCollector
+    from ._collectors.multi_collector import MultiCollector as MultiCollector
     from ._collectors.multi_sync import MultiSyncCollector as MultiSyncCollector
     from ._collectors.multi_sync import MultiSyncDataCollector as MultiSyncDataCollector
     from ._collectors.options import CollectorOptions as CollectorOptions

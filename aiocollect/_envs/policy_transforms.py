@@ -6,7 +6,7 @@ A recurrent TorchRL policy (``LSTMModule``, ``GRUModule``: any module with
 ``auto_register_policy_transforms=True``, TorchRL's collectors append to the env the
 transforms the policy needs and the env's specs lack: an ``InitTracker`` (for any module
 policy, recurrent or not: so its batches then have ``"is_init"`` and ``("next", "is_init")``)
-and the policy's ``TensorDictPrimer``\\ s, in that order. Without the keyword they leave the env
+and the ``TensorDictPrimer`` of each recurrent module, in that order. Without the keyword they leave the env
 as it is.
 
 aiocollect builds its envs where they are stepped (a worker process, or here), from the

@@ -11,6 +11,7 @@ import aiocollect
 EXPECTED = {
     "AsyncCollector",
     "AsyncEnv",
+    "BaseCollector",
     "Collector",
     "CollectorBusyError",
     "CollectorClosedError",
@@ -23,6 +24,7 @@ EXPECTED = {
     "GymEnv",
     "Interruptor",
     "MultiAsyncCollector",
+    "MultiCollector",
     "MultiSyncCollector",
     "MultiSyncDataCollector",
     "MultiaSyncDataCollector",

@@ -351,3 +351,23 @@ def test_profile_config_says_what_enable_profile_was_given():
         config = collector.profile_config
         assert (config.num_rollouts, config.warmup_rollouts, config.activities, config.save_path) == (5, 2, ["cpu"],
                                                                                                    None)
+
+
+def test_torchrl_0_14_s_base_names_check_and_build_as_torchrl_s():
+    """``BaseCollector`` and ``MultiCollector``, which TorchRL 0.14 exports (its redq script
+    imports the first for its annotations): the same ``issubclass`` answers as TorchRL's, and
+    ``MultiCollector(..., sync=...)`` builds the collector ``sync`` names."""
+    assert aiocollect.BaseCollector is aiocollect.DataCollectorBase
+    for name in ("Collector", "MultiSyncCollector", "MultiAsyncCollector", "AsyncCollector"):
+        for base in ("BaseCollector", "MultiCollector"):
+            theirs = issubclass(getattr(torchrl_collectors, name), getattr(torchrl_collectors, base))
+            assert issubclass(getattr(aiocollect, name), getattr(aiocollect, base)) == theirs, (name, base)
+    built = {}
+    for sync in (True, False):
+        collector = aiocollect.MultiCollector([CounterEnv] * 2, None, sync=sync, frames_per_batch=20, total_frames=40)
+        with collector:
+            built[sync] = (type(collector).__name__, [b.shape for b in collector])
+        assert isinstance(collector, aiocollect.MultiCollector) and isinstance(collector, aiocollect.BaseCollector)
+    assert built == {True: ("MultiSyncCollector", [(2, 10)] * 2), False: ("MultiAsyncCollector", [(20,)] * 2)}
+    with pytest.raises(TypeError, match=r"sync must be True .* or False"):
+        aiocollect.MultiCollector([CounterEnv] * 2, None, frames_per_batch=20)
