@@ -282,8 +282,9 @@ def test_auto_register_policy_transforms_adds_torchrl_s_transforms_to_a_torchrl_
         finally:
             collector.shutdown()
         layouts.append(_layout(batch))
-        assert batch["is_init"][0].item() and not batch["is_init"][1:].any()  # (no episode of CartPole ends
-        # at its first steps under this policy: only the first frame starts one)
+        # the InitTracker's flag: true at the first frame and after each end of an episode
+        is_init, done = batch["is_init"].squeeze(-1), batch["next", "done"].squeeze(-1)
+        assert is_init[0] and torch.equal(is_init[1:], done[:-1])
     assert layouts[1] == layouts[0]
     assert ("next", "is_init") in layouts[1]
     if policy_kind == "lstm":
