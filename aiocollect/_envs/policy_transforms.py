@@ -6,14 +6,15 @@ A recurrent TorchRL policy (``LSTMModule``, ``GRUModule``: any module with
 ``auto_register_policy_transforms=True``, TorchRL's collectors append to the env the
 transforms the policy needs and the env's specs lack: an ``InitTracker`` (for any module
 policy, recurrent or not: so its batches then have ``"is_init"`` and ``("next", "is_init")``)
-and the ``TensorDictPrimer`` of each recurrent module, in that order. Without the keyword they leave the env
-as it is.
+and the ``TensorDictPrimer`` of each recurrent module, in that order. Without the keyword
+they leave the env as it is.
 
 aiocollect builds its envs where they are stepped (a worker process, or here), from the
 entries of ``create_env_fn``: so ``with_policy_transforms`` wraps each entry (a factory, or a
 TorchRL env instance) in a ``PolicyTransforms``, which builds the env and appends what its
-specs lack (a fresh copy of each transform: a transform belongs to one env). An env instance
-given to ``Collector`` gets them in place, as TorchRL's ``Collector`` does. A gymnasium env
+specs lack (a fresh copy of each transform: a transform belongs to one env), with
+``env.append_transform`` as TorchRL does (in place for a ``TransformedEnv``, a new one around
+any other env instance: the collector steps that one). A gymnasium env
 takes no TorchRL transform and is left as it is (the collector then says what the policy
 lacks: ``torchrl_compat.policy_transforms_needed``). TorchRL is imported only when the keyword
 is given, with a module policy.
