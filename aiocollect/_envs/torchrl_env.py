@@ -156,7 +156,9 @@ def _refuse_post_step_hooks(env: EnvBase, where: str) -> None:
     observations instead. Refused, with what to do."""
     from torchrl.envs.transforms import Transform
 
-    base = Transform._post_step_mdp_hooks
+    base = getattr(Transform, "_post_step_mdp_hooks", None)
+    if base is None:  # (a TorchRL before the hook: no transform rewrites the step after step_mdp)
+        return
     for t in _transforms(env):
         if getattr(type(t), "_post_step_mdp_hooks", base) is not base:
             name = type(t).__name__
