@@ -54,18 +54,11 @@ def transforms_for(policy: Any) -> list:
         from torchrl.modules.utils import get_primers_from_module
     except ImportError:
         return []
+    from .torchrl_env import flat_transforms
+
     # strict=False: a module that cannot build its primer is passed over with a warning, as TorchRL does
-    return [InitTracker(init_key="is_init"), *_flat(get_primers_from_module(policy, warn=False, strict=False))]
-
-
-def _flat(transform: Any) -> list:
-    from torchrl.envs.transforms import Compose
-
-    if transform is None:
-        return []
-    if isinstance(transform, Compose):
-        return [t for item in transform for t in _flat(item)]
-    return [transform]
+    primers = get_primers_from_module(policy, warn=False, strict=False)
+    return [InitTracker(init_key="is_init"), *flat_transforms(primers)]
 
 
 def _wrap(entry: Any, transforms: list, where: str) -> Any:

@@ -129,21 +129,24 @@ def from_torchrl(env: EnvBase, where: str) -> TorchRLEnv | TorchRLVectorEnv:
     return TorchRLVectorEnv(env, where)
 
 
+def flat_transforms(transform: Any) -> list:
+    """The transforms ``transform`` holds, through nested ``Compose`` objects (none for ``None``)."""
+    from torchrl.envs.transforms import Compose
+
+    if transform is None:
+        return []
+    if isinstance(transform, Compose):
+        return [t for item in transform.transforms for t in flat_transforms(item)]
+    return [transform]
+
+
 def _transforms(env: Any) -> list:
     """Every transform of ``env``, through nested ``TransformedEnv`` and ``Compose`` objects."""
-    from torchrl.envs.transforms import Compose, TransformedEnv
+    from torchrl.envs.transforms import TransformedEnv
 
     found: list = []
-
-    def leaves(t: Any) -> None:
-        if isinstance(t, Compose):
-            for item in t.transforms:
-                leaves(item)
-        else:
-            found.append(t)
-
     while isinstance(env, TransformedEnv):
-        leaves(env.transform)
+        found += flat_transforms(env.transform)
         env = env.base_env
     return found
 
