@@ -18,7 +18,7 @@ import pytest
 import torch
 
 import aiocollect
-from support.checks import check_batch
+from support.checks import check_batch, layout
 from support.recurrent import lstm_actor, recurrent_cartpole
 from support.torchrl_marks import QUIET_TORCHRL
 
@@ -75,10 +75,6 @@ async def test_a_recurrent_policy_gets_its_state_back_at_every_step(name, face):
         assert rows["recurrent_state_h"][~rows["is_init"][..., 0]].abs().sum() > 0
 
 
-def _torchrl_layout(batch) -> dict:
-    return {k: (tuple(v.shape), v.dtype) for k, v in batch.items(True, True) if k != ("collector", "policy_version")}
-
-
 @pytest.mark.parametrize("name", ["MultiSyncCollector", "MultiAsyncCollector"])
 def test_auto_register_policy_transforms_in_the_workers_gives_torchrl_s_keys(name):
     """TorchRL's ``auto_register_policy_transforms=True`` in the worker collectors: each worker's
@@ -97,7 +93,7 @@ def test_auto_register_policy_transforms_in_the_workers_gives_torchrl_s_keys(nam
     for make in (getattr(torchrl_collectors, name), getattr(aiocollect, name)):
         collector = make([cartpole] * 2, actor, **kwargs)
         try:
-            layouts.append(_torchrl_layout(next(iter(collector))))
+            layouts.append(layout(next(iter(collector))))
         finally:
             collector.shutdown()
     assert layouts[1] == layouts[0] and "is_init" in layouts[1] and "recurrent_state_c" in layouts[1]

@@ -12,6 +12,12 @@ def leaf_keys(td, prefix=()):
     )
 
 
+def layout(batch) -> dict:
+    """Each leaf's ``(shape, dtype)``, by key, less aiocollect's one extra key
+    (``("collector", "policy_version")``): what a batch must share with TorchRL's."""
+    return {k: (tuple(v.shape), v.dtype) for k, v in batch.items(True, True) if k != ("collector", "policy_version")}
+
+
 def obs_keys_of(td, policy_keys=("action",)):
     skip = {"done", "terminated", "truncated", "step_count", "collector", "next", *policy_keys}
     return [k for k in td.keys(include_nested=True, leaves_only=True)

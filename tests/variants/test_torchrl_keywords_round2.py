@@ -10,7 +10,9 @@ import torch
 from tensordict.nn import TensorDictModule
 
 import aiocollect
+from support.checks import layout
 from support.envs import CounterEnv
+from support.plain_modules import ArgmaxMLP
 
 torchrl_collectors = pytest.importorskip("torchrl.collectors")
 
@@ -248,20 +250,7 @@ def test_auto_register_policy_transforms_has_nothing_to_do_for_a_policy_without_
     assert [type(t).__name__ for t in env.transform] == ["InitTracker", "TensorDictPrimer"]
 
 
-class _LinearArgmax(torch.nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.linear = torch.nn.Linear(4, 2)
-
-    def forward(self, observation):
-        return self.linear(observation).argmax(-1)
-
-
-def _layout(batch) -> dict:
-    return {k: (tuple(v.shape), v.dtype) for k, v in batch.items(True, True) if k != ("collector", "policy_version")}
-
-
-@pytest.mark.parametrize("policy_kind", ["lstm", "linear"])
+@pytest.mark.parametrize("policy_kind", ["lstm", "mlp"])
 @pytest.mark.parametrize("as_instance", [False, True])
 def test_auto_register_policy_transforms_adds_torchrl_s_transforms_to_a_torchrl_env(policy_kind, as_instance):
     """TorchRL's rule (``auto_register_policy_transforms=True``): an ``InitTracker`` for any
@@ -271,7 +260,7 @@ def test_auto_register_policy_transforms_adds_torchrl_s_transforms_to_a_torchrl_
     from support.recurrent import HIDDEN, lstm_actor
 
     actor = lstm_actor()[1] if policy_kind == "lstm" else TensorDictModule(
-        _LinearArgmax(), in_keys=["observation"], out_keys=["action"])
+        ArgmaxMLP(4, 2), in_keys=["observation"], out_keys=["action"])
     layouts = []
     for make in (torchrl_collectors.Collector, aiocollect.Collector):
         torch.manual_seed(0)
@@ -281,7 +270,7 @@ def test_auto_register_policy_transforms_adds_torchrl_s_transforms_to_a_torchrl_
             batch = next(iter(collector))
         finally:
             collector.shutdown()
-        layouts.append(_layout(batch))
+        layouts.append(layout(batch))
         # the InitTracker's flag: true at the first frame and after each end of an episode
         is_init, done = batch["is_init"].squeeze(-1), batch["next", "done"].squeeze(-1)
         assert is_init[0] and torch.equal(is_init[1:], done[:-1])
